@@ -1,0 +1,165 @@
+"""Host CPU pools: the dedicated pool, the shared set and who holds what.
+
+Pure bookkeeping, no libvirt: the agent asks here for an allocation
+(validated, not yet committed), then commits it once the guest's policy is
+stored. Guests are keyed by UUID; names are kept for messages only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import cpuset
+from .cpuset import CpuSet
+from .errors import PolicyError
+
+
+@dataclass
+class Pools:
+    host_cpus: CpuSet
+    pool: CpuSet = frozenset()
+    allocations: dict[str, CpuSet] = field(default_factory=dict)  # uuid -> CPUs
+    names: dict[str, str] = field(default_factory=dict)  # uuid -> guest name
+
+    # --- views ---------------------------------------------------------------
+    @property
+    def shared(self) -> CpuSet:
+        return frozenset(self.host_cpus - self.pool)
+
+    @property
+    def allocated(self) -> CpuSet:
+        out: set[int] = set()
+        for cpus in self.allocations.values():
+            out |= cpus
+        return frozenset(out)
+
+    @property
+    def free(self) -> CpuSet:
+        return frozenset(self.pool - self.allocated)
+
+    def owner_of(self, cpus: CpuSet, exclude: str | None = None) -> dict[str, CpuSet]:
+        """uuid -> the part of ``cpus`` that guest holds (other than ``exclude``)."""
+        out = {}
+        for uuid, held in self.allocations.items():
+            if uuid != exclude and held & cpus:
+                out[uuid] = frozenset(held & cpus)
+        return out
+
+    def name(self, uuid: str) -> str:
+        return self.names.get(uuid, uuid)
+
+    def view(self) -> dict:
+        return {
+            "host_cpus": cpuset.fmt(self.host_cpus),
+            "dedicated_pool": cpuset.fmt(self.pool),
+            "shared": cpuset.fmt(self.shared),
+            "free": cpuset.fmt(self.free),
+            "allocated": cpuset.fmt(self.allocated),
+            "allocations": {self.name(u): cpuset.fmt(c) for u, c in sorted(self.allocations.items())},
+        }
+
+    # --- checks --------------------------------------------------------------
+    def missing(self, cpus: CpuSet) -> CpuSet:
+        return frozenset(cpus - self.host_cpus)
+
+    def check_pool(self, pool: CpuSet) -> list[str]:
+        errors = []
+        gone = self.missing(pool)
+        if gone:
+            errors.append(
+                f"dedicated pool {cpuset.fmt(pool)}: CPUs {cpuset.fmt(gone)} do not exist on this host"
+                f" (CPUs {cpuset.fmt(self.host_cpus)})"
+            )
+        elif pool and not (self.host_cpus - pool):
+            errors.append(
+                f"dedicated pool {cpuset.fmt(pool)} covers every host CPU: at least one CPU must stay shared"
+            )
+        return errors
+
+    # --- requests ------------------------------------------------------------
+    def request(self, uuid: str, name: str, dedicated: int | CpuSet, nvcpus: int) -> CpuSet:
+        """The CPUs ``uuid`` would hold for this request; raises PolicyError.
+
+        A count keeps as much of the guest's current allocation as possible,
+        then takes the lowest free CPUs; an explicit set must lie in the pool
+        and not overlap another guest's allocation.
+        """
+        errors: list[str] = []
+        if not self.pool:
+            raise PolicyError(
+                f"guest {name!r} asks for dedicated CPUs but this host has no dedicated pool"
+                " (set one with 'vmsched agent --dedicated-pool CPUSET' or 'vmsched policy pool CPUSET')"
+            )
+        current = self.allocations.get(uuid, frozenset())
+        available = (self.free | current) & self.pool
+        if isinstance(dedicated, int):
+            if dedicated < nvcpus:
+                errors.append(
+                    f"dedicated count {dedicated} is smaller than the guest's {nvcpus} vCPUs"
+                    " (a dedicated guest's vCPUs are pinned 1:1)"
+                )
+            if dedicated > len(available):
+                errors.append(
+                    f"guest {name!r} asks for {dedicated} dedicated CPUs but only {len(available)} are free"
+                    f" in the pool {cpuset.fmt(self.pool)}{self._holders(exclude=uuid)}"
+                )
+            if errors:
+                raise PolicyError(errors)
+            keep = sorted(current & self.pool)[:dedicated]
+            rest = sorted(available - set(keep))[: dedicated - len(keep)]
+            return frozenset(keep) | frozenset(rest)
+        wanted = frozenset(dedicated)
+        gone = self.missing(wanted)
+        if gone:
+            errors.append(f"dedicated set {cpuset.fmt(wanted)}: CPUs {cpuset.fmt(gone)} do not exist on this host")
+        outside = wanted - self.pool - gone
+        if outside:
+            errors.append(
+                f"dedicated set {cpuset.fmt(wanted)}: CPUs {cpuset.fmt(outside)} are not in the host's"
+                f" dedicated pool {cpuset.fmt(self.pool)}"
+            )
+        for other, cpus in sorted(self.owner_of(wanted, exclude=uuid).items()):
+            errors.append(
+                f"dedicated set {cpuset.fmt(wanted)}: CPUs {cpuset.fmt(cpus)} are already dedicated"
+                f" to guest {self.name(other)!r}"
+            )
+        if len(wanted) < nvcpus:
+            errors.append(
+                f"dedicated set {cpuset.fmt(wanted)} has {len(wanted)} CPUs, fewer than the guest's"
+                f" {nvcpus} vCPUs (a dedicated guest's vCPUs are pinned 1:1)"
+            )
+        if errors:
+            raise PolicyError(errors)
+        return wanted
+
+    def _holders(self, exclude: str | None) -> str:
+        held = [f"{cpuset.fmt(c)} to {self.name(u)!r}" for u, c in sorted(self.allocations.items()) if u != exclude]
+        return f"; allocated: {', '.join(held)}" if held else ""
+
+    # --- commits -------------------------------------------------------------
+    def assign(self, uuid: str, name: str, cpus: CpuSet) -> None:
+        self.allocations[uuid] = frozenset(cpus)
+        self.names[uuid] = name
+
+    def release(self, uuid: str) -> CpuSet | None:
+        self.names.pop(uuid, None)
+        return self.allocations.pop(uuid, None)
+
+    def copy(self) -> "Pools":
+        return Pools(self.host_cpus, self.pool, dict(self.allocations), dict(self.names))
+
+    def consistency_errors(self) -> list[str]:
+        """What is wrong with this state (used to validate a checkpoint)."""
+        errors = self.check_pool(self.pool)
+        seen: dict[int, str] = {}
+        for uuid, cpus in sorted(self.allocations.items()):
+            if not cpus:
+                errors.append(f"guest {self.name(uuid)!r} holds an empty allocation")
+            outside = cpus - self.pool
+            if outside:
+                errors.append(f"guest {self.name(uuid)!r} holds CPUs {cpuset.fmt(outside)} outside the pool")
+            for cpu in sorted(cpus):
+                if cpu in seen:
+                    errors.append(f"CPU {cpu} is allocated to both {self.name(seen[cpu])!r} and {self.name(uuid)!r}")
+                seen[cpu] = uuid
+        return errors

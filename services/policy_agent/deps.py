@@ -1,0 +1,90 @@
+"""Start dependencies: ``requires`` edges between guests.
+
+The graph maps a guest key (UUID, or the raw name of a guest this host does
+not know) to the keys it requires. Pure functions; the agent builds the graph
+from its cache of policies.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+Graph = Mapping[str, Sequence[str]]
+
+
+def find_cycle(graph: Graph, start: str) -> list[str] | None:
+    """A cycle reachable from ``start`` as ``[a, b, ..., a]``, or None."""
+    path: list[str] = []
+    on_path: set[str] = set()
+    done: set[str] = set()
+
+    def visit(node: str) -> list[str] | None:
+        if node in on_path:
+            return path[path.index(node):] + [node]
+        if node in done:
+            return None
+        on_path.add(node)
+        path.append(node)
+        for nxt in graph.get(node, ()):
+            found = visit(nxt)
+            if found:
+                return found
+        path.pop()
+        on_path.discard(node)
+        done.add(node)
+        return None
+
+    return visit(start)
+
+
+def start_order(graph: Graph, target: str) -> list[str]:
+    """Every guest ``target`` needs, transitively, requirements first; ``target`` last."""
+    cycle = find_cycle(graph, target)
+    if cycle:
+        raise ValueError("dependency cycle: " + " -> ".join(cycle))
+    order: list[str] = []
+    seen: set[str] = set()
+
+    def visit(node: str) -> None:
+        if node in seen:
+            return
+        seen.add(node)
+        for nxt in graph.get(node, ()):
+            visit(nxt)
+        order.append(node)
+
+    visit(target)
+    return order
+
+
+def dependents(graph: Graph) -> dict[str, list[str]]:
+    rev: dict[str, list[str]] = {}
+    for node, reqs in graph.items():
+        for req in reqs:
+            rev.setdefault(req, []).append(node)
+    return rev
+
+
+def stop_order(graph: Graph, target: str) -> list[str]:
+    """Every guest that needs ``target``, transitively, dependents first; ``target`` last."""
+    rev = dependents(graph)
+    cycle = find_cycle(rev, target)
+    if cycle:
+        raise ValueError("dependency cycle: " + " -> ".join(reversed(cycle)))
+    order: list[str] = []
+    seen: set[str] = set()
+
+    def visit(node: str) -> None:
+        if node in seen:
+            return
+        seen.add(node)
+        for nxt in sorted(rev.get(node, ())):
+            visit(nxt)
+        order.append(node)
+
+    visit(target)
+    return order
+
+
+def describe_cycle(cycle: list[str], name_of: Callable[[str], str]) -> str:
+    return "dependency cycle: " + " -> ".join(name_of(n) for n in cycle)

@@ -1,0 +1,224 @@
+"""The policy schema: what one guest asks for (pydantic), and its files.
+
+A :class:`GuestPolicy` is self-contained and host-independent: CPU sets are
+checked for syntax here and against a host in :mod:`validation`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from . import cpuset
+from .errors import PolicyError
+
+# libvirt's ranges for the QEMU driver's scheduler parameters
+SHARES_MIN, SHARES_MAX = 2, 262144
+PERIOD_MIN, PERIOD_MAX = 1000, 1000000
+QUOTA_MIN, QUOTA_MAX = 1000, 17592186044415
+DEFAULT_PERIOD = 100000
+DEFAULT_SHARES = 1024
+
+
+class GuestPolicy(BaseModel):
+    """CPU policy of one guest. Every field is optional."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vcpu_pins: dict[int, str] = Field(default_factory=dict, description="vCPU -> pCPU set (libvirt syntax)")
+    emulator_pin: str | None = Field(None, description="pCPU set of the emulator threads")
+    dedicated: int | str | None = Field(
+        None, description="dedicated pCPUs: a count allocated from the host pool, or an explicit CPU set"
+    )
+    weight: int | None = Field(None, description=f"cpu_shares, {SHARES_MIN}-{SHARES_MAX}")
+    cap_percent: float | None = Field(None, description="cap: percent of one CPU per vCPU, (0, 100]")
+    quota: int | None = Field(None, description=f"vcpu_quota in us, -1 or {QUOTA_MIN}-{QUOTA_MAX}")
+    period: int | None = Field(None, description=f"vcpu_period in us, {PERIOD_MIN}-{PERIOD_MAX}")
+    requires: list[str] = Field(default_factory=list, description="guests that must run before this one starts")
+
+    @field_validator("vcpu_pins")
+    @classmethod
+    def _pins(cls, value: dict[int, str]) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for vcpu, text in sorted(value.items()):
+            if vcpu < 0:
+                raise ValueError(f"vCPU {vcpu}: vCPU numbers start at 0")
+            try:
+                out[vcpu] = cpuset.normalize(str(text))
+            except cpuset.CpuSetError as exc:
+                raise ValueError(f"vCPU {vcpu}: {exc}") from None
+        return out
+
+    @field_validator("emulator_pin")
+    @classmethod
+    def _emulator(cls, value: str | None) -> str | None:
+        return None if value is None else cpuset.normalize(value)
+
+    @field_validator("dedicated", mode="before")
+    @classmethod
+    def _dedicated(cls, value: Any) -> int | str | None:
+        if value is None:
+            return None
+        if isinstance(value, bool):
+            raise ValueError("expected a CPU count or a CPU set")
+        if isinstance(value, int):
+            if value < 1:
+                raise ValueError(f"dedicated CPU count must be at least 1, got {value}")
+            return value
+        if isinstance(value, str):
+            return cpuset.normalize(value)
+        raise ValueError("expected a CPU count or a CPU set")
+
+    @field_validator("weight")
+    @classmethod
+    def _weight(cls, value: int | None) -> int | None:
+        if value is not None and not SHARES_MIN <= value <= SHARES_MAX:
+            raise ValueError(f"weight (cpu_shares) {value} outside libvirt's range {SHARES_MIN}-{SHARES_MAX}")
+        return value
+
+    @field_validator("cap_percent")
+    @classmethod
+    def _cap(cls, value: float | None) -> float | None:
+        if value is not None and not 0 < value <= 100:
+            raise ValueError(f"cap {value}% outside (0, 100]: it is a percent of one CPU per vCPU")
+        return value
+
+    @field_validator("quota")
+    @classmethod
+    def _quota(cls, value: int | None) -> int | None:
+        if value is not None and value != -1 and not QUOTA_MIN <= value <= QUOTA_MAX:
+            raise ValueError(f"quota {value} us outside libvirt's range: -1 (unlimited) or {QUOTA_MIN}-{QUOTA_MAX}")
+        return value
+
+    @field_validator("period")
+    @classmethod
+    def _period(cls, value: int | None) -> int | None:
+        if value is not None and not PERIOD_MIN <= value <= PERIOD_MAX:
+            raise ValueError(f"period {value} us outside libvirt's range {PERIOD_MIN}-{PERIOD_MAX}")
+        return value
+
+    @field_validator("requires")
+    @classmethod
+    def _requires(cls, value: list[str]) -> list[str]:
+        out: list[str] = []
+        for name in value:
+            name = str(name).strip()
+            if not name:
+                raise ValueError("empty guest name in requires")
+            if name not in out:
+                out.append(name)
+        return out
+
+    @model_validator(mode="after")
+    def _cap_forms(self) -> "GuestPolicy":
+        if self.cap_percent is not None and self.quota is not None:
+            raise ValueError("give the cap either as cap_percent or as quota/period, not both")
+        if self.period is not None and self.cap_percent is None and self.quota is None:
+            raise ValueError("period given without cap_percent or quota")
+        if self.cap_percent is not None:
+            quota = self.effective_quota()
+            if quota is not None and quota < QUOTA_MIN:
+                raise ValueError(
+                    f"cap {self.cap_percent}% of a {self.effective_period()} us period is a quota of {quota} us,"
+                    f" below libvirt's minimum {QUOTA_MIN} us"
+                )
+        return self
+
+    # --- derived values ----------------------------------------------------
+    def effective_period(self) -> int | None:
+        if self.period is not None:
+            return self.period
+        if self.cap_percent is not None or (self.quota is not None and self.quota != -1):
+            return DEFAULT_PERIOD
+        return None
+
+    def effective_quota(self) -> int | None:
+        if self.cap_percent is not None:
+            return int(round(self.effective_period() * self.cap_percent / 100.0))
+        return self.quota
+
+    def sched_params(self) -> dict[str, int]:
+        """The scheduler parameters this policy sets (QEMU driver names)."""
+        out: dict[str, int] = {}
+        if self.weight is not None:
+            out["cpu_shares"] = self.weight
+        quota = self.effective_quota()
+        if quota is not None:
+            out["vcpu_quota"] = quota
+            period = self.effective_period()
+            if period is not None:
+                out["vcpu_period"] = period
+        return out
+
+    def dedicated_count(self) -> int | None:
+        return self.dedicated if isinstance(self.dedicated, int) else None
+
+    def dedicated_set(self) -> frozenset[int] | None:
+        return cpuset.parse(self.dedicated) if isinstance(self.dedicated, str) else None
+
+    def is_empty(self) -> bool:
+        return self == GuestPolicy()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, without unset fields."""
+        data = self.model_dump(mode="json", exclude_defaults=True)
+        return data
+
+
+def parse_policy(data: Any) -> GuestPolicy:
+    """Build a policy from untrusted data, turning pydantic errors into a PolicyError."""
+    if isinstance(data, GuestPolicy):
+        return data
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(f"a policy must be a mapping, got {type(data).__name__}")
+    try:
+        return GuestPolicy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError([_describe(err) for err in exc.errors()]) from None
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("int", "str"))
+    msg = str(err.get("msg", "invalid"))
+    msg = msg.removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg
+
+
+def load_policy_file(path: str | Path) -> tuple[str | None, GuestPolicy]:
+    """Read a YAML or JSON policy file: either the policy mapping itself, or
+    ``{"guest": NAME, "policy": {...}}``. Returns (guest or None, policy)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy file {p}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise PolicyError(f"policy file {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
+    guest = None
+    if isinstance(data, dict) and "policy" in data:
+        extra = set(data) - {"guest", "policy"}
+        if extra:
+            raise PolicyError(f"policy file {p}: unknown top-level keys {sorted(extra)}")
+        guest = data.get("guest")
+        data = data["policy"]
+    try:
+        return (str(guest) if guest else None), parse_policy(data)
+    except PolicyError as exc:
+        raise PolicyError([f"{p}: {e}" for e in exc.errors]) from None
+
+
+def dump_policy(policy: GuestPolicy, guest: str | None = None, fmt: str = "yaml") -> str:
+    data: dict[str, Any] = policy.to_dict()
+    if guest:
+        data = {"guest": guest, "policy": data}
+    if fmt == "json":
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+    return yaml.safe_dump(data, sort_keys=True)

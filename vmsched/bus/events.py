@@ -1,0 +1,75 @@
+"""Publishing events on the ``vmsched.events`` topic exchange."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+from kombu import Connection, Producer
+
+from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, open_connection, safe_release
+from vmsched.bus.topology import EVENTS_EXCHANGE
+
+log = logging.getLogger("vmsched.bus")
+
+
+class EventPublisher:
+    """Best-effort event publisher, safe to call from several threads.
+
+    Events are notifications, not commands: when the broker is down an event
+    is logged and dropped (never raised to the caller), and the publisher
+    reconnects on a later publish after a short cool-down.
+    """
+
+    def __init__(self, url: str | BusOptions, service: str = "agent", retry_after: float = 2.0) -> None:
+        self.options = url if isinstance(url, BusOptions) else BusOptions(url=url, connect_timeout=1.0)
+        self.service = service
+        self.retry_after = retry_after
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+        self._producer: Producer | None = None
+        self._down_since = 0.0
+
+    def publish(self, routing_key: str, body: dict[str, Any]) -> bool:
+        payload = json.dumps({"service": self.service, "time": time.time(), **body}).encode()
+        with self._lock:
+            try:
+                producer = self._ensure()
+                if producer is None:
+                    return False
+                producer.publish(payload, routing_key=routing_key, exchange=EVENTS_EXCHANGE,
+                                 content_type="application/json", content_encoding="utf-8", retry=False)
+                return True
+            except CONNECTION_ERRORS as exc:
+                log.warning("%s: event %s dropped, bus unavailable: %s", self.service, routing_key, exc)
+                self._reset()
+                return False
+
+    def _ensure(self) -> Producer | None:
+        if self._producer is not None:
+            return self._producer
+        if self._down_since and time.monotonic() - self._down_since < self.retry_after:
+            return None
+        try:
+            self._conn = open_connection(self.options)
+            EVENTS_EXCHANGE(self._conn.default_channel).declare()
+            self._producer = Producer(self._conn.default_channel, auto_declare=False)
+            self._down_since = 0.0
+            return self._producer
+        except CONNECTION_ERRORS as exc:
+            log.warning("%s: cannot reach the bus for events: %s", self.service, exc)
+            self._reset()
+            return None
+
+    def _reset(self) -> None:
+        safe_release(self._conn)
+        self._conn = self._producer = None
+        self._down_since = time.monotonic()
+
+    def close(self) -> None:
+        with self._lock:
+            safe_release(self._conn)
+            self._conn = self._producer = None

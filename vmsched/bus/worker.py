@@ -1,0 +1,190 @@
+"""A service worker: consume request queues, call a handler, reply, then ack.
+
+Connection handling, acks, deadlines, reconnects and request metrics live
+here once; a service is a mapping of queue name to handler. Each consumer
+thread owns its connection and channel (kombu objects are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Callable
+
+from kombu import Connection, Consumer, Producer
+from kombu.message import Message
+from pydantic import ValidationError
+
+from vmsched import metrics
+from vmsched.bus import RequestError
+from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, open_connection, safe_release
+from vmsched.bus.topology import PING, request_queue
+from vmsched.messages import Envelope, ReplyEnvelope
+
+log = logging.getLogger("vmsched.bus")
+
+Handler = Callable[[Envelope], dict]
+
+
+class ServiceWorker:
+    def __init__(
+        self,
+        url: str | BusOptions,
+        service: str,
+        queue: str | None = None,
+        handler: Handler | None = None,
+        *,
+        routes: dict[str, Handler] | None = None,
+        consumers: int = 1,
+        prefetch: int = 2,
+    ) -> None:
+        self.options = url if isinstance(url, BusOptions) else BusOptions(url=url)
+        self.service = service
+        self.routes: dict[str, Handler] = dict(routes or {})
+        if queue is not None and handler is not None:
+            self.routes[queue] = handler
+        if not self.routes:
+            raise ValueError("a worker needs at least one queue and handler")
+        self.consumers = consumers
+        self.prefetch = prefetch
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._connected = 0
+        self._lock = threading.Lock()
+        self.ready = threading.Event()  # set once every consumer has subscribed at least once
+
+    # --- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        self._stop.clear()
+        for i in range(self.consumers):
+            t = threading.Thread(target=self._run, name=f"{self.service}-consumer-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout)
+        self._threads.clear()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected > 0
+
+    # --- consumer loop -----------------------------------------------------
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            conn = None
+            try:
+                conn = open_connection(self.options.without_confirms())
+                if attempt:
+                    metrics.BUS_RECONNECTS.labels(self.service).inc()
+                    log.info("%s: reconnected to the bus", self.service)
+                attempt = 0
+                self._serve(conn)
+            except CONNECTION_ERRORS as exc:
+                delay = backoff(attempt, self.options.reconnect_max_delay)
+                attempt += 1
+                log.warning("%s: bus connection failed (%s); retrying in %.1f s", self.service, exc, delay)
+                self._stop.wait(delay)
+            except Exception:  # noqa: BLE001 - a consumer thread must survive anything
+                delay = backoff(attempt, self.options.reconnect_max_delay)
+                attempt += 1
+                log.exception("%s: consumer failed; restarting in %.1f s", self.service, delay)
+                self._stop.wait(delay)
+            finally:
+                safe_release(conn)
+
+    def _serve(self, conn: Connection) -> None:
+        channel = conn.channel()
+        channel.basic_qos(0, self.prefetch, False)
+        producer = Producer(channel, auto_declare=False)
+        consumers = [
+            Consumer(channel, [request_queue(name)], on_message=self._callback(name, producer), no_ack=False)
+            for name in self.routes
+        ]
+        for consumer in consumers:
+            consumer.consume()
+        self._set_connected(+1)
+        try:
+            self.ready.set()
+            while not self._stop.is_set():
+                try:
+                    conn.drain_events(timeout=1.0)
+                except socket.timeout:
+                    conn.heartbeat_check()
+        finally:
+            self._set_connected(-1)
+
+    def _callback(self, queue: str, producer: Producer) -> Callable[[Message], None]:
+        return lambda message: self._on_message(queue, message, producer)
+
+    def _set_connected(self, delta: int) -> None:
+        with self._lock:
+            self._connected += delta
+            metrics.BUS_UP.labels(self.service).set(1 if self._connected else 0)
+
+    # --- one message -------------------------------------------------------
+    def _on_message(self, queue: str, message: Message, producer: Producer) -> None:
+        reply = self._handle(queue, message.body)
+        reply_to = message.properties.get("reply_to")
+        if reply is not None and reply_to:
+            producer.publish(
+                reply.model_dump_json().encode(),
+                routing_key=reply_to,
+                exchange="",
+                content_type="application/json",
+                content_encoding="utf-8",
+                correlation_id=message.properties.get("correlation_id"),
+                retry=False,
+            )
+        message.ack()  # only after the reply is out: a killed worker means redelivery
+
+    def _handle(self, queue: str, body: bytes | str) -> ReplyEnvelope | None:
+        try:
+            env = Envelope.model_validate_json(body)
+        except ValidationError as exc:
+            metrics.REQUESTS.labels(self.service, "invalid", "error").inc()
+            return ReplyEnvelope(ok=False, error=f"malformed request: {exc.errors()[0]['msg']}")
+        if env.op == PING:
+            return ReplyEnvelope(ok=True, body={"service": self.service})
+        if env.remaining() <= 0:
+            metrics.BUS_EXPIRED.labels(self.service, env.op).inc()
+            log.info("%s: dropped expired %s request (caller gave up)", self.service, env.op)
+            return None
+        handler = self.routes.get(queue)
+        if handler is None:
+            return ReplyEnvelope(ok=False, error=f"no handler for queue {queue!r}")
+        return self._invoke(handler, env)
+
+    def _invoke(self, handler: Handler, env: Envelope) -> ReplyEnvelope:
+        op = env.op
+        in_flight = metrics.IN_FLIGHT.labels(self.service, op)
+        in_flight.inc()
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            return ReplyEnvelope(ok=True, body=handler(env))
+        except RequestError as exc:
+            outcome = "error"
+            return ReplyEnvelope(ok=False, error=str(exc))
+        except ValidationError as exc:
+            outcome = "error"
+            return ReplyEnvelope(ok=False, error=f"invalid {op} request: {_first_error(exc)}")
+        except Exception as exc:  # noqa: BLE001 - a bug must not kill the consumer
+            outcome = "error"
+            log.exception("%s: %s handler failed", self.service, op)
+            return ReplyEnvelope(ok=False, error=f"internal error in {self.service}: {type(exc).__name__}: {exc}")
+        finally:
+            in_flight.dec()
+            metrics.REQUESTS.labels(self.service, op, outcome).inc()
+            metrics.REQUEST_DURATION.labels(self.service, op).observe(time.perf_counter() - started)
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ()))
+    return f"{where}: {err['msg']}" if where else err["msg"]

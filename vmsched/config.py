@@ -1,0 +1,92 @@
+"""One typed settings object for every vmsched process.
+
+Values come from (highest first): command-line flags, environment variables
+(``VMSCHED_*``; ``OSCHEDPROXY_PLUGINS`` is honoured for the plugins folder, as
+the old ``ovirt-scheduler-proxy`` did), then the defaults below.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
+MEMORY_URL = "memory://"
+
+
+def stock_plugins_dir() -> Path:
+    """The plugins shipped with vmsched (source checkout or installed data)."""
+    here = Path(__file__).resolve().parent.parent / "plugins"
+    if here.is_dir():
+        return here
+    return Path(sys.prefix) / "share" / "vmsched" / "plugins"
+
+
+def parse_timeouts(value: str | dict[str, float] | None) -> dict[str, float]:
+    """``"UnitA=5,UnitB=2.5"`` -> ``{"UnitA": 5.0, "UnitB": 2.5}``."""
+    if not value:
+        return {}
+    if isinstance(value, dict):
+        return {str(k): float(v) for k, v in value.items()}
+    out: dict[str, float] = {}
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, seconds = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"bad timeout entry {item!r}: expected NAME=SECONDS")
+        out[name.strip()] = float(seconds)
+    return out
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VMSCHED_", extra="ignore")
+
+    # bus
+    amqp_url: str = Field(DEFAULT_AMQP_URL, description="AMQP broker URL; memory:// is the embedded bus")
+    prefetch: int = Field(8, ge=1, description="unacknowledged requests a consumer may hold")
+    consumers: int = Field(2, ge=1, description="consumer threads per service")
+    connect_timeout: float = Field(2.0, gt=0, description="broker connect timeout, seconds")
+    confirm_timeout: float = Field(2.0, gt=0, description="publisher-confirm wait, seconds")
+    reconnect_max_delay: float = Field(5.0, gt=0, description="upper bound of the reconnect backoff, seconds")
+
+    # gateway
+    host: str = Field("127.0.0.1", description="gateway listen address")
+    port: int = Field(18781, ge=0, le=65535, description="gateway listen port")
+    request_timeout: float = Field(30.0, gt=0, le=110, description="deadline of one engine request, seconds")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="largest accepted request body, bytes")
+
+    # plugins
+    plugins_dir: Path = Field(
+        default_factory=stock_plugins_dir,
+        validation_alias=AliasChoices("plugins_dir", "VMSCHED_PLUGINS", "OSCHEDPROXY_PLUGINS"),
+        description="folder of plugin files (top-level *.py)",
+    )
+    pool_size: int = Field(4, ge=1, description="persistent plugin worker processes per service")
+    plugin_timeout: float = Field(10.0, gt=0, le=110, description="default per-call plugin timeout, seconds")
+    plugin_timeouts: dict[str, float] = Field(default_factory=dict, description="per-unit timeouts NAME=SECONDS,...")
+    plugin_memory_mb: int = Field(1024, ge=32, description="address-space limit of a plugin worker, MiB")
+    plugin_cpu_seconds: int = Field(30, ge=1, description="CPU-time limit of one plugin call, seconds")
+    plugin_max_output: int = Field(1 << 20, ge=1024, description="largest plugin stdout accepted, bytes")
+    rescan_interval: float = Field(1.0, gt=0, description="plugin folder rescan period, seconds")
+
+    # observability
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port of a worker service")
+    log_level: str = Field("INFO", description="logging level")
+
+    @field_validator("plugin_timeouts", mode="before")
+    @classmethod
+    def _timeouts(cls, value: Any) -> dict[str, float]:
+        return parse_timeouts(value)
+
+    @property
+    def embedded(self) -> bool:
+        return self.amqp_url.startswith("memory://")
+
+    def timeout_for(self, unit: str) -> float:
+        return self.plugin_timeouts.get(unit, self.plugin_timeout)

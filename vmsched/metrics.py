@@ -1,0 +1,78 @@
+"""Prometheus metrics of every vmsched process.
+
+The names are part of the interface: dashboards and alerts depend on them.
+Conventions: ``vmsched_`` prefix, base units, ``_total`` counters,
+``_seconds`` histograms, and never a host or VM ID as a label value.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+# --- requests (gateway and services) ---------------------------------------
+REQUESTS = Counter(
+    "vmsched_requests_total",
+    "Requests handled, by service, operation and outcome (ok, error, expired)",
+    ["service", "operation", "outcome"],
+    registry=REGISTRY,
+)
+REQUEST_DURATION = Histogram(
+    "vmsched_request_duration_seconds",
+    "Time to handle one request, by service and operation",
+    ["service", "operation"],
+    buckets=_LATENCY,
+    registry=REGISTRY,
+)
+IN_FLIGHT = Gauge(
+    "vmsched_requests_in_flight",
+    "Requests being handled right now",
+    ["service", "operation"],
+    registry=REGISTRY,
+)
+
+# --- bus -------------------------------------------------------------------
+BUS_RECONNECTS = Counter(
+    "vmsched_bus_reconnects_total", "Broker (re)connections made after a failure", ["service"], registry=REGISTRY
+)
+BUS_EXPIRED = Counter(
+    "vmsched_bus_expired_total",
+    "Requests dropped by a worker because the caller's deadline had passed",
+    ["service", "operation"],
+    registry=REGISTRY,
+)
+BUS_UP = Gauge("vmsched_bus_connected", "1 while the process holds a broker connection", ["service"], registry=REGISTRY)
+
+# --- plugins ---------------------------------------------------------------
+PLUGIN_CALLS = Counter(
+    "vmsched_plugin_calls_total",
+    "Plugin unit calls, by unit and outcome (ok, error, timeout)",
+    ["unit", "outcome"],
+    registry=REGISTRY,
+)
+PLUGIN_DURATION = Histogram(
+    "vmsched_plugin_call_duration_seconds", "Duration of one plugin unit call", ["unit"], buckets=_LATENCY, registry=REGISTRY
+)
+PLUGIN_ERRORS = Counter("vmsched_plugin_errors_total", "Plugin calls that failed", ["unit"], registry=REGISTRY)
+PLUGIN_TIMEOUTS = Counter(
+    "vmsched_plugin_timeouts_total", "Plugin calls killed for overrunning their timeout", ["unit"], registry=REGISTRY
+)
+PLUGIN_WORKER_RESTARTS = Counter(
+    "vmsched_plugin_worker_restarts_total",
+    "Plugin worker processes replaced, by reason (timeout, crash, recycle)",
+    ["pool", "reason"],
+    registry=REGISTRY,
+)
+PLUGIN_UNITS = Gauge("vmsched_plugin_units", "Units in the plugin catalog, by kind", ["kind"], registry=REGISTRY)
+PLUGIN_LOAD_ERRORS = Gauge(
+    "vmsched_plugin_load_errors", "Plugin files that currently fail to load", registry=REGISTRY
+)
+
+
+def serve(port: int | None, addr: str = "0.0.0.0") -> None:
+    """Expose :data:`REGISTRY` on ``port`` (no-op when ``port`` is None)."""
+    if port is not None:
+        start_http_server(port, addr=addr, registry=REGISTRY)

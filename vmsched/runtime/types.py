@@ -1,0 +1,51 @@
+"""Values exchanged with the plugin runtime (pool, catalog)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one plugin worker process."""
+
+    memory_mb: int = 1024
+    cpu_seconds: int = 30
+    max_output: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class Call:
+    """One plugin unit call: ``plugin.cls().method(*args)`` in a worker."""
+
+    plugin: str  # module name (file stem) in the plugins folder
+    cls: str  # class name (= unit name)
+    method: str  # do_filter | do_score | do_balance
+    args: tuple[Any, ...]  # JSON-able positional arguments
+    timeout: float  # seconds, wall clock
+
+
+@dataclass
+class CallResult:
+    ok: bool
+    value: Any = None  # the unit's result, tuples turned into lists
+    error: str | None = None  # precise, human-readable reason when not ok
+    timed_out: bool = False
+    duration: float = 0.0  # seconds
+    stderr: str = ""  # what the plugin wrote to stderr (logged, not an error)
+
+
+@dataclass(frozen=True)
+class AnalyzedUnit:
+    name: str
+    kind: str  # filter | score | balance
+    description: str
+    validation: str  # raw properties_validation as the plugin wrote it
+
+
+@dataclass
+class Analysis:
+    plugin: str
+    units: list[AnalyzedUnit] = field(default_factory=list)
+    error: str | None = None
