@@ -1,0 +1,5 @@
+"""Discovery service: the plugin catalog (queue vmsched.discover)."""
+
+from services.discovery.service import DiscoveryService
+
+__all__ = ["DiscoveryService"]

@@ -1,0 +1,106 @@
+"""The JSON API under /v1: everything XML-RPC cannot carry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from pydantic import BaseModel, Field
+
+from gateway.render import Decision, discover_result
+from gateway.scheduler import Scheduler
+from vmsched.bus import BusError, BusTimeout
+from vmsched.messages import (
+    BalanceOutcome,
+    BalanceRequest,
+    DiscoverReply,
+    FilterOutcome,
+    FilterRequest,
+    ScoreOutcome,
+    ScoreRequest,
+)
+
+router = APIRouter(prefix="/v1", tags=["scheduling"])
+
+
+class FilterUnitDetail(FilterOutcome):
+    dropped: list[str] = Field(default_factory=list, description="requested hosts this unit removed")
+    unknown: list[str] = Field(default_factory=list, description="returned IDs that were not requested")
+
+
+class ScoreUnitDetail(ScoreOutcome):
+    missing: list[str] = Field(default_factory=list, description="requested hosts the unit gave no score")
+
+
+class EngineAnswer(BaseModel):
+    result_code: int
+    result: Any
+    plugin_errors: dict[str, list[str]]
+    errors: list[str]
+
+
+class FilterAnswer(EngineAnswer):
+    units: list[FilterUnitDetail]
+
+
+class ScoreAnswer(EngineAnswer):
+    units: list[ScoreUnitDetail]
+
+
+class BalanceAnswer(EngineAnswer):
+    unit: BalanceOutcome | None
+
+
+class UnitsAnswer(DiscoverReply):
+    engine: dict[str, dict[str, list[str]]] = Field(description="what XML-RPC discover sends the engine")
+
+
+def _scheduler(request: Request) -> Scheduler:
+    return request.app.state.scheduler
+
+
+def _answer(decision: Decision) -> dict[str, Any]:
+    return decision.envelope()
+
+
+@router.get("/units", response_model=UnitsAnswer, summary="Plugin units and plugin load errors (discover)")
+async def units(request: Request) -> UnitsAnswer:
+    try:
+        reply = await _scheduler(request).discover()
+    except BusTimeout as exc:
+        raise HTTPException(504, str(exc)) from None
+    except BusError as exc:
+        raise HTTPException(503, str(exc)) from None
+    return UnitsAnswer(**reply.model_dump(), engine=discover_result(reply))
+
+
+@router.post("/filter", response_model=FilterAnswer, summary="Run filter units (runFilters)")
+async def run_filter(req: FilterRequest, request: Request) -> FilterAnswer:
+    decision, outcomes = await _scheduler(request).filter(req)
+    requested = set(req.hosts)
+    details = [
+        FilterUnitDetail(
+            **o.model_dump(),
+            dropped=[h for h in req.hosts if h not in set(o.hosts)] if o.ok else [],
+            unknown=[h for h in o.hosts if h not in requested],
+        )
+        for o in outcomes
+    ]
+    return FilterAnswer(**_answer(decision), units=details)
+
+
+@router.post("/score", response_model=ScoreAnswer, summary="Run score units (runCostFunctions)")
+async def run_score(req: ScoreRequest, request: Request) -> ScoreAnswer:
+    decision, outcomes = await _scheduler(request).score(req)
+    details = []
+    for o in outcomes:
+        scored = {h for h, _ in o.scores}
+        details.append(ScoreUnitDetail(**o.model_dump(), missing=[h for h in req.hosts if h not in scored] if o.ok else []))
+    return ScoreAnswer(**_answer(decision), units=details)
+
+
+@router.post("/balance", response_model=BalanceAnswer, summary="Run a balance unit (runLoadBalancing)")
+async def run_balance(req: BalanceRequest, request: Request) -> BalanceAnswer:
+    decision, outcome = await _scheduler(request).balance(req)
+    return BalanceAnswer(**_answer(decision), unit=outcome)
+

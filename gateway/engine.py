@@ -1,0 +1,93 @@
+"""The engine's XML-RPC methods: discover, runFilters, runCostFunctions, runLoadBalancing."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway import xmlrpc
+from gateway.render import discover_result
+from gateway.scheduler import Scheduler
+from vmsched.bus import BusError
+from vmsched.messages import BalanceRequest, FilterRequest, ScoreRequest
+
+log = logging.getLogger("vmsched.gateway")
+
+XML = "text/xml; charset=utf-8"
+Method = Callable[[Scheduler, tuple[Any, ...]], Awaitable[Any]]
+
+
+async def discover(s: Scheduler, params: tuple[Any, ...]) -> Any:
+    xmlrpc.arity(params, "discover", 0)
+    try:
+        return discover_result(await s.discover())
+    except BusError as exc:
+        raise xmlrpc.Fault(xmlrpc.SERVER_ERROR, f"discovery unavailable: {exc}") from None
+
+
+async def run_filters(s: Scheduler, params: tuple[Any, ...]) -> Any:
+    xmlrpc.arity(params, "runFilters", 4)
+    req = FilterRequest(
+        units=xmlrpc.str_list(params[0], "filters"),
+        hosts=xmlrpc.str_list(params[1], "hostIDs"),
+        vm=xmlrpc.text(params[2], "vmID"),
+        properties=xmlrpc.properties(params[3]),
+    )
+    decision, _ = await s.filter(req)
+    return decision.envelope()
+
+
+async def run_cost_functions(s: Scheduler, params: tuple[Any, ...]) -> Any:
+    xmlrpc.arity(params, "runCostFunctions", 4)
+    req = ScoreRequest.model_validate({
+        "units": xmlrpc.score_units(params[0]),
+        "hosts": xmlrpc.str_list(params[1], "hostIDs"),
+        "vm": xmlrpc.text(params[2], "vmID"),
+        "properties": xmlrpc.properties(params[3]),
+    })
+    decision, _ = await s.score(req)
+    return decision.envelope()
+
+
+async def run_load_balancing(s: Scheduler, params: tuple[Any, ...]) -> Any:
+    xmlrpc.arity(params, "runLoadBalancing", 3)
+    req = BalanceRequest(
+        unit=xmlrpc.text(params[0], "balancer"),
+        hosts=xmlrpc.str_list(params[1], "hostIDs"),
+        properties=xmlrpc.properties(params[2]),
+    )
+    decision, _ = await s.balance(req)
+    return decision.envelope()
+
+
+async def list_methods(s: Scheduler, params: tuple[Any, ...]) -> Any:
+    return sorted(METHODS)
+
+
+METHODS: dict[str, Method] = {
+    "discover": discover,
+    "runFilters": run_filters,
+    "runCostFunctions": run_cost_functions,
+    "runLoadBalancing": run_load_balancing,
+    "system.listMethods": list_methods,
+}
+
+
+async def endpoint(request: Request) -> Response:
+    """POST / and /RPC2: one XML-RPC call, answered with a result or a fault."""
+    scheduler: Scheduler = request.app.state.scheduler
+    try:
+        method, params = xmlrpc.parse_call(await request.body())
+        handler = METHODS.get(method)
+        if handler is None:
+            raise xmlrpc.Fault(xmlrpc.METHOD_NOT_FOUND, f"unknown method {method!r}; known: {', '.join(sorted(METHODS))}")
+        body = xmlrpc.dump_response(await handler(scheduler, params))
+    except xmlrpc.Fault as fault:
+        body = xmlrpc.dump_fault(fault)
+    except Exception as exc:  # noqa: BLE001 - the engine gets a fault, never a stack trace page
+        log.exception("XML-RPC call failed")
+        body = xmlrpc.dump_fault(xmlrpc.Fault(xmlrpc.INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}"))
+    return Response(body, media_type=XML)

@@ -1,0 +1,123 @@
+"""XML-RPC as the oVirt engine speaks it (Apache XML-RPC 3.1, extensions on).
+
+Requests may carry bare ``<value>`` strings, ``<i4>`` and ``<ex:nil/>``; the
+stdlib parser (hardened by defusedxml against entity expansion) reads all of
+them. Replies never contain nil, doubles or integers outside int32:
+:func:`engine_safe` enforces that on every reply, whatever a bug upstream did.
+"""
+
+from __future__ import annotations
+
+import xmlrpc.client
+from typing import Any
+from xml.parsers.expat import ExpatError
+
+from defusedxml.xmlrpc import monkey_patch
+
+from gateway.render import clamp_int32
+
+monkey_patch()  # refuse DTDs and entity expansion in request bodies
+
+PARSE_ERROR = -32700
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+SERVER_ERROR = -32500
+
+
+class Fault(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
+    """Return ``(method, params)`` or raise :class:`Fault` with a precise reason."""
+    if not body.strip():
+        raise Fault(PARSE_ERROR, "empty request body: expected an XML-RPC methodCall")
+    try:
+        params, method = xmlrpc.client.loads(body, use_builtin_types=True)
+    except ExpatError as exc:
+        raise Fault(PARSE_ERROR, f"malformed XML: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - any parser complaint is the client's error
+        raise Fault(PARSE_ERROR, f"malformed XML-RPC request: {type(exc).__name__}: {exc}") from None
+    if not method:
+        raise Fault(PARSE_ERROR, "request has no methodName")
+    return method, params
+
+
+def engine_safe(value: Any) -> Any:
+    """A copy of ``value`` the engine's parser accepts: no nil, no doubles, int32 only."""
+    if value is None:
+        return ""
+    if isinstance(value, bool) or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return clamp_int32(value)
+    if isinstance(value, (list, tuple)):
+        return [engine_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): engine_safe(v) for k, v in value.items()}
+    return str(value)
+
+
+def dump_response(value: Any) -> bytes:
+    return xmlrpc.client.dumps((engine_safe(value),), methodresponse=True, encoding="utf-8").encode()
+
+
+def dump_fault(fault: Fault) -> bytes:
+    return xmlrpc.client.dumps(xmlrpc.client.Fault(fault.code, fault.message), methodresponse=True).encode()
+
+
+# --- argument checks ---------------------------------------------------------
+
+
+def str_list(value: Any, name: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise Fault(INVALID_PARAMS, f"{name} must be an array of strings, got {value!r:.100}")
+    return list(value)
+
+
+def text(value: Any, name: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise Fault(INVALID_PARAMS, f"{name} must be a string, got {value!r:.100}")
+    return value
+
+
+def properties(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise Fault(INVALID_PARAMS, f"properties must be a struct, got {value!r:.100}")
+    return {str(k): "" if v is None else str(v) for k, v in value.items()}
+
+
+def score_units(value: Any) -> list[dict[str, Any]]:
+    """``[[name, factor], ...]`` (a bare name means factor 1)."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise Fault(INVALID_PARAMS, f"functions must be an array of [name, factor], got {value!r:.100}")
+    units = []
+    for entry in value:
+        if isinstance(entry, str):
+            units.append({"name": entry, "factor": 1})
+            continue
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)):
+            raise Fault(INVALID_PARAMS, f"bad cost function entry {entry!r:.100}: expected [name, factor]")
+        try:
+            factor = int(entry[1])
+        except (TypeError, ValueError):
+            raise Fault(INVALID_PARAMS, f"bad factor {entry[1]!r:.40} for {entry[0]}: expected an integer") from None
+        units.append({"name": entry[0], "factor": factor})
+    return units
+
+
+def arity(params: tuple[Any, ...], method: str, expected: int) -> None:
+    if len(params) != expected:
+        raise Fault(INVALID_PARAMS, f"{method} takes {expected} parameters, got {len(params)}")

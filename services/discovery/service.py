@@ -1,0 +1,29 @@
+"""The catalog of plugin units, kept current while the service runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vmsched.bus.topology import REQUEST_QUEUES
+from vmsched.bus.worker import Handler
+from vmsched.config import Settings
+from vmsched.messages import DiscoverReply, Envelope, Op
+from vmsched.service import PluginService
+
+
+class DiscoveryService(PluginService):
+    """Analyses plugin files in a sandboxed worker; never imports them itself."""
+
+    name = "discovery"
+    runs_units = False
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, pool_size=1)
+
+    def routes(self) -> dict[str, Handler]:
+        return {REQUEST_QUEUES[Op.DISCOVER]: self.discover}
+
+    def discover(self, env: Envelope) -> dict[str, Any]:
+        self.catalog.refresh()  # one scandir when nothing changed
+        units = sorted(self.catalog.units().values(), key=lambda u: (u.kind.value, u.name))
+        return DiscoverReply(units=units, load_errors=self.catalog.load_errors()).model_dump()

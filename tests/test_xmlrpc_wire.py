@@ -1,0 +1,73 @@
+"""XML-RPC parsing and replies at the wire level, as the engine sends and reads them."""
+
+import re
+import xmlrpc.client as stdlib_xmlrpc
+
+import pytest
+
+from gateway import xmlrpc
+from tests.engine_wire import call
+
+H1, H2 = "8c4a5d3c-6f3e-4a6a-9a0e-1d2c3b4a5f60", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+
+
+def test_parses_apache_style_bodies():
+    body = call("runFilters", ["HostAllowDeny"], [H1, H2], "vm-1", {"denied_hosts": H2})
+    assert b"<string>" not in body and b"<i4>" not in body
+    method, params = xmlrpc.parse_call(body)
+    assert method == "runFilters"
+    assert params == (["HostAllowDeny"], [H1, H2], "vm-1", {"denied_hosts": H2})
+
+
+def test_parses_ex_nil_and_i4():
+    method, params = xmlrpc.parse_call(call("runCostFunctions", [["PreferredHosts", 3]], [H1], None, None))
+    assert params[0] == [["PreferredHosts", 3]] and params[2] is None and params[3] is None
+    assert xmlrpc.text(params[2], "vmID") == "" and xmlrpc.properties(params[3]) == {}
+    assert xmlrpc.score_units(params[0]) == [{"name": "PreferredHosts", "factor": 3}]
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b"", "empty request body"),
+    (b"<methodCall><methodName>x</methodName><params>", "malformed"),
+    (b"not xml at all", "malformed"),
+    (b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaa">]><methodCall><methodName>&a;</methodName></methodCall>',
+     "malformed"),
+])
+def test_malformed_bodies_are_faults(body, fragment):
+    with pytest.raises(xmlrpc.Fault) as info:
+        xmlrpc.parse_call(body)
+    assert info.value.code == xmlrpc.PARSE_ERROR
+    assert fragment in info.value.message.lower()
+
+
+def test_reply_never_contains_nil_double_or_int64():
+    value = {"result_code": 0, "result": [[H1, 1e15], [H2, -3.7], ["x", None], ("t", 2**40)], "errors": []}
+    wire = xmlrpc.dump_response(value).decode()
+    assert "<nil" not in wire and "<double>" not in wire
+    ints = [int(x) for x in re.findall(r"<int>(-?\d+)</int>", wire)]
+    assert ints and all(-(2**31) <= i < 2**31 for i in ints)
+    (parsed,), _ = stdlib_xmlrpc.loads(wire)
+    assert parsed["result"][0] == [H1, 2**31 - 1] and parsed["result"][1] == [H2, -4]
+
+
+def test_fault_reply_is_a_real_fault():
+    wire = xmlrpc.dump_fault(xmlrpc.Fault(xmlrpc.METHOD_NOT_FOUND, "unknown method 'nope'"))
+    with pytest.raises(stdlib_xmlrpc.Fault) as info:
+        stdlib_xmlrpc.loads(wire)
+    assert info.value.faultCode == xmlrpc.METHOD_NOT_FOUND and "nope" in info.value.faultString
+
+
+@pytest.mark.parametrize("value", [[("a", "b", "c")], [["a"]], ["ok", 5], [["a", "not-int"]]])
+def test_bad_cost_function_entries_are_invalid_params(value):
+    with pytest.raises(xmlrpc.Fault) as info:
+        xmlrpc.score_units(value)
+    assert info.value.code == xmlrpc.INVALID_PARAMS
+
+
+def test_arity_and_types_checked():
+    with pytest.raises(xmlrpc.Fault, match="takes 4 parameters"):
+        xmlrpc.arity((1, 2), "runFilters", 4)
+    with pytest.raises(xmlrpc.Fault, match="array of strings"):
+        xmlrpc.str_list([1, 2], "hostIDs")
+    with pytest.raises(xmlrpc.Fault, match="struct"):
+        xmlrpc.properties(["x"])

@@ -1,0 +1,157 @@
+"""The ``vmsched`` command line.
+
+Every option has an environment variable (``VMSCHED_<OPTION>``), read by the
+one :class:`~vmsched.config.Settings` object; flags win over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from vmsched import __version__
+from vmsched.config import DEFAULT_AMQP_URL, Settings
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _bus(p: argparse.ArgumentParser, default_note: str = f"default {DEFAULT_AMQP_URL}") -> None:
+    p.add_argument("--amqp", dest="amqp_url", metavar="URL",
+                   help=f"AMQP broker URL, or memory:// for the embedded bus (env VMSCHED_AMQP_URL; {default_note})")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR (env VMSCHED_LOG_LEVEL; default INFO)")
+    p.add_argument("--connect-timeout", type=float, metavar="S", help="broker connect timeout in seconds (default 2)")
+
+
+def _plugins(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugins", dest="plugins_dir", type=Path, metavar="DIR",
+                   help="plugins folder, top-level *.py files (env VMSCHED_PLUGINS or OSCHEDPROXY_PLUGINS; "
+                        "default: the stock plugins shipped with vmsched)")
+    p.add_argument("--pool-size", type=int, metavar="N", help="persistent plugin worker processes per service (default 4)")
+    p.add_argument("--plugin-timeout", type=float, metavar="S", help="default timeout of one plugin call in seconds (default 10)")
+    p.add_argument("--plugin-timeouts", metavar="UNIT=S,...", help="per-unit timeouts, e.g. 'SlowFilter=30,Quick=2'")
+    p.add_argument("--plugin-memory-mb", type=int, metavar="MIB", help="address-space limit of a plugin worker (default 1024)")
+    p.add_argument("--plugin-cpu-seconds", type=int, metavar="S", help="CPU-time limit of one plugin call (default 30)")
+    p.add_argument("--consumers", type=int, metavar="N", help="consumer threads per service (default 2)")
+    p.add_argument("--prefetch", type=int, metavar="N", help="unacknowledged requests per consumer (default 2)")
+
+
+def _gateway(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", metavar="ADDR", help="listen address (env VMSCHED_HOST; default 127.0.0.1)")
+    p.add_argument("--port", type=int, metavar="PORT", help="listen port (env VMSCHED_PORT; default 18781)")
+    p.add_argument("--request-timeout", type=float, metavar="S",
+                   help="deadline of one scheduling request in seconds (default 30; the engine waits 120)")
+    p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body accepted (default 1048576)")
+
+
+def _metrics(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on this port (env VMSCHED_METRICS_PORT)")
+
+
+def settings_from(args: argparse.Namespace, **overrides: Any) -> Settings:
+    fields = set(Settings.model_fields)
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    given.update(overrides)
+    return Settings(**given)
+
+
+def _logging(settings: Settings) -> None:
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from vmsched.runner import run_all_in_one
+
+    overrides = {} if args.amqp_url else {"amqp_url": "memory://"}
+    settings = settings_from(args, **overrides)
+    _logging(settings)
+    return run_all_in_one(settings)
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from vmsched.runner import run_gateway
+
+    settings = settings_from(args)
+    _logging(settings)
+    return run_gateway(settings)
+
+
+def _service_cmd(name: str) -> Command:
+    def command(args: argparse.Namespace) -> int:
+        from vmsched.runner import run_service
+
+        settings = settings_from(args)
+        _logging(settings)
+        return run_service(name, settings)
+
+    return command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vmsched",
+        description="vmsched: VM placement for oVirt (an external-scheduler drop-in) and a libvirt CPU policy agent.",
+    )
+    parser.add_argument("--version", action="version", version=f"vmsched {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("run", help="all-in-one: gateway + discovery + scoring + balancer in one process",
+                       description="Run the gateway and the discovery, scoring and balancer services in one process, "
+                                   "on the embedded in-memory bus unless --amqp is given.")
+    _bus(p, "default here: memory://, the embedded bus")
+    _gateway(p)
+    _plugins(p)
+    _common(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("gateway", help="the XML-RPC/JSON gateway (publishes requests to the bus)",
+                       description="Serve the engine's XML-RPC at / and /RPC2, the JSON API at /v1, "
+                                   "/healthz, /readyz and /metrics; requests go to the services over AMQP.")
+    _bus(p)
+    _gateway(p)
+    _common(p)
+    p.set_defaults(func=cmd_gateway)
+
+    for name, text in (("discovery", "the plugin catalog service (queue vmsched.discover)"),
+                       ("scoring", "the filter and score service (queues vmsched.filter, vmsched.score)"),
+                       ("balancer", "the load-balancing service (queue vmsched.balance)")):
+        p = sub.add_parser(name, help=text, description=f"Run {text} over AMQP.")
+        _bus(p)
+        _plugins(p)
+        _metrics(p)
+        _common(p)
+        p.set_defaults(func=_service_cmd(name))
+
+    _register_agent(sub)
+    return parser
+
+
+def _register_agent(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    try:
+        from services.policy_agent.cli import register
+    except ImportError as exc:
+        logging.getLogger("vmsched").debug("policy agent commands unavailable: %s", exc)
+        return
+    register(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except ValueError as exc:  # settings validation: say what is wrong, no traceback
+        print(f"vmsched: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Starting vmsched processes: one service, the gateway, or all of them."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+import uvicorn
+
+from vmsched import metrics
+from vmsched.config import Settings
+from vmsched.service import PluginService
+
+log = logging.getLogger("vmsched")
+
+
+def make_service(name: str, settings: Settings) -> PluginService:
+    if name == "discovery":
+        from services.discovery import DiscoveryService
+
+        return DiscoveryService(settings)
+    if name == "scoring":
+        from services.scoring import ScoringService
+
+        return ScoringService(settings)
+    if name == "balancer":
+        from services.balancer import BalancerService
+
+        return BalancerService(settings, pool_size=max(1, settings.pool_size // 2))
+    raise ValueError(f"unknown service {name!r}")
+
+
+def _serve_http(settings: Settings) -> None:
+    from gateway.app import create_app
+
+    config = uvicorn.Config(
+        create_app(settings), host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+        log_level=settings.log_level.lower(), access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+    )
+    uvicorn.Server(config).run()
+
+
+def run_gateway(settings: Settings) -> int:
+    _serve_http(settings)
+    return 0
+
+
+def run_service(name: str, settings: Settings) -> int:
+    service = make_service(name, settings)
+    metrics.serve(settings.metrics_port)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    service.start()
+    log.info("%s running (bus %s)", name, "embedded" if settings.embedded else "AMQP")
+    stop.wait()
+    service.stop()
+    return 0
+
+
+def run_all_in_one(settings: Settings) -> int:
+    """Gateway + discovery + scoring + balancer in this process (embedded bus by default)."""
+    services = [make_service(name, settings) for name in ("discovery", "scoring", "balancer")]
+    for service in services:
+        service.start()
+    log.info("vmsched all-in-one on http://%s:%d/ (plugins %s, bus %s)", settings.host, settings.port,
+             settings.plugins_dir, "embedded memory://" if settings.embedded else settings.amqp_url.split("@")[-1])
+    try:
+        _serve_http(settings)
+    finally:
+        for service in services:
+            service.stop()
+    return 0

@@ -1,0 +1,120 @@
+"""What every plugin-running service shares: a pool, a catalog, bus routes.
+
+A concrete service (discovery, scoring, balancer) only maps its queues to
+handlers; starting the plugin workers, watching the plugins folder, running
+units in parallel under their timeouts and counting plugin metrics is here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from vmsched import metrics
+from vmsched.bus.connection import BusOptions
+from vmsched.bus.worker import Handler, ServiceWorker
+from vmsched.config import Settings
+from vmsched.messages import METHOD_OF_KIND, Kind
+from vmsched.runtime import Call, CallResult, Catalog, Limits, PluginPool
+
+log = logging.getLogger("vmsched.service")
+
+#: Time kept back from the caller's deadline to send the reply.
+REPLY_MARGIN = 0.05
+
+
+@dataclass
+class UnitRun:
+    """One unit of a request: its name and what happened when it ran."""
+
+    name: str
+    result: CallResult
+
+
+class PluginService:
+    name = "service"
+    runs_units = True  # False: the pool only analyses plugin files
+
+    def __init__(self, settings: Settings, pool_size: int | None = None) -> None:
+        self.settings = settings
+        limits = Limits(
+            memory_mb=settings.plugin_memory_mb,
+            cpu_seconds=settings.plugin_cpu_seconds,
+            max_output=settings.plugin_max_output,
+        )
+        self.pool = PluginPool(settings.plugins_dir, size=pool_size or settings.pool_size, limits=limits, name=self.name)
+        self.catalog = Catalog(settings.plugins_dir, self.pool, analyze_timeout=settings.plugin_timeout)
+        self.worker: ServiceWorker | None = None
+
+    # --- lifecycle ---------------------------------------------------------
+    def routes(self) -> dict[str, Handler]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self.pool.start()
+        self.catalog.refresh()
+        self.catalog.start_watching(self.settings.rescan_interval)
+        if self.runs_units:
+            self.pool.warm(sorted({u.plugin for u in self.catalog.units().values()}))
+        self.worker = ServiceWorker(
+            BusOptions.from_settings(self.settings),
+            self.name,
+            routes=self.routes(),
+            consumers=self.settings.consumers,
+            prefetch=self.settings.prefetch,
+        )
+        self.worker.start()
+        log.info("%s: serving %s with %d units", self.name, ", ".join(self.routes()), len(self.catalog.units()))
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+        self.catalog.stop()
+        self.pool.close()
+
+    # --- running units -----------------------------------------------------
+    def run_units(
+        self, kind: Kind, names: list[str], args: tuple[Any, ...], deadline: float, timeout: float | None
+    ) -> list[UnitRun]:
+        """Run every named unit of ``kind`` in parallel; unknown names fail alone."""
+        calls: list[Call] = []
+        slots: list[int] = []
+        runs = [UnitRun(name, CallResult(ok=False)) for name in names]
+        for i, name in enumerate(names):
+            unit = self._lookup(name, kind)
+            if unit is None:
+                runs[i].result = CallResult(ok=False, error=f"unknown {kind.value} unit {name!r}")
+                continue
+            budget = min(timeout or self.settings.timeout_for(name), deadline - time.time() - REPLY_MARGIN)
+            calls.append(Call(unit.plugin, unit.name, METHOD_OF_KIND[kind], args, max(budget, 0.001)))
+            slots.append(i)
+        if calls:
+            for i, result in zip(slots, self.pool.run(calls, deadline=deadline - REPLY_MARGIN)):
+                runs[i].result = result
+                self._observe(names[i], result)
+        return runs
+
+    def _lookup(self, name: str, kind: Kind):  # type: ignore[no-untyped-def]
+        unit = self.catalog.unit(name, kind)
+        if unit is None and self.catalog.refresh():  # a plugin may have just been added
+            unit = self.catalog.unit(name, kind)
+        return unit
+
+    @staticmethod
+    def _observe(unit: str, result: CallResult) -> None:
+        metrics.PLUGIN_DURATION.labels(unit).observe(result.duration)
+        if result.ok:
+            outcome = "ok"
+        elif result.timed_out:
+            outcome = "timeout"
+            metrics.PLUGIN_TIMEOUTS.labels(unit).inc()
+        else:
+            outcome = "error"
+            metrics.PLUGIN_ERRORS.labels(unit).inc()
+        metrics.PLUGIN_CALLS.labels(unit, outcome).inc()
+        if result.stderr:
+            log.info("plugin %s wrote to stderr: %s", unit, result.stderr.strip()[:2000])
+        if not result.ok:
+            log.warning("plugin %s failed: %s", unit, result.error)
