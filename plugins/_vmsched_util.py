@@ -5,7 +5,8 @@ Files whose name starts with "_" are not scanned for units.
 
 
 def id_list(value):
-    """'A, b ,C' -> {'a', 'b', 'c'}; None or '' -> empty set."""
+    """'A, b ,C' -> ['a', 'b', 'c'] in the given order, without repeats; None or '' -> []."""
     if not value:
-        return set()
-    return {part.strip().lower() for part in value.replace(";", ",").split(",") if part.strip()}
+        return []
+    parts = (part.strip().lower() for part in value.replace(";", ",").split(","))
+    return list(dict.fromkeys(part for part in parts if part))

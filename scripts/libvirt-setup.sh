@@ -130,7 +130,7 @@ running_pid() {  # prints the pid of a live libvirtd, or nothing
         fi
     fi
     for d in /proc/[0-9]*; do
-        if [ "$(cat "$d/comm" 2>/dev/null)" = libvirtd ]; then
+        if [ "$(cat "$d/comm" 2>/dev/null)" = libvirtd ] && ! grep -q '^State:[[:space:]]*Z' "$d/status" 2>/dev/null; then
             echo "${d#/proc/}"; return 0
         fi
     done
@@ -138,6 +138,15 @@ running_pid() {  # prints the pid of a live libvirtd, or nothing
 
 # directories libvirt-daemon-system would normally create
 mkdir -p /var/log/libvirt/qemu /var/lib/libvirt/qemu /var/cache/libvirt/qemu /run/libvirt "$STATE_DIR"
+
+start_libvirtd() {
+    log "starting $LIBVIRTD -d"
+    # a stale pid file from a killed daemon makes libvirtd refuse to start
+    rm -f "$PIDFILE"
+    "$LIBVIRTD" -d || die "$LIBVIRTD -d failed (exit $?); see /var/log/libvirt/libvirtd.log"
+    [ -e "$STATE_FILE" ] || echo yes >"$STATE_FILE"
+}
+
 pid=$(running_pid)
 if [ -n "$pid" ]; then
     if [ "$conf_changed" = yes ]; then
@@ -146,18 +155,20 @@ if [ -n "$pid" ]; then
     log "libvirtd already running (pid $pid)"
     [ -e "$STATE_FILE" ] || echo no >"$STATE_FILE"
 else
-    log "starting $LIBVIRTD -d"
-    # a stale pid file from a killed daemon makes libvirtd refuse to start
-    rm -f "$PIDFILE"
-    "$LIBVIRTD" -d || die "$LIBVIRTD -d failed (exit $?); see /var/log/libvirt/libvirtd.log"
-    [ -e "$STATE_FILE" ] || echo yes >"$STATE_FILE"
+    start_libvirtd
 fi
 
+# Wait for the socket to answer.  A daemon seen above may have been on its way
+# out (SIGTERM takes a second or two): if it is gone, start a new one.
 i=0
 limit=$((START_TIMEOUT * 10))
 until [ -S "$SOCK" ] && virsh -q -c qemu:///system uri >/dev/null 2>&1; do
     i=$((i + 1))
     [ "$i" -le "$limit" ] || die "libvirtd socket $SOCK did not answer within ${START_TIMEOUT}s"
+    if [ -z "$(running_pid)" ]; then
+        log "libvirtd exited before answering"
+        start_libvirtd
+    fi
     sleep 0.1
 done
 log "libvirtd answers on $SOCK (pid $(running_pid))"

@@ -34,7 +34,7 @@ running_pid() {
         fi
     fi
     for d in /proc/[0-9]*; do
-        if [ "$(cat "$d/comm" 2>/dev/null)" = libvirtd ]; then
+        if [ "$(cat "$d/comm" 2>/dev/null)" = libvirtd ] && ! grep -q '^State:[[:space:]]*Z' "$d/status" 2>/dev/null; then
             echo "${d#/proc/}"; return 0
         fi
     done

@@ -37,6 +37,8 @@ def _plugins(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin-timeouts", metavar="UNIT=S,...", help="per-unit timeouts, e.g. 'SlowFilter=30,Quick=2'")
     p.add_argument("--plugin-memory-mb", type=int, metavar="MIB", help="address-space limit of a plugin worker (default 1024)")
     p.add_argument("--plugin-cpu-seconds", type=int, metavar="S", help="CPU-time limit of one plugin call (default 30)")
+    p.add_argument("--plugin-max-output", type=int, metavar="BYTES", help="largest stdout a plugin call may print (default 1048576)")
+    p.add_argument("--rescan-interval", type=float, metavar="S", help="plugins folder rescan period in seconds (default 1)")
     p.add_argument("--consumers", type=int, metavar="N", help="consumer threads per service (default 2)")
     p.add_argument("--prefetch", type=int, metavar="N", help="unacknowledged requests per consumer (default 2)")
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+import json
+from typing import Annotated, Any
 
 from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 MEMORY_URL = "memory://"
@@ -30,6 +31,8 @@ def parse_timeouts(value: str | dict[str, float] | None) -> dict[str, float]:
     """``"UnitA=5,UnitB=2.5"`` -> ``{"UnitA": 5.0, "UnitB": 2.5}``."""
     if not value:
         return {}
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        value = json.loads(value)
     if isinstance(value, dict):
         return {str(k): float(v) for k, v in value.items()}
     out: dict[str, float] = {}
@@ -69,7 +72,7 @@ class Settings(BaseSettings):
     )
     pool_size: int = Field(4, ge=1, description="persistent plugin worker processes per service")
     plugin_timeout: float = Field(10.0, gt=0, le=110, description="default per-call plugin timeout, seconds")
-    plugin_timeouts: dict[str, float] = Field(default_factory=dict, description="per-unit timeouts NAME=SECONDS,...")
+    plugin_timeouts: Annotated[dict[str, float], NoDecode] = Field(default_factory=dict, description="per-unit timeouts NAME=SECONDS,...")
     plugin_memory_mb: int = Field(1024, ge=32, description="address-space limit of a plugin worker, MiB")
     plugin_cpu_seconds: int = Field(30, ge=1, description="CPU-time limit of one plugin call, seconds")
     plugin_max_output: int = Field(1 << 20, ge=1024, description="largest plugin stdout accepted, bytes")

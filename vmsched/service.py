@@ -57,7 +57,7 @@ class PluginService:
         self.catalog.refresh()
         self.catalog.start_watching(self.settings.rescan_interval)
         if self.runs_units:
-            self.pool.warm(sorted({u.plugin for u in self.catalog.units().values()}))
+            self.pool.warm(sorted({u.plugin for u in self.catalog.units()}))
         self.worker = ServiceWorker(
             BusOptions.from_settings(self.settings),
             self.name,

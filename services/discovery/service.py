@@ -25,5 +25,5 @@ class DiscoveryService(PluginService):
 
     def discover(self, env: Envelope) -> dict[str, Any]:
         self.catalog.refresh()  # one scandir when nothing changed
-        units = sorted(self.catalog.units().values(), key=lambda u: (u.kind.value, u.name))
+        units = sorted(self.catalog.units(), key=lambda u: (u.kind.value, u.name))
         return DiscoverReply(units=units, load_errors=self.catalog.load_errors()).model_dump()

@@ -1,0 +1,161 @@
+"""Shared fixtures: real vmsched processes on the embedded bus and on RabbitMQ."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+import xmlrpc.client
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from tests.engine_wire import call
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_PLUGINS = Path(__file__).resolve().parent / "plugins"
+RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+ALL_QUEUES = ("vmsched.discover", "vmsched.filter", "vmsched.score", "vmsched.balance")
+SCORING_QUEUES = ("vmsched.discover", "vmsched.filter", "vmsched.score")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rabbit_up() -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", 5672), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_until(predicate: Any, timeout: float = 20.0, interval: float = 0.05, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@dataclass
+class Proc:
+    """A vmsched process started by a test; its log is kept for failure reports."""
+
+    args: list[str]
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> "Proc":
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        self.popen = subprocess.Popen([sys.executable, "-m", "vmsched.cli", *self.args], cwd=ROOT, env=env,
+                                      stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.popen and self.popen.poll() is None:
+            os.killpg(self.popen.pid, sig)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(5)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+class Stack:
+    """A running gateway (plus services) and an engine-style client for it."""
+
+    def __init__(self, port: int, plugins: Path, procs: list[Proc]) -> None:
+        self.port = port
+        self.plugins = plugins
+        self.procs = procs
+        self.url = f"http://127.0.0.1:{port}"
+
+    def xmlrpc(self, method: str, *params: Any, path: str = "/") -> Any:
+        """One call like the engine makes it: Apache-style body, a new connection."""
+        r = httpx.post(self.url + path, content=call(method, *params),
+                       headers={"Content-Type": "text/xml"}, timeout=60)
+        r.raise_for_status()
+        (value,), _ = xmlrpc.client.loads(r.content)
+        return value
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=30, **kw)
+
+    def post(self, path: str, **kw: Any) -> httpx.Response:
+        return httpx.post(self.url + path, timeout=60, **kw)
+
+    def wait_ready(self, timeout: float = 60.0, queues: tuple[str, ...] = ALL_QUEUES) -> None:
+        """Until /readyz says every queue in ``queues`` has a consumer answering."""
+
+        def ready() -> bool:
+            for p in self.procs:
+                if p.popen and p.popen.poll() is not None:
+                    raise AssertionError(f"process exited early ({p.popen.returncode}):\n{p.output()[-3000:]}")
+            try:
+                r = self.get("/readyz")
+            except httpx.HTTPError:
+                return False
+            return r.status_code == 200 and all(r.json()["queues"].get(q) == "ok" for q in queues)
+
+        wait_until(ready, timeout, 0.1, "the stack to be ready")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.kill(signal.SIGTERM)
+
+
+def plugin_copy(tmp_path: Path) -> Path:
+    target = tmp_path / "plugins"
+    shutil.copytree(TEST_PLUGINS, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+@pytest.fixture(scope="session")
+def rabbit_vhost() -> Iterator[str]:
+    """A private vhost on the real broker, so test stacks never share queues."""
+    if not rabbit_up():
+        pytest.fail("RabbitMQ is not running on 127.0.0.1:5672 (scripts/test starts it)")
+    vhost = f"vmsched-test-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["rabbitmqctl", "-q", "add_vhost", vhost], check=True, capture_output=True)
+    subprocess.run(["rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"],
+                   check=True, capture_output=True)
+    yield RABBIT_URL + vhost
+    subprocess.run(["rabbitmqctl", "-q", "delete_vhost", vhost], capture_output=True)
+
+
+def start_all_in_one(tmp_path: Path, bus: str, *extra: str, plugins: Path | None = None) -> Stack:
+    plugins = plugins or plugin_copy(tmp_path)
+    port = free_port()
+    proc = Proc(["run", "--amqp", bus, "--plugins", str(plugins), "--port", str(port), "--pool-size", "3",
+                 "--plugin-timeouts", "Hangs=1,BalanceHangs=1,Floods=2", "--request-timeout", "20", *extra],
+                tmp_path / f"run-{port}.log").start()
+    stack = Stack(port, plugins, [proc])
+    stack.wait_ready()
+    return stack
+
+
+@pytest.fixture(scope="module", params=["memory", "rabbitmq"])
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The all-in-one process on the embedded bus, then on RabbitMQ (one per test module)."""
+    bus = "memory://" if request.param == "memory" else request.getfixturevalue("rabbit_vhost")
+    s = start_all_in_one(tmp_path_factory.mktemp(request.param), bus)
+    yield s
+    s.stop()

@@ -1,0 +1,5 @@
+"""A sibling module imported by plugins (the plugins folder is on sys.path)."""
+
+
+def even_index(items):
+    return items[::2]
