@@ -1,0 +1,167 @@
+"""The bus itself, on the embedded transport and on RabbitMQ: RPC, errors, deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Iterator
+
+import pytest
+from kombu import Producer
+
+from vmsched import metrics
+from vmsched.bus import BusTimeout, BusUnavailable, RequestError
+from vmsched.bus.client import AsyncBusClient
+from vmsched.bus.connection import BusOptions, open_connection
+from vmsched.bus.events import EventPublisher
+from vmsched.bus.rpc import call
+from vmsched.bus.worker import ServiceWorker
+from vmsched.messages import Envelope
+
+
+@pytest.fixture(params=["memory", "rabbitmq"])
+def url(request: pytest.FixtureRequest) -> str:
+    return "memory://" if request.param == "memory" else request.getfixturevalue("rabbit_vhost")
+
+
+@pytest.fixture
+def echo(url: str) -> Iterator[tuple[ServiceWorker, str, list[Envelope]]]:
+    queue = f"test.echo.{uuid.uuid4().hex[:8]}"
+    seen: list[Envelope] = []
+
+    def handler(env: Envelope) -> dict:
+        seen.append(env)
+        if env.body.get("fail"):
+            raise RequestError("refused: " + env.body["fail"])
+        if env.body.get("crash"):
+            raise KeyError("bug")
+        if env.body.get("sleep"):
+            time.sleep(env.body["sleep"])
+        return {"echo": env.body, "op": env.op}
+
+    worker = ServiceWorker(url, "test", queue, handler, consumers=2)
+    worker.start()
+    assert worker.ready.wait(10)
+    yield worker, queue, seen
+    worker.stop()
+
+
+def test_async_rpc_roundtrip_and_errors(url: str, echo):
+    _, queue, _ = echo
+
+    async def scenario() -> None:
+        client = AsyncBusClient(BusOptions(url=url), declare=(queue,))
+        await client.start()
+        try:
+            assert await client.call(queue, "x", {"a": 1}, 5) == {"echo": {"a": 1}, "op": "x"}
+            answers = await asyncio.gather(*(client.call(queue, "x", {"i": i}, 5) for i in range(50)))
+            assert [a["echo"]["i"] for a in answers] == list(range(50))  # replies matched by correlation id
+            with pytest.raises(RequestError, match="refused: no"):
+                await client.call(queue, "x", {"fail": "no"}, 5)
+            with pytest.raises(RequestError, match="internal error in test: KeyError"):
+                await client.call(queue, "x", {"crash": True}, 5)
+            assert await client.call(queue, "x", {"after": "crash"}, 5)  # the consumer survived
+            with pytest.raises(BusTimeout):
+                await client.call(queue, "x", {"sleep": 1.0}, 0.2)
+            assert await client.ping(queue)
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_sync_rpc_call(url: str, echo):
+    _, queue, _ = echo
+    assert call(url, queue, "y", {"b": 2}) == {"echo": {"b": 2}, "op": "y"}
+    with pytest.raises(RequestError, match="refused"):
+        call(url, queue, "y", {"fail": "x"})
+
+
+def test_expired_requests_are_dropped_unanswered(url: str, echo):
+    _, queue, seen = echo
+    before = metrics.REGISTRY.get_sample_value("vmsched_bus_expired_total", {"service": "test", "operation": "late"}) or 0
+    conn = open_connection(BusOptions(url=url))
+    try:
+        Producer(conn.default_channel).publish(
+            Envelope(op="late", deadline=time.time() - 1, body={}).model_dump_json().encode(),
+            routing_key=queue, content_type="application/json", content_encoding="utf-8")
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            value = metrics.REGISTRY.get_sample_value("vmsched_bus_expired_total",
+                                                      {"service": "test", "operation": "late"}) or 0
+            if value > before:
+                break
+            time.sleep(0.02)
+        assert value == before + 1
+        assert not [e for e in seen if e.op == "late"]  # the handler never ran
+    finally:
+        conn.release()
+
+
+def test_malformed_request_gets_an_error_reply(url: str, echo):
+    _, queue, _ = echo
+
+    async def scenario() -> None:
+        client = AsyncBusClient(BusOptions(url=url), declare=(queue,))
+        await client.start()
+        try:
+            loop_future = asyncio.get_running_loop().create_future()
+            client._pending["bad-1"] = loop_future  # a raw publish, answered like any request
+            client._producer.publish(b"{not json", routing_key=queue, content_type="application/json",
+                                     content_encoding="utf-8", correlation_id="bad-1",
+                                     reply_to=client._reply_queue)
+            reply = await asyncio.wait_for(loop_future, 5)
+            assert not reply.ok and "malformed request" in reply.error
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_client_without_broker_fails_fast():
+    async def scenario() -> None:
+        client = AsyncBusClient(BusOptions(url="amqp://guest:guest@127.0.0.1:1//", connect_timeout=0.5))
+        await client.start()
+        try:
+            assert not client.connected
+            started = time.monotonic()
+            with pytest.raises(BusUnavailable, match="message bus unavailable"):
+                await client.call("vmsched.filter", "filter", {}, 5)
+            assert time.monotonic() - started < 5  # before the request's own deadline
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_event_publisher_never_raises_when_the_broker_is_gone():
+    pub = EventPublisher("amqp://guest:guest@127.0.0.1:1//", service="test")
+    assert pub.publish("agent.h1.applied", {"guest": "g"}) is False
+    pub.close()
+
+
+def test_events_reach_a_topic_subscriber(rabbit_vhost: str):
+    from kombu import Consumer, Queue
+
+    from vmsched.bus.topology import EVENTS_EXCHANGE, event_key
+
+    conn = open_connection(BusOptions(url=rabbit_vhost))
+    got: list[dict] = []
+    done = threading.Event()
+    try:
+        q = Queue(exchange=EVENTS_EXCHANGE, routing_key="agent.*.applied", exclusive=True, auto_delete=True)
+        with Consumer(conn.default_channel, [q], callbacks=[lambda body, m: (got.append(body), done.set())]):
+            pub = EventPublisher(rabbit_vhost, service="agent")
+            assert pub.publish(event_key("h1", "applied"), {"guest": "g1"})
+            pub.close()
+            deadline = time.time() + 5
+            while not done.is_set() and time.time() < deadline:
+                try:
+                    conn.drain_events(timeout=0.5)
+                except TimeoutError:
+                    pass
+        assert got and got[0]["guest"] == "g1" and got[0]["service"] == "agent"
+    finally:
+        conn.release()
