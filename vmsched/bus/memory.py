@@ -13,41 +13,52 @@ import socket
 import threading
 from collections import defaultdict
 from queue import Empty
+from typing import Iterable
 from time import monotonic
 
 from kombu.transport import memory
 
 
 class _Signal:
-    """A generation counter behind a condition, plus per-queue wake-up pipes."""
+    """Wakes exactly the consumers of a queue when a message is put on it.
+
+    A consumer registers an Event for the queues it drains (threads) or a
+    pipe (an asyncio loop watching a file descriptor).
+    """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self.generation = 0
+        self._lock = threading.Lock()
+        self._events: dict[str, set[threading.Event]] = defaultdict(set)
         self._fds: dict[str, set[int]] = defaultdict(set)
 
     def notify(self, queue: str) -> None:
-        with self._cond:
-            self.generation += 1
-            self._cond.notify_all()
+        with self._lock:
+            events = tuple(self._events.get(queue, ()))
             fds = tuple(self._fds.get(queue, ()))
+        for event in events:
+            event.set()
         for fd in fds:
             try:
                 os.write(fd, b"\0")
-            except (BlockingIOError, OSError):
+            except OSError:
                 pass  # pipe full (a wake-up is already pending) or closed
 
-    def wait(self, generation: int, timeout: float | None) -> None:
-        with self._cond:
-            if self.generation == generation:
-                self._cond.wait(timeout)
+    def subscribe(self, queues: Iterable[str], event: threading.Event) -> None:
+        with self._lock:
+            for queue in queues:
+                self._events[queue].add(event)
+
+    def unsubscribe(self, queues: Iterable[str], event: threading.Event) -> None:
+        with self._lock:
+            for queue in queues:
+                self._events[queue].discard(event)
 
     def watch(self, queue: str, fd: int) -> None:
-        with self._cond:
+        with self._lock:
             self._fds[queue].add(fd)
 
     def unwatch(self, queue: str, fd: int) -> None:
-        with self._cond:
+        with self._lock:
             self._fds[queue].discard(fd)
 
 
@@ -68,10 +79,16 @@ class Transport(memory.Transport):
     Channel = Channel
     driver_name = "memory-evented"
 
+    def __init__(self, client, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(client, **kwargs)
+        self._wake = threading.Event()
+        self._subscribed: frozenset[str] = frozenset()
+
     def drain_events(self, connection, timeout=None):  # type: ignore[no-untyped-def]
+        self._follow(frozenset(self._callbacks))
         deadline = None if timeout is None else monotonic() + timeout
         while True:
-            generation = SIGNAL.generation
+            self._wake.clear()  # cleared before looking: a put after the look still wakes us
             try:
                 self.cycle.get(self._deliver, timeout=timeout)
                 return
@@ -79,7 +96,18 @@ class Transport(memory.Transport):
                 remaining = None if deadline is None else deadline - monotonic()
                 if remaining is not None and remaining <= 0:
                     raise socket.timeout() from None
-                SIGNAL.wait(generation, remaining)
+                self._wake.wait(remaining)
+
+    def _follow(self, queues: frozenset[str]) -> None:
+        if queues != self._subscribed:
+            SIGNAL.unsubscribe(self._subscribed - queues, self._wake)
+            SIGNAL.subscribe(queues - self._subscribed, self._wake)
+            self._subscribed = queues
+
+    def close_connection(self, connection):  # type: ignore[no-untyped-def]
+        SIGNAL.unsubscribe(self._subscribed, self._wake)
+        self._subscribed = frozenset()
+        super().close_connection(connection)
 
 
 class QueueWatch:
