@@ -109,8 +109,17 @@ class _Worker:
                     return message
 
     def kill(self) -> None:
+        """SIGKILL the worker and whatever the plugin started in its process group.
+
+        Also right after the worker was reaped: Linux does not reuse the id of
+        a process group that still has members, and an empty group is ESRCH.
+        """
         try:
-            self.proc.kill()
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            self.proc.kill()  # in case the plugin left the group
         except OSError:
             pass
 
@@ -298,9 +307,11 @@ class _Batch:
             reply = worker.feed()
         except (_WorkerGone, OSError) as exc:
             self._forget(worker)
-            if not getattr(exc, "eof", False):
-                worker.kill()  # it broke the protocol: nothing it says can be trusted
-            code = worker.exit_code(timeout=0.5)
+            if getattr(exc, "eof", False):
+                code = worker.exit_code(timeout=0.5)
+            else:  # it broke the protocol: nothing it says can be trusted
+                worker.kill()
+                code = None
             if self._pool.closed:
                 error = "plugin pool closed during the call"
             elif not getattr(exc, "eof", False):
@@ -373,13 +384,16 @@ class PluginPool:
     # -- lifecycle
     def start(self) -> None:
         """Spawn ``size`` workers and wait until each is ready."""
+        if not self.plugins_dir.is_dir():
+            raise FileNotFoundError(f"plugins folder {self.plugins_dir} does not exist")
         with self._lock:
             if self._started or self.closed:
                 raise RuntimeError(f"plugin pool {self.name} already started")
             self._started = True
         workers: list[_Worker] = []
         try:
-            workers = [self._spawn() for _ in range(self.size)]
+            for _ in range(self.size):
+                workers.append(self._spawn())
             for worker in workers:
                 self._await_ready(worker)
         except BaseException:
@@ -592,6 +606,7 @@ class PluginPool:
             env=self._environment(),
             bufsize=0,
             close_fds=True,
+            process_group=0,  # so a kill also reaches what the plugin spawned
         )
         worker = _Worker(proc, self._max_frame)
         with self._lock:
@@ -632,9 +647,15 @@ class PluginPool:
 
     @staticmethod
     def _environment() -> dict[str, str]:
-        """The service's environment, with vmsched importable by the worker."""
+        """The service's environment, with vmsched importable by the worker.
+
+        A source checkout found through the current directory (not installed,
+        not on PYTHONPATH) is added to PYTHONPATH; an installed vmsched is not,
+        so site-packages never moves ahead of the standard library.
+        """
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])
-        if root not in site.getsitepackages():
+        on_path = {os.path.abspath(entry or os.curdir) for entry in sys.path}
+        if root in on_path and root not in site.getsitepackages():
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         return env

@@ -25,6 +25,7 @@ import argparse
 import ast
 import faulthandler
 import importlib.util
+import inspect
 import io
 import json
 import math
@@ -44,9 +45,15 @@ KINDS = (("filter", "do_filter"), ("score", "do_score"), ("balance", "do_balance
 _MAX_MESSAGE = 2000  # characters of an exception message kept in an error
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode_frame(message: dict[str, Any]) -> bytes:
-    """One protocol frame: size header + compact JSON (raises if not JSON-able)."""
-    payload = json.dumps(message, separators=(",", ":")).encode()
+    """One protocol frame: size header + compact JSON (raises if not JSON-able).
+
+    JSON has no tuples: they are encoded as arrays, so the reader gets lists.
+    """
+    payload = _ENCODER.encode(message).encode()
     return HEADER.pack(len(payload)) + payload
 
 
@@ -103,7 +110,10 @@ class Capture(io.TextIOBase):
         self.exceeded = False
         self._parts: list[str] = []
         self._size = 0
-        self.buffer = _BinaryCapture(self)
+
+    @property
+    def buffer(self) -> _BinaryCapture:
+        return _BinaryCapture(self)
 
     @property
     def encoding(self) -> str:  # type: ignore[override]
@@ -112,7 +122,7 @@ class Capture(io.TextIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, text: str) -> int:  # type: ignore[override]
+    def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
@@ -192,15 +202,6 @@ def parse_output(text: str) -> Any:
             pass
     shown = text if len(text) <= 200 else text[:200] + "..."
     raise PluginError(f"could not parse output as a Python literal: {shown!r}")
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` with tuples turned into lists, recursively."""
-    if isinstance(value, (list, tuple)):
-        return [jsonable(item) for item in value]
-    if isinstance(value, dict):
-        return {key: jsonable(item) for key, item in value.items()}
-    return value
 
 
 def describe_exception(exc: BaseException, plugins_dir: str) -> str:
@@ -292,8 +293,6 @@ class Modules:
 
 def list_units(module: ModuleType) -> list[dict[str, str]]:
     """One entry per (class defined in ``module``, do_* method it has)."""
-    import inspect
-
     units = []
     for attr, obj in list(vars(module).items()):
         if not isinstance(obj, type) or obj.__module__ != module.__name__ or obj.__name__ != attr:
@@ -335,6 +334,7 @@ class Runner:
         self.modules = Modules(plugins_dir)
         self._cpu_soft = -1
         self._cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+        self._cwd = os.getcwd()  # the plugins folder, as the kernel spells it
 
     def handle(self, request: dict[str, Any]) -> bytes:
         """The reply frame to ``request``."""
@@ -396,10 +396,7 @@ class Runner:
                 value = parse_output(stdout.getvalue())
             except PluginError as exc:
                 return {"ok": False, "error": str(exc)}
-        try:
-            return {"ok": True, "value": jsonable(value)}
-        except RecursionError:
-            return {"ok": False, "error": "result is not JSON-serializable: nested too deeply (or cyclic)"}
+        return {"ok": True, "value": value}  # tuples become lists when encoded
 
     def _resolve(self, plugin: str, cls_name: str, method: str, stderr: Capture) -> type:
         module = self._import(plugin, stderr)
@@ -438,8 +435,9 @@ class Runner:
             self._cpu_soft = soft
 
     def _restore_cwd(self) -> None:
+        """Undo a plugin's os.chdir(): sibling imports and relative paths need the folder."""
         try:
-            if os.getcwd() == self.dir:
+            if os.getcwd() == self._cwd:
                 return
         except OSError:
             pass

@@ -1,0 +1,62 @@
+"""The plugin runtime: worker processes, the pool that drives them, the catalog.
+
+The names below are imported lazily (PEP 562): the worker process starts as
+``python -m vmsched.runtime.worker``, which imports this package first, and it
+must not pull pydantic and prometheus_client into the plugins' interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vmsched.runtime.catalog import Catalog as Catalog
+    from vmsched.runtime.pool import PluginPool as PluginPool
+    from vmsched.runtime.pool import PoolUnavailable as PoolUnavailable
+    from vmsched.runtime.types import Analysis as Analysis
+    from vmsched.runtime.types import AnalyzedUnit as AnalyzedUnit
+    from vmsched.runtime.types import Call as Call
+    from vmsched.runtime.types import CallResult as CallResult
+    from vmsched.runtime.types import Limits as Limits
+    from vmsched.runtime.validation import ENGINE_VALIDATION as ENGINE_VALIDATION
+    from vmsched.runtime.validation import translate_validation as translate_validation
+
+__all__ = [
+    "ENGINE_VALIDATION",
+    "Analysis",
+    "AnalyzedUnit",
+    "Call",
+    "CallResult",
+    "Catalog",
+    "Limits",
+    "PluginPool",
+    "PoolUnavailable",
+    "translate_validation",
+]
+
+_EXPORTS = {
+    "Catalog": "vmsched.runtime.catalog",
+    "PluginPool": "vmsched.runtime.pool",
+    "PoolUnavailable": "vmsched.runtime.pool",
+    "Analysis": "vmsched.runtime.types",
+    "AnalyzedUnit": "vmsched.runtime.types",
+    "Call": "vmsched.runtime.types",
+    "CallResult": "vmsched.runtime.types",
+    "Limits": "vmsched.runtime.types",
+    "ENGINE_VALIDATION": "vmsched.runtime.validation",
+    "translate_validation": "vmsched.runtime.validation",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
