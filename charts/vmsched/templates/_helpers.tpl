@@ -1,0 +1,227 @@
+{{/*
+Chart name, truncated to the 63 characters a DNS label allows.
+*/}}
+{{- define "vmsched.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified app name; component suffixes are added to it, so it stops at 52.
+*/}}
+{{- define "vmsched.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Chart label value.
+*/}}
+{{- define "vmsched.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Selector labels of the whole release. Usage: include "vmsched.selectorLabels" .
+*/}}
+{{- define "vmsched.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "vmsched.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Recommended labels of the whole release. Usage: include "vmsched.labels" .
+*/}}
+{{- define "vmsched.labels" -}}
+helm.sh/chart: {{ include "vmsched.chart" . }}
+{{ include "vmsched.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: vmsched
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+Selector labels of one component. Usage: include "vmsched.componentSelectorLabels" (list . "scoring")
+*/}}
+{{- define "vmsched.componentSelectorLabels" -}}
+{{ include "vmsched.selectorLabels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/*
+Recommended labels of one component. Usage: include "vmsched.componentLabels" (list . "scoring")
+*/}}
+{{- define "vmsched.componentLabels" -}}
+{{ include "vmsched.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/*
+Name of one component's objects. Usage: include "vmsched.componentName" (list . "scoring")
+*/}}
+{{- define "vmsched.componentName" -}}
+{{- printf "%s-%s" (include "vmsched.fullname" (index . 0)) (index . 1) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+ServiceAccount name.
+*/}}
+{{- define "vmsched.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "vmsched.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Image reference. Usage: include "vmsched.image" (list . .Values.image)
+*/}}
+{{- define "vmsched.image" -}}
+{{- $image := index . 1 }}
+{{- printf "%s:%s" $image.repository ($image.tag | default (index . 0).Chart.AppVersion) }}
+{{- end }}
+
+{{/*
+The bus queues each worker consumes. They are fixed by vmsched/bus/topology.py
+(SERVICE_QUEUES); tests/test_deploy_chart.py keeps the two in step.
+*/}}
+{{- define "vmsched.queues" -}}
+discovery: [vmsched.discover]
+scoring: [vmsched.filter, vmsched.score]
+balancer: [vmsched.balance]
+{{- end }}
+
+{{/*
+The worker components, in a stable order.
+*/}}
+{{- define "vmsched.workers" -}}
+[discovery, scoring, balancer]
+{{- end }}
+
+{{/*
+Whether the chart mounts a plugins volume ("true" or "").
+*/}}
+{{- define "vmsched.plugins.mounted" -}}
+{{- with .Values.plugins }}
+{{- if or .existingVolume .existingConfigMap .files }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The plugins volume (a list item), when one is configured.
+*/}}
+{{- define "vmsched.plugins.volume" -}}
+{{- with .Values.plugins }}
+{{- if .existingVolume }}
+- name: plugins
+  {{- toYaml .existingVolume | nindent 2 }}
+{{- else if .existingConfigMap }}
+- name: plugins
+  configMap:
+    name: {{ .existingConfigMap }}
+{{- else if .files }}
+- name: plugins
+  configMap:
+    name: {{ include "vmsched.componentName" (list $ "plugins") }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Environment of every vmsched container: the AMQP URL from the existing Secret, the log level.
+*/}}
+{{- define "vmsched.env" -}}
+- name: VMSCHED_AMQP_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.amqp.existingSecret }}
+      key: {{ .Values.amqp.secretKey }}
+- name: VMSCHED_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+{{- end }}
+
+{{/*
+Environment of the plugin-running services: adds the plugin timeout and folder.
+*/}}
+{{- define "vmsched.serviceEnv" -}}
+{{ include "vmsched.env" . }}
+- name: VMSCHED_PLUGIN_TIMEOUT
+  value: {{ .Values.pluginTimeout | quote }}
+{{- if include "vmsched.plugins.mounted" . }}
+- name: VMSCHED_PLUGINS
+  value: {{ .Values.plugins.mountPath | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+Volume mounts shared by the service containers.
+*/}}
+{{- define "vmsched.volumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+{{- if include "vmsched.plugins.mounted" . }}
+- name: plugins
+  mountPath: {{ .Values.plugins.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/*
+Volumes shared by the service pods.
+*/}}
+{{- define "vmsched.volumes" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.tmpSizeLimit }}
+{{- include "vmsched.plugins.volume" . }}
+{{- end }}
+
+{{/*
+Scheduling constraints of one component's pods: its own value, else the chart-wide one.
+Usage: include "vmsched.scheduling" (list . .Values.scoring "scoring")
+*/}}
+{{- define "vmsched.scheduling" -}}
+{{- $root := index . 0 }}
+{{- $c := index . 1 }}
+{{- with ($c.nodeSelector | default $root.Values.nodeSelector) }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with ($c.affinity | default $root.Values.affinity) }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with ($c.tolerations | default $root.Values.tolerations) }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- range . }}
+  - {{ toYaml (merge (dict) . (dict "labelSelector" (dict "matchLabels" (include "vmsched.componentSelectorLabels" (list $root (index $ 2)) | fromYaml)))) | nindent 4 | trim }}
+  {{- end }}
+{{- end }}
+{{- with $root.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Fail early on contradicting values.
+*/}}
+{{- define "vmsched.validate" -}}
+{{- if and .Values.autoscaling.keda.enabled .Values.autoscaling.hpa.enabled }}
+{{- fail "autoscaling.keda.enabled and autoscaling.hpa.enabled are exclusive: KEDA creates its own HPA" }}
+{{- end }}
+{{- if not .Values.amqp.existingSecret }}
+{{- fail "amqp.existingSecret is required: the name of a Secret holding the AMQP URL" }}
+{{- end }}
+{{- end }}

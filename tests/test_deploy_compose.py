@@ -1,0 +1,456 @@
+"""compose.yaml, its deploy/ files, and the systemd units, checked offline.
+
+* compose.yaml is interpolated the way ``docker compose`` does (``${VAR}``,
+  ``${VAR:-default}``, ``${VAR:?error}``) with deploy/compose.env.example, then
+  validated against the Compose Specification JSON schema vendored in
+  tests/schemas/ (see the README there for its provenance).
+* The commands, ports, health checks and environment of the vmsched services
+  are checked against the real CLI parser and Settings object.
+* Prometheus and Grafana provisioning are checked against compose.yaml
+  (targets, ports, mounted paths).
+* deploy/systemd/*.service: ExecStart parsed with the real CLI, environment
+  names checked against Settings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import jsonschema
+import pytest
+import yaml
+
+from vmsched.bus.topology import SERVICE_QUEUES
+from vmsched.config import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "compose.yaml"
+DEPLOY = ROOT / "deploy"
+SCHEMA = ROOT / "tests" / "schemas" / "compose-spec.json"
+ENV_EXAMPLE = DEPLOY / "compose.env.example"
+VMSCHED_SERVICES = ("gateway", "discovery", "scoring", "balancer")
+WORKERS = ("discovery", "scoring", "balancer")
+#: Values the test puts in place of the secrets the example leaves empty.
+TEST_SECRETS = {"RABBITMQ_PASSWORD": "s3cret-for-tests", "GRAFANA_ADMIN_PASSWORD": "grafana-for-tests"}
+#: Environment variables the policy agent's command line reads (not Settings fields).
+AGENT_ENV = set(re.findall(r'os\.environ\.get\("(VMSCHED_\w+)"',
+                           (ROOT / "services" / "policy_agent" / "cli.py").read_text()))
+
+
+# --- interpolation, as docker compose does it ---------------------------------------
+class MissingVariable(Exception):
+    pass
+
+
+_VAR = re.compile(
+    r"\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}|(?P<named>[A-Za-z_][A-Za-z0-9_]*))"
+)
+
+
+def interpolate_str(text: str, env: dict[str, str]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        if m.group("escaped"):
+            return "$"
+        name = m.group("braced") or m.group("named")
+        op, arg = m.group("op"), m.group("arg") or ""
+        value = env.get(name)
+        unset_or_empty = not value
+        if op in (":-", "-"):
+            return arg if (unset_or_empty if op == ":-" else value is None) else value  # type: ignore[return-value]
+        if op in (":?", "?"):
+            if unset_or_empty if op == ":?" else value is None:
+                raise MissingVariable(f"{name}: {arg}")
+            return value  # type: ignore[return-value]
+        return value or ""
+
+    return _VAR.sub(sub, text)
+
+
+def interpolate(node: Any, env: dict[str, str]) -> Any:
+    if isinstance(node, str):
+        return interpolate_str(node, env)
+    if isinstance(node, list):
+        return [interpolate(v, env) for v in node]
+    if isinstance(node, dict):
+        return {k: interpolate(v, env) for k, v in node.items()}
+    return node
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    env = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        assert sep, f"{path.name}: {line!r} is not KEY=VALUE"
+        env[key.strip()] = value.strip()
+    return env
+
+
+def raw_compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def example_env() -> dict[str, str]:
+    env = read_env_file(ENV_EXAMPLE)
+    for key, value in TEST_SECRETS.items():
+        assert key in env, f"{ENV_EXAMPLE.name} should list {key}"
+        assert env[key] == "", f"{ENV_EXAMPLE.name} must not ship a password for {key}"
+        env[key] = value
+    return env
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return interpolate(raw_compose(), example_env())
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def _cli_parser():  # type: ignore[no-untyped-def]
+    from vmsched.cli import build_parser
+
+    return build_parser()
+
+
+def parse_cli(args: list[str]):  # type: ignore[no-untyped-def]
+    """Parse ``args`` with the real ``vmsched`` parser; fail on options it does not know."""
+    try:
+        return _cli_parser().parse_args(args)
+    except SystemExit as exc:
+        pytest.fail(f"`vmsched {' '.join(args)}` is rejected by the CLI (exit {exc.code})")
+
+
+def settings_env_names() -> set[str]:
+    names = set()
+    prefix = Settings.model_config.get("env_prefix", "")
+    for field_name, info in Settings.model_fields.items():
+        choices = getattr(info.validation_alias, "choices", None)
+        if choices:
+            names |= {c.upper() for c in choices if isinstance(c, str) and c.upper() != field_name.upper()}
+        else:
+            names.add(f"{prefix}{field_name}".upper())
+    return names
+
+
+def option(args: list[str], name: str) -> str:
+    """Value of ``--name V`` or ``--name=V`` in an argument list."""
+    for i, arg in enumerate(args):
+        if arg == name:
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    raise AssertionError(f"{name} not in {args}")
+
+
+# --- the specification --------------------------------------------------------------------
+def test_compose_file_is_valid_against_the_compose_specification(compose: dict[str, Any]) -> None:
+    schema = json.loads(SCHEMA.read_text())
+    validator = jsonschema.Draft201909Validator(schema)
+    errors = sorted(validator.iter_errors(compose), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{'.'.join(map(str, e.path))}: {e.message}" for e in errors)
+
+
+def test_schema_check_catches_mistakes(compose: dict[str, Any]) -> None:
+    """The vendored schema is strict enough to matter."""
+    validator = jsonschema.Draft201909Validator(json.loads(SCHEMA.read_text()))
+    broken = json.loads(json.dumps(compose))
+    broken["services"]["gateway"]["depends_on"]["scoring"] = {"condition": "service_ready"}
+    broken["services"]["scoring"]["deploy"]["replicas"] = "three"
+    broken["services"]["grafana"]["healthcheck"]["tset"] = ["CMD", "true"]
+    assert len(list(validator.iter_errors(broken))) >= 3
+
+
+def test_secrets_come_from_the_environment() -> None:
+    raw = raw_compose()
+    env = example_env()
+    # every required variable (${VAR:?...}) is documented in the example env file
+    required = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*):\?", COMPOSE.read_text()))
+    assert {"RABBITMQ_USER", "RABBITMQ_PASSWORD", "GRAFANA_ADMIN_PASSWORD"} <= required
+    assert required <= set(env)
+    # and the file refuses to start without the passwords
+    for secret in TEST_SECRETS:
+        with pytest.raises(MissingVariable, match=secret):
+            interpolate(raw, {**env, secret: ""})
+    # nothing in compose.yaml embeds a password
+    text = COMPOSE.read_text()
+    assert "guest:guest" not in text
+    for service in raw["services"].values():
+        for key, value in (service.get("environment") or {}).items():
+            if re.search(r"PASS|PASSWORD|AMQP_URL", key):
+                assert "${" in str(value), f"{key} is hard-coded"
+    # the interpolated AMQP URL carries the credentials from .env
+    url = urlparse(interpolate(raw, env)["services"]["scoring"]["environment"]["VMSCHED_AMQP_URL"])
+    assert (url.scheme, url.hostname, url.port) == ("amqp", "rabbitmq", 5672)
+    assert (url.username, url.password) == (env["RABBITMQ_USER"], env["RABBITMQ_PASSWORD"])
+
+
+# --- vmsched services against the real CLI -------------------------------------------------------
+def test_every_vmsched_service_is_there(services: dict[str, dict[str, Any]]) -> None:
+    assert {"rabbitmq", "prometheus", "grafana", *VMSCHED_SERVICES} <= set(services)
+    images = {services[name]["image"] for name in VMSCHED_SERVICES}
+    assert len(images) == 1, "one image runs every service"
+    for name in VMSCHED_SERVICES:
+        assert services[name]["build"]["target"] == "service"
+        assert services[name]["command"][0] == name
+    assert services["scoring"]["deploy"]["replicas"] >= 2, "scoring runs several replicas"
+
+
+@pytest.mark.parametrize("name", VMSCHED_SERVICES)
+def test_commands_are_accepted_by_the_cli(services: dict[str, dict[str, Any]], name: str) -> None:
+    args = parse_cli(services[name]["command"])
+    assert args.command == name
+
+
+@pytest.mark.parametrize("name", VMSCHED_SERVICES)
+def test_environment_is_read_by_vmsched(services: dict[str, dict[str, Any]], name: str) -> None:
+    env = services[name]["environment"]
+    assert "VMSCHED_AMQP_URL" in env
+    known = settings_env_names()
+    unknown = [k for k in env if k.startswith("VMSCHED_") and k not in known]
+    assert not unknown, f"{name}: nothing reads {unknown}"
+    # the values are valid settings, too
+    Settings(**{k.removeprefix("VMSCHED_").lower(): v for k, v in env.items()
+                if k.startswith("VMSCHED_") and k != "VMSCHED_PLUGINS"})
+
+
+def test_plugins_folder_is_mounted_from_the_host(services: dict[str, dict[str, Any]]) -> None:
+    for name in WORKERS:
+        svc = services[name]
+        target = svc["environment"]["VMSCHED_PLUGINS"]
+        mounts = [v.split(":") for v in svc["volumes"]]
+        (source,) = [m[0] for m in mounts if m[1] == target]
+        assert ["ro"] == [m[2] for m in mounts if m[1] == target]
+        assert (ROOT / source).is_dir(), f"{source} does not exist"
+
+
+def test_ports_and_health_checks_match_the_commands(services: dict[str, dict[str, Any]]) -> None:
+    gw = services["gateway"]
+    port = option(gw["command"], "--port")
+    assert option(gw["command"], "--host") == "0.0.0.0"
+    assert gw["ports"] == [f"18781:{port}"], "the engine expects the gateway on 18781"
+    assert f"127.0.0.1:{port}/readyz" in " ".join(gw["healthcheck"]["test"])
+    for name in WORKERS:
+        svc = services[name]
+        metrics_port = option(svc["command"], "--metrics-port")
+        assert f"127.0.0.1:{metrics_port}/" in " ".join(svc["healthcheck"]["test"]), name
+        assert "ports" not in svc, f"{name} is internal (and replicated): no published port"
+
+
+def test_start_order(services: dict[str, dict[str, Any]]) -> None:
+    for name in WORKERS:
+        assert services[name]["depends_on"] == {"rabbitmq": {"condition": "service_healthy"}}
+    assert services["gateway"]["depends_on"] == {
+        "rabbitmq": {"condition": "service_healthy"},
+        **{w: {"condition": "service_healthy"} for w in WORKERS},
+    }
+    assert services["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
+    # every service waited on for health has a health check
+    for name, svc in services.items():
+        for dep, cond in (svc.get("depends_on") or {}).items():
+            if cond["condition"] == "service_healthy":
+                assert "healthcheck" in services[dep], f"{name} waits for {dep}, which has no health check"
+
+
+def test_vmsched_containers_are_hardened(services: dict[str, dict[str, Any]]) -> None:
+    for name in VMSCHED_SERVICES:
+        svc = services[name]
+        assert svc["read_only"] is True
+        assert svc["tmpfs"] == ["/tmp"]
+        assert svc["cap_drop"] == ["ALL"]
+        assert "no-new-privileges:true" in svc["security_opt"]
+        assert "user" not in svc or svc["user"] not in ("root", "0", "0:0")
+
+
+def test_third_party_images_are_pinned(services: dict[str, dict[str, Any]]) -> None:
+    for name in ("rabbitmq", "prometheus", "grafana"):
+        image = services[name]["image"]
+        tag = image.rpartition(":")[2]
+        assert re.match(r"^v?\d+\.\d+\.\d+", tag), f"{name}: {image} is not pinned to a version"
+
+
+# --- RabbitMQ, Prometheus, Grafana ----------------------------------------------------------------
+def test_rabbitmq_has_management_and_prometheus_plugins(services: dict[str, dict[str, Any]]) -> None:
+    plugins = (DEPLOY / "rabbitmq" / "enabled_plugins").read_text().strip()
+    assert re.fullmatch(r"\[[a-z_,\s]+\]\.", plugins), "enabled_plugins must be an Erlang list term"
+    assert {"rabbitmq_management", "rabbitmq_prometheus"} <= {p.strip() for p in plugins[1:-2].split(",")}
+    conf = (DEPLOY / "rabbitmq" / "vmsched.conf").read_text()
+    assert re.search(r"^prometheus\.return_per_object_metrics\s*=\s*true$", conf, re.M), "per-queue metrics needed"
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in services["rabbitmq"]["volumes"] if v.startswith("./")}
+    assert mounts["/etc/rabbitmq/enabled_plugins"] == "./deploy/rabbitmq/enabled_plugins"
+    assert re.fullmatch(r"/etc/rabbitmq/conf\.d/[\w-]+\.conf", next(k for k, v in mounts.items() if v.endswith("vmsched.conf")))
+    env = services["rabbitmq"]["environment"]
+    assert env["RABBITMQ_DEFAULT_USER"] and env["RABBITMQ_DEFAULT_PASS"]
+
+
+def test_prometheus_scrapes_every_service_and_rabbitmq(services: dict[str, dict[str, Any]]) -> None:
+    mount = next(v for v in services["prometheus"]["volumes"] if v.startswith("./"))
+    source, target = mount.split(":")[:2]
+    config_arg = next(a for a in services["prometheus"]["command"] if a.startswith("--config.file="))
+    config_path = ROOT / source / Path(config_arg.split("=", 1)[1]).relative_to(target)
+    config = yaml.safe_load(config_path.read_text())
+    targets: dict[str, set[str]] = {}
+    for job in config["scrape_configs"]:
+        for sc in job.get("static_configs", []):
+            targets.setdefault(job["job_name"], set()).update(sc["targets"])
+        for sd in job.get("dns_sd_configs", []):
+            targets.setdefault(job["job_name"], set()).update(f"{n}:{sd['port']}" for n in sd["names"])
+        # vmsched's metrics have their own `service` label: no target label may shadow it
+        for rc in job.get("relabel_configs", []):
+            assert rc.get("target_label") != "service", job["job_name"]
+        for sc in job.get("static_configs", []):
+            assert "service" not in sc.get("labels", {}), job["job_name"]
+    scraped = {t for ts in targets.values() for t in ts}
+    assert f"gateway:{option(services['gateway']['command'], '--port')}" in scraped
+    for name in WORKERS:
+        assert f"{name}:{option(services[name]['command'], '--metrics-port')}" in scraped, name
+    assert "rabbitmq:15692" in scraped, "RabbitMQ's prometheus plugin listens on 15692"
+    agents = next(j for j in config["scrape_configs"] if j["job_name"] == "vmsched-agent")
+    assert agents["file_sd_configs"][0]["files"] == [f"{target}/agents/*.yml"]
+    example = yaml.safe_load((DEPLOY / "prometheus" / "agents" / "hypervisors.yml.example").read_text())
+    assert all(re.fullmatch(r"[\w.-]+:\d+", t) for group in example for t in group["targets"])
+
+
+def test_grafana_is_provisioned_with_prometheus_and_the_dashboard(services: dict[str, dict[str, Any]]) -> None:
+    grafana = services["grafana"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"] if v.startswith("./")}
+    provisioning = ROOT / mounts["/etc/grafana/provisioning"]
+    (ds,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    assert ds["type"] == "prometheus"
+    assert ds["url"] == "http://prometheus:9090" and "127.0.0.1:9090:9090" in services["prometheus"]["ports"]
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "vmsched.yml").read_text())["providers"]
+    dash_dir = provider["options"]["path"]
+    assert mounts[dash_dir] == "./charts/vmsched/dashboards", "compose uses the chart's dashboard"
+    dashboard = json.loads((ROOT / mounts[dash_dir] / "vmsched.json").read_text())
+    assert dashboard["uid"] == "vmsched"
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == f"{dash_dir}/vmsched.json"
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == TEST_SECRETS["GRAFANA_ADMIN_PASSWORD"]
+
+
+def test_bind_mount_sources_exist(services: dict[str, dict[str, Any]]) -> None:
+    for name, svc in services.items():
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name}: {source} missing"
+
+
+def test_queue_topology_is_what_the_dashboard_filters_on() -> None:
+    """The dashboard's queue panels select ``vmsched\\..*``; every service queue matches."""
+    for queues in SERVICE_QUEUES.values():
+        for q in queues:
+            assert re.fullmatch(r"vmsched\..*", q)
+
+
+# --- systemd units ------------------------------------------------------------------------------------
+SYSTEMD = DEPLOY / "systemd"
+SYSTEMD_ENV_EXAMPLE = DEPLOY / "vmsched.env.example"
+
+
+def read_unit(path: Path) -> dict[str, list[tuple[str, str]]]:
+    sections: dict[str, list[tuple[str, str]]] = {}
+    current = None
+    buf = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not buf and (not line or line.startswith(("#", ";"))):
+            continue
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        line, buf = buf + line, ""
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+            sections[current] = []
+            continue
+        key, _, value = line.partition("=")
+        assert current, f"{path.name}: {line!r} outside a section"
+        sections[current].append((key.strip(), value.strip()))
+    return sections
+
+
+def unit_values(unit: dict[str, list[tuple[str, str]]], section: str, key: str) -> list[str]:
+    return [v for k, v in unit.get(section, []) if k == key]
+
+
+def expand_exec(command: str, env: dict[str, str]) -> list[str]:
+    """systemd's ExecStart expansion: ${VAR} is one word, $VAR splits on whitespace."""
+    words = []
+    for word in shlex.split(command):
+        m = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)", word)
+        if m:
+            words += env.get(m.group(1), "").split()
+        else:
+            words.append(re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda mm: env[mm.group(1)], word))
+    return words
+
+
+UNITS = sorted(p.name for p in SYSTEMD.glob("*.service"))
+
+
+def test_all_units_are_there() -> None:
+    assert set(UNITS) == {f"vmsched-{n}.service" for n in (*VMSCHED_SERVICES, "agent")}
+    target = read_unit(SYSTEMD / "vmsched.target")
+    wanted = set(unit_values(target, "Unit", "Wants")[0].split())
+    assert wanted == {f"vmsched-{n}.service" for n in VMSCHED_SERVICES}
+
+
+@pytest.mark.parametrize("unit_name", UNITS)
+def test_unit_exec_start_is_accepted_by_the_cli(unit_name: str) -> None:
+    unit = read_unit(SYSTEMD / unit_name)
+    service = unit["Service"]
+    env: dict[str, str] = {}
+    for value in unit_values(unit, "Service", "Environment"):
+        key, _, val = value.partition("=")
+        env[key] = val
+    env_files = unit_values(unit, "Service", "EnvironmentFile")
+    assert [f.lstrip("-") for f in env_files] == ["/etc/vmsched/vmsched.env"]
+    env.update(read_env_file(SYSTEMD_ENV_EXAMPLE))
+    (exec_start,) = unit_values(unit, "Service", "ExecStart")
+    argv = expand_exec(exec_start, env)
+    assert argv[0] == "/opt/vmsched/bin/vmsched"
+    name = unit_name.removeprefix("vmsched-").removesuffix(".service")
+    assert argv[1] == name
+    parse_cli(argv[1:])
+    # unit variables used on the command line have defaults in the unit itself
+    for var in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", exec_start):
+        assert var in dict(kv.partition("=")[::2] for kv in unit_values(unit, "Service", "Environment")), var
+    # hardening and restart policy
+    keys = dict(service)
+    assert keys.get("Restart") == "on-failure"
+    assert keys.get("NoNewPrivileges") == "yes" and keys.get("ProtectSystem") == "strict"
+    assert keys.get("DynamicUser") == "yes" or keys.get("User") not in (None, "root")
+    assert "WantedBy" in dict(unit["Install"])
+
+
+def test_agent_unit_keeps_state_and_socket_where_the_hook_looks() -> None:
+    unit = dict(read_unit(SYSTEMD / "vmsched-agent.service")["Service"])
+    argv = expand_exec(unit["ExecStart"], {"AGENT_OPTS": ""})
+    assert option(argv, "--state-dir") == "/var/lib/vmsched/agent"
+    assert "vmsched/agent" in unit["StateDirectory"].split()
+    hook = (ROOT / "services" / "policy_agent" / "hooks" / "qemu").read_text()
+    default_socket = re.search(r'"socket":\s*"([^"]+)"', hook).group(1)
+    assert option(argv, "--socket") == default_socket
+    assert Path(default_socket).parent == Path("/run") / unit["RuntimeDirectory"]
+    assert "libvirt" in unit["SupplementaryGroups"].split()
+
+
+def test_systemd_env_example_names_real_settings() -> None:
+    env = read_env_file(SYSTEMD_ENV_EXAMPLE)
+    known = settings_env_names() | AGENT_ENV
+    commented = set(re.findall(r"^#\s*(VMSCHED_[A-Z_]+)=", SYSTEMD_ENV_EXAMPLE.read_text(), re.M))
+    unknown = sorted(k for k in set(env) | commented if k.startswith("VMSCHED_") and k not in known)
+    assert not unknown, f"no vmsched setting reads {unknown}"
+    assert env["VMSCHED_HOST"] == "0.0.0.0", "the engine must reach the gateway"
+    Settings(**{k.removeprefix("VMSCHED_").lower(): v for k, v in env.items()
+                if k.startswith("VMSCHED_") and k != "VMSCHED_PLUGINS"})
