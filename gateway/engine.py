@@ -5,9 +5,6 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable
 
-from starlette.requests import Request
-from starlette.responses import Response
-
 from gateway import xmlrpc
 from gateway.render import discover_result
 from gateway.scheduler import Scheduler
@@ -16,7 +13,6 @@ from vmsched.messages import BalanceRequest, FilterRequest, ScoreRequest
 
 log = logging.getLogger("vmsched.gateway")
 
-XML = "text/xml; charset=utf-8"
 Method = Callable[[Scheduler, tuple[Any, ...]], Awaitable[Any]]
 
 
@@ -76,18 +72,16 @@ METHODS: dict[str, Method] = {
 }
 
 
-async def endpoint(request: Request) -> Response:
-    """POST / and /RPC2: one XML-RPC call, answered with a result or a fault."""
-    scheduler: Scheduler = request.app.state.scheduler
+async def handle(scheduler: Scheduler, body: bytes) -> bytes:
+    """One XML-RPC call: the reply body, a result or a fault (never an HTTP error)."""
     try:
-        method, params = xmlrpc.parse_call(await request.body())
+        method, params = xmlrpc.parse_call(body)
         handler = METHODS.get(method)
         if handler is None:
             raise xmlrpc.Fault(xmlrpc.METHOD_NOT_FOUND, f"unknown method {method!r}; known: {', '.join(sorted(METHODS))}")
-        body = xmlrpc.dump_response(await handler(scheduler, params))
+        return xmlrpc.dump_response(await handler(scheduler, params))
     except xmlrpc.Fault as fault:
-        body = xmlrpc.dump_fault(fault)
+        return xmlrpc.dump_fault(fault)
     except Exception as exc:  # noqa: BLE001 - the engine gets a fault, never a stack trace page
         log.exception("XML-RPC call failed")
-        body = xmlrpc.dump_fault(xmlrpc.Fault(xmlrpc.INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}"))
-    return Response(body, media_type=XML)
+        return xmlrpc.dump_fault(xmlrpc.Fault(xmlrpc.INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}"))

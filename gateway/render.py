@@ -68,7 +68,8 @@ def filter_decision(hosts: list[str], outcomes: list[FilterOutcome]) -> Decision
     if outcomes and not kept:
         decision.errors.append(ALL_FILTERS_FAILED)
         return decision
-    decision.result = [h for h in hosts if all(h in s for s in kept)]
+    common = set.intersection(*kept)
+    decision.result = [h for h in hosts if h in common]
     return decision
 
 

@@ -37,6 +37,7 @@ def _serve_http(settings: Settings) -> None:
     config = uvicorn.Config(
         create_app(settings), host=settings.host, port=settings.port, loop="uvloop", http="httptools",
         log_level=settings.log_level.lower(), access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+        proxy_headers=False, server_header=False, date_header=False,
     )
     uvicorn.Server(config).run()
 

@@ -131,9 +131,6 @@ class AsyncBusClient:
             self._unconfirmed[self._tag] = cid
             assert self._loop is not None
             self._loop.call_later(self.options.confirm_timeout, self._confirm_overdue, self._tag)
-        # Publishing on RabbitMQ may have read frames (replies) into py-amqp's
-        # buffer without the socket turning readable again: drain now.
-        self._drain()
 
     # --- connection plumbing ----------------------------------------------
     def _attach(self, conn: Connection) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, replace
 
+import amqp.connection
 import amqp.exceptions
 from kombu import Connection
+from kombu.transport import pyamqp
 
 from vmsched.bus import memory
 
@@ -20,6 +22,18 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     amqp.exceptions.RecoverableConnectionError,
     amqp.exceptions.IrrecoverableConnectionError,
 )
+
+
+class _AmqpConnection(pyamqp.Connection):
+    # Without `connection.blocked`, py-amqp's basic_publish no longer drains
+    # incoming frames inline: a worker publishing its reply would otherwise
+    # handle the next delivery (recursively) before its reply leaves. A
+    # broker resource alarm then shows as a publisher-confirm timeout instead.
+    negotiate_capabilities = {**amqp.connection.NEGOTIATE_CAPABILITIES, "connection.blocked": False}
+
+
+class _AmqpTransport(pyamqp.Transport):
+    Connection = _AmqpConnection
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,7 @@ def open_connection(options: BusOptions, blocking_confirms: bool = False) -> Con
     else:
         conn = Connection(
             options.url,
+            transport=_AmqpTransport if options.url.startswith(("amqp://", "pyamqp://")) else None,
             connect_timeout=options.connect_timeout,
             heartbeat=options.heartbeat,
             transport_options={"confirm_publish": blocking_confirms and options.confirms},

@@ -66,6 +66,8 @@ SIGNAL = _Signal()
 
 
 class Channel(memory.Channel):
+    body_encoding = None  # bodies stay bytes in memory: no base64 round trip
+
     def _put(self, queue, message, **kwargs):  # type: ignore[no-untyped-def]
         super()._put(queue, message, **kwargs)
         SIGNAL.notify(queue)
