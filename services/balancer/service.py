@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from services.scoring.results import BadResult, host_list
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.bus.worker import Handler
@@ -17,7 +19,7 @@ class BalancerService(PluginService):
     def routes(self) -> dict[str, Handler]:
         return {REQUEST_QUEUES[Op.BALANCE]: self.balance}
 
-    def balance(self, env: Envelope) -> dict[str, Any]:
+    def balance(self, env: Envelope) -> BaseModel:
         req = BalanceRequest.model_validate(env.body)
         (run,) = self.run_units(Kind.BALANCE, [req.unit], (req.hosts, req.properties), env.deadline, req.timeout)
         r = run.result
@@ -28,7 +30,7 @@ class BalancerService(PluginService):
                 outcome.vm, outcome.hosts = proposal(r.value)
             except BadResult as exc:
                 outcome.ok, outcome.error = False, str(exc)
-        return BalanceReply(outcome=outcome).model_dump()
+        return BalanceReply(outcome=outcome)
 
 
 def proposal(value: Any) -> tuple[str, list[str]]:

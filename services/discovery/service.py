@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+
+from pydantic import BaseModel
 
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.bus.worker import Handler
@@ -23,7 +24,7 @@ class DiscoveryService(PluginService):
     def routes(self) -> dict[str, Handler]:
         return {REQUEST_QUEUES[Op.DISCOVER]: self.discover}
 
-    def discover(self, env: Envelope) -> dict[str, Any]:
+    def discover(self, env: Envelope) -> BaseModel:
         self.catalog.refresh()  # one scandir when nothing changed
         units = sorted(self.catalog.units(), key=lambda u: (u.kind.value, u.name))
-        return DiscoverReply(units=units, load_errors=self.catalog.load_errors()).model_dump()
+        return DiscoverReply(units=units, load_errors=self.catalog.load_errors())

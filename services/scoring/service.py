@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+
+from pydantic import BaseModel
 
 from services.scoring.results import BadResult, host_list, score_pairs
 from vmsched.bus.topology import REQUEST_QUEUES
@@ -27,20 +28,20 @@ class ScoringService(PluginService):
     def routes(self) -> dict[str, Handler]:
         return {REQUEST_QUEUES[Op.FILTER]: self.filter, REQUEST_QUEUES[Op.SCORE]: self.score}
 
-    def filter(self, env: Envelope) -> dict[str, Any]:
+    def filter(self, env: Envelope) -> BaseModel:
         req = FilterRequest.model_validate(env.body)
         runs = self.run_units(Kind.FILTER, req.units, (req.hosts, req.vm, req.properties), env.deadline, req.timeout)
-        return FilterReply(outcomes=[_filter_outcome(run) for run in runs]).model_dump()
+        return FilterReply(outcomes=[_filter_outcome(run) for run in runs])
 
-    def score(self, env: Envelope) -> dict[str, Any]:
+    def score(self, env: Envelope) -> BaseModel:
         req = ScoreRequest.model_validate(env.body)
         names = [u.name for u in req.units]
         runs = self.run_units(Kind.SCORE, names, (req.hosts, req.vm, req.properties), env.deadline, req.timeout)
         outcomes = [_score_outcome(run, unit.factor) for run, unit in zip(runs, req.units)]
-        return ScoreReply(outcomes=outcomes).model_dump()
+        return ScoreReply(outcomes=outcomes)
 
 
-def _common(run: UnitRun) -> dict[str, Any]:
+def _common(run: UnitRun) -> BaseModel:
     r = run.result
     return {"unit": run.name, "ok": r.ok, "error": r.error, "timed_out": r.timed_out,
             "duration": r.duration, "stderr": r.stderr}

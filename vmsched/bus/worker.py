@@ -15,7 +15,9 @@ from typing import Callable
 
 from kombu import Connection, Consumer, Producer
 from kombu.message import Message
-from pydantic import ValidationError
+import json
+
+from pydantic import BaseModel, ValidationError
 
 from vmsched import metrics
 from vmsched.bus import RequestError
@@ -25,7 +27,8 @@ from vmsched.messages import Envelope, ReplyEnvelope
 
 log = logging.getLogger("vmsched.bus")
 
-Handler = Callable[[Envelope], dict]
+#: A handler returns the reply body: a typed model (serialized once, directly) or a dict.
+Handler = Callable[[Envelope], "BaseModel | dict"]
 
 
 class ServiceWorker:
@@ -133,7 +136,7 @@ class ServiceWorker:
         reply_to = message.properties.get("reply_to")
         if reply is not None and reply_to:
             producer.publish(
-                reply.model_dump_json().encode(),
+                reply,
                 routing_key=reply_to,
                 exchange="",
                 content_type="application/json",
@@ -143,7 +146,11 @@ class ServiceWorker:
             )
         message.ack()  # only after the reply is out: a killed worker means redelivery
 
-    def _handle(self, queue: str, body: bytes | str) -> ReplyEnvelope | None:
+    def _handle(self, queue: str, body: bytes | str) -> bytes | None:
+        reply = self._reply(queue, body)
+        return reply.model_dump_json().encode() if isinstance(reply, ReplyEnvelope) else reply
+
+    def _reply(self, queue: str, body: bytes | str) -> ReplyEnvelope | bytes | None:
         try:
             env = Envelope.model_validate_json(body)
         except ValidationError as exc:
@@ -160,14 +167,14 @@ class ServiceWorker:
             return ReplyEnvelope(ok=False, error=f"no handler for queue {queue!r}")
         return self._invoke(handler, env)
 
-    def _invoke(self, handler: Handler, env: Envelope) -> ReplyEnvelope:
+    def _invoke(self, handler: Handler, env: Envelope) -> ReplyEnvelope | bytes:
         op = env.op
         in_flight = metrics.IN_FLIGHT.labels(self.service, op)
         in_flight.inc()
         started = time.perf_counter()
         outcome = "ok"
         try:
-            return ReplyEnvelope(ok=True, body=handler(env))
+            return _ok(handler(env))
         except RequestError as exc:
             outcome = "error"
             return ReplyEnvelope(ok=False, error=str(exc))
@@ -182,6 +189,12 @@ class ServiceWorker:
             in_flight.dec()
             metrics.REQUESTS.labels(self.service, op, outcome).inc()
             metrics.REQUEST_DURATION.labels(self.service, op).observe(time.perf_counter() - started)
+
+
+def _ok(result: BaseModel | dict) -> bytes:
+    """The success reply, serialized in one pass (same shape as ReplyEnvelope)."""
+    body = result.model_dump_json() if isinstance(result, BaseModel) else json.dumps(result)
+    return b'{"ok":true,"error":null,"body":' + body.encode() + b"}"
 
 
 def _first_error(exc: ValidationError) -> str:
