@@ -7,7 +7,11 @@ Conventions: ``vmsched_`` prefix, base units, ``_total`` counters,
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -72,7 +76,39 @@ PLUGIN_LOAD_ERRORS = Gauge(
 )
 
 
-def serve(port: int | None, addr: str = "0.0.0.0") -> None:
-    """Expose :data:`REGISTRY` on ``port`` (no-op when ``port`` is None)."""
-    if port is not None:
-        start_http_server(port, addr=addr, registry=REGISTRY)
+def serve(port: int | None, addr: str = "0.0.0.0", ready: Callable[[], bool] | None = None) -> ThreadingHTTPServer | None:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``port`` (no-op when None).
+
+    ``/readyz`` answers 200 while ``ready()`` is true (e.g. the worker holds a
+    broker connection and is consuming), 503 otherwise.
+    """
+    if port is None:
+        return None
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                self._send(200, b'{"status":"ok"}\n', "application/json")
+            elif path == "/readyz":
+                ok = ready() if ready is not None else True
+                self._send(200 if ok else 503, b'{"ready":%s}\n' % (b"true" if ok else b"false"), "application/json")
+            else:
+                self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet probes
+            pass
+
+    server = ThreadingHTTPServer((addr, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server

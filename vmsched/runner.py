@@ -49,11 +49,11 @@ def run_gateway(settings: Settings) -> int:
 
 def run_service(name: str, settings: Settings) -> int:
     service = make_service(name, settings)
-    metrics.serve(settings.metrics_port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     service.start()
+    metrics.serve(settings.metrics_port, ready=lambda: service.worker is not None and service.worker.connected)
     log.info("%s running (bus %s)", name, "embedded" if settings.embedded else "AMQP")
     stop.wait()
     service.stop()
