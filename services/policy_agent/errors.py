@@ -22,9 +22,9 @@ class PolicyError(AgentError, ValueError):
 class GuestNotFound(AgentError, LookupError):
     code = "not_found"
 
-    def __init__(self, guest: str):
+    def __init__(self, guest: str, message: str | None = None):
         self.guest = guest
-        super().__init__(f"no guest named or with UUID {guest!r} on this host")
+        super().__init__(message or f"no guest named or with UUID {guest!r} on this host")
 
 
 class AgentUnavailable(AgentError):
@@ -39,12 +39,20 @@ class ApplyError(AgentError):
     code = "internal"
 
 
-ERRORS_BY_CODE: dict[str, type[AgentError]] = {
-    "invalid": PolicyError,
-    "not_found": AgentError,
-    "unavailable": AgentUnavailable,
-    "internal": AgentError,
-}
+CODES = ("invalid", "not_found", "unavailable", "internal")
+
+
+def encode(exc: AgentError) -> str:
+    """``"code: message"``, the text of a bus error reply (the bus carries no code field)."""
+    return f"{exc.code}: {exc}"
+
+
+def decode(text: str) -> tuple[str, str]:
+    """``"code: message"`` -> (code, message); unknown prefixes are ``internal``."""
+    code, sep, message = text.partition(": ")
+    if sep and code in CODES:
+        return code, message
+    return "internal", text
 
 
 def from_reply(code: str | None, message: str) -> AgentError:
@@ -52,10 +60,7 @@ def from_reply(code: str | None, message: str) -> AgentError:
     if code == "invalid":
         return PolicyError(message)
     if code == "not_found":
-        err = GuestNotFound.__new__(GuestNotFound)
-        AgentError.__init__(err, message)
-        err.guest = ""
-        return err
+        return GuestNotFound("", message)
     if code == "unavailable":
         return AgentUnavailable(message)
     return AgentError(message)

@@ -1,0 +1,407 @@
+"""The policy agent: one per hypervisor.
+
+Wires the libvirt link (events, reconnect), the enforcer (pools, pins), a
+worker that turns events into verify/repair jobs, a periodic sweep, the
+checkpoint, the local socket and (optionally) the bus.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import libvirt
+
+from . import checkpoint, cpuset, deps, metadata, metrics
+from .allocation import Pools
+from .apply import Applier, Caps
+from .enforce import Enforcer
+from .errors import AgentError, ApplyError, PolicyError
+from .events import DomainEvent, LibvirtLink
+from .inventory import Inventory
+from .jobs import JobQueue
+from .model import GuestPolicy, parse_policy
+
+log = logging.getLogger("vmsched.agent")
+
+#: lifecycle events that need the guest verified, and their debounce (s)
+LIFECYCLE_JOBS = {"started": 0.0, "defined": 0.0, "undefined": 0.0, "stopped": 0.0}
+LATENCY_TRIGGERS = {"started", "reboot", "tunable", "defined", "metadata"}
+
+
+def host_identity(conn: "libvirt.virConnect") -> str:
+    """libvirt's host UUID (capabilities), else its hostname."""
+    try:
+        uuid = ET.fromstring(conn.getCapabilities()).findtext("host/uuid")
+        if uuid:
+            return uuid
+    except (libvirt.libvirtError, ET.ParseError):
+        pass
+    return conn.getHostname()
+
+
+def host_cpus(conn: "libvirt.virConnect", caps: Caps) -> tuple[frozenset[int], int]:
+    """(online CPUs, length of a cpumap). The test driver's online map is fake: all count."""
+    ncpus, online, _ = conn.getCPUMap()
+    if not caps.vcpu_pin_flags:  # test driver
+        return frozenset(range(ncpus)), ncpus
+    return cpuset.from_cpumap(online), ncpus
+
+
+class Agent:
+    def __init__(
+        self,
+        uri: str,
+        host_id: str | None,
+        state_dir: Path,
+        dedicated_pool: str | None = None,
+        amqp_url: str | None = None,
+        socket_path: Path | None = None,
+        reconcile_interval: float = 10.0,
+        release_on_stop: bool = False,
+        connect_timeout: float = 30.0,
+        reboot_debounce: float = 0.1,
+        tunable_debounce: float = 0.05,
+    ):
+        self.uri = uri
+        self.host_id = host_id
+        self.state_dir = Path(state_dir)
+        self.requested_pool = dedicated_pool
+        self.amqp_url = amqp_url
+        self.socket_path = Path(socket_path) if socket_path else self.state_dir / "agent.sock"
+        self.reconcile_interval = reconcile_interval
+        self.release_on_stop = release_on_stop
+        self.connect_timeout = connect_timeout
+        self.reboot_debounce = reboot_debounce
+        self.tunable_debounce = tunable_debounce
+        self.checkpoint_path = self.state_dir / checkpoint.FILENAME
+        self.inventory = Inventory()
+        self.jobs = JobQueue()
+        self.events: collections.deque[tuple[str, dict]] = collections.deque(maxlen=2000)
+        self.link: LibvirtLink | None = None
+        self.enforcer: Enforcer | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._server: Any = None
+        self._bus: Any = None
+        self.started = False
+
+    # --- lifecycle ---------------------------------------------------------------
+    def start(self) -> "Agent":
+        """Connect, rebuild or load host state, reconcile every guest, then serve. Cleans up if it fails."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> "Agent":
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.link = LibvirtLink(self.uri, self._on_event, self._on_connect)
+        conn = self.link.connect(self.connect_timeout)
+        self.host_id = self.host_id or host_identity(conn)
+        caps = Caps.detect(conn)
+        cpus, ncpus = host_cpus(conn, caps)
+        pools, reason = checkpoint.load(self.checkpoint_path, self.host_id, cpus)
+        rebuild = pools is None
+        if pools is None:
+            if self.checkpoint_path.exists():
+                moved = checkpoint.quarantine(self.checkpoint_path)
+                log.warning("checkpoint %s unusable (%s); moved to %s; rebuilding host state from the guests'"
+                            " metadata and live pins", self.checkpoint_path, reason, moved)
+                metrics.ERRORS.labels("checkpoint").inc()
+            else:
+                log.info("no checkpoint at %s; building host state from the guests", self.checkpoint_path)
+            pools = Pools(host_cpus=cpus)
+        self.enforcer = Enforcer(self.host_id, pools, self.inventory, Applier(caps, ncpus, cpus),
+                                 self._publish, self._save, self.release_on_stop)
+        snaps = self.enforcer.scan(conn)
+        for snap in snaps:
+            self.enforcer.observe(snap)
+        if self.requested_pool is not None:
+            wanted = _parse_pool(self.requested_pool)
+            if rebuild:
+                errors = pools.check_pool(wanted)
+                if errors:
+                    raise PolicyError(errors)
+                pools.pool = wanted
+            elif wanted != pools.pool:
+                log.info("dedicated pool changes from %r to %r", cpuset.fmt(pools.pool), cpuset.fmt(wanted))
+                self.enforcer.adopt_pools(self.enforcer.plan_pool(wanted))
+        elif rebuild:
+            pools.pool = self._pool_from_hints()
+        summary = self.enforcer.sweep(conn, trigger="start", snaps=snaps, confine=True)
+        self._save()
+        log.info("agent for host %s on %s: %d guests, %d managed, pool %r, %d repaired at start", self.host_id,
+                 self.uri, summary["checked"], self.inventory.managed(), cpuset.fmt(pools.pool), summary["repaired"])
+        self._spawn(self._work_loop, "agent-worker")
+        self._spawn(self._sweep_loop, "agent-sweeper")
+        from .sockrpc import SocketServer
+
+        self._server = SocketServer(self.socket_path, self)
+        self._server.start()
+        if self.amqp_url:
+            from .busrpc import BusLink
+
+            self._bus = BusLink(self.amqp_url, self.host_id, self)
+            self._bus.start()
+        self.started = True
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.jobs.close()
+        if self._bus is not None:
+            self._bus.stop()
+        if self._server is not None:
+            self._server.stop()
+        for t in self._threads:
+            t.join(5)
+        if self.link is not None:
+            self.link.close()
+        if self.enforcer is not None and self.started:
+            self._save()
+        self.started = False
+
+    def _spawn(self, target: Any, name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    # --- state -------------------------------------------------------------------
+    @property
+    def conn(self) -> "libvirt.virConnect":
+        assert self.link is not None
+        return self.link.conn
+
+    @property
+    def pools(self) -> Pools:
+        assert self.enforcer is not None
+        return self.enforcer.pools
+
+    def _save(self) -> None:
+        assert self.enforcer is not None and self.host_id
+        try:
+            checkpoint.save(self.checkpoint_path, checkpoint.Checkpoint.of(self.host_id, self.enforcer.pools))
+        except OSError as exc:
+            metrics.ERRORS.labels("checkpoint").inc()
+            log.error("cannot write checkpoint %s: %s", self.checkpoint_path, exc)
+
+    def _pool_from_hints(self) -> frozenset[int]:
+        pool: set[int] = set()
+        for g in self.inventory.all():
+            if g.hint is not None and g.hint.host == self.host_id:
+                pool |= g.hint.pool
+        pool &= self.pools.host_cpus
+        if pool and self.pools.check_pool(frozenset(pool)):
+            log.warning("the guests' allocation records give the unusable pool %s: starting without a pool"
+                        " (pass --dedicated-pool)", cpuset.fmt(pool))
+            return frozenset()
+        if pool:
+            log.warning("dedicated pool %s recovered from the guests' allocation records"
+                        " (pass --dedicated-pool to set it explicitly)", cpuset.fmt(pool))
+        return frozenset(pool)
+
+    def _publish(self, event: str, body: dict) -> None:
+        body = {"host_id": self.host_id, **body}
+        self.events.append((event, body))
+        if self._bus is not None:
+            self._bus.publish(event, body)
+
+    # --- events ------------------------------------------------------------------
+    def _on_event(self, ev: DomainEvent) -> None:
+        """libvirt event thread: update cached state at once, queue the verification."""
+        if ev.kind == "lifecycle":
+            self.inventory.on_event(ev.uuid, ev.name, ev.event, ev.detail)
+            self._publish("lifecycle", {"guest": ev.name, "uuid": ev.uuid, "event": ev.event,
+                                        "detail": ev.detail, "time": time.time()})
+            if ev.event in LIFECYCLE_JOBS:
+                self.jobs.put(ev.uuid, ev.event, ev.received, LIFECYCLE_JOBS[ev.event], ev.name)
+        elif ev.kind == "reboot":
+            self.jobs.put(ev.uuid, "reboot", ev.received, self.reboot_debounce, ev.name)
+        elif ev.kind == "tunable":
+            self.jobs.put(ev.uuid, "tunable", ev.received, self.tunable_debounce, ev.name)
+        elif ev.kind == "metadata" and ev.params.get("nsuri") in (metadata.NS, None):
+            self.jobs.put(ev.uuid, "metadata", ev.received, self.tunable_debounce, ev.name)
+
+    def _on_connect(self, conn: "libvirt.virConnect", reconnected: bool) -> None:
+        if self.enforcer is not None and reconnected:
+            self.enforcer.sweep(conn, trigger="reconnect")
+
+    def _work_loop(self) -> None:
+        while not self._stop.is_set():
+            job = self.jobs.get(timeout=1.0)
+            if job is None or self.enforcer is None:
+                continue
+            try:
+                received = job.first_event if job.trigger in LATENCY_TRIGGERS else None
+                self.enforcer.process(self.conn, job.key, job.trigger, received, drift="tunable" in job.triggers)
+            except AgentError as exc:
+                log.warning("%s event for %s not handled: %s (the next sweep covers it)", job.trigger, job.name, exc)
+            except libvirt.libvirtError as exc:
+                metrics.ERRORS.labels("libvirt").inc()
+                log.warning("%s event for %s: libvirt error %s", job.trigger, job.name, exc.get_error_message())
+                if self.link is not None:
+                    self.link.check_alive()
+            except Exception:  # noqa: BLE001 - the worker must survive
+                log.exception("handling %s of %s failed", job.trigger, job.name)
+            finally:
+                self.jobs.done()
+
+    def _sweep_loop(self) -> None:
+        while not self._stop.wait(self.reconcile_interval):
+            if self.link is None or not self.link.connected.is_set() or not self.link.check_alive():
+                continue
+            try:
+                self.reconcile()
+            except (AgentError, libvirt.libvirtError) as exc:
+                log.warning("reconcile sweep failed: %s", exc)
+                if self.link is not None:
+                    self.link.check_alive()
+            except Exception:  # noqa: BLE001
+                log.exception("reconcile sweep failed")
+
+    # --- API ---------------------------------------------------------------------
+    def set_policy(self, guest: str, policy: GuestPolicy | dict) -> dict:
+        assert self.enforcer is not None
+        return self.enforcer.set_policy(self.conn, guest, parse_policy(policy))
+
+    def get_policy(self, guest: str) -> dict:
+        assert self.enforcer is not None
+        with self.enforcer.lock:
+            dom = self.enforcer.lookup(self.conn, guest)
+            g = self.enforcer.observe(self.enforcer.read(dom))
+            return self.enforcer.view(g)
+
+    def delete_policy(self, guest: str) -> dict:
+        assert self.enforcer is not None
+        return self.enforcer.delete_policy(self.conn, guest)
+
+    def list_policies(self) -> dict:
+        assert self.enforcer is not None
+        with self.enforcer.lock:
+            guests = sorted(self.inventory.all(), key=lambda g: g.name)
+            return {"policies": [self.enforcer.view(g) for g in guests if g.policy is not None]}
+
+    def cpus(self) -> dict:
+        with self.enforcer.lock:  # type: ignore[union-attr]
+            return {"host_id": self.host_id, **self.pools.view()}
+
+    def set_pool(self, pool: str | None) -> dict:
+        assert self.enforcer is not None
+        wanted = _parse_pool(pool)
+        with self.enforcer.lock:
+            new = self.enforcer.plan_pool(wanted)
+            self.enforcer.adopt_pools(new)
+            log.info("dedicated pool set to %r; re-pinning guests", cpuset.fmt(wanted))
+            self.enforcer.sweep(self.conn, trigger="pool", confine=True)
+            return self.cpus()
+
+    def reconcile(self) -> dict:
+        assert self.enforcer is not None
+        return self.enforcer.sweep(self.conn)
+
+    def check_start(self, guest: str, xml: str | None = None) -> tuple[bool, str]:
+        """May ``guest`` start now? From the event-fed cache only (the hook asks while libvirtd waits)."""
+        ok, message, _ = self._check_start(guest, xml)
+        return ok, message
+
+    def _check_start(self, guest: str, xml: str | None = None) -> tuple[bool, str, list[str]]:
+        policy = None
+        if xml:
+            try:
+                elem = metadata.find(ET.fromstring(xml))
+                policy = metadata.from_element(elem)[0] if elem is not None else GuestPolicy()
+            except (ET.ParseError, PolicyError) as exc:
+                log.warning("check_start %s: domain XML unusable (%s); using the cached policy", guest, exc)
+        return self.inventory.check_start(guest, policy)
+
+    def start_domain(self, guest: str, wait: float = 60.0) -> dict:
+        """Start ``guest`` after its requirements (transitively, in order, each until it runs)."""
+        assert self.enforcer is not None
+        with self.enforcer.lock:
+            target = self.enforcer.lookup(self.conn, guest).UUIDString()
+            self.enforcer.process(self.conn, target, "request", None)
+            try:
+                order = deps.start_order(self.inventory.graph(), target)
+            except ValueError as exc:
+                raise PolicyError(str(exc).replace(target, self.inventory.name_of(target))) from None
+        started, already = [], []
+        deadline = time.monotonic() + wait
+        for key in order:  # no lock held: the QEMU hook calls back into this agent
+            g = self.inventory.get(key)
+            if g is None:
+                raise PolicyError(f"cannot start {self.inventory.name_of(target)!r}: required guest {key!r}"
+                                  " is not defined on this host")
+            if g.running:
+                already.append(g.name)
+                continue
+            dom = self.enforcer.lookup(self.conn, key)
+            try:
+                if g.state == libvirt.VIR_DOMAIN_PAUSED:
+                    dom.resume()
+                else:
+                    dom.create()
+            except libvirt.libvirtError as exc:
+                raise ApplyError(f"starting {g.name!r} failed: {exc.get_error_message()}") from exc
+            if not self.inventory.wait_for(lambda: bool(self.inventory.get(key) and self.inventory.get(key).running),
+                                           max(0.0, deadline - time.monotonic())):
+                raise ApplyError(f"{g.name!r} was started but is not running after {wait:g} s")
+            started.append(g.name)
+        return {"started": started, "already_running": already}
+
+    def stop_domain(self, guest: str, wait: float = 60.0, force: bool = False) -> dict:
+        """Shut ``guest`` down after every guest that requires it (dependents first)."""
+        assert self.enforcer is not None
+        with self.enforcer.lock:
+            target = self.enforcer.lookup(self.conn, guest).UUIDString()
+            self.enforcer.process(self.conn, target, "request", None)
+            try:
+                order = deps.stop_order(self.inventory.graph(), target)
+            except ValueError as exc:
+                raise PolicyError(str(exc)) from None
+        stopped, already = [], []
+        for key in order:
+            g = self.inventory.get(key)
+            if g is None or not g.active:
+                already.append(g.name if g else key)
+                continue
+            dom = self.enforcer.lookup(self.conn, key)
+            gone = lambda: not (self.inventory.get(key) and self.inventory.get(key).active)  # noqa: E731
+            try:
+                dom.shutdown()
+                if not self.inventory.wait_for(gone, wait):
+                    if not force:
+                        raise ApplyError(f"{g.name!r} did not shut down within {wait:g} s"
+                                         " (retry with --force to destroy it)")
+                    log.warning("%r did not shut down within %g s: destroying it", g.name, wait)
+                    dom.destroy()
+                    if not self.inventory.wait_for(gone, 30.0):
+                        raise ApplyError(f"{g.name!r} is still active after destroy")
+            except libvirt.libvirtError as exc:
+                raise ApplyError(f"stopping {g.name!r} failed: {exc.get_error_message()}") from exc
+            stopped.append(g.name)
+        return {"stopped": stopped, "already_stopped": already}
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Wait until every queued event has been handled (tests, benchmarks)."""
+        return self.jobs.wait_idle(timeout)
+
+    def status(self) -> dict:
+        connected = self.link is not None and self.link.connected.is_set()
+        return {"host_id": self.host_id, "uri": self.uri, "connected": connected, "pid": os.getpid()}
+
+
+def _parse_pool(text: str | None) -> frozenset[int]:
+    if text is None or str(text).strip().lower() in ("", "none"):
+        return frozenset()
+    try:
+        return cpuset.parse(text)
+    except cpuset.CpuSetError as exc:
+        raise PolicyError(f"dedicated pool: {exc}") from None

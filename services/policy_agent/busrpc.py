@@ -1,0 +1,82 @@
+"""The agent on the bus: its RPC queue ``vmsched.agent.<host_id>`` and its events.
+
+Requests use the same operations as the local socket (:mod:`ops`); an error
+reply's text is ``"<code>: <message>"`` (codes: invalid, not_found,
+unavailable, internal) so callers can tell a refusal from a missing guest.
+Events are published from a queue by one thread: libvirt's event thread only
+enqueues, and a broker outage drops events (logged), never blocks the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import TYPE_CHECKING, Any
+
+import libvirt
+
+from .errors import AgentError, encode
+from .ops import dispatch
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+log = logging.getLogger(__name__)
+
+
+class BusLink:
+    def __init__(self, url: str, host_id: str, agent: "Agent", consumers: int = 2, backlog: int = 10000):
+        from vmsched.bus.events import EventPublisher
+        from vmsched.bus.topology import agent_queue, event_key
+        from vmsched.bus.worker import ServiceWorker
+
+        self.host_id = host_id
+        self.agent = agent
+        self.queue_name = agent_queue(host_id)
+        self._key = lambda event: event_key(host_id, event)
+        self.worker = ServiceWorker(url, "agent", self.queue_name, self._handle, consumers=consumers, prefetch=4)
+        self.publisher = EventPublisher(url, service="agent")
+        self._events: queue.Queue[tuple[str, dict] | None] = queue.Queue(maxsize=backlog)
+        self._thread = threading.Thread(target=self._publish_loop, name="agent-events", daemon=True)
+        self._dropped = 0
+
+    def start(self) -> None:
+        self.worker.start()
+        self._thread.start()
+        log.info("serving requests on bus queue %s", self.queue_name)
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self._events.put(None)
+        self._thread.join(5)
+        self.publisher.close()
+
+    def _handle(self, env: Any) -> dict:
+        from vmsched.bus import RequestError
+
+        try:
+            return dispatch(self.agent, env.op, env.body)
+        except AgentError as exc:
+            raise RequestError(encode(exc)) from None
+        except libvirt.libvirtError as exc:
+            raise RequestError(f"internal: libvirt: {exc.get_error_message()}") from None
+
+    def publish(self, event: str, body: dict) -> None:
+        try:
+            self._events.put_nowait((event, body))
+        except queue.Full:
+            self._dropped += 1
+            if self._dropped % 1000 == 1:
+                log.warning("event backlog full: %d events dropped so far", self._dropped)
+
+    def _publish_loop(self) -> None:
+        while True:
+            item = self._events.get()
+            if item is None:
+                return
+            event, body = item
+            try:
+                self.publisher.publish(self._key(event), body)
+            except Exception:  # noqa: BLE001 - events are best effort
+                log.exception("publishing %s event failed", event)

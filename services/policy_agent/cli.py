@@ -1,0 +1,333 @@
+"""Command line of the policy agent: ``vmsched agent``, ``vmsched policy ...``, ``vmsched domain ...``.
+
+``register(subparsers)`` adds the commands to the main ``vmsched`` parser.
+Client commands print the reply as JSON on stdout; exit codes: 0 ok,
+1 refused or invalid, 2 usage, 3 agent or bus unreachable, 4 guest not found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from . import cpuset
+from .errors import AgentError, AgentUnavailable, GuestNotFound, PolicyError, decode, from_reply
+from .model import load_policy_file, parse_policy
+
+DEFAULT_SOCKET = "/run/vmsched/agent.sock"
+DEFAULT_STATE_DIR = "/var/lib/vmsched/agent"
+DEFAULT_URI = "qemu:///system"
+EXIT = {"ok": 0, "invalid": 1, "internal": 1, "usage": 2, "unavailable": 3, "not_found": 4}
+
+CPUSET_HELP = "CPU sets use libvirt's syntax: '0-3,^2,6' (ranges, exclusions with ^, commas)."
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps descriptions as written; shows an option's default when it has a meaningful one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default not in (None, False, [], argparse.SUPPRESS) and "%(default)" not in text \
+                and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
+def register(subparsers: Any) -> None:
+    """Add ``agent``, ``policy`` and ``domain`` to the ``vmsched`` command line."""
+    _agent_parser(subparsers)
+    _policy_parser(subparsers)
+    _domain_parser(subparsers)
+
+
+# --- vmsched agent -----------------------------------------------------------------
+def _agent_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "agent", help="the per-hypervisor CPU policy agent (libvirt events, pinning, pools, dependencies)",
+        formatter_class=_Formatter,
+        description="Run the policy agent of this hypervisor. It follows libvirt domain events, applies each "
+                    "guest's CPU policy (stored in the guest's own metadata) to its persistent config and live, "
+                    "repairs drift, keeps every other guest off dedicated CPUs, and answers policy requests on a "
+                    "local UNIX socket and, with --amqp, on the bus queue vmsched.agent.<host-id>.\n\n" + CPUSET_HELP,
+    )
+    p.add_argument("--libvirt", metavar="URI", default=os.environ.get("VMSCHED_AGENT_LIBVIRT", DEFAULT_URI),
+                   help="libvirt connection URI (env VMSCHED_AGENT_LIBVIRT)")
+    p.add_argument("--host-id", metavar="ID", default=os.environ.get("VMSCHED_AGENT_HOST_ID"),
+                   help="this host's ID on the bus (env VMSCHED_AGENT_HOST_ID; default: libvirt's host UUID, "
+                        "else its hostname)")
+    p.add_argument("--amqp", dest="agent_amqp", metavar="URL",
+                   default=os.environ.get("VMSCHED_AGENT_AMQP") or os.environ.get("VMSCHED_AMQP_URL"),
+                   help="AMQP broker URL: serve policy requests and publish events on the bus (env "
+                        "VMSCHED_AGENT_AMQP, else VMSCHED_AMQP_URL; default: no bus, local socket only)")
+    p.add_argument("--state-dir", metavar="DIR", type=Path, default=Path(DEFAULT_STATE_DIR),
+                   help="folder of the agent's checkpoint (dedicated-pool allocations)")
+    p.add_argument("--socket", metavar="PATH", type=Path, default=Path(DEFAULT_SOCKET),
+                   help="local UNIX socket for the CLI and the QEMU hook")
+    p.add_argument("--dedicated-pool", metavar="CPUSET",
+                   help="host CPUs reserved for guests with dedicated CPUs ('none' for no pool); every other "
+                        "guest is kept on the remaining (shared) CPUs. Default: the pool in the checkpoint")
+    p.add_argument("--reconcile-interval", metavar="S", type=float, default=10.0,
+                   help="seconds between reconcile sweeps over all guests (covers missed events)")
+    p.add_argument("--release-on-stop", action="store_true",
+                   help="release a guest's dedicated CPUs when it stops, not only when it is undefined")
+    p.add_argument("--connect-timeout", metavar="S", type=float, default=300.0,
+                   help="how long to keep retrying the first libvirt connection before giving up")
+    p.add_argument("--metrics-port", metavar="PORT", type=int,
+                   help="serve Prometheus metrics on this port (default: off)")
+    p.add_argument("--log-level", metavar="LEVEL", default=os.environ.get("VMSCHED_LOG_LEVEL", "INFO"),
+                   help="DEBUG, INFO, WARNING or ERROR")
+    p.set_defaults(func=cmd_agent)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from vmsched import metrics
+
+    from .agent import Agent
+
+    agent = Agent(args.libvirt, args.host_id, args.state_dir, dedicated_pool=args.dedicated_pool,
+                  amqp_url=args.agent_amqp, socket_path=args.socket, reconcile_interval=args.reconcile_interval,
+                  release_on_stop=args.release_on_stop, connect_timeout=args.connect_timeout)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        agent.start()
+    except AgentError as exc:
+        print(f"vmsched agent: error: {exc}", file=sys.stderr)
+        return EXIT.get(exc.code, 1)
+    metrics.serve(args.metrics_port)
+    stop.wait()
+    agent.stop()
+    return 0
+
+
+# --- client commands -------------------------------------------------------------------
+def _client_options(p: argparse.ArgumentParser, timeout: float = 10.0) -> None:
+    g = p.add_argument_group("where the agent is")
+    g.add_argument("--socket", metavar="PATH", default=os.environ.get("VMSCHED_AGENT_SOCKET", DEFAULT_SOCKET),
+                   help="UNIX socket of the local agent (env VMSCHED_AGENT_SOCKET)")
+    g.add_argument("--amqp", dest="client_amqp", metavar="URL", default=None,
+                   help="go through the bus instead of the local socket (needs --host)")
+    g.add_argument("--host", dest="client_host", metavar="ID", help="host ID of the agent to ask over the bus")
+    g.add_argument("--timeout", metavar="S", type=float, default=timeout,
+                   help="seconds to wait for the agent's answer")
+
+
+def _policy_parser(sub: Any) -> None:
+    p = sub.add_parser("policy", help="set, show or delete guests' CPU policies and the host's pools",
+                       formatter_class=_Formatter,
+                       description="Manage the CPU policy of guests through the policy agent of their host.\n\n"
+                                   + CPUSET_HELP)
+    ps = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
+
+    s = ps.add_parser("set", help="set (replace) a guest's policy", formatter_class=_Formatter,
+                      description="Validate and apply a guest's CPU policy. The policy built from --file and the "
+                                  "options replaces the stored one (use --merge to start from the stored one). "
+                                  "An invalid policy is refused whole with every reason; nothing is applied.\n\n"
+                                  + CPUSET_HELP + "\n\nExample:\n  vmsched policy set db --dedicated 2 "
+                                  "--weight 2048\n  vmsched policy set web --pin 0=0-1 --pin 1=2-3 --cap 50 "
+                                  "--requires db")
+    s.add_argument("guest", metavar="GUEST", help="guest name or UUID")
+    s.add_argument("--pin", metavar="VCPU=CPUSET", action="append", default=[],
+                   help="pin one vCPU to a pCPU set (repeat for several vCPUs), e.g. --pin 0=2-3")
+    s.add_argument("--emulator-pin", metavar="CPUSET", help="pCPU set of the guest's emulator threads")
+    s.add_argument("--dedicated", metavar="N|CPUSET",
+                   help="dedicated pCPUs: a bare number N is a count the agent allocates from the host's "
+                        "dedicated pool; anything else is an explicit CPU set (write 5-5 for the single CPU 5). "
+                        "vCPUs are pinned 1:1 to them, emulator threads to the shared set")
+    s.add_argument("--weight", metavar="SHARES", type=int, help="CPU weight (libvirt cpu_shares, 2-262144)")
+    cap = s.add_mutually_exclusive_group()
+    cap.add_argument("--cap", metavar="PERCENT", type=float,
+                     help="cap each vCPU at PERCENT of one CPU (0-100], with a 100000 us period unless --period")
+    cap.add_argument("--quota", metavar="US", type=int,
+                     help="vcpu_quota in microseconds per period (1000-17592186044415, or -1 for no cap)")
+    s.add_argument("--period", metavar="US", type=int, help="vcpu_period in microseconds (1000-1000000)")
+    s.add_argument("--requires", metavar="GUEST", action="append", default=[],
+                   help="a guest that must be running before this one starts (repeat for several)")
+    s.add_argument("--file", metavar="POLICY.yaml", type=Path,
+                   help="read the policy from a YAML or JSON file (options given here override its fields)")
+    s.add_argument("--merge", action="store_true", help="start from the guest's stored policy instead of an empty one")
+    _client_options(s)
+    s.set_defaults(func=cmd_policy_set)
+
+    for name, op, text in (("get", "get_policy", "show a guest's policy, allocation, desired pins and status"),
+                           ("delete", "delete_policy", "remove a guest's policy, release its CPUs, unpin it"),
+                           ("check-start", "check_start", "ask whether a guest may start now (what the QEMU "
+                                                          "hook asks); exit 1 when it may not")):
+        c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=_Formatter)
+        c.add_argument("guest", metavar="GUEST", help="guest name or UUID")
+        _client_options(c)
+        c.set_defaults(func=_simple(op))
+
+    for name, op, text in (("list", "list_policies", "list the guests that have a policy on the host"),
+                           ("cpus", "cpus", "show the host CPUs, dedicated pool, shared set and allocations"),
+                           ("reconcile", "reconcile", "run one reconcile sweep now and show what it repaired")):
+        c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=_Formatter)
+        _client_options(c)
+        c.set_defaults(func=_simple(op))
+
+    c = ps.add_parser("pool", help="set the host's dedicated pool (re-pins affected guests)",
+                      formatter_class=_Formatter,
+                      description="Set the host's dedicated CPU pool. Count allocations move into the new pool; "
+                                  "the change is refused whole when a guest's explicit dedicated set no longer fits. "
+                                  "Running guests are re-pinned.\n\n" + CPUSET_HELP)
+    c.add_argument("pool", metavar="CPUSET|none", help="the new dedicated pool, or 'none'")
+    _client_options(c, timeout=60.0)
+    c.set_defaults(func=cmd_policy_pool)
+
+
+def _domain_parser(sub: Any) -> None:
+    p = sub.add_parser("domain", help="start or stop a guest together with its start dependencies",
+                       formatter_class=_Formatter,
+                       description="Start a guest after the guests it requires, or stop it after the guests that "
+                                   "require it (through the policy agent).")
+    ds = p.add_subparsers(dest="domain_command", metavar="ACTION", required=True)
+    s = ds.add_parser("start", help="start a guest's requirements (transitively, in order), then the guest",
+                      formatter_class=_Formatter,
+                      description="Start every guest GUEST requires, transitively, in dependency order, waiting "
+                                  "until each one runs, then GUEST itself.")
+    s.add_argument("guest", metavar="GUEST", help="guest name or UUID")
+    s.add_argument("--wait", metavar="S", type=float, default=60.0, help="seconds to wait for the guests to run")
+    _client_options(s)
+    s.set_defaults(func=cmd_domain_start)
+    t = ds.add_parser("stop", help="stop the guests that require a guest (dependents first), then the guest",
+                      formatter_class=_Formatter,
+                      description="Shut down every guest that requires GUEST, transitively (dependents first), "
+                                  "then GUEST itself.")
+    t.add_argument("guest", metavar="GUEST", help="guest name or UUID")
+    t.add_argument("--wait", metavar="S", type=float, default=60.0, help="seconds to wait for each shutdown")
+    t.add_argument("--force", action="store_true", help="destroy a guest that has not shut down within --wait")
+    _client_options(t)
+    t.set_defaults(func=cmd_domain_stop)
+
+
+# --- running client commands --------------------------------------------------------------
+def call(args: argparse.Namespace, op: str, body: dict, timeout: float | None = None) -> dict:
+    timeout = args.timeout if timeout is None else timeout
+    if args.client_amqp:
+        if not args.client_host:
+            raise _Usage("--amqp needs --host ID (the host whose agent to ask)")
+        from vmsched.bus import BusError, RequestError
+        from vmsched.bus.rpc import call as bus_call
+        from vmsched.bus.topology import agent_queue
+
+        try:
+            return bus_call(args.client_amqp, agent_queue(args.client_host), op, body, timeout=timeout)
+        except RequestError as exc:
+            raise from_reply(*decode(str(exc))) from None
+        except BusError as exc:
+            raise AgentUnavailable(str(exc)) from None
+    from .sockrpc import SocketClient
+
+    return SocketClient(args.socket, timeout=timeout).call(op, body)
+
+
+class _Usage(Exception):
+    pass
+
+
+def _run(args: argparse.Namespace, op: str, body: dict, timeout: float | None = None) -> int:
+    try:
+        result = call(args, op, body, timeout)
+    except _Usage as exc:
+        print(f"vmsched: error: {exc}", file=sys.stderr)
+        return EXIT["usage"]
+    except AgentError as exc:
+        print(f"vmsched: error: {exc}", file=sys.stderr)
+        return EXIT.get(exc.code, 1)
+    json.dump(result, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+    if op == "check_start" and not result.get("allowed", True):
+        print(f"vmsched: {result.get('message')}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _simple(op: str):
+    def command(args: argparse.Namespace) -> int:
+        return _run(args, op, {"guest": args.guest} if hasattr(args, "guest") else {})
+
+    return command
+
+
+def build_policy(args: argparse.Namespace, stored: dict | None = None) -> dict:
+    """The policy document from --merge's stored policy, --file, then the options (later wins)."""
+    data: dict[str, Any] = dict(stored or {})
+    if args.file is not None:
+        file_guest, file_policy = load_policy_file(args.file)
+        if file_guest and file_guest != args.guest:
+            raise PolicyError(f"{args.file} holds the policy of {file_guest!r}, not {args.guest!r}")
+        data.update(file_policy.to_dict())
+    if args.pin:
+        pins = dict(data.get("vcpu_pins") or {})
+        for item in args.pin:
+            vcpu, sep, cpus = item.partition("=")
+            if not sep or not vcpu.strip().isdigit():
+                raise PolicyError(f"--pin {item!r}: expected VCPU=CPUSET, e.g. 0=2-3")
+            pins[str(int(vcpu))] = cpus
+        data["vcpu_pins"] = pins
+    if args.emulator_pin is not None:
+        data["emulator_pin"] = args.emulator_pin
+    if args.dedicated is not None:
+        d = args.dedicated.strip()
+        data["dedicated"] = int(d) if d.isdigit() else d
+    if args.weight is not None:
+        data["weight"] = args.weight
+    if args.cap is not None:
+        data.pop("quota", None)
+        data["cap_percent"] = args.cap
+    if args.quota is not None:
+        data.pop("cap_percent", None)
+        data["quota"] = args.quota
+    if args.period is not None:
+        data["period"] = args.period
+    if args.requires:
+        data["requires"] = list(dict.fromkeys([*data.get("requires", []), *args.requires]))
+    return parse_policy(data).to_dict()  # validated here too: precise errors before any request
+
+
+def cmd_policy_set(args: argparse.Namespace) -> int:
+    try:
+        stored = None
+        if args.merge:
+            stored = call(args, "get_policy", {"guest": args.guest}).get("policy") or {}
+        policy = build_policy(args, stored)
+    except _Usage as exc:
+        print(f"vmsched: error: {exc}", file=sys.stderr)
+        return EXIT["usage"]
+    except AgentError as exc:
+        print(f"vmsched: error: {exc}", file=sys.stderr)
+        return EXIT.get(exc.code, 1)
+    return _run(args, "set_policy", {"guest": args.guest, "policy": policy})
+
+
+def cmd_policy_pool(args: argparse.Namespace) -> int:
+    pool = args.pool
+    if pool.strip().lower() != "none":
+        try:
+            pool = cpuset.normalize(pool)
+        except cpuset.CpuSetError as exc:
+            print(f"vmsched: error: dedicated pool: {exc}", file=sys.stderr)
+            return EXIT["invalid"]
+    return _run(args, "set_pool", {"dedicated_pool": "" if pool.lower() == "none" else pool})
+
+
+def cmd_domain_start(args: argparse.Namespace) -> int:
+    return _run(args, "start_domain", {"guest": args.guest, "wait": args.wait}, timeout=args.timeout + args.wait)
+
+
+def cmd_domain_stop(args: argparse.Namespace) -> int:
+    body = {"guest": args.guest, "wait": args.wait, "force": args.force}
+    return _run(args, "stop_domain", body, timeout=args.timeout + 2 * args.wait + 30)
+
+
+__all__ = ["register", "build_policy", "call", "GuestNotFound"]

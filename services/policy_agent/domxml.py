@@ -1,0 +1,74 @@
+"""Read what is in force from a domain's XML (live or persistent).
+
+One ``XMLDesc`` call gives the name, UUID, vCPU count, the vmsched metadata
+and ``<cputune>``, so a sweep costs one call per guest and scope.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+
+from . import cpuset, metadata
+from .cpuset import CpuSet
+from .errors import PolicyError
+from .model import GuestPolicy
+
+
+@dataclass
+class DomainXml:
+    name: str
+    uuid: str
+    nvcpus: int
+    vcpu_cpuset: CpuSet | None = None
+    online: frozenset[int] | None = None  # vCPUs online (live XML); None: all of them
+    vcpupins: dict[int, CpuSet] = field(default_factory=dict)
+    emulatorpin: CpuSet | None = None
+    sched: dict[str, int] = field(default_factory=dict)
+    policy: GuestPolicy | None = None
+    hint: metadata.AllocationHint | None = None
+    metadata_error: str | None = None
+
+    def effective_vcpus(self, host: CpuSet) -> dict[int, CpuSet]:
+        default = self.vcpu_cpuset or host
+        return {i: self.vcpupins.get(i, default) for i in range(self.nvcpus)}
+
+    def effective_emulator(self, host: CpuSet) -> CpuSet:
+        return self.emulatorpin or self.vcpu_cpuset or host
+
+
+_SCHED = {"shares": "cpu_shares", "period": "vcpu_period", "quota": "vcpu_quota"}
+
+
+def parse(text: str) -> DomainXml:
+    root = ET.fromstring(text)
+    vcpu = root.find("vcpu")
+    nvcpus = int((vcpu.text or "1").strip()) if vcpu is not None else 1
+    vcpu_cpuset = None
+    if vcpu is not None and vcpu.get("cpuset"):
+        vcpu_cpuset = cpuset.parse(vcpu.get("cpuset"))
+    dom = DomainXml(name=root.findtext("name", ""), uuid=root.findtext("uuid", ""), nvcpus=nvcpus,
+                    vcpu_cpuset=vcpu_cpuset)
+    vcpus = root.find("vcpus")
+    if vcpus is not None:
+        dom.online = frozenset(int(v.get("id", "0")) for v in vcpus.findall("vcpu") if v.get("enabled", "yes") == "yes")
+    elif vcpu is not None and vcpu.get("current"):
+        dom.online = frozenset(range(int(vcpu.get("current", "1"))))
+    tune = root.find("cputune")
+    if tune is not None:
+        for pin in tune.findall("vcpupin"):
+            dom.vcpupins[int(pin.get("vcpu", "0"))] = cpuset.parse(pin.get("cpuset", ""))
+        emu = tune.find("emulatorpin")
+        if emu is not None and emu.get("cpuset"):
+            dom.emulatorpin = cpuset.parse(emu.get("cpuset"))
+        for tag, key in _SCHED.items():
+            value = tune.findtext(tag)
+            if value is not None and value.strip():
+                dom.sched[key] = int(value.strip())
+    elem = metadata.find(root)
+    if elem is not None:
+        try:
+            dom.policy, dom.hint = metadata.from_element(elem)
+        except PolicyError as exc:
+            dom.metadata_error = str(exc)
+    return dom

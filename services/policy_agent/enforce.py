@@ -1,0 +1,418 @@
+"""Bring guests to their policy: one guest (event, request) or all (sweep).
+
+Everything here runs under the agent's lock, so allocations, metadata and
+pins change together. Reads are one ``XMLDesc`` per scope; writes happen
+only where the guest differs from what it should be.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import libvirt
+
+from . import cpuset, metadata, metrics
+from .allocation import Pools
+from .apply import Applier, Result
+from .cpuset import CpuSet
+from .domxml import DomainXml
+from .errors import ApplyError, GuestNotFound, PolicyError
+from .inventory import Guest, Inventory
+from .model import DEFAULT_SHARES, GuestPolicy
+from .validation import Desired, GuestInfo, check_policy, desired_for
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[str, dict], None]
+DRIFT_LOOP = (20, 10.0)  # restorations within seconds that mean a loop (a real one cycles ~20/s)
+
+
+@dataclass
+class Snapshot:
+    dom: "libvirt.virDomain"
+    uuid: str
+    name: str
+    state: int
+    persistent: bool
+    seq: int
+    cfg: DomainXml | None
+    live: DomainXml | None
+
+    @property
+    def active(self) -> bool:
+        return self.live is not None
+
+    @property
+    def xml(self) -> DomainXml:
+        return self.cfg or self.live  # type: ignore[return-value]
+
+
+def _gone(exc: libvirt.libvirtError) -> bool:
+    return exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
+
+
+class Enforcer:
+    def __init__(self, host_id: str, pools: Pools, inventory: Inventory, applier: Applier,
+                 publish: Publish, save: Callable[[], None], release_on_stop: bool = False):
+        self.host_id = host_id
+        self.pools = pools
+        self.inv = inventory
+        self.applier = applier
+        self.publish = publish
+        self.save = save
+        self.release_on_stop = release_on_stop
+        self.lock = threading.RLock()
+        self._drift_times: dict[str, collections.deque[float]] = {}
+
+    # --- reading -----------------------------------------------------------------
+    def lookup(self, conn: "libvirt.virConnect", key: str) -> "libvirt.virDomain":
+        uuid = self.inv.resolve(key)
+        for how, arg in (("uuid", uuid), ("uuid", key), ("name", key)):
+            if not arg:
+                continue
+            try:
+                return conn.lookupByUUIDString(arg) if how == "uuid" else conn.lookupByName(arg)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() not in (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_INVALID_ARG):
+                    raise
+        raise GuestNotFound(key)
+
+    def read(self, dom: "libvirt.virDomain") -> Snapshot:
+        uuid = dom.UUIDString()
+        g = self.inv.get(uuid)
+        seq = g.seq if g else 0
+        state = dom.state()[0]
+        persistent = bool(dom.isPersistent())
+        active = bool(dom.isActive())
+        cfg = self.applier.read(dom, live=False) if persistent else None
+        live = self.applier.read(dom, live=True) if active else None
+        return Snapshot(dom, uuid, dom.name(), state, persistent, seq, cfg, live)
+
+    def _metadata_of(self, snap: Snapshot) -> DomainXml:
+        # the persistent definition is the source of truth; a transient guest only has its live one
+        return snap.cfg if snap.cfg is not None else snap.live  # type: ignore[return-value]
+
+    def observe(self, snap: Snapshot) -> Guest:
+        """Refresh the cached guest from a snapshot (no changes to the guest)."""
+        src = self._metadata_of(snap)
+        g = self.inv.upsert(snap.uuid, snap.name)
+        g.persistent, g.nvcpus = snap.persistent, src.nvcpus
+        g.policy, g.hint = src.policy, src.hint
+        if src.metadata_error:
+            g.status, g.error = "error", src.metadata_error
+        self.inv.set_state(snap.uuid, snap.state, snap.seq)
+        return g
+
+    # --- one guest ---------------------------------------------------------------
+    def sync(self, snap: Snapshot, trigger: str, received: float | None = None, confine: bool = False,
+             drift: bool = False) -> Result | None:
+        """Refresh the cache from ``snap`` and verify/repair the guest. Errors are recorded, not raised."""
+        with self.lock:
+            src = self._metadata_of(snap)
+            g = self.observe(snap)
+            info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
+            error = src.metadata_error
+            desired: Desired | None = None
+            if error is None:
+                try:
+                    desired = self._desired(g, info, snap.active, confine)
+                except PolicyError as exc:
+                    error = f"policy of {snap.name!r} cannot be enforced on this host: {exc}"
+            if desired is None:
+                # safe fallback: keep the guest on the shared set, off every dedicated CPU
+                desired = desired_for(None, info, self.pools, None, confine=True)
+            try:
+                result = self.applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent,
+                                                        snap.cfg, snap.live)
+            except (ApplyError, libvirt.libvirtError) as exc:
+                if isinstance(exc, libvirt.libvirtError) and _gone(exc):
+                    return None
+                self._record_error(g, f"applying the policy of {snap.name!r} failed: {exc}", "apply")
+                return None
+            self._sync_hint(snap, g)
+            g.desired = desired
+            if error:
+                self._record_error(g, error, "validation")
+            else:
+                g.status, g.error = ("applied" if g.policy else "unmanaged"), None
+                g.applied_at = time.time()
+            self._count(g, trigger, result, received, drift)
+            return result
+
+    def _desired(self, g: Guest, info: GuestInfo, active: bool, confine: bool) -> Desired:
+        policy = g.policy
+        if policy is None or policy.dedicated is None or (self.release_on_stop and not active):
+            if self.pools.release(g.uuid) is not None:
+                log.info("released the dedicated CPUs of %r", g.name)
+                self.save()
+            if policy is not None and policy.dedicated is not None:
+                policy = policy.model_copy(update={"dedicated": None, "vcpu_pins": {}})  # stopped, released
+            return desired_for(policy, info, self.pools, None, confine=confine)
+        if g.uuid not in self.pools.allocations:
+            self._seed_from_hint(g)
+        checked = check_policy(policy, info, self.pools, {}, self.inv.resolve, self.inv.name_of)
+        if checked.allocation != self.pools.allocations.get(g.uuid):
+            log.info("guest %r now holds dedicated CPUs %s", g.name, cpuset.fmt(checked.allocation or ()))
+            self.pools.assign(g.uuid, g.name, checked.allocation or frozenset())
+            self.save()
+        g.warnings = checked.warnings
+        return checked.desired
+
+    def _seed_from_hint(self, g: Guest) -> None:
+        """Recover an allocation the guest's metadata recorded for this host (checkpoint lost)."""
+        h = g.hint
+        if h is None or h.host != self.host_id or not h.cpus <= self.pools.free:
+            return
+        want = g.policy.dedicated if g.policy else None
+        if isinstance(want, int) and len(h.cpus) != want:
+            return
+        log.info("recovered dedicated CPUs %s of %r from its metadata", cpuset.fmt(h.cpus), g.name)
+        self.pools.assign(g.uuid, g.name, h.cpus)
+
+    def _sync_hint(self, snap: Snapshot, g: Guest) -> None:
+        if g.policy is None:
+            return
+        held = self.pools.allocations.get(g.uuid)
+        hint = metadata.AllocationHint(self.host_id, held, self.pools.pool) if held else None
+        if hint == g.hint or (hint is None and g.hint is not None and g.hint.host != self.host_id):
+            return
+        try:
+            metadata.write(snap.dom, g.policy, hint)
+            g.hint = hint
+        except libvirt.libvirtError as exc:
+            log.warning("could not record the allocation of %r in its metadata: %s", g.name, exc.get_error_message())
+
+    def _record_error(self, g: Guest, message: str, kind: str) -> None:
+        if g.error != message:
+            log.error("%s", message)
+            self.publish("error", {"guest": g.name, "uuid": g.uuid, "error": message})
+        g.status, g.error = "error", message
+        metrics.ERRORS.labels(kind).inc()
+
+    def _count(self, g: Guest, trigger: str, result: Result, received: float | None, drift: bool) -> None:
+        if result.changed:
+            metrics.REPAIRS.labels(trigger).inc()
+            changes = result.all()
+            if drift and result.live:
+                self._drift_times.setdefault(g.uuid, collections.deque(maxlen=DRIFT_LOOP[0])).append(time.monotonic())
+                metrics.DRIFT.inc()
+                log.warning("drift on %r restored: %s", g.name, ", ".join(changes))
+                self.publish("drift", {"guest": g.name, "uuid": g.uuid, "fields": changes})
+            else:
+                log.info("%s: repaired %r: %s", trigger, g.name, ", ".join(changes))
+        latency = None
+        if received is not None:
+            latency = time.monotonic() - received
+            metrics.EVENT_TO_APPLIED.labels(trigger).observe(latency)
+        if result.changed or received is not None:
+            self.publish("applied", {"guest": g.name, "uuid": g.uuid, "trigger": trigger,
+                                     "changes": result.all(), "latency": latency})
+
+    def forget(self, uuid: str) -> None:
+        """The guest is undefined: drop it and release what it held."""
+        with self.lock:
+            g = self.inv.remove(uuid)
+            if self.pools.release(uuid) is not None:
+                log.info("guest %s undefined: released its dedicated CPUs", g.name if g else uuid)
+                self.save()
+
+    def looping(self, uuid: str) -> bool:
+        """Drift restored DRIFT_LOOP[0] times within DRIFT_LOOP[1] s: libvirt (or someone) keeps undoing
+        it. Event-driven repairs pause (the sweep still applies once per interval) to avoid a write storm."""
+        times = self._drift_times.get(uuid)
+        return bool(times) and len(times) == times.maxlen and time.monotonic() - times[0] < DRIFT_LOOP[1]
+
+    def process(self, conn: "libvirt.virConnect", uuid: str, trigger: str, received: float | None,
+                drift: bool = False) -> None:
+        if trigger == "tunable" and self.looping(uuid):
+            g = self.inv.get(uuid)
+            if g is not None and (g.error or "").find("repair loop") < 0:
+                self._record_error(g, f"repair loop on {g.name!r}: its pins/tuning were undone"
+                                      f" {DRIFT_LOOP[0]} times within {DRIFT_LOOP[1]:g} s; drift events are"
+                                      " ignored for now, the periodic sweep keeps re-applying", "apply")
+            return
+        with self.lock:
+            try:
+                dom = conn.lookupByUUIDString(uuid)
+                snap = self.read(dom)
+            except libvirt.libvirtError as exc:
+                if _gone(exc):
+                    self.forget(uuid)
+                    self.update_gauges()
+                    return
+                raise
+            self.sync(snap, trigger, received, drift=drift)
+            self.update_gauges()
+
+    # --- all guests --------------------------------------------------------------
+    def scan(self, conn: "libvirt.virConnect") -> list[Snapshot]:
+        snaps = []
+        for dom in conn.listAllDomains(0):
+            try:
+                snaps.append(self.read(dom))
+            except libvirt.libvirtError as exc:
+                if not _gone(exc):
+                    raise
+        return snaps
+
+    def sweep(self, conn: "libvirt.virConnect", trigger: str = "sweep", snaps: list[Snapshot] | None = None,
+              confine: bool = False) -> dict:
+        started = time.perf_counter()
+        if snaps is None:
+            snaps = self.scan(conn)
+        present = {s.uuid for s in snaps}
+        with self.lock:
+            for g in self.inv.all():
+                if g.uuid not in present:
+                    self.inv.remove(g.uuid)
+            for uuid in [u for u in self.pools.allocations if u not in present]:
+                log.info("releasing dedicated CPUs of %s: the guest no longer exists", self.pools.name(uuid))
+                self.pools.release(uuid)
+                self.save()
+
+        def order(s: Snapshot) -> int:  # explicit sets, then current holders, then new requests
+            p = self._metadata_of(s).policy
+            if p is not None and isinstance(p.dedicated, str):
+                return 0
+            return 1 if s.uuid in self.pools.allocations else 2
+
+        repaired, errors = 0, []
+        for snap in sorted(snaps, key=order):
+            result = self.sync(snap, trigger, confine=confine)  # lock per guest: events interleave
+            g = self.inv.get(snap.uuid)
+            if result is not None and result.changed:
+                repaired += 1
+            if g is not None and g.error:
+                errors.append(g.error)
+        duration = time.perf_counter() - started
+        metrics.RECONCILE_DURATION.observe(duration)
+        self.update_gauges()
+        return {"checked": len(snaps), "repaired": repaired, "errors": errors, "duration": duration}
+
+    def update_gauges(self) -> None:
+        metrics.GUESTS_MANAGED.set(self.inv.managed())
+        metrics.DEDICATED_CPUS.labels("allocated").set(len(self.pools.allocated))
+        metrics.DEDICATED_CPUS.labels("free").set(len(self.pools.free))
+
+    # --- requests ----------------------------------------------------------------
+    def set_policy(self, conn: "libvirt.virConnect", key: str, policy: GuestPolicy) -> dict:
+        with self.lock:
+            dom = self.lookup(conn, key)
+            snap = self.read(dom)
+            src = self._metadata_of(snap)
+            info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
+            checked = check_policy(policy, info, self.pools, self.inv.graph(), self.inv.resolve, self.inv.name_of)
+            if self.release_on_stop and not snap.active and policy.dedicated is not None:
+                # validated now; the CPUs are allocated when the guest starts
+                checked.allocation = None
+                stopped = policy.model_copy(update={"dedicated": None, "vcpu_pins": {}})
+                checked.desired = desired_for(stopped, info, self.pools, None)
+            old_alloc = self.pools.allocations.get(snap.uuid)
+            hint = metadata.AllocationHint(self.host_id, checked.allocation, self.pools.pool) if checked.allocation else None
+            try:
+                metadata.write(dom, policy, hint)
+                result = self.applier.verify_and_repair(dom, checked.desired, snap.active, snap.persistent)
+            except (ApplyError, libvirt.libvirtError) as exc:
+                self._rollback(snap, src, old_alloc)
+                metrics.APPLICATIONS.labels("error").inc()
+                raise ApplyError(f"applying the policy of {snap.name!r} failed, previous policy restored: {exc}") from exc
+            if checked.allocation:
+                self.pools.assign(snap.uuid, snap.name, checked.allocation)
+            else:
+                self.pools.release(snap.uuid)
+            self.save()
+            g = self.inv.upsert(snap.uuid, snap.name)
+            g.policy, g.hint, g.nvcpus, g.desired = policy, hint, src.nvcpus, checked.desired
+            g.status, g.error, g.warnings, g.applied_at = "applied", None, checked.warnings, time.time()
+            metrics.APPLICATIONS.labels("ok").inc()
+            self.update_gauges()
+            log.info("policy of %r set%s", snap.name, f": {', '.join(result.all())}" if result.changed else "")
+            self.publish("applied", {"guest": snap.name, "uuid": snap.uuid, "trigger": "set",
+                                     "changes": result.all(), "latency": None})
+            return self.view(g)
+
+    def _rollback(self, snap: Snapshot, src: DomainXml, old_alloc: CpuSet | None) -> None:
+        try:
+            if src.policy is not None:
+                metadata.write(snap.dom, src.policy, src.hint)
+            else:
+                metadata.clear(snap.dom)
+            g = self.inv.get(snap.uuid)
+            desired = g.desired if g is not None and g.desired is not None else None
+            if desired is not None:
+                self.applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent)
+        except (ApplyError, libvirt.libvirtError) as exc:
+            log.error("rolling back the policy of %r failed (the next sweep retries): %s", snap.name, exc)
+
+    def delete_policy(self, conn: "libvirt.virConnect", key: str) -> dict:
+        with self.lock:
+            dom = self.lookup(conn, key)
+            snap = self.read(dom)
+            old = self._metadata_of(snap).policy
+            if old is None and self.pools.allocations.get(snap.uuid) is None:
+                return {"guest": snap.name, "uuid": snap.uuid, "deleted": False}
+            metadata.clear(dom)
+            self.pools.release(snap.uuid)
+            self.save()
+            info = GuestInfo(snap.uuid, snap.name, self._metadata_of(snap).nvcpus)
+            base = desired_for(None, info, self.pools, None, confine=True)
+            resets: dict[str, int] = {}
+            if old is not None and old.weight is not None:
+                resets["cpu_shares"] = DEFAULT_SHARES
+            if old is not None and old.effective_quota() is not None:
+                resets["vcpu_quota"] = -1
+            desired = Desired(base.vcpus, base.emulator, resets)
+            try:
+                self.applier.verify_and_repair(dom, desired, snap.active, snap.persistent)
+            except (ApplyError, libvirt.libvirtError) as exc:
+                metrics.APPLICATIONS.labels("error").inc()
+                raise ApplyError(f"policy of {snap.name!r} removed, but resetting its pins failed: {exc}") from exc
+            g = self.inv.upsert(snap.uuid, snap.name)
+            g.policy, g.hint, g.status, g.error, g.warnings = None, None, "unmanaged", None, []
+            g.desired = desired_for(None, info, self.pools, None)
+            metrics.APPLICATIONS.labels("ok").inc()
+            self.update_gauges()
+            log.info("policy of %r deleted", snap.name)
+            self.publish("applied", {"guest": snap.name, "uuid": snap.uuid, "trigger": "delete",
+                                     "changes": [], "latency": None})
+            return {"guest": snap.name, "uuid": snap.uuid, "deleted": True}
+
+    def plan_pool(self, pool: CpuSet) -> Pools:
+        """The pools after changing the dedicated pool; raises PolicyError when a guest cannot keep its CPUs."""
+        errors = self.pools.check_pool(pool)
+        if errors:
+            raise PolicyError(errors)
+        new = Pools(self.pools.host_cpus, pool)
+        holders = [g for g in self.inv.all() if g.policy is not None and g.policy.dedicated is not None
+                   and (g.uuid in self.pools.allocations or not self.release_on_stop or g.active)]
+        holders.sort(key=lambda g: (0 if isinstance(g.policy.dedicated, str) else 1, g.name))  # type: ignore[union-attr]
+        for g in holders:
+            assert g.policy is not None
+            old = self.pools.allocations.get(g.uuid, frozenset())
+            if isinstance(g.policy.dedicated, int) and old & new.free:
+                new.assign(g.uuid, g.name, old & new.free)  # keep what it can
+            try:
+                request = g.policy.dedicated_count() or g.policy.dedicated_set()
+                new.assign(g.uuid, g.name, new.request(g.uuid, g.name, request, g.nvcpus))  # type: ignore[arg-type]
+            except PolicyError as exc:
+                new.release(g.uuid)
+                errors.extend(f"guest {g.name!r}: {e}" for e in exc.errors)
+        if errors:
+            raise PolicyError([f"dedicated pool {cpuset.fmt(pool) or '(none)'} refused"] + errors)
+        return new
+
+    def adopt_pools(self, new: Pools) -> None:
+        with self.lock:
+            self.pools.pool = new.pool
+            self.pools.allocations = new.allocations
+            self.pools.names = new.names
+            self.save()
+            self.update_gauges()
+
+    def view(self, g: Guest) -> dict:
+        return self.inv.view(g, self.pools.allocations.get(g.uuid))

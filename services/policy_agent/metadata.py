@@ -1,0 +1,128 @@
+"""The policy in the guest's own definition: libvirt domain metadata.
+
+Stored as ``<vmsched:policy>`` in the namespace :data:`NS`; it persists with
+the domain and travels with it. The agent adds an ``<allocation>`` hint (the
+dedicated CPUs this host gave the guest, and the pool at the time) so host
+state can be rebuilt from the guests when the checkpoint is lost.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from typing import Any
+
+import libvirt
+
+from . import cpuset
+from .errors import PolicyError
+from .model import GuestPolicy, parse_policy
+
+NS = "https://vmsched.dev/xmlns/policy/1"
+PREFIX = "vmsched"
+KEY = "policy"
+_Q = "{%s}" % NS
+
+
+@dataclass(frozen=True)
+class AllocationHint:
+    host: str
+    cpus: frozenset[int]
+    pool: frozenset[int]
+
+
+def to_xml(policy: GuestPolicy, hint: AllocationHint | None = None) -> str:
+    root = ET.Element(KEY)
+    for vcpu, cpus in sorted(policy.vcpu_pins.items()):
+        ET.SubElement(root, "vcpupin", vcpu=str(vcpu), cpuset=cpus)
+    if policy.emulator_pin:
+        ET.SubElement(root, "emulatorpin", cpuset=policy.emulator_pin)
+    if isinstance(policy.dedicated, int):
+        ET.SubElement(root, "dedicated", count=str(policy.dedicated))
+    elif policy.dedicated:
+        ET.SubElement(root, "dedicated", cpuset=policy.dedicated)
+    if policy.weight is not None:
+        ET.SubElement(root, "weight").text = str(policy.weight)
+    if policy.cap_percent is not None:
+        attrs = {"percent": _num(policy.cap_percent)}
+        if policy.period is not None:
+            attrs["period"] = str(policy.period)
+        ET.SubElement(root, "cap", attrs)
+    elif policy.quota is not None:
+        attrs = {"quota": str(policy.quota)}
+        if policy.period is not None:
+            attrs["period"] = str(policy.period)
+        ET.SubElement(root, "cap", attrs)
+    for req in policy.requires:
+        ET.SubElement(root, "requires").text = req
+    if hint is not None:
+        ET.SubElement(root, "allocation", host=hint.host, cpus=cpuset.fmt(hint.cpus), pool=cpuset.fmt(hint.pool))
+    return ET.tostring(root, encoding="unicode")
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _tag(elem: ET.Element) -> str:
+    return elem.tag[len(_Q):] if elem.tag.startswith(_Q) else elem.tag
+
+
+def from_element(root: ET.Element) -> tuple[GuestPolicy, AllocationHint | None]:
+    """Parse ``<vmsched:policy>``; raises PolicyError when it is malformed."""
+    data: dict[str, Any] = {}
+    hint = None
+    try:
+        for child in root:
+            tag, a = _tag(child), child.attrib
+            if tag == "vcpupin":
+                data.setdefault("vcpu_pins", {})[int(a["vcpu"])] = a["cpuset"]
+            elif tag == "emulatorpin":
+                data["emulator_pin"] = a["cpuset"]
+            elif tag == "dedicated":
+                data["dedicated"] = int(a["count"]) if "count" in a else a["cpuset"]
+            elif tag == "weight":
+                data["weight"] = int((child.text or "").strip())
+            elif tag == "cap":
+                if "percent" in a:
+                    data["cap_percent"] = float(a["percent"])
+                if "quota" in a:
+                    data["quota"] = int(a["quota"])
+                if "period" in a:
+                    data["period"] = int(a["period"])
+            elif tag == "requires":
+                data.setdefault("requires", []).append((child.text or "").strip())
+            elif tag == "allocation":
+                hint = AllocationHint(a.get("host", ""), cpuset.parse(a["cpus"]), cpuset.parse(a.get("pool") or a["cpus"]))
+            else:
+                raise PolicyError(f"unknown element <{tag}> in the vmsched policy metadata")
+    except (KeyError, ValueError) as exc:
+        if isinstance(exc, PolicyError):
+            raise
+        raise PolicyError(f"malformed vmsched policy metadata: {exc!r}") from None
+    return parse_policy(data), hint
+
+
+def find(domain_root: ET.Element) -> ET.Element | None:
+    """The ``<vmsched:policy>`` element of a parsed domain XML, if any."""
+    meta = domain_root.find("metadata")
+    if meta is None:
+        return None
+    return meta.find(_Q + KEY)
+
+
+def write(dom: "libvirt.virDomain", policy: GuestPolicy, hint: AllocationHint | None) -> None:
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, to_xml(policy, hint), PREFIX, NS, _flags(dom))
+
+
+def clear(dom: "libvirt.virDomain") -> None:
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, None, None, NS, _flags(dom))
+
+
+def _flags(dom: "libvirt.virDomain") -> int:
+    flags = 0
+    if dom.isPersistent():
+        flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+    if dom.isActive():
+        flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
+    return flags

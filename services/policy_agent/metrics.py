@@ -1,0 +1,56 @@
+"""Prometheus metrics of the policy agent (names are part of the interface)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from vmsched.metrics import REGISTRY
+
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+GUESTS_MANAGED = Gauge(
+    "vmsched_agent_guests_managed", "Guests on this host that carry a vmsched policy", registry=REGISTRY
+)
+APPLICATIONS = Counter(
+    "vmsched_agent_policy_applications_total",
+    "Policy applications (set/delete/pool change), by outcome (ok, error)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+REPAIRS = Counter(
+    "vmsched_agent_repairs_total",
+    "Guests whose pins or scheduler parameters had to be (re)written, by trigger",
+    ["trigger"],
+    registry=REGISTRY,
+)
+DRIFT = Counter(
+    "vmsched_agent_drift_corrections_total",
+    "Changes made behind the agent's back (TUNABLE event) that it restored",
+    registry=REGISTRY,
+)
+EVENT_TO_APPLIED = Histogram(
+    "vmsched_agent_event_to_applied_seconds",
+    "From a libvirt event to the guest's policy verified (and repaired) in place, by event",
+    ["event"],
+    buckets=_FAST,
+    registry=REGISTRY,
+)
+RECONNECTS = Counter(
+    "vmsched_agent_libvirt_reconnects_total", "Connections to libvirt re-opened after a loss", registry=REGISTRY
+)
+CONNECTED = Gauge("vmsched_agent_libvirt_connected", "1 while the agent holds a libvirt connection", registry=REGISTRY)
+DEDICATED_CPUS = Gauge(
+    "vmsched_agent_dedicated_cpus", "CPUs of the dedicated pool, by state (allocated, free)", ["state"], registry=REGISTRY
+)
+RECONCILE_DURATION = Histogram(
+    "vmsched_agent_reconcile_duration_seconds", "Duration of one reconcile sweep", buckets=_FAST, registry=REGISTRY
+)
+EVENTS = Counter(
+    "vmsched_agent_events_total", "libvirt domain events received, by event", ["event"], registry=REGISTRY
+)
+ERRORS = Counter(
+    "vmsched_agent_errors_total",
+    "Errors, by kind (apply, validation, checkpoint, libvirt)",
+    ["kind"],
+    registry=REGISTRY,
+)

@@ -1,0 +1,156 @@
+"""The agent's local UNIX socket: newline-delimited JSON requests and replies.
+
+Request ``{"op": OP, "body": {...}}`` (a flat ``{"op": OP, "guest": ...}``
+is accepted too); reply ``{"ok", "error", "code", "body"}``. One thread per
+connection, so the QEMU hook's ``check_start`` is answered even while a
+``start_domain`` request waits for the guests it starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import socketserver
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import libvirt
+
+from .errors import AgentError, AgentUnavailable, from_reply
+from .ops import dispatch
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+log = logging.getLogger(__name__)
+
+MAX_LINE = 4 << 20
+
+
+def handle_request(agent: "Agent", request: Any) -> dict:
+    """One decoded request -> the reply document (never raises)."""
+    if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+        return {"ok": False, "error": "request must be a JSON object with an 'op'", "code": "invalid", "body": {}}
+    op = request["op"]
+    body = request.get("body")
+    if body is None:
+        body = {k: v for k, v in request.items() if k != "op"}
+    try:
+        return {"ok": True, "error": None, "code": None, "body": dispatch(agent, op, body)}
+    except AgentError as exc:
+        return {"ok": False, "error": str(exc), "code": exc.code, "body": {}}
+    except libvirt.libvirtError as exc:
+        return {"ok": False, "error": f"libvirt: {exc.get_error_message()}", "code": "internal", "body": {}}
+    except Exception as exc:  # noqa: BLE001 - report, keep serving
+        log.exception("%s request failed", op)
+        return {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal", "body": {}}
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        agent = self.server.agent  # type: ignore[attr-defined]
+        while True:
+            line = self.rfile.readline(MAX_LINE)
+            if not line:
+                return
+            if not line.strip():
+                continue
+            try:
+                request = json.loads(line)
+            except ValueError as exc:
+                reply = {"ok": False, "error": f"request is not JSON: {exc}", "code": "invalid", "body": {}}
+            else:
+                reply = handle_request(agent, request)
+            try:
+                self.wfile.write((json.dumps(reply) + "\n").encode())
+                self.wfile.flush()
+            except OSError:
+                return
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class SocketServer:
+    def __init__(self, path: Path, agent: "Agent", mode: int = 0o660):
+        self.path = Path(path)
+        self.agent = agent
+        self.mode = mode
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            if _listening(self.path):
+                raise AgentUnavailable(f"another agent is already listening on {self.path}")
+            self.path.unlink()  # stale socket of a previous run
+        self._server = _Server(str(self.path), _Handler)
+        self._server.agent = self.agent  # type: ignore[attr-defined]
+        os.chmod(self.path, self.mode)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="agent-socket",
+                                        daemon=True)
+        self._thread.start()
+        log.info("listening on %s", self.path)
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        self._server = None
+
+
+def _listening(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(0.5)
+        s.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+class SocketClient:
+    """Client of a local agent: ``call(op, body) -> body`` or raises the agent's error."""
+
+    def __init__(self, path: str | Path, timeout: float = 10.0):
+        self.path = str(path)
+        self.timeout = timeout
+
+    def call(self, op: str, body: dict | None = None, timeout: float | None = None) -> dict:
+        timeout = self.timeout if timeout is None else timeout
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.settimeout(timeout)
+            try:
+                s.connect(self.path)
+            except OSError as exc:
+                raise AgentUnavailable(f"no agent at {self.path}: {exc.strerror or exc}") from None
+            s.sendall((json.dumps({"op": op, "body": body or {}}) + "\n").encode())
+            buf = b""
+            while not buf.endswith(b"\n"):
+                try:
+                    chunk = s.recv(1 << 16)
+                except socket.timeout:
+                    raise AgentUnavailable(f"agent at {self.path} did not answer {op} within {timeout:g} s") from None
+                if not chunk:
+                    raise AgentUnavailable(f"agent at {self.path} closed the connection without answering")
+                buf += chunk
+        finally:
+            s.close()
+        reply = json.loads(buf)
+        if not reply.get("ok"):
+            raise from_reply(reply.get("code"), reply.get("error") or "request failed")
+        return reply.get("body") or {}

@@ -1,0 +1,166 @@
+"""Check a guest's policy against a host, and derive what must be in place.
+
+:func:`check_policy` refuses a policy whole, listing every reason; on
+success it returns the allocation the guest would hold and the
+:class:`Desired` pins and scheduler parameters. Nothing here touches libvirt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import cpuset, deps
+from .allocation import Pools
+from .cpuset import CpuSet
+from .errors import PolicyError
+from .model import GuestPolicy
+
+
+@dataclass(frozen=True)
+class GuestInfo:
+    uuid: str
+    name: str
+    nvcpus: int
+
+
+@dataclass(frozen=True)
+class Desired:
+    """What should be in force; ``None`` means the agent leaves it alone."""
+
+    vcpus: dict[int, CpuSet] | None
+    emulator: CpuSet | None
+    sched: dict[str, int] = field(default_factory=dict)
+
+    def view(self) -> dict:
+        return {
+            "vcpus": None if self.vcpus is None else {str(i): cpuset.fmt(c) for i, c in sorted(self.vcpus.items())},
+            "emulator": None if self.emulator is None else cpuset.fmt(self.emulator),
+            "cpu_shares": self.sched.get("cpu_shares"),
+            "vcpu_quota": self.sched.get("vcpu_quota"),
+            "vcpu_period": self.sched.get("vcpu_period"),
+        }
+
+
+@dataclass
+class Checked:
+    allocation: CpuSet | None
+    desired: Desired
+    warnings: list[str] = field(default_factory=list)
+
+
+def check_policy(
+    policy: GuestPolicy,
+    guest: GuestInfo,
+    pools: Pools,
+    graph: deps.Graph,
+    resolve: Callable[[str], str | None],
+    name_of: Callable[[str], str],
+) -> Checked:
+    """Validate ``policy`` for ``guest`` on this host; raises PolicyError with every reason."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    host = pools.host_cpus
+    allocation: CpuSet | None = None
+
+    def exists(what: str, cpus: CpuSet) -> bool:
+        gone = cpus - host
+        if gone:
+            errors.append(
+                f"{what} {cpuset.fmt(cpus)}: CPUs {cpuset.fmt(gone)} do not exist on this host"
+                f" (CPUs {cpuset.fmt(host)})"
+            )
+        return not gone
+
+    # dedicated allocation first: pins are checked against it
+    if policy.dedicated is not None:
+        request = policy.dedicated_count() or policy.dedicated_set()
+        try:
+            allocation = pools.request(guest.uuid, guest.name, request, guest.nvcpus)
+        except PolicyError as exc:
+            errors.extend(exc.errors)
+
+    pins = {i: cpuset.parse(t) for i, t in policy.vcpu_pins.items()}
+    for vcpu, cpus in pins.items():
+        what = f"vCPU {vcpu} pin"
+        if vcpu >= guest.nvcpus:
+            errors.append(
+                f"vCPU {vcpu} does not exist: guest {guest.name!r} has {guest.nvcpus} vCPUs"
+                f" (0-{guest.nvcpus - 1})"
+            )
+            continue
+        if not exists(what, cpus):
+            continue
+        if policy.dedicated is not None:
+            if allocation is not None and not cpus <= allocation:
+                errors.append(
+                    f"{what} {cpuset.fmt(cpus)}: CPUs {cpuset.fmt(cpus - allocation)} are outside the guest's"
+                    f" dedicated CPUs {cpuset.fmt(allocation)}"
+                )
+        elif cpus & pools.pool:
+            errors.append(
+                f"{what} {cpuset.fmt(cpus)}: CPUs {cpuset.fmt(cpus & pools.pool)} are in the dedicated pool;"
+                f" a guest without dedicated CPUs runs on the shared set {cpuset.fmt(pools.shared)}"
+            )
+
+    if policy.emulator_pin is not None:
+        emu = cpuset.parse(policy.emulator_pin)
+        if exists("emulator pin", emu):
+            allowed = pools.shared | (allocation or frozenset())
+            if emu - allowed:
+                errors.append(
+                    f"emulator pin {cpuset.fmt(emu)}: CPUs {cpuset.fmt(emu - allowed)} are in the dedicated pool"
+                    f" and not dedicated to this guest; allowed: {cpuset.fmt(allowed)}"
+                )
+
+    # start dependencies
+    new_graph = dict(graph)
+    reqs: list[str] = []
+    for req in policy.requires:
+        key = resolve(req)
+        if key == guest.uuid or req == guest.name:
+            errors.append(f"guest {guest.name!r} cannot require itself")
+            continue
+        if key is None:
+            warnings.append(f"required guest {req!r} is not defined on this host (yet)")
+            key = req
+        reqs.append(key)
+    new_graph[guest.uuid] = reqs
+    cycle = deps.find_cycle(new_graph, guest.uuid)
+    if cycle:
+        errors.append(deps.describe_cycle(cycle, name_of))
+
+    if errors:
+        raise PolicyError(errors)
+    return Checked(allocation, desired_for(policy, guest, pools, allocation), warnings)
+
+
+def desired_for(
+    policy: GuestPolicy | None,
+    guest: GuestInfo,
+    pools: Pools,
+    allocation: CpuSet | None,
+    confine: bool = False,
+) -> Desired:
+    """Pins and scheduler parameters for ``guest``.
+
+    A dedicated guest: vCPU i on the i-th CPU of its allocation (unless pinned
+    explicitly inside it), emulator on the shared set. Any other guest with a
+    policy: explicit pins, else the shared set. A guest without a policy is
+    confined to the shared set while a pool exists (or when ``confine``), and
+    otherwise left alone.
+    """
+    shared = pools.shared
+    n = guest.nvcpus
+    if policy is None:
+        if not pools.pool and not confine:
+            return Desired(None, None, {})
+        return Desired({i: shared for i in range(n)}, shared, {})
+    pins = {i: cpuset.parse(t) for i, t in policy.vcpu_pins.items() if i < n}
+    if allocation:
+        ordered = sorted(allocation)
+        vcpus = {i: pins.get(i) or (frozenset({ordered[i]}) if i < len(ordered) else allocation) for i in range(n)}
+    else:
+        vcpus = {i: pins.get(i) or shared for i in range(n)}
+    emulator = cpuset.parse(policy.emulator_pin) if policy.emulator_pin else shared
+    return Desired(vcpus, emulator, policy.sched_params())
