@@ -56,7 +56,7 @@ if [ -n "$missing" ]; then
     export DEBIAN_FRONTEND=noninteractive
     log "installing:$missing"
     # `apt-get update` only when the package lists are empty or the install fails
-    if ! ls /var/lib/apt/lists/*_Packages >/dev/null 2>&1; then
+    if ! ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1; then
         log "apt package lists are empty: apt-get update"
         apt-get update -q >/dev/null || die "apt-get update failed"
     fi
