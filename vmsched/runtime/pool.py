@@ -6,16 +6,17 @@ dispatcher thread and nothing is polled in a loop, so a call costs two pipe
 round trips plus JSON. A worker that overruns its deadline is SIGKILLed; a
 worker that dies is reaped; both are replaced in a background thread so the
 pool keeps its size without making callers wait for an interpreter start.
+
+A worker process, as seen from here, is in :mod:`vmsched.runtime.process`; a
+batch of requests is run by :mod:`vmsched.runtime.batch`; the frames they
+exchange are defined in :mod:`vmsched.runtime.protocol`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import select
-import signal
 import site
 import subprocess
 import sys
@@ -23,13 +24,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from vmsched.metrics import PLUGIN_WORKER_RESTARTS
+from vmsched.runtime.batch import _Batch, _Job, _PoolClosed, _Waiter
+from vmsched.runtime.process import _Worker, _WorkerGone
+from vmsched.runtime.protocol import encode_frame
 from vmsched.runtime.types import Analysis, AnalyzedUnit, Call, CallResult, Limits
-from vmsched.runtime.worker import HEADER, encode_frame, write_all
 
 log = logging.getLogger("vmsched.plugins")
 
@@ -40,318 +41,6 @@ _INF = math.inf
 
 class PoolUnavailable(RuntimeError):
     """No worker took the request: the pool is closed, or none was free in time."""
-
-
-class _WorkerGone(Exception):
-    """The worker closed its pipe (``eof``) or broke the protocol."""
-
-    def __init__(self, message: str, eof: bool = False) -> None:
-        super().__init__(message)
-        self.eof = eof
-
-
-class _PoolClosed(Exception):
-    pass
-
-
-class _Worker:
-    """One worker process and the pool's ends of its two pipes."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], max_frame: int) -> None:
-        assert proc.stdin is not None and proc.stdout is not None
-        self.proc = proc
-        self.pid = proc.pid
-        self.write_fd = proc.stdin.fileno()
-        self.read_fd = proc.stdout.fileno()
-        self.calls = 0
-        self._max_frame = max_frame
-        self._buffer = bytearray()
-
-    def send(self, frame: bytes) -> None:
-        write_all(self.write_fd, frame)
-
-    def feed(self) -> dict[str, Any] | None:
-        """Read what the pipe holds; the reply once complete, else None."""
-        chunk = os.read(self.read_fd, 1 << 16)
-        if not chunk:
-            raise _WorkerGone("closed its pipe", eof=True)
-        self._buffer += chunk
-        if len(self._buffer) < HEADER.size:
-            return None
-        (size,) = HEADER.unpack_from(self._buffer)
-        if size > self._max_frame:
-            raise _WorkerGone(f"sent a {size}-byte frame")
-        end = HEADER.size + size
-        if len(self._buffer) < end:
-            return None
-        payload = bytes(self._buffer[HEADER.size : end])
-        del self._buffer[:end]
-        try:
-            message = json.loads(payload)
-        except ValueError as exc:
-            raise _WorkerGone(f"sent a bad frame ({exc})") from None
-        if not isinstance(message, dict):
-            raise _WorkerGone("sent a frame that is not an object")
-        return message
-
-    def receive(self, timeout: float) -> dict[str, Any]:
-        """Block for one reply (start-up handshake only)."""
-        poller = select.poll()
-        poller.register(self.read_fd, select.POLLIN)
-        end = time.monotonic() + timeout
-        while True:
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"no answer within {timeout:g} s")
-            if poller.poll(math.ceil(remaining * 1000)):
-                message = self.feed()
-                if message is not None:
-                    return message
-
-    def kill(self) -> None:
-        """SIGKILL the worker and whatever the plugin started in its process group.
-
-        Also right after the worker was reaped: Linux does not reuse the id of
-        a process group that still has members, and an empty group is ESRCH.
-        """
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            self.proc.kill()  # in case the plugin left the group
-        except OSError:
-            pass
-
-    def close_input(self) -> None:
-        """Ask the worker to exit once idle (it reads end-of-file)."""
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-
-    def exit_code(self, timeout: float) -> int | None:
-        """The exit status, killing the worker if it does not exit in time."""
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
-
-    def reap(self, timeout: float = 5.0) -> None:
-        if self.exit_code(timeout) is None:
-            self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
-
-
-def death_message(returncode: int | None, limits: Limits) -> str:
-    """Why a worker died under a call, for CallResult.error."""
-    if returncode is None:
-        return "plugin worker closed its protocol channel and was killed"
-    if returncode < 0:
-        number = -returncode
-        if number == signal.SIGXCPU:
-            return f"CPU time limit exceeded ({limits.cpu_seconds} s)"
-        try:
-            name = signal.Signals(number).name
-        except ValueError:
-            name = f"signal {number}"
-        return f"plugin worker killed by {name} during the call"
-    return f"plugin worker exited with code {returncode} during the call (os._exit() or a fatal error)"
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.1f}" if value >= 0.1 else f"{value:.3f}"
-
-
-@dataclass(eq=False)
-class _Job:
-    """One request in flight: its frame, its time budget and its outcome."""
-
-    frame: bytes
-    label: str  # for log lines
-    budget: float  # seconds of execution once on a worker
-    wait_until: float  # monotonic time after which waiting for a worker is given up
-    hard_end: float  # monotonic time the request deadline falls (inf without one)
-    created: float
-    started: float = 0.0
-    end: float = _INF
-    reply: dict[str, Any] | None = None
-    error: str | None = None
-    timed_out: bool = False
-    duration: float = 0.0
-
-    @property
-    def done(self) -> bool:
-        return self.reply is not None or self.error is not None
-
-    def fail(self, error: str, now: float, timed_out: bool = False) -> None:
-        self.error = error
-        self.timed_out = timed_out
-        self.duration = now - (self.started or self.created)
-
-
-class _Waiter:
-    """A batch waiting for workers; released workers are handed to it directly."""
-
-    def __init__(self) -> None:
-        self.wanted = 0
-        self.granted: list[_Worker] = []
-        self.read_fd = -1
-        self._write_fd = -1
-
-    @property
-    def registered(self) -> bool:
-        return self.read_fd >= 0
-
-    def open(self) -> None:
-        self.read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._write_fd, False)
-
-    def wake(self) -> None:
-        try:
-            os.write(self._write_fd, b"!")
-        except (BlockingIOError, OSError):
-            pass  # already awake
-
-    def drain(self) -> None:
-        os.read(self.read_fd, 4096)
-
-    def close(self) -> None:
-        if self.registered:
-            os.close(self.read_fd)
-            os.close(self._write_fd)
-
-
-class _Batch:
-    """Runs jobs in parallel on pool workers, from the calling thread."""
-
-    def __init__(self, pool: PluginPool, jobs: Sequence[_Job], workers: Sequence[_Worker] = ()) -> None:
-        self._pool = pool
-        self._pending = deque(job for job in jobs if not job.done)
-        self._spare = list(workers)  # workers reserved for this batch (warm)
-        self._running: dict[int, tuple[_Worker, _Job]] = {}
-        self._poller = select.poll()
-        self._waiter = _Waiter()
-        self._waiter_polled = False
-
-    def run(self) -> None:
-        try:
-            while self._pending or self._running:
-                self._dispatch()
-                if self._pending or self._running:
-                    self._wait()
-        finally:
-            for worker, job in list(self._running.values()):  # only after an unexpected error
-                self._abandon(worker, job, "crash", "internal error in the plugin pool", timed_out=False)
-            for worker in self._spare:
-                self._pool._release(worker)
-            self._pool._drop_waiter(self._waiter)
-
-    def _dispatch(self) -> None:
-        while self._pending:
-            try:
-                worker = self._next_worker()
-            except _PoolClosed:
-                now = time.monotonic()
-                while self._pending:
-                    self._pending.popleft().fail("plugin pool is closed", now)
-                return
-            if worker is None:
-                if not self._waiter_polled:
-                    self._poller.register(self._waiter.read_fd, select.POLLIN)
-                    self._waiter_polled = True
-                return
-            self._start(worker, self._pending.popleft())
-
-    def _next_worker(self) -> _Worker | None:
-        if self._spare:
-            return self._spare.pop()
-        return self._pool._checkout(self._waiter, len(self._pending))
-
-    def _start(self, worker: _Worker, job: _Job) -> None:
-        now = time.monotonic()
-        job.started = now
-        job.end = min(now + job.budget, job.hard_end)
-        try:
-            worker.send(job.frame)
-        except OSError:  # it died while idle: the job never ran, try another worker
-            job.started = 0.0
-            self._pending.appendleft(job)
-            self._pool._replace(worker, "crash", "died while idle")
-            return
-        worker.calls += 1
-        self._running[worker.read_fd] = (worker, job)
-        self._poller.register(worker.read_fd, select.POLLIN)
-
-    def _wait(self) -> None:
-        now = time.monotonic()
-        self._expire_pending(now)
-        ends = [job.end for _, job in self._running.values()] + [job.wait_until for job in self._pending]
-        if not ends:
-            return
-        nearest = min(ends)
-        timeout = None if nearest == _INF else max(0, math.ceil((nearest - now) * 1000))
-        for fd, _event in self._poller.poll(timeout):
-            if fd == self._waiter.read_fd:
-                self._waiter.drain()
-            else:
-                self._receive(*self._running[fd])
-        self._expire_running(time.monotonic())
-
-    def _receive(self, worker: _Worker, job: _Job) -> None:
-        try:
-            reply = worker.feed()
-        except (_WorkerGone, OSError) as exc:
-            self._forget(worker)
-            if getattr(exc, "eof", False):
-                code = worker.exit_code(timeout=0.5)
-            else:  # it broke the protocol: nothing it says can be trusted
-                worker.kill()
-                code = None
-            if self._pool.closed:
-                error = "plugin pool closed during the call"
-            elif not getattr(exc, "eof", False):
-                error = f"plugin worker {exc}; it was killed"
-            else:
-                error = death_message(code, self._pool.limits)
-            job.fail(error, time.monotonic())
-            self._pool._replace(worker, "crash", f"{job.label}: {error}")
-            return
-        if reply is not None:
-            job.reply = reply
-            job.duration = time.monotonic() - job.started
-            self._forget(worker)
-            self._pool._release(worker)
-
-    def _expire_pending(self, now: float) -> None:
-        expired = [job for job in self._pending if job.wait_until <= now]
-        for job in expired:
-            self._pending.remove(job)
-            job.fail(f"timed out after {_seconds(now - job.created)} s waiting for a free plugin worker", now, True)
-        if expired and self._waiter.registered:
-            self._pool._want(self._waiter, len(self._pending))
-
-    def _expire_running(self, now: float) -> None:
-        for worker, job in list(self._running.values()):
-            if job.end <= now:
-                error = f"timed out after {_seconds(job.end - job.started)} s"
-                if job.hard_end < job.started + job.budget:
-                    error += " (request deadline)"
-                self._abandon(worker, job, "timeout", error, timed_out=True)
-
-    def _abandon(self, worker: _Worker, job: _Job, reason: str, error: str, timed_out: bool) -> None:
-        self._forget(worker)
-        worker.kill()
-        job.fail(error, time.monotonic(), timed_out)
-        self._pool._replace(worker, reason, f"{job.label}: {error}")
-
-    def _forget(self, worker: _Worker) -> None:
-        del self._running[worker.read_fd]
-        self._poller.unregister(worker.read_fd)
 
 
 class PluginPool:

@@ -15,8 +15,9 @@ Requests (one at a time, each answered by exactly one reply):
 - ``{"op": "analyze", "path"}`` -> ``{"ok": true, "units": [...]}`` or an error
 - ``{"op": "warm", "plugins": [...]}`` -> ``{"ok": true, "loaded": [...]}``
 
-This module imports only the standard library: it must start fast and must
-not drag the service's dependencies into the plugins' interpreter.
+This module imports only the standard library (and the stdlib-only protocol
+and capture modules of this package): it must start fast and must not drag
+the service's dependencies into the plugins' interpreter.
 """
 
 from __future__ import annotations
@@ -26,156 +27,22 @@ import ast
 import faulthandler
 import importlib.util
 import inspect
-import io
-import json
 import math
 import os
 import resource
 import select
 import signal
-import struct
 import sys
 import threading
 import traceback
 from types import ModuleType
 from typing import Any
 
-HEADER = struct.Struct(">I")
+from vmsched.runtime.capture import Capture, OutputLimitExceeded, _Redirect
+from vmsched.runtime.protocol import Channel, encode_frame
+
 KINDS = (("filter", "do_filter"), ("score", "do_score"), ("balance", "do_balance"))
 _MAX_MESSAGE = 2000  # characters of an exception message kept in an error
-
-
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
-
-
-def encode_frame(message: dict[str, Any]) -> bytes:
-    """One protocol frame: size header + compact JSON (raises if not JSON-able).
-
-    JSON has no tuples: they are encoded as arrays, so the reader gets lists.
-    """
-    payload = _ENCODER.encode(message).encode()
-    return HEADER.pack(len(payload)) + payload
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """Write ``data`` completely (a pipe may accept a large frame in pieces)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-class Channel:
-    """The worker's end of the protocol pipes."""
-
-    def __init__(self, read_fd: int, write_fd: int) -> None:
-        self._reader = os.fdopen(read_fd, "rb", buffering=1 << 16)
-        self._write_fd = write_fd
-
-    def receive(self) -> dict[str, Any] | None:
-        header = self._reader.read(HEADER.size)
-        if len(header) < HEADER.size:
-            return None
-        (size,) = HEADER.unpack(header)
-        payload = self._reader.read(size)
-        if len(payload) < size:
-            return None
-        message = json.loads(payload)
-        return message if isinstance(message, dict) else {}
-
-    def send(self, frame: bytes) -> None:
-        write_all(self._write_fd, frame)
-
-
-# --- output capture ---------------------------------------------------------
-
-
-class OutputLimitExceeded(BaseException):
-    """Raised into the plugin when it writes more stdout than allowed.
-
-    A BaseException so that a plugin's ``except Exception`` does not hide it.
-    """
-
-
-class Capture(io.TextIOBase):
-    """A size-capped in-memory text stream standing in for sys.stdout/stderr.
-
-    With ``strict`` the first write past ``limit`` bytes raises
-    :class:`OutputLimitExceeded`; otherwise the text is silently truncated.
-    """
-
-    def __init__(self, limit: int, strict: bool) -> None:
-        super().__init__()
-        self.limit = limit
-        self.strict = strict
-        self.exceeded = False
-        self._parts: list[str] = []
-        self._size = 0
-
-    @property
-    def buffer(self) -> _BinaryCapture:
-        return _BinaryCapture(self)
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return "utf-8"
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        if not isinstance(text, str):
-            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-        self.add(text, size)
-        return len(text)
-
-    def add(self, text: str, size: int) -> None:
-        if not self.exceeded and self._size + size <= self.limit:
-            self._size += size
-            self._parts.append(text)
-            return
-        if not self.exceeded and not self.strict:
-            self._parts.append(text[: self.limit - self._size])
-        self.exceeded = True
-        if self.strict:
-            raise OutputLimitExceeded(f"stdout exceeded {self.limit} bytes")
-
-    def getvalue(self) -> str:
-        text = "".join(self._parts)
-        if self.exceeded and not self.strict:
-            text += f"\n[output truncated at {self.limit} bytes]\n"
-        return text
-
-
-class _BinaryCapture(io.RawIOBase):
-    """``sys.stdout.buffer`` of a :class:`Capture`."""
-
-    def __init__(self, text: Capture) -> None:
-        super().__init__()
-        self._text = text
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        raw = bytes(data)
-        self._text.add(raw.decode("utf-8", "replace"), len(raw))
-        return len(raw)
-
-
-class _Redirect:
-    """Point sys.stdout and sys.stderr at captures for the ``with`` body."""
-
-    def __init__(self, stdout: io.TextIOBase, stderr: io.TextIOBase) -> None:
-        self._streams = (stdout, stderr)
-        self._saved: tuple[Any, Any] = (None, None)
-
-    def __enter__(self) -> None:
-        self._saved = (sys.stdout, sys.stderr)
-        sys.stdout, sys.stderr = self._streams
-
-    def __exit__(self, *exc_info: object) -> None:
-        sys.stdout, sys.stderr = self._saved
 
 
 # --- results ------------------------------------------------------------------

@@ -1,0 +1,135 @@
+"""One plugin worker process, as the pool sees it: the process and its pipes.
+
+Also how a worker's death is explained to the caller whose call it killed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import select
+import signal
+import subprocess
+import time
+from typing import Any
+
+from vmsched.runtime.protocol import HEADER, write_all
+from vmsched.runtime.types import Limits
+
+
+class _WorkerGone(Exception):
+    """The worker closed its pipe (``eof``) or broke the protocol."""
+
+    def __init__(self, message: str, eof: bool = False) -> None:
+        super().__init__(message)
+        self.eof = eof
+
+
+class _Worker:
+    """One worker process and the pool's ends of its two pipes."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], max_frame: int) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        self.proc = proc
+        self.pid = proc.pid
+        self.write_fd = proc.stdin.fileno()
+        self.read_fd = proc.stdout.fileno()
+        self.calls = 0
+        self._max_frame = max_frame
+        self._buffer = bytearray()
+
+    def send(self, frame: bytes) -> None:
+        write_all(self.write_fd, frame)
+
+    def feed(self) -> dict[str, Any] | None:
+        """Read what the pipe holds; the reply once complete, else None."""
+        chunk = os.read(self.read_fd, 1 << 16)
+        if not chunk:
+            raise _WorkerGone("closed its pipe", eof=True)
+        self._buffer += chunk
+        if len(self._buffer) < HEADER.size:
+            return None
+        (size,) = HEADER.unpack_from(self._buffer)
+        if size > self._max_frame:
+            raise _WorkerGone(f"sent a {size}-byte frame")
+        end = HEADER.size + size
+        if len(self._buffer) < end:
+            return None
+        payload = bytes(self._buffer[HEADER.size : end])
+        del self._buffer[:end]
+        try:
+            message = json.loads(payload)
+        except ValueError as exc:
+            raise _WorkerGone(f"sent a bad frame ({exc})") from None
+        if not isinstance(message, dict):
+            raise _WorkerGone("sent a frame that is not an object")
+        return message
+
+    def receive(self, timeout: float) -> dict[str, Any]:
+        """Block for one reply (start-up handshake only)."""
+        poller = select.poll()
+        poller.register(self.read_fd, select.POLLIN)
+        end = time.monotonic() + timeout
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no answer within {timeout:g} s")
+            if poller.poll(math.ceil(remaining * 1000)):
+                message = self.feed()
+                if message is not None:
+                    return message
+
+    def kill(self) -> None:
+        """SIGKILL the worker and whatever the plugin started in its process group.
+
+        Also right after the worker was reaped: Linux does not reuse the id of
+        a process group that still has members, and an empty group is ESRCH.
+        """
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            self.proc.kill()  # in case the plugin left the group
+        except OSError:
+            pass
+
+    def close_input(self) -> None:
+        """Ask the worker to exit once idle (it reads end-of-file)."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def exit_code(self, timeout: float) -> int | None:
+        """The exit status, killing the worker if it does not exit in time."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def reap(self, timeout: float = 5.0) -> None:
+        if self.exit_code(timeout) is None:
+            self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def death_message(returncode: int | None, limits: Limits) -> str:
+    """Why a worker died under a call, for CallResult.error."""
+    if returncode is None:
+        return "plugin worker closed its protocol channel and was killed"
+    if returncode < 0:
+        number = -returncode
+        if number == signal.SIGXCPU:
+            return f"CPU time limit exceeded ({limits.cpu_seconds} s)"
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return f"plugin worker killed by {name} during the call"
+    return f"plugin worker exited with code {returncode} during the call (os._exit() or a fatal error)"
