@@ -49,9 +49,10 @@ class Scheduler:
 
     async def discover(self) -> DiscoverReply:
         with _observed(Op.DISCOVER) as outcome:
-            body = await self.bus.call(REQUEST_QUEUES[Op.DISCOVER], Op.DISCOVER.value, {}, self.request_timeout)
+            reply = await self.bus.call(REQUEST_QUEUES[Op.DISCOVER], Op.DISCOVER.value, {}, self.request_timeout,
+                                        DiscoverReply)
             outcome.append("ok")
-            return DiscoverReply.model_validate(body)
+            return reply
 
     async def filter(self, req: FilterRequest) -> tuple[Decision, list[FilterOutcome]]:
         with _observed(Op.FILTER) as outcome:
@@ -59,11 +60,11 @@ class Scheduler:
                 outcome.append("ok")
                 return Decision(result=list(req.hosts)), []
             try:
-                body = await self.bus.call(REQUEST_QUEUES[Op.FILTER], Op.FILTER.value, req.model_dump(),
-                                           self._deadline(req.timeout))
+                reply = await self.bus.call(REQUEST_QUEUES[Op.FILTER], Op.FILTER.value, req.model_dump(),
+                                            self._deadline(req.timeout), FilterReply)
             except BusError as exc:
                 return _failed(Decision(result=list(req.hosts)), exc, outcome), []
-            outcomes = FilterReply.model_validate(body).outcomes
+            outcomes = reply.outcomes
             decision = filter_decision(req.hosts, outcomes)
             outcome.append("ok" if decision.result_code == 0 else "error")
             return decision, outcomes
@@ -74,11 +75,11 @@ class Scheduler:
                 outcome.append("ok")
                 return Decision(result=[]), []
             try:
-                body = await self.bus.call(REQUEST_QUEUES[Op.SCORE], Op.SCORE.value, req.model_dump(),
-                                           self._deadline(req.timeout))
+                reply = await self.bus.call(REQUEST_QUEUES[Op.SCORE], Op.SCORE.value, req.model_dump(),
+                                            self._deadline(req.timeout), ScoreReply)
             except BusError as exc:
                 return _failed(Decision(result=[]), exc, outcome), []
-            outcomes = ScoreReply.model_validate(body).outcomes
+            outcomes = reply.outcomes
             decision = score_decision(req.hosts, outcomes)
             outcome.append("ok" if decision.result_code == 0 else "error")
             return decision, outcomes
@@ -86,11 +87,11 @@ class Scheduler:
     async def balance(self, req: BalanceRequest) -> tuple[Decision, BalanceOutcome | None]:
         with _observed(Op.BALANCE) as outcome:
             try:
-                body = await self.bus.call(REQUEST_QUEUES[Op.BALANCE], Op.BALANCE.value, req.model_dump(),
-                                           self._deadline(req.timeout))
+                reply = await self.bus.call(REQUEST_QUEUES[Op.BALANCE], Op.BALANCE.value, req.model_dump(),
+                                            self._deadline(req.timeout), BalanceReply)
             except BusError as exc:
                 return _failed(Decision(result=["", []]), exc, outcome), None
-            result = BalanceReply.model_validate(body).outcome
+            result = reply.outcome
             decision = balance_decision(req.hosts, result)
             outcome.append("ok" if decision.result_code == 0 else "error")
             return decision, result

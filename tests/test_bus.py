@@ -18,7 +18,7 @@ from vmsched.bus.connection import BusOptions, open_connection
 from vmsched.bus.events import EventPublisher
 from vmsched.bus.rpc import call
 from vmsched.bus.worker import ServiceWorker
-from vmsched.messages import Envelope
+from vmsched.messages import Envelope, ReplyEnvelope
 
 
 @pytest.fixture(params=["memory", "rabbitmq"])
@@ -112,7 +112,7 @@ def test_malformed_request_gets_an_error_reply(url: str, echo):
             client._producer.publish(b"{not json", routing_key=queue, content_type="application/json",
                                      content_encoding="utf-8", correlation_id="bad-1",
                                      reply_to=client._reply_queue)
-            reply = await asyncio.wait_for(loop_future, 5)
+            reply = ReplyEnvelope.model_validate_json(await asyncio.wait_for(loop_future, 5))
             assert not reply.ok and "malformed request" in reply.error
         finally:
             await client.close()

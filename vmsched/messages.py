@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -45,6 +45,17 @@ class ReplyEnvelope(BaseModel):
     ok: bool
     error: str | None = None
     body: dict[str, Any] = Field(default_factory=dict)
+
+
+BodyT = TypeVar("BodyT", bound=BaseModel)
+
+
+class TypedReply(BaseModel, Generic[BodyT]):
+    """A reply parsed in one pass straight into the operation's reply model."""
+
+    ok: bool
+    error: str | None = None
+    body: BodyT | None = None
 
 
 # --- discovery ------------------------------------------------------------

@@ -17,17 +17,20 @@ import logging
 import socket
 import time
 import uuid
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from kombu import Connection, Consumer, Producer, Queue
 from kombu.message import Message
+from pydantic import BaseModel, ValidationError
 
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, RequestError
 from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, open_connection, safe_release
 from vmsched.bus.memory import QueueWatch
 from vmsched.bus.topology import PING, request_queue
-from vmsched.messages import Envelope, ReplyEnvelope
+from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
+
+M = TypeVar("M", bound=BaseModel)
 
 log = logging.getLogger("vmsched.bus")
 
@@ -40,7 +43,7 @@ class AsyncBusClient:
         self._reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:12]
-        self._pending: dict[str, asyncio.Future[ReplyEnvelope]] = {}
+        self._pending: dict[str, asyncio.Future[bytes]] = {}
         self._conn: Connection | None = None
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
@@ -76,19 +79,40 @@ class AsyncBusClient:
         return self._conn is not None
 
     # --- calls ---------------------------------------------------------------
-    async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """Send a request and wait for its reply body, at most ``timeout`` seconds."""
-        reply = await self.request(queue, op, body, timeout)
-        if not reply.ok:
+    @overload
+    async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> dict[str, Any]: ...
+
+    @overload
+    async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M]) -> M: ...
+
+    async def call(
+        self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M] | None = None
+    ) -> dict[str, Any] | M:
+        """Send a request and wait for its reply body, at most ``timeout`` seconds.
+
+        With ``model`` the reply is parsed in one pass into that type.
+        """
+        raw = await self._roundtrip(queue, op, body, timeout)
+        try:
+            reply = (TypedReply[model] if model else ReplyEnvelope).model_validate_json(raw)  # type: ignore[valid-type]
+        except ValidationError as exc:
+            raise RequestError(f"malformed reply from {queue}: {exc.errors()[0]['msg']}") from None
+        if not reply.ok or reply.body is None:
             raise RequestError(reply.error or "request failed")
         return reply.body
 
     async def request(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> ReplyEnvelope:
+        try:
+            return ReplyEnvelope.model_validate_json(await self._roundtrip(queue, op, body, timeout))
+        except ValidationError as exc:
+            raise RequestError(f"malformed reply from {queue}: {exc.errors()[0]['msg']}") from None
+
+    async def _roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> bytes:
         if self._conn is None or self._producer is None:
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
         assert self._loop is not None
         cid = f"{self._prefix}-{next(self._ids)}"
-        future: asyncio.Future[ReplyEnvelope] = self._loop.create_future()
+        future: asyncio.Future[bytes] = self._loop.create_future()
         self._pending[cid] = future
         envelope = Envelope(op=op, deadline=time.time() + timeout, body=body)
         try:
@@ -252,7 +276,5 @@ class AsyncBusClient:
         future = self._pending.get(cid) if cid else None
         if future is None or future.done():
             return  # the caller gave up already
-        try:
-            future.set_result(ReplyEnvelope.model_validate_json(message.body))
-        except Exception as exc:  # noqa: BLE001 - a bad reply fails only its caller
-            future.set_exception(RequestError(f"malformed reply: {exc}"))
+        body = message.body
+        future.set_result(body if isinstance(body, bytes) else str(body).encode())
