@@ -7,7 +7,7 @@ from its cache of policies.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 Graph = Mapping[str, Sequence[str]]
 
@@ -42,19 +42,7 @@ def start_order(graph: Graph, target: str) -> list[str]:
     cycle = find_cycle(graph, target)
     if cycle:
         raise ValueError("dependency cycle: " + " -> ".join(cycle))
-    order: list[str] = []
-    seen: set[str] = set()
-
-    def visit(node: str) -> None:
-        if node in seen:
-            return
-        seen.add(node)
-        for nxt in graph.get(node, ()):
-            visit(nxt)
-        order.append(node)
-
-    visit(target)
-    return order
+    return _post_order(lambda node: graph.get(node, ()), target)
 
 
 def dependents(graph: Graph) -> dict[str, list[str]]:
@@ -71,6 +59,15 @@ def stop_order(graph: Graph, target: str) -> list[str]:
     cycle = find_cycle(rev, target)
     if cycle:
         raise ValueError("dependency cycle: " + " -> ".join(reversed(cycle)))
+    return _post_order(lambda node: sorted(rev.get(node, ())), target)
+
+
+def describe_cycle(cycle: list[str], name_of: Callable[[str], str]) -> str:
+    return "dependency cycle: " + " -> ".join(name_of(n) for n in cycle)
+
+
+def _post_order(edges: Callable[[str], Iterable[str]], target: str) -> list[str]:
+    """Depth-first post-order from ``target``: everything it leads to first, ``target`` last."""
     order: list[str] = []
     seen: set[str] = set()
 
@@ -78,13 +75,9 @@ def stop_order(graph: Graph, target: str) -> list[str]:
         if node in seen:
             return
         seen.add(node)
-        for nxt in sorted(rev.get(node, ())):
+        for nxt in edges(node):
             visit(nxt)
         order.append(node)
 
     visit(target)
     return order
-
-
-def describe_cycle(cycle: list[str], name_of: Callable[[str], str]) -> str:
-    return "dependency cycle: " + " -> ".join(name_of(n) for n in cycle)
