@@ -69,10 +69,17 @@ def engine_safe(value: Any) -> Any:
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
+def _text(value: str) -> str:
+    """Escaped character data; XML-invalid characters become U+FFFD."""
+    if not value.isprintable():  # fast C check; true for almost every ID and message
+        value = _NOT_XML.sub("\ufffd", value)
+    return escape(value)
+
+
 def _marshal(value: Any, out: list[str]) -> None:
     """Append ``value`` as an XML-RPC <value>, made engine-safe on the way (see engine_safe)."""
     if isinstance(value, str):
-        out.append("<value><string>" + escape(value) + "</string></value>")
+        out.append("<value><string>" + _text(value) + "</string></value>")
     elif isinstance(value, bool):
         out.append("<value><boolean>1</boolean></value>" if value else "<value><boolean>0</boolean></value>")
     elif isinstance(value, (int, float)):
@@ -80,19 +87,24 @@ def _marshal(value: Any, out: list[str]) -> None:
     elif isinstance(value, (list, tuple)):
         out.append("<value><array><data>")
         for item in value:
-            _marshal(item, out)
+            if type(item) is list and len(item) == 2 and type(item[0]) is str and type(item[1]) is int:
+                # the common [host ID, weight] pair of a score reply, written inline
+                out.append("<value><array><data><value><string>%s</string></value><value><int>%d</int></value>"
+                           "</data></array></value>" % (_text(item[0]), clamp_int32(item[1])))
+            else:
+                _marshal(item, out)
         out.append("</data></array></value>")
     elif isinstance(value, dict):
         out.append("<value><struct>")
         for key, item in value.items():
-            out.append("<member><name>" + escape(str(key)) + "</name>")
+            out.append("<member><name>" + _text(str(key)) + "</name>")
             _marshal(item, out)
             out.append("</member>")
         out.append("</struct></value>")
     elif value is None:
         out.append("<value><string></string></value>")
     else:
-        out.append("<value><string>" + escape(str(value)) + "</string></value>")
+        out.append("<value><string>" + _text(str(value)) + "</string></value>")
 
 
 def dump_response(value: Any) -> bytes:
@@ -100,7 +112,7 @@ def dump_response(value: Any) -> bytes:
     out = ["<?xml version='1.0'?>\n<methodResponse>\n<params>\n<param>\n"]
     _marshal(value, out)
     out.append("\n</param>\n</params>\n</methodResponse>\n")
-    return _NOT_XML.sub("\ufffd", "".join(out)).encode("utf-8")
+    return "".join(out).encode("utf-8")
 
 
 def dump_fault(fault: Fault) -> bytes:
