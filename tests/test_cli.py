@@ -82,3 +82,6 @@ def test_bad_settings_are_a_clear_error():
     assert "port" in out.stderr and "Traceback" not in out.stderr
     out = vmsched("scoring", "--plugin-timeouts", "nonsense")
     assert out.returncode == 2 and "NAME=SECONDS" in out.stderr
+    out = vmsched("run", "--plugins", "/nonexistent/plugins", "--port", str(free_port()))
+    assert out.returncode == 2 and "plugins folder /nonexistent/plugins does not exist" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -29,6 +29,12 @@ def test_discover_lists_units_in_the_engine_shape(stack: Stack):
     assert "NeverSeen" not in result["filters"]  # its file cannot be imported
 
 
+def test_invalid_validation_string_is_reported_and_unit_kept_from_the_engine(stack: Stack):
+    units = {u["name"]: u for u in stack.get("/v1/units").json()["units"]}
+    assert units["BadValidation"]["validation_error"]
+    assert "BadValidation" not in stack.xmlrpc("discover")["filters"]  # the engine would drop it silently
+
+
 def test_broken_plugin_is_reported_not_fatal(stack: Stack):
     body = stack.get("/v1/units").json()
     errors = {e["plugin"]: e["error"] for e in body["load_errors"]}

@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except ValueError as exc:  # settings validation: say what is wrong, no traceback
+    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+        # bad settings or paths: say what is wrong, no traceback
         print(f"vmsched: error: {exc}", file=sys.stderr)
         return 2
 

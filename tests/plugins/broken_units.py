@@ -60,3 +60,11 @@ class BalanceHangs:
 
     def do_balance(self, hosts, args):
         time.sleep(3600)
+
+
+class BadValidation:
+    properties_validation = "{ key = ( }"
+
+    def do_filter(self, hosts, vm, args):
+        """Its validation string cannot be made valid (the regex does not compile)."""
+        return hosts
