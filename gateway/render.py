@@ -80,10 +80,13 @@ def score_totals(hosts: list[str], outcomes: list[ScoreOutcome], decision: Decis
         if not o.ok:
             decision.report(o.unit, o.error or "failed")
             continue
-        _foreign(o.unit, [h for h, _ in o.scores if h not in requested], decision)
+        factor, foreign = o.factor, []
         for host, score in o.scores:
             if host in requested:
-                totals[host] = totals.get(host, 0.0) + o.factor * score
+                totals[host] = totals.get(host, 0.0) + factor * score
+            else:
+                foreign.append(host)
+        _foreign(o.unit, foreign, decision)
     return totals
 
 
