@@ -36,6 +36,13 @@ class _AmqpTransport(pyamqp.Transport):
     Connection = _AmqpConnection
 
 
+class _AmqpSSLTransport(pyamqp.SSLTransport):
+    Connection = _AmqpConnection
+
+
+_TRANSPORTS = {"amqp": _AmqpTransport, "pyamqp": _AmqpTransport, "amqps": _AmqpSSLTransport}
+
+
 @dataclass(frozen=True)
 class BusOptions:
     url: str
@@ -73,7 +80,7 @@ def open_connection(options: BusOptions, blocking_confirms: bool = False) -> Con
     else:
         conn = Connection(
             options.url,
-            transport=_AmqpTransport if options.url.startswith(("amqp://", "pyamqp://")) else None,
+            transport=_TRANSPORTS.get(options.url.split("://", 1)[0]),
             connect_timeout=options.connect_timeout,
             heartbeat=options.heartbeat,
             transport_options={"confirm_publish": blocking_confirms and options.confirms},
