@@ -26,8 +26,8 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kv_utils
 
+from tests.deploy_helpers import AGENT_ENV, parse_cli, settings_env_names
 from vmsched.bus.topology import SERVICE_QUEUES
-from vmsched.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "vmsched"
@@ -42,9 +42,6 @@ CRD_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
 }
 WORKERS = ("discovery", "scoring", "balancer")
-#: Environment variables the policy agent's command line reads (not Settings fields).
-AGENT_ENV = set(re.findall(r'os\.environ\.get\("(VMSCHED_\w+)"',
-                           (ROOT / "services" / "policy_agent" / "cli.py").read_text()))
 
 BASE = {"amqp": {"existingSecret": SECRET, "secretKey": SECRET_KEY}}
 COMBOS: dict[str, dict[str, Any]] = {
@@ -311,35 +308,6 @@ def test_pod_disruption_budget_can_be_disabled(chart: helm.Chart) -> None:
 
 
 # --- configuration of the processes ---------------------------------------------------
-def _cli_parser():  # type: ignore[no-untyped-def]
-    from vmsched.cli import build_parser
-
-    return build_parser()
-
-
-def parse_cli(args: list[str]) -> None:
-    """Parse ``args`` with the real ``vmsched`` argument parser; fail on unknown options."""
-    parser = _cli_parser()
-    try:
-        parser.parse_args(args)
-    except SystemExit as exc:
-        pytest.fail(f"`vmsched {' '.join(args)}` is rejected by the CLI (exit {exc.code})")
-
-
-def settings_env_names() -> set[str]:
-    """Every VMSCHED_* variable the Settings object reads."""
-    names = set()
-    prefix = Settings.model_config.get("env_prefix", "")
-    for field_name, info in Settings.model_fields.items():
-        alias = info.validation_alias
-        choices = getattr(alias, "choices", None)
-        if choices:
-            names |= {c.upper() for c in choices if isinstance(c, str) and c.upper() != field_name.upper()}
-        else:
-            names.add(f"{prefix}{field_name}".upper())
-    return names
-
-
 def test_container_args_are_accepted_by_the_cli(combo: tuple[str, list[dict[str, Any]]]) -> None:
     name, docs = combo
     for wl in workloads(docs):
@@ -553,7 +521,7 @@ def test_agent_daemonset_reaches_libvirt_and_takes_its_host_id_from_the_node(cha
     # bus on: the agent reads the broker URL from its own variable, never from argv
     assert env["VMSCHED_AGENT_AMQP"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": SECRET_KEY}
     assert "VMSCHED_AGENT_AMQP" in AGENT_ENV
-    parsed = _cli_parser().parse_args(args)
+    parsed = parse_cli(args)
     assert parsed.host_id is None or parsed.host_id == "", "the host ID comes from the environment"
 
 

@@ -25,6 +25,7 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.deploy_helpers import AGENT_ENV, parse_cli, settings_env_names
 from vmsched.bus.topology import SERVICE_QUEUES
 from vmsched.config import Settings
 
@@ -37,9 +38,6 @@ VMSCHED_SERVICES = ("gateway", "discovery", "scoring", "balancer")
 WORKERS = ("discovery", "scoring", "balancer")
 #: Values the test puts in place of the secrets the example leaves empty.
 TEST_SECRETS = {"RABBITMQ_PASSWORD": "s3cret-for-tests", "GRAFANA_ADMIN_PASSWORD": "grafana-for-tests"}
-#: Environment variables the policy agent's command line reads (not Settings fields).
-AGENT_ENV = set(re.findall(r'os\.environ\.get\("(VMSCHED_\w+)"',
-                           (ROOT / "services" / "policy_agent" / "cli.py").read_text()))
 
 
 # --- interpolation, as docker compose does it ---------------------------------------
@@ -114,32 +112,6 @@ def compose() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return compose["services"]
-
-
-def _cli_parser():  # type: ignore[no-untyped-def]
-    from vmsched.cli import build_parser
-
-    return build_parser()
-
-
-def parse_cli(args: list[str]):  # type: ignore[no-untyped-def]
-    """Parse ``args`` with the real ``vmsched`` parser; fail on options it does not know."""
-    try:
-        return _cli_parser().parse_args(args)
-    except SystemExit as exc:
-        pytest.fail(f"`vmsched {' '.join(args)}` is rejected by the CLI (exit {exc.code})")
-
-
-def settings_env_names() -> set[str]:
-    names = set()
-    prefix = Settings.model_config.get("env_prefix", "")
-    for field_name, info in Settings.model_fields.items():
-        choices = getattr(info.validation_alias, "choices", None)
-        if choices:
-            names |= {c.upper() for c in choices if isinstance(c, str) and c.upper() != field_name.upper()}
-        else:
-            names.add(f"{prefix}{field_name}".upper())
-    return names
 
 
 def option(args: list[str], name: str) -> str:
