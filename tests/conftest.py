@@ -122,6 +122,14 @@ class Stack:
             p.kill(signal.SIGTERM)
 
 
+@pytest.fixture
+def plugins(tmp_path: Path) -> Path:
+    """An empty plugins folder for a test to write plugin files into."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    return folder
+
+
 def plugin_copy(tmp_path: Path) -> Path:
     target = tmp_path / "plugins"
     shutil.copytree(TEST_PLUGINS, target, ignore=shutil.ignore_patterns("__pycache__"))

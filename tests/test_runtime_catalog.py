@@ -34,13 +34,6 @@ def write(folder: Path, name: str, source: str) -> Path:
 
 
 @pytest.fixture
-def plugins(tmp_path: Path) -> Path:
-    folder = tmp_path / "plugins"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
 def pool(plugins: Path) -> Iterator[PluginPool]:
     pool = PluginPool(plugins, size=2, limits=Limits(memory_mb=512), name=f"cat-{uuid.uuid4().hex[:8]}")
     pool.start()

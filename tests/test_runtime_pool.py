@@ -52,13 +52,6 @@ def full(pool: PluginPool) -> bool:
 
 
 @pytest.fixture
-def plugins(tmp_path: Path) -> Path:
-    folder = tmp_path / "plugins"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
 def make_pool(plugins: Path) -> Iterator[Callable[..., PluginPool]]:
     pools: list[PluginPool] = []
 
