@@ -20,7 +20,7 @@ _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 # --- requests (gateway and services) ---------------------------------------
 REQUESTS = Counter(
     "vmsched_requests_total",
-    "Requests handled, by service, operation and outcome (ok, error, expired)",
+    "Requests handled, by service, operation and outcome (ok, error); expired ones: vmsched_bus_expired_total",
     ["service", "operation", "outcome"],
     registry=REGISTRY,
 )
