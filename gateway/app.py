@@ -77,31 +77,24 @@ class EngineFastPath:
     """POST / and /RPC2 go straight to the XML-RPC handler; everything else to FastAPI.
 
     The engine's calls are the hot path: they skip the framework's middleware
-    and routing layers, which cost as much as the rest of the request.
+    and routing layers, which cost as much as the rest of the request. Body
+    size is limited around this app, by :class:`BodyLimit`.
     """
 
-    def __init__(self, app: FastAPI, scheduler: Scheduler, limit: int) -> None:
+    def __init__(self, app: FastAPI, scheduler: Scheduler) -> None:
         self.app = app
         self.scheduler = scheduler
-        self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in ENGINE_PATHS:
             return await self.app(scope, receive, send)
-        if declared_too_large(scope, self.limit):
-            return await refuse_too_large(send, self.limit)
         chunks: list[bytes] = []
-        size = 0
         more = True
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                return await refuse_too_large(send, self.limit)
-            chunks.append(chunk)
+            chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         reply = await engine.handle(self.scheduler, b"".join(chunks))
         await send({"type": "http.response.start", "status": 200,
@@ -110,7 +103,7 @@ class EngineFastPath:
         await send({"type": "http.response.body", "body": reply})
 
 
-def create_app(settings: Settings, bus: AsyncBusClient | None = None) -> EngineFastPath:
+def create_app(settings: Settings, bus: AsyncBusClient | None = None) -> BodyLimit:
     bus = bus or AsyncBusClient(BusOptions.from_settings(settings), declare=tuple(REQUEST_QUEUES.values()))
 
     @asynccontextmanager
@@ -146,8 +139,7 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None) -> EngineF
     async def metrics_endpoint(request: Request) -> Response:
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    return EngineFastPath(app, scheduler, settings.max_body_bytes)
+    return BodyLimit(EngineFastPath(app, scheduler), settings.max_body_bytes)
 
 
 def _include_agent_api(app: FastAPI) -> None:
