@@ -3,7 +3,7 @@
 Requests may carry bare ``<value>`` strings, ``<i4>`` and ``<ex:nil/>``; the
 stdlib parser (hardened by defusedxml against entity expansion) reads all of
 them. Replies never contain nil, doubles or integers outside int32:
-:func:`engine_safe` enforces that on every reply, whatever a bug upstream did.
+:func:`dump_response` enforces that on every reply, whatever a bug upstream did.
 """
 
 from __future__ import annotations
@@ -49,21 +49,6 @@ def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
     return method, params
 
 
-def engine_safe(value: Any) -> Any:
-    """A copy of ``value`` the engine's parser accepts: no nil, no doubles, int32 only."""
-    if value is None:
-        return ""
-    if isinstance(value, bool) or isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)):
-        return clamp_int32(value)
-    if isinstance(value, (list, tuple)):
-        return [engine_safe(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): engine_safe(v) for k, v in value.items()}
-    return str(value)
-
-
 #: Characters XML 1.0 cannot carry (control characters, lone surrogates): a plugin's
 #: error message may contain them, and the engine's parser would reject the reply.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -77,7 +62,7 @@ def _text(value: str) -> str:
 
 
 def _marshal(value: Any, out: list[str]) -> None:
-    """Append ``value`` as an XML-RPC <value>, made engine-safe on the way (see engine_safe)."""
+    """Append ``value`` as an XML-RPC <value>: None as "", numbers as clamped int32, tuples as arrays."""
     if isinstance(value, str):
         out.append("<value><string>" + _text(value) + "</string></value>")
     elif isinstance(value, bool):
