@@ -31,6 +31,7 @@ from vmsched.bus.topology import PING, request_queue
 from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
 
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
 
 log = logging.getLogger("vmsched.bus")
 
@@ -92,18 +93,19 @@ class AsyncBusClient:
 
         With ``model`` the reply is parsed in one pass into that type.
         """
-        raw = await self._roundtrip(queue, op, body, timeout)
-        try:
-            reply = (TypedReply[model] if model else ReplyEnvelope).model_validate_json(raw)  # type: ignore[valid-type]
-        except ValidationError as exc:
-            raise RequestError(f"malformed reply from {queue}: {exc.errors()[0]['msg']}") from None
+        reply_type = TypedReply[model] if model else ReplyEnvelope  # type: ignore[valid-type]
+        reply = await self.request(queue, op, body, timeout, reply_type)
         if not reply.ok or reply.body is None:
             raise RequestError(reply.error or "request failed")
         return reply.body
 
-    async def request(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> ReplyEnvelope:
+    async def request(
+        self, queue: str, op: str, body: dict[str, Any], timeout: float, reply_type: type[R] = ReplyEnvelope
+    ) -> R:
+        """Send a request and return its whole reply (ok or not), parsed as ``reply_type``."""
+        raw = await self._roundtrip(queue, op, body, timeout)
         try:
-            return ReplyEnvelope.model_validate_json(await self._roundtrip(queue, op, body, timeout))
+            return reply_type.model_validate_json(raw)
         except ValidationError as exc:
             raise RequestError(f"malformed reply from {queue}: {exc.errors()[0]['msg']}") from None
 
