@@ -13,8 +13,8 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Path, Request
 from pydantic import BaseModel, Field
 
-from services.policy_agent.errors import decode
-from services.policy_agent.model import GuestPolicy
+from vmsched.services.policy_agent.policy.errors import decode
+from vmsched.services.policy_agent.policy.model import GuestPolicy
 from vmsched.bus import BusTimeout, BusUnavailable, RequestError
 from vmsched.bus.topology import agent_queue
 

@@ -7,8 +7,8 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from gateway.render import Decision, discover_result
-from gateway.scheduler import Scheduler
+from vmsched.gateway.render import Decision, discover_result
+from vmsched.gateway.scheduler import Scheduler
 from vmsched.bus import BusError, BusTimeout
 from vmsched.messages import (
     BalanceOutcome,

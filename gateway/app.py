@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import api, engine
-from gateway.scheduler import Scheduler
+from vmsched.gateway import api, engine
+from vmsched.gateway.scheduler import Scheduler
 from vmsched import __version__, metrics
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
@@ -144,7 +144,7 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None) -> BodyLim
 
 def _include_agent_api(app: FastAPI) -> None:
     try:
-        from gateway.agent_api import router
+        from vmsched.gateway.agent_api import router
     except ImportError as exc:  # the agent API is optional in minimal installs
         log.info("agent API not available: %s", exc)
         return

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable
 
-from gateway import xmlrpc
-from gateway.render import discover_result
-from gateway.scheduler import Scheduler
+from vmsched.gateway import xmlrpc
+from vmsched.gateway.render import discover_result
+from vmsched.gateway.scheduler import Scheduler
 from vmsched.bus import BusError
 from vmsched.messages import BalanceRequest, FilterRequest, ScoreRequest
 

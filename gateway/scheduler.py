@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from gateway.render import Decision, balance_decision, filter_decision, score_decision
+from vmsched.gateway.render import Decision, balance_decision, filter_decision, score_decision
 from vmsched import metrics
 from vmsched.bus import BusError
 from vmsched.bus.client import AsyncBusClient

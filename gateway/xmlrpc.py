@@ -16,7 +16,7 @@ from xml.sax.saxutils import escape
 
 from defusedxml.xmlrpc import monkey_patch
 
-from gateway.render import clamp_int32
+from vmsched.gateway.render import clamp_int32
 
 monkey_patch()  # refuse DTDs and entity expansion in request bodies
 

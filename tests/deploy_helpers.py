@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Environment variables the policy agent's command line reads (not Settings fields).
 AGENT_ENV = set(re.findall(r'os\.environ\.get\("(VMSCHED_\w+)"',
-                           (ROOT / "services" / "policy_agent" / "cli.py").read_text()))
+                           (ROOT / "services" / "policy_agent" / "surfaces" / "cli.py").read_text()))
 
 
 def parse_cli(args: list[str]) -> argparse.Namespace:

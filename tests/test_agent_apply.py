@@ -9,10 +9,11 @@ from __future__ import annotations
 import libvirt
 import pytest
 
-from services.policy_agent import cpuset, domxml
-from services.policy_agent.apply import CONFIG, LIVE, Applier, Caps, sched_equal
-from services.policy_agent.errors import ApplyError
-from services.policy_agent.validation import Desired
+from vmsched.services.policy_agent.policy import cpuset
+from vmsched.services.policy_agent.virt import domxml
+from vmsched.services.policy_agent.virt.apply import CONFIG, LIVE, Applier, Caps, sched_equal
+from vmsched.services.policy_agent.policy.errors import ApplyError
+from vmsched.services.policy_agent.policy.validation import Desired
 
 S = cpuset.parse
 HOST = S("0-7")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from services.policy_agent import checkpoint, cpuset
-from services.policy_agent.allocation import Pools
+from vmsched.services.policy_agent.policy import checkpoint, cpuset
+from vmsched.services.policy_agent.policy.allocation import Pools
 
 S = cpuset.parse
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from services.policy_agent import metadata
-from services.policy_agent.agent import Agent
-from services.policy_agent.errors import GuestNotFound, PolicyError
-from services.policy_agent.events import DomainEvent, ensure_event_loop
-from services.policy_agent.testing import TEST_URI, domain_xml, emulator_pin, live_pins, wait_until
+from vmsched.services.policy_agent.virt import metadata
+from vmsched.services.policy_agent.agent import Agent
+from vmsched.services.policy_agent.policy.errors import GuestNotFound, PolicyError
+from vmsched.services.policy_agent.virt.connection import DomainEvent, ensure_event_loop
+from tests.agent_testing import TEST_URI, domain_xml, emulator_pin, live_pins, wait_until
 from vmsched.metrics import REGISTRY
 
 
@@ -252,7 +252,7 @@ def test_undefine_releases_allocation(conn, make_agent):
     dom = guest(conn, "t-undef")
     a.set_policy("t-undef", {"dedicated": 2})
     dom.destroy()  # stopped alone keeps the allocation (release_on_stop is off)
-    wait_until(lambda: a.inventory.get(dom.UUIDString()).state_name == "shut off")
+    wait_until(lambda: a.inventory.get(dom.UUIDString()).state_name == "shutoff")
     assert a.cpus()["allocations"] == {"t-undef": "4-5"}
     dom.undefine()
     wait_until(lambda: a.cpus()["allocations"] == {})
@@ -332,7 +332,7 @@ def test_start_dependencies(conn, make_agent):
     a.set_policy("t-app", {"requires": ["t-db"]})
     a.set_policy("t-web", {"requires": ["t-app", "t-db"]})
     ok, msg = a.check_start("t-web")
-    assert not ok and "'t-app' (shut off)" in msg and "'t-db' (shut off)" in msg
+    assert not ok and "'t-app' (shutoff)" in msg and "'t-db' (shutoff)" in msg
     assert a.check_start("t-db") == (True, "guest 't-db' has no start requirements")
     result = a.start_domain("t-web", wait=5)
     assert result == {"started": ["t-db", "t-app", "t-web"], "already_running": []}
@@ -347,7 +347,7 @@ def test_start_dependencies(conn, make_agent):
 
 
 def test_drift_repair_loop_is_bounded(conn, make_agent):
-    from services.policy_agent.enforce import DRIFT_LOOP
+    from vmsched.services.policy_agent.enforce import DRIFT_LOOP
 
     a = make_agent(tunable_debounce=0.0)
     dom = guest(conn, "t-loop")

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-HOOK = ROOT / "services" / "policy_agent" / "hooks" / "qemu"
+HOOK = ROOT / "services" / "policy_agent" / "surfaces" / "hooks" / "qemu"
 XML = "<domain type='qemu'><name>dep</name><uuid>11111111-2222-3333-4444-555555555555</uuid></domain>"
 
 

@@ -10,17 +10,18 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from services.policy_agent.cli import register
-from services.policy_agent.errors import GuestNotFound, PolicyError
-from services.policy_agent.sockrpc import SocketClient
-from services.policy_agent.testing import live_pins, wait_until
+from vmsched.services.policy_agent.agent import serve
+from vmsched.services.policy_agent.surfaces.cli import register
+from vmsched.services.policy_agent.policy.errors import GuestNotFound, PolicyError
+from vmsched.services.policy_agent.surfaces.client import SocketClient
+from tests.agent_testing import live_pins, wait_until
 from tests.test_agent_driver import conn, guest, make_agent, state_dir  # noqa: F401 - fixtures
 from vmsched.messages import Envelope
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, dict | None, str]:
     parser = argparse.ArgumentParser(prog="vmsched")
-    register(parser.add_subparsers(dest="command", required=True))
+    register(parser.add_subparsers(dest="command", required=True), serve)
     args = parser.parse_args(argv)
     code = args.func(args)
     out, err = capsys.readouterr()
@@ -108,7 +109,7 @@ def test_cli_domain_start_stop(conn, make_agent, capsys):
 def test_help_documents_every_command():
     parser = argparse.ArgumentParser(prog="vmsched")
     sub = parser.add_subparsers(dest="command")
-    register(sub)
+    register(sub, serve)
     text = {name: p.format_help() for name, p in sub.choices.items()}
     assert "--dedicated-pool CPUSET" in text["agent"] and "--release-on-stop" in text["agent"]
     set_help = sub.choices["policy"]._subparsers._group_actions[0].choices["set"].format_help()
@@ -151,7 +152,7 @@ class _DirectBus:
 
 
 def test_gateway_router(conn, make_agent):
-    from gateway.agent_api import router
+    from vmsched.gateway.agent_api import router
 
     a = make_agent(amqp_url="memory://")
     guest(conn, "t-gw")

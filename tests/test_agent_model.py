@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.policy_agent import cpuset, deps
-from services.policy_agent.allocation import Pools
-from services.policy_agent.errors import PolicyError
-from services.policy_agent.model import dump_policy, load_policy_file, parse_policy
-from services.policy_agent.validation import GuestInfo, check_policy, desired_for
+from vmsched.services.policy_agent.policy import cpuset, deps
+from vmsched.services.policy_agent.policy.allocation import Pools
+from vmsched.services.policy_agent.policy.errors import PolicyError
+from vmsched.services.policy_agent.policy.model import dump_policy, load_policy_file, parse_policy
+from vmsched.services.policy_agent.policy.validation import GuestInfo, check_policy, desired_for
 
 S = cpuset.parse
 

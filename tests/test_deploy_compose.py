@@ -410,7 +410,7 @@ def test_agent_unit_keeps_state_and_socket_where_the_hook_looks() -> None:
     argv = expand_exec(unit["ExecStart"], {"AGENT_OPTS": ""})
     assert option(argv, "--state-dir") == "/var/lib/vmsched/agent"
     assert "vmsched/agent" in unit["StateDirectory"].split()
-    hook = (ROOT / "services" / "policy_agent" / "hooks" / "qemu").read_text()
+    hook = (ROOT / "services" / "policy_agent" / "surfaces" / "hooks" / "qemu").read_text()
     default_socket = re.search(r'"socket":\s*"([^"]+)"', hook).group(1)
     assert option(argv, "--socket") == default_socket
     assert Path(default_socket).parent == Path("/run") / unit["RuntimeDirectory"]

@@ -178,7 +178,7 @@ def declared_series(module: Any) -> dict[str, set[str]]:
 
 def agent_series() -> dict[str, set[str]]:
     """The agent's metrics, from its module (the agent itself needs libvirtd to run)."""
-    import services.policy_agent.metrics as agent_metrics
+    import vmsched.services.policy_agent.metrics as agent_metrics
 
     return declared_series(agent_metrics)
 

@@ -1,6 +1,6 @@
 """The engine-reply rules of ENGINE-PROTOCOL.md, on the renderer alone."""
 
-from gateway.render import (
+from vmsched.gateway.render import (
     ALL_FILTERS_FAILED,
     INT32_MAX,
     INT32_MIN,

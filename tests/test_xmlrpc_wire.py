@@ -5,8 +5,8 @@ import xmlrpc.client as stdlib_xmlrpc
 
 import pytest
 
-from gateway import xmlrpc
-from gateway.render import clamp_int32
+from vmsched.gateway import xmlrpc
+from vmsched.gateway.render import clamp_int32
 from tests.engine_wire import call
 
 H1, H2 = "8c4a5d3c-6f3e-4a6a-9a0e-1d2c3b4a5f60", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from vmsched import __version__
 from vmsched.config import DEFAULT_AMQP_URL, Settings
+from vmsched.services.policy_agent.surfaces.cli import register as register_agent_commands
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -134,13 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _register_agent(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _serve_agent(args: argparse.Namespace) -> int:
+    # deferred: only the agent itself needs libvirt-python (the `agent` extra)
     try:
-        from services.policy_agent.cli import register
+        from vmsched.services.policy_agent.agent import serve
     except ImportError as exc:
-        logging.getLogger("vmsched").debug("policy agent commands unavailable: %s", exc)
-        return
-    register(sub)
+        print(f"vmsched agent: error: {exc} (install vmsched[agent])", file=sys.stderr)
+        return 2
+    return serve(args)
+
+
+def _register_agent(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    register_agent_commands(sub, _serve_agent)
 
 
 def main(argv: list[str] | None = None) -> int:

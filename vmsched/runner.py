@@ -17,22 +17,22 @@ log = logging.getLogger("vmsched")
 
 def make_service(name: str, settings: Settings) -> PluginService:
     if name == "discovery":
-        from services.discovery import DiscoveryService
+        from vmsched.services.discovery import DiscoveryService
 
         return DiscoveryService(settings)
     if name == "scoring":
-        from services.scoring import ScoringService
+        from vmsched.services.scoring import ScoringService
 
         return ScoringService(settings)
     if name == "balancer":
-        from services.balancer import BalancerService
+        from vmsched.services.balancer import BalancerService
 
         return BalancerService(settings, pool_size=max(1, settings.pool_size // 2))
     raise ValueError(f"unknown service {name!r}")
 
 
 def _serve_http(settings: Settings) -> None:
-    from gateway.app import create_app
+    from vmsched.gateway.app import create_app
 
     config = uvicorn.Config(
         create_app(settings), host=settings.host, port=settings.port, loop="uvloop", http="httptools",

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from services.scoring.results import BadResult, host_list
+from vmsched.services.scoring.results import BadResult, host_list
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.bus.worker import Handler
 from vmsched.messages import BalanceOutcome, BalanceReply, BalanceRequest, Envelope, Kind, Op

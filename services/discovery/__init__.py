@@ -1,5 +1,5 @@
 """Discovery service: the plugin catalog (queue vmsched.discover)."""
 
-from services.discovery.service import DiscoveryService
+from vmsched.services.discovery.service import DiscoveryService
 
 __all__ = ["DiscoveryService"]

@@ -1,17 +1,18 @@
-"""``python -m services.policy_agent ...``: the agent's commands without the rest of vmsched's CLI."""
+"""``python -m vmsched.services.policy_agent ...``: the agent's commands without the rest of vmsched's CLI."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .cli import register
+from .agent import serve
+from .surfaces.cli import register
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vmsched", description="vmsched policy agent commands")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    register(sub)
+    register(sub, serve)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

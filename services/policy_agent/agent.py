@@ -7,26 +7,39 @@ checkpoint, the local socket and (optionally) the bus.
 
 from __future__ import annotations
 
+import argparse
 import collections
+import functools
 import logging
 import os
+import signal
+import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import libvirt
 
-from . import checkpoint, cpuset, deps, metadata, metrics
-from .allocation import Pools
-from .apply import Applier, Caps
+from vmsched import metrics as service_metrics
+
+from . import metrics
 from .enforce import Enforcer
-from .errors import AgentError, ApplyError, PolicyError
-from .events import DomainEvent, LibvirtLink
-from .inventory import Inventory
 from .jobs import JobQueue
-from .model import GuestPolicy, parse_policy
+from .policy import checkpoint, cpuset, orchestration, recovery
+from .policy.allocation import Pools
+from .policy.errors import AgentError, ApplyError, PolicyError
+from .policy.inventory import Inventory
+from .policy.model import GuestPolicy, parse_policy
+from .surfaces.bus import BusLink
+from .surfaces.cli import EXIT
+from .surfaces.socket import SocketServer
+from .virt import metadata
+from .virt.apply import Applier, Caps
+from .virt.connection import DomainEvent, LibvirtLink
+from .virt.host import host_cpus, host_identity
+from .virt.lifecycle import LibvirtDomains
 
 log = logging.getLogger("vmsched.agent")
 
@@ -35,23 +48,17 @@ LIFECYCLE_JOBS = {"started": 0.0, "defined": 0.0, "undefined": 0.0, "stopped": 0
 LATENCY_TRIGGERS = {"started", "reboot", "tunable", "defined", "metadata"}
 
 
-def host_identity(conn: "libvirt.virConnect") -> str:
-    """libvirt's host UUID (capabilities), else its hostname."""
-    try:
-        uuid = ET.fromstring(conn.getCapabilities()).findtext("host/uuid")
-        if uuid:
-            return uuid
-    except (libvirt.libvirtError, ET.ParseError):
-        pass
-    return conn.getHostname()
+def _libvirt_errors(fn: Callable[..., dict]) -> Callable[..., dict]:
+    """An operation's libvirt error becomes an ApplyError: the surfaces never see libvirt types."""
 
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> dict:
+        try:
+            return fn(*args, **kwargs)
+        except libvirt.libvirtError as exc:
+            raise ApplyError(f"libvirt: {exc.get_error_message()}") from exc
 
-def host_cpus(conn: "libvirt.virConnect", caps: Caps) -> tuple[frozenset[int], int]:
-    """(online CPUs, length of a cpumap). The test driver's online map is fake: all count."""
-    ncpus, online, _ = conn.getCPUMap()
-    if not caps.vcpu_pin_flags:  # test driver
-        return frozenset(range(ncpus)), ncpus
-    return cpuset.from_cpumap(online), ncpus
+    return wrapper
 
 
 class Agent:
@@ -88,8 +95,9 @@ class Agent:
         self.enforcer: Enforcer | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._server: Any = None
-        self._bus: Any = None
+        self._server: SocketServer | None = None
+        self._bus: BusLink | None = None
+        self._domains = LibvirtDomains(lambda: self.conn, self.inventory.name_of)
         self.started = False
 
     # --- lifecycle ---------------------------------------------------------------
@@ -108,17 +116,14 @@ class Agent:
         self.host_id = self.host_id or host_identity(conn)
         caps = Caps.detect(conn)
         cpus, ncpus = host_cpus(conn, caps)
-        pools, reason = checkpoint.load(self.checkpoint_path, self.host_id, cpus)
-        rebuild = pools is None
-        if pools is None:
-            if self.checkpoint_path.exists():
-                moved = checkpoint.quarantine(self.checkpoint_path)
-                log.warning("checkpoint %s unusable (%s); moved to %s; rebuilding host state from the guests'"
-                            " metadata and live pins", self.checkpoint_path, reason, moved)
-                metrics.ERRORS.labels("checkpoint").inc()
-            else:
-                log.info("no checkpoint at %s; building host state from the guests", self.checkpoint_path)
-            pools = Pools(host_cpus=cpus)
+        found = recovery.load_or_rebuild(self.checkpoint_path, self.host_id, cpus)
+        pools, rebuild = found.pools, found.rebuild
+        if found.quarantined is not None:
+            log.warning("checkpoint %s unusable (%s); moved to %s; rebuilding host state from the guests'"
+                        " metadata and live pins", self.checkpoint_path, found.reason, found.quarantined)
+            metrics.ERRORS.labels("checkpoint").inc()
+        elif rebuild:
+            log.info("no checkpoint at %s; building host state from the guests", self.checkpoint_path)
         self.enforcer = Enforcer(self.host_id, pools, self.inventory, Applier(caps, ncpus, cpus),
                                  self._publish, self._save, self.release_on_stop)
         snaps = self.enforcer.scan(conn)
@@ -135,20 +140,16 @@ class Agent:
                 log.info("dedicated pool changes from %r to %r", cpuset.fmt(pools.pool), cpuset.fmt(wanted))
                 self.enforcer.adopt_pools(self.enforcer.plan_pool(wanted))
         elif rebuild:
-            pools.pool = self._pool_from_hints()
+            pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), self.host_id, pools)
         summary = self.enforcer.sweep(conn, trigger="start", snaps=snaps, confine=True)
         self._save()
         log.info("agent for host %s on %s: %d guests, %d managed, pool %r, %d repaired at start", self.host_id,
                  self.uri, summary["checked"], self.inventory.managed(), cpuset.fmt(pools.pool), summary["repaired"])
         self._spawn(self._work_loop, "agent-worker")
         self._spawn(self._sweep_loop, "agent-sweeper")
-        from .sockrpc import SocketServer
-
         self._server = SocketServer(self.socket_path, self)
         self._server.start()
         if self.amqp_url:
-            from .busrpc import BusLink
-
             self._bus = BusLink(self.amqp_url, self.host_id, self)
             self._bus.start()
         self.started = True
@@ -188,25 +189,11 @@ class Agent:
     def _save(self) -> None:
         assert self.enforcer is not None and self.host_id
         try:
-            checkpoint.save(self.checkpoint_path, checkpoint.Checkpoint.of(self.host_id, self.enforcer.pools))
+            ckpt = checkpoint.Checkpoint.of(self.host_id, self.enforcer.pools)
+            checkpoint.save(self.checkpoint_path, ckpt)
         except OSError as exc:
             metrics.ERRORS.labels("checkpoint").inc()
             log.error("cannot write checkpoint %s: %s", self.checkpoint_path, exc)
-
-    def _pool_from_hints(self) -> frozenset[int]:
-        pool: set[int] = set()
-        for g in self.inventory.all():
-            if g.hint is not None and g.hint.host == self.host_id:
-                pool |= g.hint.pool
-        pool &= self.pools.host_cpus
-        if pool and self.pools.check_pool(frozenset(pool)):
-            log.warning("the guests' allocation records give the unusable pool %s: starting without a pool"
-                        " (pass --dedicated-pool)", cpuset.fmt(pool))
-            return frozenset()
-        if pool:
-            log.warning("dedicated pool %s recovered from the guests' allocation records"
-                        " (pass --dedicated-pool to set it explicitly)", cpuset.fmt(pool))
-        return frozenset(pool)
 
     def _publish(self, event: str, body: dict) -> None:
         body = {"host_id": self.host_id, **body}
@@ -268,10 +255,12 @@ class Agent:
                 log.exception("reconcile sweep failed")
 
     # --- API ---------------------------------------------------------------------
+    @_libvirt_errors
     def set_policy(self, guest: str, policy: GuestPolicy | dict) -> dict:
         assert self.enforcer is not None
         return self.enforcer.set_policy(self.conn, guest, parse_policy(policy))
 
+    @_libvirt_errors
     def get_policy(self, guest: str) -> dict:
         assert self.enforcer is not None
         with self.enforcer.lock:
@@ -279,10 +268,12 @@ class Agent:
             g = self.enforcer.observe(self.enforcer.read(dom))
             return self.enforcer.view(g)
 
+    @_libvirt_errors
     def delete_policy(self, guest: str) -> dict:
         assert self.enforcer is not None
         return self.enforcer.delete_policy(self.conn, guest)
 
+    @_libvirt_errors
     def list_policies(self) -> dict:
         assert self.enforcer is not None
         with self.enforcer.lock:
@@ -293,6 +284,7 @@ class Agent:
         with self.enforcer.lock:  # type: ignore[union-attr]
             return {"host_id": self.host_id, **self.pools.view()}
 
+    @_libvirt_errors
     def set_pool(self, pool: str | None) -> dict:
         assert self.enforcer is not None
         wanted = _parse_pool(pool)
@@ -303,16 +295,17 @@ class Agent:
             self.enforcer.sweep(self.conn, trigger="pool", confine=True)
             return self.cpus()
 
+    @_libvirt_errors
     def reconcile(self) -> dict:
         assert self.enforcer is not None
         return self.enforcer.sweep(self.conn)
 
     def check_start(self, guest: str, xml: str | None = None) -> tuple[bool, str]:
         """May ``guest`` start now? From the event-fed cache only (the hook asks while libvirtd waits)."""
-        ok, message, _ = self._check_start(guest, xml)
+        ok, message, _ = self.check_start_detail(guest, xml)
         return ok, message
 
-    def _check_start(self, guest: str, xml: str | None = None) -> tuple[bool, str, list[str]]:
+    def check_start_detail(self, guest: str, xml: str | None = None) -> tuple[bool, str, list[str]]:
         policy = None
         if xml:
             try:
@@ -322,72 +315,26 @@ class Agent:
                 log.warning("check_start %s: domain XML unusable (%s); using the cached policy", guest, exc)
         return self.inventory.check_start(guest, policy)
 
+    @_libvirt_errors
     def start_domain(self, guest: str, wait: float = 60.0) -> dict:
         """Start ``guest`` after its requirements (transitively, in order, each until it runs)."""
         assert self.enforcer is not None
         with self.enforcer.lock:
             target = self.enforcer.lookup(self.conn, guest).UUIDString()
             self.enforcer.process(self.conn, target, "request", None)
-            try:
-                order = deps.start_order(self.inventory.graph(), target)
-            except ValueError as exc:
-                raise PolicyError(str(exc).replace(target, self.inventory.name_of(target))) from None
-        started, already = [], []
-        deadline = time.monotonic() + wait
-        for key in order:  # no lock held: the QEMU hook calls back into this agent
-            g = self.inventory.get(key)
-            if g is None:
-                raise PolicyError(f"cannot start {self.inventory.name_of(target)!r}: required guest {key!r}"
-                                  " is not defined on this host")
-            if g.running:
-                already.append(g.name)
-                continue
-            dom = self.enforcer.lookup(self.conn, key)
-            try:
-                if g.state == libvirt.VIR_DOMAIN_PAUSED:
-                    dom.resume()
-                else:
-                    dom.create()
-            except libvirt.libvirtError as exc:
-                raise ApplyError(f"starting {g.name!r} failed: {exc.get_error_message()}") from exc
-            if not self.inventory.wait_for(lambda: bool(self.inventory.get(key) and self.inventory.get(key).running),
-                                           max(0.0, deadline - time.monotonic())):
-                raise ApplyError(f"{g.name!r} was started but is not running after {wait:g} s")
-            started.append(g.name)
-        return {"started": started, "already_running": already}
+            order = orchestration.start_plan(self.inventory, target)
+        # no lock held from here: the QEMU hook calls back into this agent
+        return orchestration.start_in_order(self.inventory, self._domains, order, target, wait)
 
+    @_libvirt_errors
     def stop_domain(self, guest: str, wait: float = 60.0, force: bool = False) -> dict:
         """Shut ``guest`` down after every guest that requires it (dependents first)."""
         assert self.enforcer is not None
         with self.enforcer.lock:
             target = self.enforcer.lookup(self.conn, guest).UUIDString()
             self.enforcer.process(self.conn, target, "request", None)
-            try:
-                order = deps.stop_order(self.inventory.graph(), target)
-            except ValueError as exc:
-                raise PolicyError(str(exc)) from None
-        stopped, already = [], []
-        for key in order:
-            g = self.inventory.get(key)
-            if g is None or not g.active:
-                already.append(g.name if g else key)
-                continue
-            dom = self.enforcer.lookup(self.conn, key)
-            gone = lambda: not (self.inventory.get(key) and self.inventory.get(key).active)  # noqa: E731
-            try:
-                dom.shutdown()
-                if not self.inventory.wait_for(gone, wait):
-                    if not force:
-                        raise ApplyError(f"{g.name!r} did not shut down within {wait:g} s"
-                                         " (retry with --force to destroy it)")
-                    log.warning("%r did not shut down within %g s: destroying it", g.name, wait)
-                    dom.destroy()
-                    if not self.inventory.wait_for(gone, 30.0):
-                        raise ApplyError(f"{g.name!r} is still active after destroy")
-            except libvirt.libvirtError as exc:
-                raise ApplyError(f"stopping {g.name!r} failed: {exc.get_error_message()}") from exc
-            stopped.append(g.name)
-        return {"stopped": stopped, "already_stopped": already}
+            order = orchestration.stop_plan(self.inventory, target)
+        return orchestration.stop_in_order(self.inventory, self._domains, order, wait, force)
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Wait until every queued event has been handled (tests, benchmarks)."""
@@ -405,3 +352,24 @@ def _parse_pool(text: str | None) -> frozenset[int]:
         return cpuset.parse(text)
     except cpuset.CpuSetError as exc:
         raise PolicyError(f"dedicated pool: {exc}") from None
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``vmsched agent``: run the agent until SIGTERM or SIGINT."""
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    agent = Agent(args.libvirt, args.host_id, args.state_dir, dedicated_pool=args.dedicated_pool,
+                  amqp_url=args.agent_amqp, socket_path=args.socket, reconcile_interval=args.reconcile_interval,
+                  release_on_stop=args.release_on_stop, connect_timeout=args.connect_timeout)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        agent.start()
+    except AgentError as exc:
+        print(f"vmsched agent: error: {exc}", file=sys.stderr)
+        return EXIT.get(exc.code, 1)
+    service_metrics.serve(args.metrics_port)
+    stop.wait()
+    agent.stop()
+    return 0

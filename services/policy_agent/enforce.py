@@ -11,49 +11,28 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import libvirt
 
-from . import cpuset, metadata, metrics
-from .allocation import Pools
-from .apply import Applier, Result
-from .cpuset import CpuSet
-from .domxml import DomainXml
-from .errors import ApplyError, GuestNotFound, PolicyError
-from .inventory import Guest, Inventory
-from .model import DEFAULT_SHARES, GuestPolicy
-from .validation import Desired, GuestInfo, check_policy, desired_for
+from .policy import cpuset
+from .virt import metadata
+from . import metrics
+from .policy.allocation import Pools, plan_pool
+from .virt.apply import Applier, Result
+from .policy.cpuset import CpuSet
+from .virt import snapshot
+from .virt.domxml import DomainXml
+from .virt.snapshot import Snapshot
+from .policy.errors import ApplyError, PolicyError
+from .policy.inventory import Guest, Inventory
+from .policy.model import DEFAULT_SHARES, GuestPolicy
+from .policy.validation import Desired, GuestInfo, check_policy, desired_for
 
 log = logging.getLogger(__name__)
 
 Publish = Callable[[str, dict], None]
 DRIFT_LOOP = (20, 10.0)  # restorations within seconds that mean a loop (a real one cycles ~20/s)
-
-
-@dataclass
-class Snapshot:
-    dom: "libvirt.virDomain"
-    uuid: str
-    name: str
-    state: int
-    persistent: bool
-    seq: int
-    cfg: DomainXml | None
-    live: DomainXml | None
-
-    @property
-    def active(self) -> bool:
-        return self.live is not None
-
-    @property
-    def xml(self) -> DomainXml:
-        return self.cfg or self.live  # type: ignore[return-value]
-
-
-def _gone(exc: libvirt.libvirtError) -> bool:
-    return exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
 
 
 class Enforcer:
@@ -71,31 +50,17 @@ class Enforcer:
 
     # --- reading -----------------------------------------------------------------
     def lookup(self, conn: "libvirt.virConnect", key: str) -> "libvirt.virDomain":
-        uuid = self.inv.resolve(key)
-        for how, arg in (("uuid", uuid), ("uuid", key), ("name", key)):
-            if not arg:
-                continue
-            try:
-                return conn.lookupByUUIDString(arg) if how == "uuid" else conn.lookupByName(arg)
-            except libvirt.libvirtError as exc:
-                if exc.get_error_code() not in (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_INVALID_ARG):
-                    raise
-        raise GuestNotFound(key)
+        return snapshot.lookup(conn, key, self.inv.resolve(key))
+
+    def _seq(self, uuid: str) -> int:
+        g = self.inv.get(uuid)
+        return g.seq if g else 0
 
     def read(self, dom: "libvirt.virDomain") -> Snapshot:
-        uuid = dom.UUIDString()
-        g = self.inv.get(uuid)
-        seq = g.seq if g else 0
-        state = dom.state()[0]
-        persistent = bool(dom.isPersistent())
-        active = bool(dom.isActive())
-        cfg = self.applier.read(dom, live=False) if persistent else None
-        live = self.applier.read(dom, live=True) if active else None
-        return Snapshot(dom, uuid, dom.name(), state, persistent, seq, cfg, live)
+        return snapshot.read(self.applier, dom, self._seq(dom.UUIDString()))
 
     def _metadata_of(self, snap: Snapshot) -> DomainXml:
-        # the persistent definition is the source of truth; a transient guest only has its live one
-        return snap.cfg if snap.cfg is not None else snap.live  # type: ignore[return-value]
+        return snap.xml
 
     def observe(self, snap: Snapshot) -> Guest:
         """Refresh the cached guest from a snapshot (no changes to the guest)."""
@@ -130,7 +95,7 @@ class Enforcer:
                 result = self.applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent,
                                                         snap.cfg, snap.live)
             except (ApplyError, libvirt.libvirtError) as exc:
-                if isinstance(exc, libvirt.libvirtError) and _gone(exc):
+                if isinstance(exc, libvirt.libvirtError) and snapshot.gone(exc):
                     return None
                 self._record_error(g, f"applying the policy of {snap.name!r} failed: {exc}", "apply")
                 return None
@@ -241,7 +206,7 @@ class Enforcer:
                 dom = conn.lookupByUUIDString(uuid)
                 snap = self.read(dom)
             except libvirt.libvirtError as exc:
-                if _gone(exc):
+                if snapshot.gone(exc):
                     self.forget(uuid)
                     self.update_gauges()
                     return
@@ -251,14 +216,7 @@ class Enforcer:
 
     # --- all guests --------------------------------------------------------------
     def scan(self, conn: "libvirt.virConnect") -> list[Snapshot]:
-        snaps = []
-        for dom in conn.listAllDomains(0):
-            try:
-                snaps.append(self.read(dom))
-            except libvirt.libvirtError as exc:
-                if not _gone(exc):
-                    raise
-        return snaps
+        return snapshot.scan(conn, self.applier, self._seq)
 
     def sweep(self, conn: "libvirt.virConnect", trigger: str = "sweep", snaps: list[Snapshot] | None = None,
               confine: bool = False) -> dict:
@@ -384,27 +342,7 @@ class Enforcer:
 
     def plan_pool(self, pool: CpuSet) -> Pools:
         """The pools after changing the dedicated pool; raises PolicyError when a guest cannot keep its CPUs."""
-        errors = self.pools.check_pool(pool)
-        if errors:
-            raise PolicyError(errors)
-        new = Pools(self.pools.host_cpus, pool)
-        holders = [g for g in self.inv.all() if g.policy is not None and g.policy.dedicated is not None
-                   and (g.uuid in self.pools.allocations or not self.release_on_stop or g.active)]
-        holders.sort(key=lambda g: (0 if isinstance(g.policy.dedicated, str) else 1, g.name))  # type: ignore[union-attr]
-        for g in holders:
-            assert g.policy is not None
-            old = self.pools.allocations.get(g.uuid, frozenset())
-            if isinstance(g.policy.dedicated, int) and old & new.free:
-                new.assign(g.uuid, g.name, old & new.free)  # keep what it can
-            try:
-                request = g.policy.dedicated_count() or g.policy.dedicated_set()
-                new.assign(g.uuid, g.name, new.request(g.uuid, g.name, request, g.nvcpus))  # type: ignore[arg-type]
-            except PolicyError as exc:
-                new.release(g.uuid)
-                errors.extend(f"guest {g.name!r}: {e}" for e in exc.errors)
-        if errors:
-            raise PolicyError([f"dedicated pool {cpuset.fmt(pool) or '(none)'} refused"] + errors)
-        return new
+        return plan_pool(self.pools, pool, self.inv.all(), self.release_on_stop)
 
     def adopt_pools(self, new: Pools) -> None:
         with self.lock:

@@ -1,5 +1,5 @@
 """Scoring service: runs filter and score units (queues vmsched.filter, vmsched.score)."""
 
-from services.scoring.service import ScoringService
+from vmsched.services.scoring.service import ScoringService
 
 __all__ = ["ScoringService"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from services.scoring.results import BadResult, host_list, score_pairs
+from vmsched.services.scoring.results import BadResult, host_list, score_pairs
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.bus.worker import Handler
 from vmsched.messages import (

@@ -23,7 +23,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[2]
 SETUP = ROOT / "scripts" / "libvirt-setup.sh"
 TEARDOWN = ROOT / "scripts" / "libvirt-teardown.sh"
-HOOK_SRC = ROOT / "services" / "policy_agent" / "hooks" / "qemu"
+HOOK_SRC = ROOT / "services" / "policy_agent" / "surfaces" / "hooks" / "qemu"
 URI = "qemu:///system"
 PREFIX = "vmsched-e2e-"
 LIBVIRTD = "/usr/sbin/libvirtd"
@@ -541,14 +541,14 @@ def threads_on(cpus: frozenset[int], exclude_tids: set[int] = frozenset()) -> li
 
 # --- the agent process -----------------------------------------------------------
 def agent_command_prefix() -> list[str]:
-    """``python -m vmsched.cli`` when the main CLI registers the agent, else ``python -m services.policy_agent``."""
+    """``python -m vmsched.cli`` when the main CLI registers the agent, else ``python -m vmsched.services.policy_agent``."""
     override = os.environ.get("VMSCHED_E2E_CLI")
     if override:
         return override.split()
     cli = ROOT / "vmsched" / "cli.py"
     if cli.exists() and "policy_agent" in cli.read_text():
         return [sys.executable, "-m", "vmsched.cli"]
-    return [sys.executable, "-m", "services.policy_agent"]
+    return [sys.executable, "-m", "vmsched.services.policy_agent"]
 
 
 class AgentError(RuntimeError):

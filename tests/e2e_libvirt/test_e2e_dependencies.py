@@ -1,6 +1,6 @@
 """Start dependencies, enforced by libvirt itself through the shipped QEMU hook.
 
-The module installs services/policy_agent/hooks/qemu as /etc/libvirt/hooks/qemu
+The module installs services/policy_agent/surfaces/hooks/qemu as /etc/libvirt/hooks/qemu
 (backing up and later restoring whatever was there), restarts libvirtd so it
 sees the hook, and at the end removes it and restarts libvirtd again.
 """

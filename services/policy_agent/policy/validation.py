@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import cpuset, deps
+from . import cpuset
+from . import deps
 from .allocation import Pools
 from .cpuset import CpuSet
 from .errors import PolicyError

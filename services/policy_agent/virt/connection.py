@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 import libvirt
 
-from . import metrics
+from .. import metrics
+from ..policy.errors import AgentUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +116,6 @@ class LibvirtLink:
     def conn(self) -> "libvirt.virConnect":
         conn = self._conn
         if conn is None:
-            from .errors import AgentUnavailable
-
             raise AgentUnavailable(f"not connected to libvirt at {self.uri}: {self.last_error or 'connecting'}")
         return conn
 
@@ -133,8 +132,6 @@ class LibvirtLink:
                 self.last_error = exc.get_error_message()
                 delay = backoff_delay(attempt, maximum=self.max_backoff)
                 if time.monotonic() + delay > deadline:
-                    from .errors import AgentUnavailable
-
                     raise AgentUnavailable(f"cannot connect to libvirt at {self.uri}: {self.last_error}") from None
                 log.warning("cannot connect to libvirt at %s (%s); retrying in %.2f s", self.uri, self.last_error, delay)
                 time.sleep(delay)

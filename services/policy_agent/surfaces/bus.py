@@ -12,25 +12,20 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import libvirt
+from vmsched.bus import RequestError
+from vmsched.bus.events import EventPublisher
+from vmsched.bus.topology import agent_queue, event_key
+from vmsched.bus.worker import ServiceWorker
 
-from .errors import AgentError, encode
-from .ops import dispatch
-
-if TYPE_CHECKING:
-    from .agent import Agent
-
+from ..policy.errors import AgentError, encode
+from .ops import Agent, dispatch
 log = logging.getLogger(__name__)
 
 
 class BusLink:
-    def __init__(self, url: str, host_id: str, agent: "Agent", consumers: int = 2, backlog: int = 10000):
-        from vmsched.bus.events import EventPublisher
-        from vmsched.bus.topology import agent_queue, event_key
-        from vmsched.bus.worker import ServiceWorker
-
+    def __init__(self, url: str, host_id: str, agent: Agent, consumers: int = 2, backlog: int = 10000):
         self.host_id = host_id
         self.agent = agent
         self.queue_name = agent_queue(host_id)
@@ -53,14 +48,10 @@ class BusLink:
         self.publisher.close()
 
     def _handle(self, env: Any) -> dict:
-        from vmsched.bus import RequestError
-
         try:
             return dispatch(self.agent, env.op, env.body)
         except AgentError as exc:
             raise RequestError(encode(exc)) from None
-        except libvirt.libvirtError as exc:
-            raise RequestError(f"internal: libvirt: {exc.get_error_message()}") from None
 
     def publish(self, event: str, body: dict) -> None:
         try:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
-from . import cpuset, metadata
-from .cpuset import CpuSet
-from .errors import PolicyError
-from .model import GuestPolicy
+from ..policy import cpuset
+from . import metadata
+from ..policy.cpuset import CpuSet
+from ..policy.errors import PolicyError
+from ..policy.model import GuestPolicy
 
 
 @dataclass

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 
 import libvirt
 
-from . import cpuset, domxml
-from .cpuset import CpuSet
-from .errors import ApplyError
-from .model import DEFAULT_PERIOD, DEFAULT_SHARES
-from .validation import Desired
+from ..policy import cpuset
+from . import domxml
+from ..policy.cpuset import CpuSet
+from ..policy.errors import ApplyError
+from ..policy.model import DEFAULT_PERIOD, DEFAULT_SHARES
+from ..policy.validation import Desired
 
 log = logging.getLogger(__name__)
 

@@ -15,22 +15,16 @@ import socket
 import socketserver
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import libvirt
-
-from .errors import AgentError, AgentUnavailable, from_reply
-from .ops import dispatch
-
-if TYPE_CHECKING:
-    from .agent import Agent
-
+from ..policy.errors import AgentError, AgentUnavailable
+from .ops import Agent, dispatch
 log = logging.getLogger(__name__)
 
 MAX_LINE = 4 << 20
 
 
-def handle_request(agent: "Agent", request: Any) -> dict:
+def handle_request(agent: Agent, request: Any) -> dict:
     """One decoded request -> the reply document (never raises)."""
     if not isinstance(request, dict) or not isinstance(request.get("op"), str):
         return {"ok": False, "error": "request must be a JSON object with an 'op'", "code": "invalid", "body": {}}
@@ -42,8 +36,6 @@ def handle_request(agent: "Agent", request: Any) -> dict:
         return {"ok": True, "error": None, "code": None, "body": dispatch(agent, op, body)}
     except AgentError as exc:
         return {"ok": False, "error": str(exc), "code": exc.code, "body": {}}
-    except libvirt.libvirtError as exc:
-        return {"ok": False, "error": f"libvirt: {exc.get_error_message()}", "code": "internal", "body": {}}
     except Exception as exc:  # noqa: BLE001 - report, keep serving
         log.exception("%s request failed", op)
         return {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal", "body": {}}
@@ -77,7 +69,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 class SocketServer:
-    def __init__(self, path: Path, agent: "Agent", mode: int = 0o660):
+    def __init__(self, path: Path, agent: Agent, mode: int = 0o660):
         self.path = Path(path)
         self.agent = agent
         self.mode = mode
@@ -120,37 +112,3 @@ def _listening(path: Path) -> bool:
         return False
     finally:
         s.close()
-
-
-class SocketClient:
-    """Client of a local agent: ``call(op, body) -> body`` or raises the agent's error."""
-
-    def __init__(self, path: str | Path, timeout: float = 10.0):
-        self.path = str(path)
-        self.timeout = timeout
-
-    def call(self, op: str, body: dict | None = None, timeout: float | None = None) -> dict:
-        timeout = self.timeout if timeout is None else timeout
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.settimeout(timeout)
-            try:
-                s.connect(self.path)
-            except OSError as exc:
-                raise AgentUnavailable(f"no agent at {self.path}: {exc.strerror or exc}") from None
-            s.sendall((json.dumps({"op": op, "body": body or {}}) + "\n").encode())
-            buf = b""
-            while not buf.endswith(b"\n"):
-                try:
-                    chunk = s.recv(1 << 16)
-                except socket.timeout:
-                    raise AgentUnavailable(f"agent at {self.path} did not answer {op} within {timeout:g} s") from None
-                if not chunk:
-                    raise AgentUnavailable(f"agent at {self.path} closed the connection without answering")
-                buf += chunk
-        finally:
-            s.close()
-        reply = json.loads(buf)
-        if not reply.get("ok"):
-            raise from_reply(reply.get("code"), reply.get("error") or "request failed")
-        return reply.get("body") or {}

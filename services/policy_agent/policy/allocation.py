@@ -8,10 +8,21 @@ stored. Guests are keyed by UUID; names are kept for messages only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable, Protocol
 
 from . import cpuset
 from .cpuset import CpuSet
 from .errors import PolicyError
+from .model import GuestPolicy
+
+
+@dataclass(frozen=True)
+class AllocationHint:
+    """What a guest's metadata records of its allocation: the host, its CPUs and the pool at the time."""
+
+    host: str
+    cpus: frozenset[int]
+    pool: frozenset[int]
 
 
 @dataclass
@@ -163,3 +174,45 @@ class Pools:
                     errors.append(f"CPU {cpu} is allocated to both {self.name(seen[cpu])!r} and {self.name(uuid)!r}")
                 seen[cpu] = uuid
         return errors
+
+
+class Holder(Protocol):
+    """A guest as pool planning sees it (the inventory's ``Guest`` is one)."""
+
+    uuid: str
+    name: str
+    nvcpus: int
+    policy: GuestPolicy | None
+
+    @property
+    def active(self) -> bool: ...
+
+
+def plan_pool(pools: Pools, pool: CpuSet, guests: Iterable[Holder], release_on_stop: bool = False) -> Pools:
+    """The pools after changing the dedicated pool to ``pool``.
+
+    Explicit dedicated sets are placed first, then counts (each keeps what it
+    can of its current CPUs). Raises PolicyError naming every guest that
+    cannot be given its CPUs in the new pool.
+    """
+    errors = pools.check_pool(pool)
+    if errors:
+        raise PolicyError(errors)
+    new = Pools(pools.host_cpus, pool)
+    holders = [g for g in guests if g.policy is not None and g.policy.dedicated is not None
+               and (g.uuid in pools.allocations or not release_on_stop or g.active)]
+    holders.sort(key=lambda g: (0 if isinstance(g.policy.dedicated, str) else 1, g.name))  # type: ignore[union-attr]
+    for g in holders:
+        assert g.policy is not None
+        old = pools.allocations.get(g.uuid, frozenset())
+        if isinstance(g.policy.dedicated, int) and old & new.free:
+            new.assign(g.uuid, g.name, old & new.free)  # keep what it can
+        try:
+            request = g.policy.dedicated_count() or g.policy.dedicated_set()
+            new.assign(g.uuid, g.name, new.request(g.uuid, g.name, request, g.nvcpus))  # type: ignore[arg-type]
+        except PolicyError as exc:
+            new.release(g.uuid)
+            errors.extend(f"guest {g.name!r}: {e}" for e in exc.errors)
+    if errors:
+        raise PolicyError([f"dedicated pool {cpuset.fmt(pool) or '(none)'} refused"] + errors)
+    return new

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from . import cpuset
-from .errors import AgentError, AgentUnavailable, GuestNotFound, PolicyError, decode, from_reply
-from .model import load_policy_file, parse_policy
+from ..policy import cpuset
+from ..policy.errors import AgentError, GuestNotFound, PolicyError
+from ..policy.model import load_policy_file, parse_policy
+from .client import SocketClient, call_bus
 
 DEFAULT_SOCKET = "/run/vmsched/agent.sock"
 DEFAULT_STATE_DIR = "/var/lib/vmsched/agent"
@@ -40,15 +38,19 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         return text
 
 
-def register(subparsers: Any) -> None:
-    """Add ``agent``, ``policy`` and ``domain`` to the ``vmsched`` command line."""
-    _agent_parser(subparsers)
+def register(subparsers: Any, serve: Callable[[argparse.Namespace], int]) -> None:
+    """Add ``agent``, ``policy`` and ``domain`` to the ``vmsched`` command line.
+
+    ``serve`` runs the agent (``vmsched agent``); the entry layer passes it in, so
+    the client commands never load the agent or libvirt.
+    """
+    _agent_parser(subparsers, serve)
     _policy_parser(subparsers)
     _domain_parser(subparsers)
 
 
 # --- vmsched agent -----------------------------------------------------------------
-def _agent_parser(sub: Any) -> None:
+def _agent_parser(sub: Any, serve: Callable[[argparse.Namespace], int]) -> None:
     p = sub.add_parser(
         "agent", help="the per-hypervisor CPU policy agent (libvirt events, pinning, pools, dependencies)",
         formatter_class=_Formatter,
@@ -83,31 +85,7 @@ def _agent_parser(sub: Any) -> None:
                    help="serve Prometheus metrics on this port (default: off)")
     p.add_argument("--log-level", metavar="LEVEL", default=os.environ.get("VMSCHED_LOG_LEVEL", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR")
-    p.set_defaults(func=cmd_agent)
-
-
-def cmd_agent(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from vmsched import metrics
-
-    from .agent import Agent
-
-    agent = Agent(args.libvirt, args.host_id, args.state_dir, dedicated_pool=args.dedicated_pool,
-                  amqp_url=args.agent_amqp, socket_path=args.socket, reconcile_interval=args.reconcile_interval,
-                  release_on_stop=args.release_on_stop, connect_timeout=args.connect_timeout)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        agent.start()
-    except AgentError as exc:
-        print(f"vmsched agent: error: {exc}", file=sys.stderr)
-        return EXIT.get(exc.code, 1)
-    metrics.serve(args.metrics_port)
-    stop.wait()
-    agent.stop()
-    return 0
+    p.set_defaults(func=serve)
 
 
 # --- client commands -------------------------------------------------------------------
@@ -216,18 +194,7 @@ def call(args: argparse.Namespace, op: str, body: dict, timeout: float | None = 
     if args.client_amqp:
         if not args.client_host:
             raise _Usage("--amqp needs --host ID (the host whose agent to ask)")
-        from vmsched.bus import BusError, RequestError
-        from vmsched.bus.rpc import call as bus_call
-        from vmsched.bus.topology import agent_queue
-
-        try:
-            return bus_call(args.client_amqp, agent_queue(args.client_host), op, body, timeout=timeout)
-        except RequestError as exc:
-            raise from_reply(*decode(str(exc))) from None
-        except BusError as exc:
-            raise AgentUnavailable(str(exc)) from None
-    from .sockrpc import SocketClient
-
+        return call_bus(args.client_amqp, args.client_host, op, body, timeout)
     return SocketClient(args.socket, timeout=timeout).call(op, body)
 
 

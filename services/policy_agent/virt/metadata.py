@@ -9,26 +9,19 @@ state can be rebuilt from the guests when the checkpoint is lost.
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from typing import Any
 
 import libvirt
 
-from . import cpuset
-from .errors import PolicyError
-from .model import GuestPolicy, parse_policy
+from ..policy import cpuset
+from ..policy.allocation import AllocationHint
+from ..policy.errors import PolicyError
+from ..policy.model import GuestPolicy, parse_policy
 
 NS = "https://vmsched.dev/xmlns/policy/1"
 PREFIX = "vmsched"
 KEY = "policy"
 _Q = "{%s}" % NS
-
-
-@dataclass(frozen=True)
-class AllocationHint:
-    host: str
-    cpus: frozenset[int]
-    pool: frozenset[int]
 
 
 def to_xml(policy: GuestPolicy, hint: AllocationHint | None = None) -> str:

@@ -7,7 +7,7 @@ from typing import Callable
 
 import libvirt
 
-from . import cpuset
+from vmsched.services.policy_agent.policy import cpuset
 
 TEST_URI = "test:///default"
 

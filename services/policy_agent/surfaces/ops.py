@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
-from .errors import PolicyError
+from ..policy.errors import PolicyError
 
-if TYPE_CHECKING:
-    from .agent import Agent
+
+class Agent(Protocol):
+    """What the surfaces (socket, bus) ask of the agent: its operations, nothing else."""
+
+    def status(self) -> dict: ...
+    def set_policy(self, guest: str, policy: dict) -> dict: ...
+    def get_policy(self, guest: str) -> dict: ...
+    def delete_policy(self, guest: str) -> dict: ...
+    def list_policies(self) -> dict: ...
+    def cpus(self) -> dict: ...
+    def set_pool(self, pool: str | None) -> dict: ...
+    def reconcile(self) -> dict: ...
+    def check_start_detail(self, guest: str, xml: str | None = None) -> tuple[bool, str, list[str]]: ...
+    def start_domain(self, guest: str, wait: float = 60.0) -> dict: ...
+    def stop_domain(self, guest: str, wait: float = 60.0, force: bool = False) -> dict: ...
 
 
 def _guest(body: dict[str, Any]) -> str:
@@ -28,13 +41,13 @@ def _number(body: dict[str, Any], key: str, default: float) -> float:
     return value
 
 
-def _check_start(agent: "Agent", body: dict[str, Any]) -> dict:
+def _check_start(agent: Agent, body: dict[str, Any]) -> dict:
     guest = body.get("uuid") or _guest(body)
-    ok, message, missing = agent._check_start(guest, body.get("xml"))
+    ok, message, missing = agent.check_start_detail(guest, body.get("xml"))
     return {"allowed": ok, "message": message, "reason": message, "missing": missing}
 
 
-OPS: dict[str, Callable[["Agent", dict[str, Any]], dict]] = {
+OPS: dict[str, Callable[[Agent, dict[str, Any]], dict]] = {
     "ping": lambda a, b: a.status(),
     "set_policy": lambda a, b: a.set_policy(_guest(b), b.get("policy") or {}),
     "get_policy": lambda a, b: a.get_policy(_guest(b)),
@@ -49,7 +62,7 @@ OPS: dict[str, Callable[["Agent", dict[str, Any]], dict]] = {
 }
 
 
-def dispatch(agent: "Agent", op: str, body: dict[str, Any]) -> dict:
+def dispatch(agent: Agent, op: str, body: dict[str, Any]) -> dict:
     handler = OPS.get(op)
     if handler is None:
         raise PolicyError(f"unknown operation {op!r}; known: {', '.join(sorted(OPS))}")

@@ -12,35 +12,49 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import libvirt
+from enum import IntEnum
 
 from . import cpuset
-from .metadata import AllocationHint
+from .allocation import AllocationHint
 from .model import GuestPolicy
 from .validation import Desired
 
+
+class State(IntEnum):
+    """A guest's state: libvirt's ``virDomainState`` numbers (a stable ABI), without importing libvirt."""
+
+    NOSTATE = 0
+    RUNNING = 1
+    BLOCKED = 2
+    PAUSED = 3
+    SHUTDOWN = 4
+    SHUTOFF = 5
+    CRASHED = 6
+    PMSUSPENDED = 7
+
+
 STATE_NAMES = {
-    libvirt.VIR_DOMAIN_NOSTATE: "nostate",
-    libvirt.VIR_DOMAIN_RUNNING: "running",
-    libvirt.VIR_DOMAIN_BLOCKED: "blocked",
-    libvirt.VIR_DOMAIN_PAUSED: "paused",
-    libvirt.VIR_DOMAIN_SHUTDOWN: "shutting down",
-    libvirt.VIR_DOMAIN_SHUTOFF: "shut off",
-    libvirt.VIR_DOMAIN_CRASHED: "crashed",
-    libvirt.VIR_DOMAIN_PMSUSPENDED: "pmsuspended",
+    State.NOSTATE: "nostate",
+    State.RUNNING: "running",
+    State.BLOCKED: "blocked",
+    State.PAUSED: "paused",
+    State.SHUTDOWN: "shutdown",
+    State.SHUTOFF: "shutoff",
+    State.CRASHED: "crashed",
+    State.PMSUSPENDED: "pmsuspended",
 }
-RUNNING_STATES = (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_BLOCKED)
-INACTIVE_STATES = (libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_NOSTATE)
+RUNNING_STATES = (State.RUNNING, State.BLOCKED)
+INACTIVE_STATES = (State.SHUTOFF, State.NOSTATE)
 
 # lifecycle event -> state it leaves the guest in
 EVENT_STATES = {
-    "started": libvirt.VIR_DOMAIN_RUNNING,
-    "resumed": libvirt.VIR_DOMAIN_RUNNING,
-    "suspended": libvirt.VIR_DOMAIN_PAUSED,
-    "stopped": libvirt.VIR_DOMAIN_SHUTOFF,
-    "shutdown": libvirt.VIR_DOMAIN_SHUTDOWN,
-    "crashed": libvirt.VIR_DOMAIN_CRASHED,
-    "pmsuspended": libvirt.VIR_DOMAIN_PMSUSPENDED,
+    "started": State.RUNNING,
+    "resumed": State.RUNNING,
+    "suspended": State.PAUSED,
+    "stopped": State.SHUTOFF,
+    "shutdown": State.SHUTDOWN,
+    "crashed": State.CRASHED,
+    "pmsuspended": State.PMSUSPENDED,
 }
 
 
@@ -48,7 +62,7 @@ EVENT_STATES = {
 class Guest:
     uuid: str
     name: str
-    state: int = libvirt.VIR_DOMAIN_SHUTOFF
+    state: int = State.SHUTOFF
     persistent: bool = True
     nvcpus: int = 1
     policy: GuestPolicy | None = None

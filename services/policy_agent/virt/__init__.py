@@ -1,0 +1,9 @@
+"""The agent's libvirt adapter: everything that talks to libvirt.
+
+The connection and its events (:mod:`connection`), domain XML reading
+(:mod:`domxml`), policy metadata I/O (:mod:`metadata`), verify-and-repair of
+pins and scheduler parameters (:mod:`apply`), snapshot reads
+(:mod:`snapshot`), guest lifecycle calls (:mod:`lifecycle`) and the host's
+identity and CPUs (:mod:`host`). It imports the policy layer, never the
+surfaces.
+"""
