@@ -1,0 +1,200 @@
+"""Private RabbitMQ nodes for tests that must not disturb the shared broker.
+
+Each node has its own node name, AMQP port, distribution port, data and log
+folders, ``enabled_plugins`` file and config file, and is torn down
+afterwards (``stop()``, or the context manager). It never reads
+``/etc/rabbitmq``. Optionally it also listens with TLS (``tls=TlsFiles``).
+Tests that kill, cut or reconfigure a broker use one of these; the shared
+broker on 127.0.0.1:5672 is only ever used through a private vhost.
+
+    with PrivateRabbit.start_new(tmp_path) as node:
+        node.ctl("add_user", "gw", "secret")
+        url = node.url("gw", "secret")
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+#: The real scripts, not Debian's wrappers in /usr/sbin (those switch to the rabbitmq user, who cannot
+#: write a test's private folders).
+LIB_BIN = Path("/usr/lib/rabbitmq/bin")
+
+
+def _tool(name: str) -> str:
+    path = LIB_BIN / name
+    return str(path) if path.exists() else (shutil.which(name) or name)
+
+
+def available() -> str | None:
+    """None when private nodes can be started here, else why not."""
+    if not (LIB_BIN / "rabbitmq-server").exists() and shutil.which("rabbitmq-server") is None:
+        return "rabbitmq-server is not installed (scripts/rabbitmq-ensure installs it)"
+    return None
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for a TLS listener: the CA that signed the server and client certificates."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    verify_peer: bool = True  # ask for (and verify) a client certificate
+    fail_if_no_peer_cert: bool = False
+
+
+@dataclass
+class PrivateRabbit:
+    base: Path
+    name: str = field(default_factory=lambda: f"vmsched-test-{uuid.uuid4().hex[:8]}")
+    port: int = field(default_factory=_free_port)
+    dist_port: int = field(default_factory=_free_port)
+    tls: TlsFiles | None = None
+    tls_port: int | None = None
+    plugins: tuple[str, ...] = ()
+    extra_config: tuple[str, ...] = ()
+    proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def start_new(cls, base: Path, timeout: float = 90.0, **kwargs: object) -> "PrivateRabbit":
+        node = cls(Path(base), **kwargs)  # type: ignore[arg-type]
+        node.start(timeout)
+        return node
+
+    # --- names ----------------------------------------------------------------
+    @property
+    def node(self) -> str:
+        return f"{self.name}@localhost"
+
+    def url(self, user: str = "guest", password: str = "guest", vhost: str = "/", tls: bool = False) -> str:
+        scheme, port = ("amqps", self.tls_port) if tls else ("amqp", self.port)
+        return f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@localhost:{port}/{quote(vhost, safe='')}"
+
+    # --- files and environment ------------------------------------------------
+    def _config(self) -> str:
+        lines = [f"listeners.tcp.default = 127.0.0.1:{self.port}", "log.console = false",
+                 "log.file.level = info", *self.extra_config]
+        if self.tls is not None:
+            if self.tls_port is None:
+                self.tls_port = _free_port()
+            lines += [
+                f"listeners.ssl.default = 127.0.0.1:{self.tls_port}",
+                f"ssl_options.cacertfile = {self.tls.ca}",
+                f"ssl_options.certfile = {self.tls.cert}",
+                f"ssl_options.keyfile = {self.tls.key}",
+                f"ssl_options.verify = {'verify_peer' if self.tls.verify_peer else 'verify_none'}",
+                f"ssl_options.fail_if_no_peer_cert = {str(self.tls.fail_if_no_peer_cert).lower()}",
+            ]
+        return "\n".join(lines) + "\n"
+
+    def env(self) -> dict[str, str]:
+        d = self.base
+        return {
+            **os.environ,
+            "HOME": str(d),  # its own Erlang cookie, shared by the node and rabbitmqctl
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(d / "log"),
+            "RABBITMQ_PID_FILE": str(d / "node.pid"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
+            "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        }
+
+    # --- lifecycle --------------------------------------------------------------
+    def start(self, timeout: float = 90.0) -> "PrivateRabbit":
+        why = available()
+        if why:
+            raise RuntimeError(why)
+        for sub in ("mnesia", "log"):
+            (self.base / sub).mkdir(parents=True, exist_ok=True)
+        (self.base / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
+        (self.base / "rabbitmq.conf").write_text(self._config())
+        (self.base / "advanced.config").write_text("[].\n")
+        (self.base / "rabbitmq-env.conf").write_text("# private test node: nothing from /etc/rabbitmq\n")
+        out = (self.base / "server.out").open("ab")
+        self.proc = subprocess.Popen([_tool("rabbitmq-server")], env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"private RabbitMQ {self.node} exited ({self.proc.returncode}): {self.log_tail()}")
+            if self._answers():
+                return self
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"private RabbitMQ {self.node} did not start within {timeout:g} s: {self.log_tail()}")
+
+    def _answers(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+        except OSError:
+            return False
+        return self.ctl("await_startup", check=False, timeout=30).returncode == 0
+
+    def ctl(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """``rabbitmqctl -n NODE ARGS`` (output captured; raises on failure when ``check``)."""
+        out = subprocess.run([_tool("rabbitmqctl"), "-q", "-n", self.node, *args], env=self.env(), capture_output=True,
+                             text=True, timeout=timeout)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)} on {self.node}: {out.stderr.strip() or out.stdout}")
+        return out
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Kill the node's whole process group (the Erlang VM and its helpers)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            self.ctl("stop", check=False, timeout=30)
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+
+    def log_tail(self, lines: int = 30) -> str:
+        texts = []
+        for path in [self.base / "server.out", *sorted((self.base / "log").glob("*.log"))]:
+            if path.exists():
+                texts += path.read_text(errors="replace").splitlines()[-lines:]
+        return "\n".join(texts[-lines:])
+
+    def __enter__(self) -> "PrivateRabbit":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
