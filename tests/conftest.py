@@ -19,12 +19,15 @@ import httpx
 import pytest
 
 from tests.engine_wire import call
+from vmsched.runner import service_queues
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_PLUGINS = Path(__file__).resolve().parent / "plugins"
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
-ALL_QUEUES = ("vmsched.discover", "vmsched.filter", "vmsched.score", "vmsched.balance")
-SCORING_QUEUES = ("vmsched.discover", "vmsched.filter", "vmsched.score")
+#: The queues the services consume, as they declare them (``QUEUES``).
+SERVICE_QUEUES = service_queues()
+ALL_QUEUES = tuple(q for queues in SERVICE_QUEUES.values() for q in queues)
+SCORING_QUEUES = SERVICE_QUEUES["discovery"] + SERVICE_QUEUES["scoring"]
 
 
 def free_port() -> int:

@@ -27,7 +27,7 @@ import yaml
 from kubernetes_validate import utils as kv_utils
 
 from tests.deploy_helpers import AGENT_ENV, parse_cli, settings_env_names
-from vmsched.bus.topology import SERVICE_QUEUES
+from vmsched.runner import service_queues
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "vmsched"
@@ -424,8 +424,8 @@ def test_keda_scaled_objects_watch_the_queues_the_services_consume(chart: helm.C
             assert "host" not in meta, "the broker URL comes from the TriggerAuthentication, not the manifest"
             assert trigger["authenticationRef"]["name"] in auths
             queues.append(meta["queueName"])
-        # the queues the real services consume (vmsched/bus/topology.py)
-        assert sorted(queues) == sorted(SERVICE_QUEUES[comp]), comp
+        # the queues the real services consume (their QUEUES)
+        assert sorted(queues) == sorted(service_queues()[comp]), comp
     (auth,) = auths.values()
     assert auth["spec"]["secretTargetRef"] == [{"parameter": "host", "name": SECRET, "key": SECRET_KEY}]
 
@@ -433,7 +433,7 @@ def test_keda_scaled_objects_watch_the_queues_the_services_consume(chart: helm.C
 def test_chart_queue_table_matches_the_bus_topology() -> None:
     helpers = (CHART / "templates" / "_helpers.tpl").read_text()
     block = re.search(r'define "vmsched.queues" -}}\n(.*?)\n{{- end', helpers, re.S).group(1)
-    assert {k: tuple(v) for k, v in yaml.safe_load(block).items()} == {k: tuple(v) for k, v in SERVICE_QUEUES.items()}
+    assert {k: tuple(v) for k, v in yaml.safe_load(block).items()} == {k: tuple(v) for k, v in service_queues().items()}
 
 
 def test_hpa_scales_scoring_and_balancer_on_cpu(chart: helm.Chart) -> None:

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from tests.deploy_helpers import AGENT_ENV, parse_cli, settings_env_names
-from vmsched.bus.topology import SERVICE_QUEUES
+from vmsched.runner import service_queues
 from vmsched.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,8 +34,9 @@ COMPOSE = ROOT / "compose.yaml"
 DEPLOY = ROOT / "deploy"
 SCHEMA = ROOT / "tests" / "schemas" / "compose-spec.json"
 ENV_EXAMPLE = DEPLOY / "compose.env.example"
-VMSCHED_SERVICES = ("gateway", "discovery", "scoring", "balancer")
-WORKERS = ("discovery", "scoring", "balancer")
+#: The services that consume the bus's request queues (each declares its QUEUES).
+WORKERS = tuple(service_queues())
+VMSCHED_SERVICES = ("gateway", *WORKERS)
 #: Values the test puts in place of the secrets the example leaves empty.
 TEST_SECRETS = {"RABBITMQ_PASSWORD": "s3cret-for-tests", "GRAFANA_ADMIN_PASSWORD": "grafana-for-tests"}
 
@@ -319,9 +320,10 @@ def test_bind_mount_sources_exist(services: dict[str, dict[str, Any]]) -> None:
 
 def test_queue_topology_is_what_the_dashboard_filters_on() -> None:
     """The dashboard's queue panels select ``vmsched\\..*``; every service queue matches."""
-    for queues in SERVICE_QUEUES.values():
-        for q in queues:
-            assert re.fullmatch(r"vmsched\..*", q)
+    queues = [q for qs in service_queues().values() for q in qs]
+    assert queues, "the services declare their queues"
+    for q in queues:
+        assert re.fullmatch(r"vmsched\..*", q)
 
 
 # --- systemd units ------------------------------------------------------------------------------------

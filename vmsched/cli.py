@@ -14,7 +14,10 @@ from typing import Any, Callable
 
 from vmsched import __version__
 from vmsched.config import DEFAULT_AMQP_URL, Settings
+from vmsched.services.balancer import BalancerService
+from vmsched.services.discovery import DiscoveryService
 from vmsched.services.policy_agent.surfaces.cli import register as register_agent_commands
+from vmsched.services.scoring import ScoringService
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -121,9 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_gateway)
 
-    for name, text in (("discovery", "the plugin catalog service (queue vmsched.discover)"),
-                       ("scoring", "the filter and score service (queues vmsched.filter, vmsched.score)"),
-                       ("balancer", "the load-balancing service (queue vmsched.balance)")):
+    for name, service, what in (("discovery", DiscoveryService, "the plugin catalog service"),
+                                ("scoring", ScoringService, "the filter and score service"),
+                                ("balancer", BalancerService, "the load-balancing service")):
+        queues = ", ".join(service.QUEUES)
+        text = f"{what} (queue{'s' if len(service.QUEUES) > 1 else ''} {queues})"
         p = sub.add_parser(name, help=text, description=f"Run {text} over AMQP.")
         _bus(p)
         _plugins(p)

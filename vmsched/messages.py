@@ -11,7 +11,7 @@ import time
 from enum import Enum
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationInfo, model_validator
 
 
 class Op(str, Enum):
@@ -27,10 +27,51 @@ class Kind(str, Enum):
     BALANCE = "balance"
 
 
-METHOD_OF_KIND = {Kind.FILTER: "do_filter", Kind.SCORE: "do_score", Kind.BALANCE: "do_balance"}
+
+#: Version of the bus contract this code speaks (the ``v`` of every message).
+CONTRACT_VERSION = 2
+#: The oldest version a reader still understands. Version 1 is the unversioned
+#: contract (no ``v`` field; agent errors as ``"code: message"`` text).
+OLDEST_VERSION = 1
 
 
-class Envelope(BaseModel):
+class ErrorCode(str, Enum):
+    """Why a request failed: the ``code`` of an error reply."""
+
+    INVALID = "invalid"  # the request is malformed or refused (every reason in ``details``)
+    NOT_FOUND = "not_found"
+    UNAVAILABLE = "unavailable"  # what the request needs (e.g. libvirt) cannot be reached
+    INTERNAL = "internal"
+    UNSUPPORTED_VERSION = "unsupported_version"  # the message's contract version is newer than the reader's
+
+
+class _Versioned(BaseModel):
+    """A message with a contract version: built here it is the current one; read
+    from JSON without a ``v`` it is version 1 (an older sender)."""
+
+    v: int = Field(CONTRACT_VERSION, ge=OLDEST_VERSION,
+                   description="contract version; absent (version 1) in messages of older senders")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unversioned_is_v1(cls, data: Any, info: ValidationInfo) -> Any:
+        if info.mode == "json" and isinstance(data, dict) and "v" not in data:
+            return {**data, "v": OLDEST_VERSION}
+        return data
+
+    @property
+    def version(self) -> int:
+        return self.v
+
+    def version_problem(self) -> str | None:
+        """Why this reader cannot understand the message, or None."""
+        if self.v > CONTRACT_VERSION:
+            return (f"contract version {self.v} is newer than this reader understands "
+                    f"({OLDEST_VERSION}-{CONTRACT_VERSION}); upgrade the reader")
+        return None
+
+
+class Envelope(_Versioned):
     """A request on a bus queue: what to do, for whom, until when."""
 
     op: str
@@ -41,20 +82,24 @@ class Envelope(BaseModel):
         return self.deadline - (time.time() if now is None else now)
 
 
-class ReplyEnvelope(BaseModel):
+class ReplyEnvelope(_Versioned):
     ok: bool
     error: str | None = None
+    code: str | None = Field(None, description="an ErrorCode when not ok (version 1: inside the error text)")
+    details: list[str] = Field(default_factory=list, description="every reason of a refusal, one per item")
     body: dict[str, Any] = Field(default_factory=dict)
 
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
 
 
-class TypedReply(BaseModel, Generic[BodyT]):
+class TypedReply(_Versioned, Generic[BodyT]):
     """A reply parsed in one pass straight into the operation's reply model."""
 
     ok: bool
     error: str | None = None
+    code: str | None = None
+    details: list[str] = Field(default_factory=list)
     body: BodyT | None = None
 
 

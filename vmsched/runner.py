@@ -10,30 +10,38 @@ import uvicorn
 
 from vmsched import metrics
 from vmsched.config import Settings
+from vmsched.gateway.app import create_app
 from vmsched.service import PluginService
+from vmsched.services.balancer import BalancerService
+from vmsched.services.discovery import DiscoveryService
+from vmsched.services.scoring import ScoringService
 
 log = logging.getLogger("vmsched")
 
 
+#: The scheduling services, by command name.
+SERVICES: dict[str, type[PluginService]] = {
+    "discovery": DiscoveryService,
+    "scoring": ScoringService,
+    "balancer": BalancerService,
+}
+
+
+def service_queues() -> dict[str, tuple[str, ...]]:
+    """The queues each service consumes, as the services declare them."""
+    return {name: tuple(cls.QUEUES) for name, cls in SERVICES.items()}
+
+
 def make_service(name: str, settings: Settings) -> PluginService:
-    if name == "discovery":
-        from vmsched.services.discovery import DiscoveryService
-
-        return DiscoveryService(settings)
-    if name == "scoring":
-        from vmsched.services.scoring import ScoringService
-
-        return ScoringService(settings)
-    if name == "balancer":
-        from vmsched.services.balancer import BalancerService
-
+    cls = SERVICES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown service {name!r}")
+    if cls is BalancerService:
         return BalancerService(settings, pool_size=max(1, settings.pool_size // 2))
-    raise ValueError(f"unknown service {name!r}")
+    return cls(settings)
 
 
 def _serve_http(settings: Settings) -> None:
-    from vmsched.gateway.app import create_app
-
     config = uvicorn.Config(
         create_app(settings), host=settings.host, port=settings.port, loop="uvloop", http="httptools",
         log_level=settings.log_level.lower(), access_log=False, lifespan="on", timeout_graceful_shutdown=5,

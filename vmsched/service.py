@@ -1,7 +1,7 @@
 """What every plugin-running service shares: a pool, a catalog, bus routes.
 
-A concrete service (discovery, scoring, balancer) only maps its queues to
-handlers; starting the plugin workers, watching the plugins folder, running
+A concrete service (discovery, scoring, balancer) only declares its queues
+(``QUEUES``, queue -> handler method) and writes the handlers; starting the plugin workers, watching the plugins folder, running
 units in parallel under their timeouts and counting plugin metrics is here.
 """
 
@@ -10,14 +10,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from vmsched import metrics
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.worker import Handler, ServiceWorker
 from vmsched.config import Settings
-from vmsched.messages import METHOD_OF_KIND, Kind
+from vmsched.messages import Kind
 from vmsched.runtime import Call, CallResult, Catalog, Limits, PluginPool
+from vmsched.runtime.contract import KIND
 
 log = logging.getLogger("vmsched.service")
 
@@ -36,6 +37,9 @@ class UnitRun:
 class PluginService:
     name = "service"
     runs_units = True  # False: the pool only analyses plugin files
+    #: The queues this service consumes, each with the name of its handler method:
+    #: the one declaration that the runner, the CLI and the deploy tests read.
+    QUEUES: ClassVar[dict[str, str]] = {}
 
     def __init__(self, settings: Settings, pool_size: int | None = None) -> None:
         self.settings = settings
@@ -50,7 +54,7 @@ class PluginService:
 
     # --- lifecycle ---------------------------------------------------------
     def routes(self) -> dict[str, Handler]:
-        raise NotImplementedError
+        return {queue: getattr(self, method) for queue, method in self.QUEUES.items()}
 
     def start(self) -> None:
         self.pool.start()
@@ -78,7 +82,10 @@ class PluginService:
     def run_units(
         self, kind: Kind, names: list[str], args: tuple[Any, ...], deadline: float, timeout: float | None
     ) -> list[UnitRun]:
-        """Run every named unit of ``kind`` in parallel; unknown names fail alone."""
+        """Run every named unit of ``kind`` in parallel; unknown names fail alone.
+
+        ``args`` are the method's arguments (``KIND[kind].args(...)`` builds them).
+        """
         calls: list[Call] = []
         slots: list[int] = []
         runs = [UnitRun(name, CallResult(ok=False)) for name in names]
@@ -88,7 +95,7 @@ class PluginService:
                 runs[i].result = CallResult(ok=False, error=f"unknown {kind.value} unit {name!r}")
                 continue
             budget = min(timeout or self.settings.timeout_for(name), deadline - time.time() - REPLY_MARGIN)
-            calls.append(Call(unit.plugin, unit.name, METHOD_OF_KIND[kind], args, max(budget, 0.001)))
+            calls.append(Call(unit.plugin, unit.name, KIND[kind].method, args, max(budget, 0.001)))
             slots.append(i)
         if calls:
             for i, result in zip(slots, self.pool.run(calls, deadline=deadline - REPLY_MARGIN)):

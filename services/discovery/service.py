@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-
 from pydantic import BaseModel
 
 from vmsched.bus.topology import REQUEST_QUEUES
-from vmsched.bus.worker import Handler
 from vmsched.config import Settings
 from vmsched.messages import DiscoverReply, Envelope, Op
 from vmsched.service import PluginService
@@ -17,12 +15,10 @@ class DiscoveryService(PluginService):
 
     name = "discovery"
     runs_units = False
+    QUEUES = {REQUEST_QUEUES[Op.DISCOVER]: "discover"}
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings, pool_size=1)
-
-    def routes(self) -> dict[str, Handler]:
-        return {REQUEST_QUEUES[Op.DISCOVER]: self.discover}
 
     def discover(self, env: Envelope) -> BaseModel:
         self.catalog.refresh()  # one scandir when nothing changed

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
 
 from pydantic import BaseModel
 
-from vmsched.services.scoring.results import BadResult, host_list, score_pairs
 from vmsched.bus.topology import REQUEST_QUEUES
-from vmsched.bus.worker import Handler
 from vmsched.messages import (
     Envelope,
     FilterOutcome,
@@ -19,29 +18,32 @@ from vmsched.messages import (
     ScoreReply,
     ScoreRequest,
 )
+from vmsched.runtime.contract import KIND, BadResult
 from vmsched.service import PluginService, UnitRun
+
+_FILTER, _SCORE = KIND[Kind.FILTER], KIND[Kind.SCORE]
 
 
 class ScoringService(PluginService):
     name = "scoring"
-
-    def routes(self) -> dict[str, Handler]:
-        return {REQUEST_QUEUES[Op.FILTER]: self.filter, REQUEST_QUEUES[Op.SCORE]: self.score}
+    QUEUES = {REQUEST_QUEUES[Op.FILTER]: "filter", REQUEST_QUEUES[Op.SCORE]: "score"}
 
     def filter(self, env: Envelope) -> BaseModel:
         req = FilterRequest.model_validate(env.body)
-        runs = self.run_units(Kind.FILTER, req.units, (req.hosts, req.vm, req.properties), env.deadline, req.timeout)
+        args = _FILTER.args(req.hosts, req.vm, req.properties)
+        runs = self.run_units(Kind.FILTER, req.units, args, env.deadline, req.timeout)
         return FilterReply(outcomes=[_filter_outcome(run) for run in runs])
 
     def score(self, env: Envelope) -> BaseModel:
         req = ScoreRequest.model_validate(env.body)
         names = [u.name for u in req.units]
-        runs = self.run_units(Kind.SCORE, names, (req.hosts, req.vm, req.properties), env.deadline, req.timeout)
+        args = _SCORE.args(req.hosts, req.vm, req.properties)
+        runs = self.run_units(Kind.SCORE, names, args, env.deadline, req.timeout)
         outcomes = [_score_outcome(run, unit.factor) for run, unit in zip(runs, req.units)]
         return ScoreReply(outcomes=outcomes)
 
 
-def _common(run: UnitRun) -> BaseModel:
+def _common(run: UnitRun) -> dict[str, Any]:
     r = run.result
     return {"unit": run.name, "ok": r.ok, "error": r.error, "timed_out": r.timed_out,
             "duration": r.duration, "stderr": r.stderr}
@@ -51,7 +53,7 @@ def _filter_outcome(run: UnitRun) -> FilterOutcome:
     outcome = FilterOutcome(**_common(run))
     if run.result.ok:
         try:
-            outcome.hosts = host_list(run.result.value, "filter")
+            outcome.hosts = _FILTER.check(run.result.value)
         except BadResult as exc:
             outcome.ok, outcome.error = False, str(exc)
     return outcome
@@ -61,7 +63,7 @@ def _score_outcome(run: UnitRun, factor: int) -> ScoreOutcome:
     outcome = ScoreOutcome(**_common(run), factor=factor)
     if run.result.ok:
         try:
-            outcome.scores = score_pairs(run.result.value)
+            outcome.scores = _SCORE.check(run.result.value)
         except BadResult as exc:
             outcome.ok, outcome.error = False, str(exc)
     return outcome

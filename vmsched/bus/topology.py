@@ -16,12 +16,8 @@ REQUEST_QUEUES: dict[Op, str] = {
 #: Topic exchange for events (agent lifecycle, applied, drift, error).
 EVENTS_EXCHANGE = Exchange("vmsched.events", type="topic", durable=True)
 
-#: Which queues each scheduling service consumes.
-SERVICE_QUEUES: dict[str, tuple[str, ...]] = {
-    "discovery": (REQUEST_QUEUES[Op.DISCOVER],),
-    "scoring": (REQUEST_QUEUES[Op.FILTER], REQUEST_QUEUES[Op.SCORE]),
-    "balancer": (REQUEST_QUEUES[Op.BALANCE],),
-}
+# Which queues each scheduling service consumes is declared by the service
+# itself (its QUEUES); vmsched.runner.service_queues() collects them.
 
 #: Operation answered by every worker without touching its handler (readiness).
 PING = "ping"

@@ -15,8 +15,8 @@ Requests (one at a time, each answered by exactly one reply):
 - ``{"op": "analyze", "path"}`` -> ``{"ok": true, "units": [...]}`` or an error
 - ``{"op": "warm", "plugins": [...]}`` -> ``{"ok": true, "loaded": [...]}``
 
-This module imports only the standard library (and the stdlib-only protocol
-and capture modules of this package): it must start fast and must not drag
+This module imports only the standard library (and the stdlib-only protocol,
+capture and contract modules of this package): it must start fast and must not drag
 the service's dependencies into the plugins' interpreter.
 """
 
@@ -39,9 +39,9 @@ from types import ModuleType
 from typing import Any
 
 from vmsched.runtime.capture import Capture, OutputLimitExceeded, _Redirect
+from vmsched.runtime.contract import KINDS
 from vmsched.runtime.protocol import Channel, encode_frame
 
-KINDS = (("filter", "do_filter"), ("score", "do_score"), ("balance", "do_balance"))
 _MAX_MESSAGE = 2000  # characters of an exception message kept in an error
 
 
@@ -164,13 +164,13 @@ def list_units(module: ModuleType) -> list[dict[str, str]]:
     for attr, obj in list(vars(module).items()):
         if not isinstance(obj, type) or obj.__module__ != module.__name__ or obj.__name__ != attr:
             continue
-        for kind, method in KINDS:
-            func = getattr(obj, method, None)
+        for unit_kind in KINDS:
+            func = getattr(obj, unit_kind.method, None)
             if callable(func):
                 units.append(
                     {
                         "name": attr,
-                        "kind": kind,
+                        "kind": unit_kind.kind,
                         "description": inspect.getdoc(func) or "",
                         "validation": _validation_of(obj),
                     }
