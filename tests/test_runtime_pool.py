@@ -48,7 +48,7 @@ def wait_until(condition: Callable[[], bool], limit: float = 10.0) -> None:
 
 
 def full(pool: PluginPool) -> bool:
-    return len(pool._idle) == pool.size
+    return pool.idle == pool.size
 
 
 @pytest.fixture
@@ -473,7 +473,7 @@ def test_waiting_for_a_worker_is_bounded_by_the_deadline(plugins: Path, make_poo
     pool = make_pool(size=1)
     busy = threading.Thread(target=pool.run, args=([call("echo", args=(HOSTS, "v", {"sleep": 1}), timeout=5)],))
     busy.start()
-    wait_until(lambda: not pool._idle)
+    wait_until(lambda: pool.idle == 0)
     result = pool.run([call("echo")], deadline=time.time() + 0.3)[0]
     busy.join()
     assert result.timed_out

@@ -15,18 +15,40 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from vmsched.runtime.process import _Worker, _WorkerGone, death_message
-
-if TYPE_CHECKING:
-    from vmsched.runtime.pool import PluginPool
+from vmsched.runtime.process import Worker, WorkerGone, death_message
+from vmsched.runtime.types import Limits
 
 _INF = math.inf
 
 
-class _PoolClosed(Exception):
-    pass
+class PoolClosed(Exception):
+    """The pool closed: no worker will be lent any more."""
+
+
+class WorkerLender(Protocol):
+    """What a batch needs from the pool that owns the workers (PluginPool implements it)."""
+
+    limits: Limits
+
+    @property
+    def closed(self) -> bool: ...
+
+    def checkout(self, waiter: Waiter, wanted: int) -> Worker | None:
+        """An idle worker, or None after registering ``waiter`` for ``wanted`` of them (PoolClosed if closed)."""
+
+    def want(self, waiter: Waiter, wanted: int) -> None:
+        """``waiter`` now wants ``wanted`` workers; any it was granted beyond that go back."""
+
+    def drop_waiter(self, waiter: Waiter) -> None:
+        """``waiter`` is done: forget it and take back what it was granted."""
+
+    def release(self, worker: Worker) -> None:
+        """``worker`` finished its request and may serve another."""
+
+    def replace(self, worker: Worker, reason: str, why: str) -> None:
+        """``worker`` is retired (``reason``: timeout, crash or recycle); start its successor."""
 
 
 def _seconds(value: float) -> str:
@@ -34,7 +56,7 @@ def _seconds(value: float) -> str:
 
 
 @dataclass(eq=False)
-class _Job:
+class Job:
     """One request in flight: its frame, its time budget and its outcome."""
 
     frame: bytes
@@ -60,12 +82,12 @@ class _Job:
         self.duration = now - (self.started or self.created)
 
 
-class _Waiter:
+class Waiter:
     """A batch waiting for workers; released workers are handed to it directly."""
 
     def __init__(self) -> None:
         self.wanted = 0
-        self.granted: list[_Worker] = []
+        self.granted: list[Worker] = []
         self.read_fd = -1
         self._write_fd = -1
 
@@ -92,16 +114,16 @@ class _Waiter:
             os.close(self._write_fd)
 
 
-class _Batch:
-    """Runs jobs in parallel on pool workers, from the calling thread."""
+class Batch:
+    """Runs jobs in parallel on workers lent by a pool, from the calling thread."""
 
-    def __init__(self, pool: PluginPool, jobs: Sequence[_Job], workers: Sequence[_Worker] = ()) -> None:
+    def __init__(self, pool: WorkerLender, jobs: Sequence[Job], workers: Sequence[Worker] = ()) -> None:
         self._pool = pool
         self._pending = deque(job for job in jobs if not job.done)
         self._spare = list(workers)  # workers reserved for this batch (warm)
-        self._running: dict[int, tuple[_Worker, _Job]] = {}
+        self._running: dict[int, tuple[Worker, Job]] = {}
         self._poller = select.poll()
-        self._waiter = _Waiter()
+        self._waiter = Waiter()
         self._waiter_polled = False
 
     def run(self) -> None:
@@ -114,14 +136,14 @@ class _Batch:
             for worker, job in list(self._running.values()):  # only after an unexpected error
                 self._abandon(worker, job, "crash", "internal error in the plugin pool", timed_out=False)
             for worker in self._spare:
-                self._pool._release(worker)
-            self._pool._drop_waiter(self._waiter)
+                self._pool.release(worker)
+            self._pool.drop_waiter(self._waiter)
 
     def _dispatch(self) -> None:
         while self._pending:
             try:
                 worker = self._next_worker()
-            except _PoolClosed:
+            except PoolClosed:
                 now = time.monotonic()
                 while self._pending:
                     self._pending.popleft().fail("plugin pool is closed", now)
@@ -133,12 +155,12 @@ class _Batch:
                 return
             self._start(worker, self._pending.popleft())
 
-    def _next_worker(self) -> _Worker | None:
+    def _next_worker(self) -> Worker | None:
         if self._spare:
             return self._spare.pop()
-        return self._pool._checkout(self._waiter, len(self._pending))
+        return self._pool.checkout(self._waiter, len(self._pending))
 
-    def _start(self, worker: _Worker, job: _Job) -> None:
+    def _start(self, worker: Worker, job: Job) -> None:
         now = time.monotonic()
         job.started = now
         job.end = min(now + job.budget, job.hard_end)
@@ -147,7 +169,7 @@ class _Batch:
         except OSError:  # it died while idle: the job never ran, try another worker
             job.started = 0.0
             self._pending.appendleft(job)
-            self._pool._replace(worker, "crash", "died while idle")
+            self._pool.replace(worker, "crash", "died while idle")
             return
         worker.calls += 1
         self._running[worker.read_fd] = (worker, job)
@@ -168,10 +190,10 @@ class _Batch:
                 self._receive(*self._running[fd])
         self._expire_running(time.monotonic())
 
-    def _receive(self, worker: _Worker, job: _Job) -> None:
+    def _receive(self, worker: Worker, job: Job) -> None:
         try:
             reply = worker.feed()
-        except (_WorkerGone, OSError) as exc:
+        except (WorkerGone, OSError) as exc:
             self._forget(worker)
             if getattr(exc, "eof", False):
                 code = worker.exit_code(timeout=0.5)
@@ -185,13 +207,13 @@ class _Batch:
             else:
                 error = death_message(code, self._pool.limits)
             job.fail(error, time.monotonic())
-            self._pool._replace(worker, "crash", f"{job.label}: {error}")
+            self._pool.replace(worker, "crash", f"{job.label}: {error}")
             return
         if reply is not None:
             job.reply = reply
             job.duration = time.monotonic() - job.started
             self._forget(worker)
-            self._pool._release(worker)
+            self._pool.release(worker)
 
     def _expire_pending(self, now: float) -> None:
         expired = [job for job in self._pending if job.wait_until <= now]
@@ -199,7 +221,7 @@ class _Batch:
             self._pending.remove(job)
             job.fail(f"timed out after {_seconds(now - job.created)} s waiting for a free plugin worker", now, True)
         if expired and self._waiter.registered:
-            self._pool._want(self._waiter, len(self._pending))
+            self._pool.want(self._waiter, len(self._pending))
 
     def _expire_running(self, now: float) -> None:
         for worker, job in list(self._running.values()):
@@ -209,12 +231,12 @@ class _Batch:
                     error += " (request deadline)"
                 self._abandon(worker, job, "timeout", error, timed_out=True)
 
-    def _abandon(self, worker: _Worker, job: _Job, reason: str, error: str, timed_out: bool) -> None:
+    def _abandon(self, worker: Worker, job: Job, reason: str, error: str, timed_out: bool) -> None:
         self._forget(worker)
         worker.kill()
         job.fail(error, time.monotonic(), timed_out)
-        self._pool._replace(worker, reason, f"{job.label}: {error}")
+        self._pool.replace(worker, reason, f"{job.label}: {error}")
 
-    def _forget(self, worker: _Worker) -> None:
+    def _forget(self, worker: Worker) -> None:
         del self._running[worker.read_fd]
         self._poller.unregister(worker.read_fd)

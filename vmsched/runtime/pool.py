@@ -27,8 +27,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from vmsched.metrics import PLUGIN_WORKER_RESTARTS
-from vmsched.runtime.batch import _Batch, _Job, _PoolClosed, _Waiter
-from vmsched.runtime.process import _Worker, _WorkerGone
+from vmsched.runtime.batch import Batch, Job, PoolClosed, Waiter
+from vmsched.runtime.process import Worker, WorkerGone
 from vmsched.runtime.protocol import encode_frame
 from vmsched.runtime.types import Analysis, AnalyzedUnit, Call, CallResult, Limits
 
@@ -63,9 +63,9 @@ class PluginPool:
         self.max_calls = max_calls
         self._max_frame = 2 * limits.max_output + (1 << 20)
         self._lock = threading.Lock()
-        self._idle: list[_Worker] = []
-        self._workers: set[_Worker] = set()
-        self._waiters: deque[_Waiter] = deque()
+        self._idle: list[Worker] = []
+        self._workers: set[Worker] = set()
+        self._waiters: deque[Waiter] = deque()
         self._started = False
         self._closed = threading.Event()
         self._restarts = {reason: PLUGIN_WORKER_RESTARTS.labels(pool=name, reason=reason) for reason in _REASONS}
@@ -79,7 +79,7 @@ class PluginPool:
             if self._started or self.closed:
                 raise RuntimeError(f"plugin pool {self.name} already started")
             self._started = True
-        workers: list[_Worker] = []
+        workers: list[Worker] = []
         try:
             for _ in range(self.size):
                 workers.append(self._spawn())
@@ -91,7 +91,7 @@ class PluginPool:
                 self._reap(worker)
             raise
         for worker in workers:
-            self._release(worker)
+            self.release(worker)
 
     def close(self) -> None:
         """Stop every worker (idempotent); calls in flight fail."""
@@ -114,6 +114,12 @@ class PluginPool:
     def closed(self) -> bool:
         return self._closed.is_set()
 
+    @property
+    def idle(self) -> int:
+        """Workers idle right now (a snapshot, for tests and diagnostics)."""
+        with self._lock:
+            return len(self._idle)
+
     def __enter__(self) -> PluginPool:
         self.start()
         return self
@@ -128,7 +134,7 @@ class PluginPool:
         now = time.monotonic()
         hard_end = _INF if deadline is None else now + (deadline - time.time())
         jobs = [self._call_job(call, now, hard_end) for call in calls]
-        _Batch(self, jobs).run()
+        Batch(self, jobs).run()
         return [self._call_result(job) for job in jobs]
 
     def analyze(self, path: Path, timeout: float = 10.0) -> Analysis:
@@ -141,8 +147,8 @@ class PluginPool:
         path = Path(path).absolute()
         now = time.monotonic()
         frame = encode_frame({"op": "analyze", "path": str(path)})
-        job = _Job(frame, f"analyze {path.name}", timeout, now + timeout, _INF, now)
-        _Batch(self, [job]).run()
+        job = Job(frame, f"analyze {path.name}", timeout, now + timeout, _INF, now)
+        Batch(self, [job]).run()
         if job.reply is None:
             if not job.started:
                 raise PoolUnavailable(job.error)
@@ -163,21 +169,21 @@ class PluginPool:
             workers, self._idle = self._idle, []
         if not names or not workers:
             for worker in workers:
-                self._release(worker)
+                self.release(worker)
             return
         now = time.monotonic()
         frame = encode_frame({"op": "warm", "plugins": names})
-        jobs = [_Job(frame, "warm", timeout, now + timeout, _INF, now) for _ in workers]
-        _Batch(self, jobs, workers).run()
+        jobs = [Job(frame, "warm", timeout, now + timeout, _INF, now) for _ in workers]
+        Batch(self, jobs, workers).run()
 
     def _check_started(self) -> None:
         if not self._started:
             raise RuntimeError(f"plugin pool {self.name} is not started")
 
-    def _call_job(self, call: Call, now: float, hard_end: float) -> _Job:
+    def _call_job(self, call: Call, now: float, hard_end: float) -> Job:
         label = f"{call.plugin}.{call.cls}.{call.method}"
         wait_until = hard_end if hard_end < _INF else now + call.timeout
-        job = _Job(b"", label, call.timeout, wait_until, hard_end, now)
+        job = Job(b"", label, call.timeout, wait_until, hard_end, now)
         message = {"op": "call", "plugin": call.plugin, "cls": call.cls, "method": call.method, "args": list(call.args)}
         try:
             job.frame = encode_frame(message)
@@ -188,7 +194,7 @@ class PluginPool:
         return job
 
     @staticmethod
-    def _call_result(job: _Job) -> CallResult:
+    def _call_result(job: Job) -> CallResult:
         reply = job.reply
         if reply is None:
             return CallResult(ok=False, error=job.error, timed_out=job.timed_out, duration=job.duration)
@@ -198,12 +204,12 @@ class PluginPool:
         error = reply.get("error") or "unknown error"
         return CallResult(ok=False, error=error, duration=job.duration, stderr=stderr)
 
-    # -- worker bookkeeping (called by _Batch)
-    def _checkout(self, waiter: _Waiter, wanted: int) -> _Worker | None:
+    # -- the WorkerLender protocol (vmsched.runtime.batch): lending workers to a Batch
+    def checkout(self, waiter: Waiter, wanted: int) -> Worker | None:
         """An idle worker, or None after registering ``waiter`` for ``wanted`` of them."""
         with self._lock:
             if self.closed:
-                raise _PoolClosed()
+                raise PoolClosed()
             if waiter.granted:
                 return waiter.granted.pop()
             if self._idle:
@@ -214,15 +220,15 @@ class PluginPool:
                 self._waiters.append(waiter)
             return None
 
-    def _want(self, waiter: _Waiter, wanted: int) -> None:
+    def want(self, waiter: Waiter, wanted: int) -> None:
         with self._lock:
             waiter.wanted = wanted
             surplus = waiter.granted[wanted:]
             del waiter.granted[wanted:]
         for worker in surplus:
-            self._release(worker)
+            self.release(worker)
 
-    def _drop_waiter(self, waiter: _Waiter) -> None:
+    def drop_waiter(self, waiter: Waiter) -> None:
         if not waiter.registered:
             return
         with self._lock:
@@ -230,12 +236,12 @@ class PluginPool:
             granted, waiter.granted = waiter.granted, []
         waiter.close()
         for worker in granted:
-            self._release(worker)
+            self.release(worker)
 
-    def _release(self, worker: _Worker) -> None:
+    def release(self, worker: Worker) -> None:
         """Give a worker that finished its request to a waiter or the idle list."""
         if worker.calls >= self.max_calls:
-            self._replace(worker, "recycle", f"{worker.calls} calls served")
+            self.replace(worker, "recycle", f"{worker.calls} calls served")
             return
         with self._lock:
             if not self.closed:
@@ -249,7 +255,7 @@ class PluginPool:
         worker.close_input()
         self._reap(worker, timeout=1.0)
 
-    def _replace(self, worker: _Worker, reason: str, why: str) -> None:
+    def replace(self, worker: Worker, reason: str, why: str) -> None:
         """Retire ``worker`` and start its successor in the background."""
         if reason == "recycle":
             worker.close_input()
@@ -263,7 +269,7 @@ class PluginPool:
         log.log(level, "plugin pool %s: replacing worker %d (%s): %s", self.name, worker.pid, reason, why)
         threading.Thread(target=self._respawn, args=(worker,), name=f"{self.name}-respawn", daemon=True).start()
 
-    def _respawn(self, old: _Worker) -> None:
+    def _respawn(self, old: Worker) -> None:
         self._reap(old)
         delay = 0.5
         while not self.closed:
@@ -282,11 +288,11 @@ class PluginPool:
                     return
                 delay = min(delay * 2, 30.0)
                 continue
-            self._release(worker)
+            self.release(worker)
             return
 
     # -- processes
-    def _spawn(self) -> _Worker:
+    def _spawn(self) -> Worker:
         proc = subprocess.Popen(
             self._command(),
             stdin=subprocess.PIPE,
@@ -297,23 +303,23 @@ class PluginPool:
             close_fds=True,
             process_group=0,  # so a kill also reaches what the plugin spawned
         )
-        worker = _Worker(proc, self._max_frame)
+        worker = Worker(proc, self._max_frame)
         with self._lock:
             self._workers.add(worker)
         if self.closed:  # close() may have missed it
             worker.kill()
         return worker
 
-    def _await_ready(self, worker: _Worker) -> None:
+    def _await_ready(self, worker: Worker) -> None:
         try:
             reply = worker.receive(READY_TIMEOUT)
-        except (_WorkerGone, OSError, TimeoutError) as exc:
+        except (WorkerGone, OSError, TimeoutError) as exc:
             code = worker.exit_code(timeout=1.0)
             raise RuntimeError(f"plugin worker {worker.pid} did not start ({exc}; exit status {code})") from None
         if not reply.get("ready"):
             raise RuntimeError(f"plugin worker {worker.pid} sent {reply!r} instead of its ready message")
 
-    def _reap(self, worker: _Worker, timeout: float = 5.0) -> None:
+    def _reap(self, worker: Worker, timeout: float = 5.0) -> None:
         worker.reap(timeout)
         with self._lock:
             self._workers.discard(worker)

@@ -18,7 +18,7 @@ from vmsched.runtime.protocol import HEADER, write_all
 from vmsched.runtime.types import Limits
 
 
-class _WorkerGone(Exception):
+class WorkerGone(Exception):
     """The worker closed its pipe (``eof``) or broke the protocol."""
 
     def __init__(self, message: str, eof: bool = False) -> None:
@@ -26,7 +26,7 @@ class _WorkerGone(Exception):
         self.eof = eof
 
 
-class _Worker:
+class Worker:
     """One worker process and the pool's ends of its two pipes."""
 
     def __init__(self, proc: subprocess.Popen[bytes], max_frame: int) -> None:
@@ -46,13 +46,13 @@ class _Worker:
         """Read what the pipe holds; the reply once complete, else None."""
         chunk = os.read(self.read_fd, 1 << 16)
         if not chunk:
-            raise _WorkerGone("closed its pipe", eof=True)
+            raise WorkerGone("closed its pipe", eof=True)
         self._buffer += chunk
         if len(self._buffer) < HEADER.size:
             return None
         (size,) = HEADER.unpack_from(self._buffer)
         if size > self._max_frame:
-            raise _WorkerGone(f"sent a {size}-byte frame")
+            raise WorkerGone(f"sent a {size}-byte frame")
         end = HEADER.size + size
         if len(self._buffer) < end:
             return None
@@ -61,9 +61,9 @@ class _Worker:
         try:
             message = json.loads(payload)
         except ValueError as exc:
-            raise _WorkerGone(f"sent a bad frame ({exc})") from None
+            raise WorkerGone(f"sent a bad frame ({exc})") from None
         if not isinstance(message, dict):
-            raise _WorkerGone("sent a frame that is not an object")
+            raise WorkerGone("sent a frame that is not an object")
         return message
 
     def receive(self, timeout: float) -> dict[str, Any]:
