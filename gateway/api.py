@@ -7,9 +7,10 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
+from vmsched.bus import BusError, BusTimeout
+from vmsched.gateway.operations import BALANCE, FILTER, SCORE
 from vmsched.gateway.render import Decision, discover_result
 from vmsched.gateway.scheduler import Scheduler
-from vmsched.bus import BusError, BusTimeout
 from vmsched.messages import (
     BalanceOutcome,
     BalanceRequest,
@@ -76,7 +77,7 @@ async def units(request: Request) -> UnitsAnswer:
 
 @router.post("/filter", response_model=FilterAnswer, summary="Run filter units (runFilters)")
 async def run_filter(req: FilterRequest, request: Request) -> FilterAnswer:
-    decision, outcomes = await _scheduler(request).filter(req)
+    decision, outcomes = await _scheduler(request).run(FILTER, req)
     requested = set(req.hosts)
     details = [
         FilterUnitDetail(
@@ -91,7 +92,7 @@ async def run_filter(req: FilterRequest, request: Request) -> FilterAnswer:
 
 @router.post("/score", response_model=ScoreAnswer, summary="Run score units (runCostFunctions)")
 async def run_score(req: ScoreRequest, request: Request) -> ScoreAnswer:
-    decision, outcomes = await _scheduler(request).score(req)
+    decision, outcomes = await _scheduler(request).run(SCORE, req)
     details = []
     for o in outcomes:
         scored = {h for h, _ in o.scores}
@@ -101,6 +102,6 @@ async def run_score(req: ScoreRequest, request: Request) -> ScoreAnswer:
 
 @router.post("/balance", response_model=BalanceAnswer, summary="Run a balance unit (runLoadBalancing)")
 async def run_balance(req: BalanceRequest, request: Request) -> BalanceAnswer:
-    decision, outcome = await _scheduler(request).balance(req)
+    decision, outcome = await _scheduler(request).run(BALANCE, req)
     return BalanceAnswer(**_answer(decision), unit=outcome)
 

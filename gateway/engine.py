@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable
 
+from vmsched.bus import BusError
 from vmsched.gateway import xmlrpc
+from vmsched.gateway.operations import OPERATIONS, Operation
 from vmsched.gateway.render import discover_result
 from vmsched.gateway.scheduler import Scheduler
-from vmsched.bus import BusError
-from vmsched.messages import BalanceRequest, FilterRequest, ScoreRequest
 
 log = logging.getLogger("vmsched.gateway")
 
@@ -24,39 +24,17 @@ async def discover(s: Scheduler, params: tuple[Any, ...]) -> Any:
         raise xmlrpc.Fault(xmlrpc.SERVER_ERROR, f"discovery unavailable: {exc}") from None
 
 
-async def run_filters(s: Scheduler, params: tuple[Any, ...]) -> Any:
-    xmlrpc.arity(params, "runFilters", 4)
-    req = FilterRequest(
-        units=xmlrpc.str_list(params[0], "filters"),
-        hosts=xmlrpc.str_list(params[1], "hostIDs"),
-        vm=xmlrpc.text(params[2], "vmID"),
-        properties=xmlrpc.properties(params[3]),
-    )
-    decision, _ = await s.filter(req)
-    return decision.envelope()
+def _operation_method(operation: Operation) -> Method:
+    """The XML-RPC method of one row of the operations table."""
+    name, arity, parse = operation.xmlrpc_method, operation.xmlrpc_arity, operation.from_xmlrpc
 
+    async def method(s: Scheduler, params: tuple[Any, ...]) -> Any:
+        xmlrpc.arity(params, name, arity)
+        decision, _ = await s.run(operation, parse(params))
+        return decision.envelope()
 
-async def run_cost_functions(s: Scheduler, params: tuple[Any, ...]) -> Any:
-    xmlrpc.arity(params, "runCostFunctions", 4)
-    req = ScoreRequest.model_validate({
-        "units": xmlrpc.score_units(params[0]),
-        "hosts": xmlrpc.str_list(params[1], "hostIDs"),
-        "vm": xmlrpc.text(params[2], "vmID"),
-        "properties": xmlrpc.properties(params[3]),
-    })
-    decision, _ = await s.score(req)
-    return decision.envelope()
-
-
-async def run_load_balancing(s: Scheduler, params: tuple[Any, ...]) -> Any:
-    xmlrpc.arity(params, "runLoadBalancing", 3)
-    req = BalanceRequest(
-        unit=xmlrpc.text(params[0], "balancer"),
-        hosts=xmlrpc.str_list(params[1], "hostIDs"),
-        properties=xmlrpc.properties(params[2]),
-    )
-    decision, _ = await s.balance(req)
-    return decision.envelope()
+    method.__name__ = method.__qualname__ = name
+    return method
 
 
 async def list_methods(s: Scheduler, params: tuple[Any, ...]) -> Any:
@@ -65,9 +43,7 @@ async def list_methods(s: Scheduler, params: tuple[Any, ...]) -> Any:
 
 METHODS: dict[str, Method] = {
     "discover": discover,
-    "runFilters": run_filters,
-    "runCostFunctions": run_cost_functions,
-    "runLoadBalancing": run_load_balancing,
+    **{row.xmlrpc_method: _operation_method(row) for row in OPERATIONS.values()},
     "system.listMethods": list_methods,
 }
 

@@ -1,10 +1,11 @@
-"""The gateway's view of the scheduling services: one coroutine per operation.
+"""The gateway's view of the scheduling services: discover, and one coroutine for the rest.
 
-Each sends a typed request on the bus, waits for the service's full outcome
-and turns it into a :class:`Decision`. When the bus fails (broker down, no
-service answering in time) the decision still has the engine's shape and says
-why in ``errors``: filters keep every host, scores are empty, balance is
-``["", []]``.
+:meth:`Scheduler.run` runs one row of the operations table
+(:mod:`vmsched.gateway.operations`): it sends the typed request on the bus,
+waits for the service's full outcome and turns it into a :class:`Decision`.
+When the bus fails (broker down, no service answering in time) the decision is
+the row's fallback, still in the engine's shape, and says why in ``errors``:
+filters keep every host, scores are empty, balance is ``["", []]``.
 """
 
 from __future__ import annotations
@@ -12,26 +13,17 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
-from vmsched.gateway.render import Decision, balance_decision, filter_decision, score_decision
+from pydantic import BaseModel
+
 from vmsched import metrics
 from vmsched.bus import BusError
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.topology import REQUEST_QUEUES
-from vmsched.messages import (
-    BalanceOutcome,
-    BalanceReply,
-    BalanceRequest,
-    DiscoverReply,
-    FilterOutcome,
-    FilterReply,
-    FilterRequest,
-    Op,
-    ScoreOutcome,
-    ScoreReply,
-    ScoreRequest,
-)
+from vmsched.gateway.operations import Operation
+from vmsched.gateway.render import Decision
+from vmsched.messages import DiscoverReply, Op
 
 log = logging.getLogger("vmsched.gateway")
 
@@ -54,47 +46,21 @@ class Scheduler:
             outcome.append("ok")
             return reply
 
-    async def filter(self, req: FilterRequest) -> tuple[Decision, list[FilterOutcome]]:
-        with _observed(Op.FILTER) as outcome:
-            if not req.units:
+    async def run(self, operation: Operation, req: BaseModel) -> tuple[Decision, Any]:
+        """One scheduling operation (a row of the table): its decision and the units' outcomes."""
+        op = operation.op
+        with _observed(op) as outcome:
+            if operation.nothing_to_run(req):
                 outcome.append("ok")
-                return Decision(result=list(req.hosts)), []
+                return operation.fallback(req), operation.no_outcomes()
             try:
-                reply = await self.bus.call(REQUEST_QUEUES[Op.FILTER], Op.FILTER.value, req.model_dump(),
-                                            self._deadline(req.timeout), FilterReply)
+                reply = await self.bus.call(REQUEST_QUEUES[op], op.value, req.model_dump(),
+                                            self._deadline(req.timeout), operation.reply)  # type: ignore[attr-defined]
             except BusError as exc:
-                return _failed(Decision(result=list(req.hosts)), exc, outcome), []
-            outcomes = reply.outcomes
-            decision = filter_decision(req.hosts, outcomes)
+                return _failed(operation.fallback(req), exc, outcome), operation.no_outcomes()
+            decision = operation.decide(req, reply)
             outcome.append("ok" if decision.result_code == 0 else "error")
-            return decision, outcomes
-
-    async def score(self, req: ScoreRequest) -> tuple[Decision, list[ScoreOutcome]]:
-        with _observed(Op.SCORE) as outcome:
-            if not req.units:
-                outcome.append("ok")
-                return Decision(result=[]), []
-            try:
-                reply = await self.bus.call(REQUEST_QUEUES[Op.SCORE], Op.SCORE.value, req.model_dump(),
-                                            self._deadline(req.timeout), ScoreReply)
-            except BusError as exc:
-                return _failed(Decision(result=[]), exc, outcome), []
-            outcomes = reply.outcomes
-            decision = score_decision(req.hosts, outcomes)
-            outcome.append("ok" if decision.result_code == 0 else "error")
-            return decision, outcomes
-
-    async def balance(self, req: BalanceRequest) -> tuple[Decision, BalanceOutcome | None]:
-        with _observed(Op.BALANCE) as outcome:
-            try:
-                reply = await self.bus.call(REQUEST_QUEUES[Op.BALANCE], Op.BALANCE.value, req.model_dump(),
-                                            self._deadline(req.timeout), BalanceReply)
-            except BusError as exc:
-                return _failed(Decision(result=["", []]), exc, outcome), None
-            result = reply.outcome
-            decision = balance_decision(req.hosts, result)
-            outcome.append("ok" if decision.result_code == 0 else "error")
-            return decision, result
+            return decision, operation.outcomes(reply)
 
 
 def _failed(decision: Decision, exc: BusError, outcome: list[str]) -> Decision:

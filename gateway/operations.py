@@ -1,0 +1,118 @@
+"""The gateway's three scheduling operations, one table row each.
+
+A row says everything the gateway does for one operation, whatever the wire:
+the engine's XML-RPC method and how its positional parameters become the
+request model, the reply model the service answers with, the decision when
+there is nothing to run or the bus fails (the fallback), how the service's
+outcomes become the engine's decision, and which outcomes the JSON API shows.
+:mod:`vmsched.gateway.scheduler` runs a row; :mod:`vmsched.gateway.engine`
+(XML-RPC) and :mod:`vmsched.gateway.api` (JSON) look rows up in
+:data:`OPERATIONS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from vmsched.gateway import xmlrpc
+from vmsched.gateway.render import Decision, balance_decision, filter_decision, score_decision
+from vmsched.messages import (
+    BalanceReply,
+    BalanceRequest,
+    FilterReply,
+    FilterRequest,
+    Op,
+    ScoreReply,
+    ScoreRequest,
+)
+
+
+@dataclass(frozen=True)
+class Operation:
+    op: Op
+    xmlrpc_method: str  # the engine's method name
+    xmlrpc_arity: int
+    from_xmlrpc: Callable[[tuple[Any, ...]], Any]  # checked positional params -> request model
+    request: type[BaseModel]
+    reply: type[BaseModel]
+    fallback: Callable[[Any], Decision]  # request -> the decision when nothing ran (bus failed, no units)
+    nothing_to_run: Callable[[Any], bool]  # request -> answer with the fallback without asking anyone
+    decide: Callable[[Any, Any], Decision]  # (request, reply) -> the engine's decision
+    outcomes: Callable[[Any], Any]  # reply -> the per-unit outcomes the JSON API shows
+    no_outcomes: Callable[[], Any]  # the outcomes shown when nothing ran
+
+
+def _filter_request(params: tuple[Any, ...]) -> FilterRequest:
+    return FilterRequest(
+        units=xmlrpc.str_list(params[0], "filters"),
+        hosts=xmlrpc.str_list(params[1], "hostIDs"),
+        vm=xmlrpc.text(params[2], "vmID"),
+        properties=xmlrpc.properties(params[3]),
+    )
+
+
+def _score_request(params: tuple[Any, ...]) -> ScoreRequest:
+    return ScoreRequest.model_validate({
+        "units": xmlrpc.score_units(params[0]),
+        "hosts": xmlrpc.str_list(params[1], "hostIDs"),
+        "vm": xmlrpc.text(params[2], "vmID"),
+        "properties": xmlrpc.properties(params[3]),
+    })
+
+
+def _balance_request(params: tuple[Any, ...]) -> BalanceRequest:
+    return BalanceRequest(
+        unit=xmlrpc.text(params[0], "balancer"),
+        hosts=xmlrpc.str_list(params[1], "hostIDs"),
+        properties=xmlrpc.properties(params[2]),
+    )
+
+
+FILTER = Operation(
+    op=Op.FILTER,
+    xmlrpc_method="runFilters",
+    xmlrpc_arity=4,
+    from_xmlrpc=_filter_request,
+    request=FilterRequest,
+    reply=FilterReply,
+    fallback=lambda req: Decision(result=list(req.hosts)),  # a filter that cannot run keeps every host
+    nothing_to_run=lambda req: not req.units,
+    decide=lambda req, reply: filter_decision(req.hosts, reply.outcomes),
+    outcomes=lambda reply: reply.outcomes,
+    no_outcomes=list,
+)
+
+SCORE = Operation(
+    op=Op.SCORE,
+    xmlrpc_method="runCostFunctions",
+    xmlrpc_arity=4,
+    from_xmlrpc=_score_request,
+    request=ScoreRequest,
+    reply=ScoreReply,
+    fallback=lambda req: Decision(result=[]),
+    nothing_to_run=lambda req: not req.units,
+    decide=lambda req, reply: score_decision(req.hosts, reply.outcomes),
+    outcomes=lambda reply: reply.outcomes,
+    no_outcomes=list,
+)
+
+BALANCE = Operation(
+    op=Op.BALANCE,
+    xmlrpc_method="runLoadBalancing",
+    xmlrpc_arity=3,
+    from_xmlrpc=_balance_request,
+    request=BalanceRequest,
+    reply=BalanceReply,
+    fallback=lambda req: Decision(result=["", []]),  # no VM to move
+    nothing_to_run=lambda req: False,  # one unit, always named
+    decide=lambda req, reply: balance_decision(req.hosts, reply.outcome),
+    outcomes=lambda reply: reply.outcome,
+    no_outcomes=lambda: None,
+)
+
+#: The table, by operation.
+OPERATIONS: dict[Op, Operation] = {row.op: row for row in (FILTER, SCORE, BALANCE)}
