@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vmsched.gateway import api, engine
+from vmsched.gateway import agent_api, api, engine
 from vmsched.gateway.scheduler import Scheduler
 from vmsched import __version__, metrics
 from vmsched.bus.client import AsyncBusClient
@@ -118,7 +118,7 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None) -> BodyLim
     app.state.bus = bus
     app.state.scheduler = scheduler
     app.include_router(api.router)
-    _include_agent_api(app)
+    app.include_router(agent_api.router)
 
     @app.get("/healthz", tags=["operations"], summary="The process is up")
     async def healthz() -> dict[str, str]:
@@ -141,11 +141,3 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None) -> BodyLim
 
     return BodyLimit(EngineFastPath(app, scheduler), settings.max_body_bytes)
 
-
-def _include_agent_api(app: FastAPI) -> None:
-    try:
-        from vmsched.gateway.agent_api import router
-    except ImportError as exc:  # the agent API is optional in minimal installs
-        log.info("agent API not available: %s", exc)
-        return
-    app.include_router(router)

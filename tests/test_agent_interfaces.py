@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
 
 import pytest
@@ -51,8 +52,42 @@ def test_socket_protocol(conn, make_agent):
         f.flush()
         first, second, third = (json.loads(f.readline()) for _ in range(3))
     assert first["ok"] and first["body"]["allowed"] is True
-    assert second == {"ok": False, "error": second["error"], "code": "invalid", "body": {}}
+    assert second == {"v": 2, "ok": False, "error": second["error"], "code": "invalid", "details": [], "body": {}}
     assert [p["guest"] for p in third["body"]["policies"]] == ["t-sock"]
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("t-sock\x00x", "control character U+0000 at position 6"),
+    ("t\nsock", "control character U+000A at position 1"),
+    ("t-\ud800", "lone surrogate U+D800 at position 2"),
+    ("x" * 257, "257 characters long; at most 256"),
+    (" ", "empty guest name"),
+])
+def test_socket_refuses_invalid_guest_names(conn, make_agent, caplog, name, reason):
+    """Bug 5: a NUL (or other invalid character) in a guest name is a refusal with a reason, not a traceback."""
+    a = make_agent()
+    guest(conn, "t-sock")
+    client = SocketClient(a.socket_path)
+    for op, body in (("get_policy", {"guest": name}), ("set_policy", {"guest": name, "policy": {}}),
+                     ("delete_policy", {"guest": name}), ("start_domain", {"guest": name}),
+                     ("set_policy", {"guest": "t-sock", "policy": {"requires": [name]}})):
+        with pytest.raises(PolicyError, match=re.escape(reason)):
+            client.call(op, body)
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]
+
+
+def test_socket_versions(conn, make_agent):
+    """A request without ``v`` is version 1 and understood; a newer version is refused by name."""
+    a = make_agent()
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(a.socket_path))
+        f = s.makefile("rwb")
+        f.write(b'{"op": "ping", "body": {}}\n{"v": 3, "op": "ping", "body": {}}\n{"v": "x", "op": "ping"}\n')
+        f.flush()
+        v1, v3, bad = (json.loads(f.readline()) for _ in range(3))
+    assert v1["ok"] and v1["body"]["host_id"] == "h1"
+    assert not v3["ok"] and v3["code"] == "unsupported_version" and "contract version 3" in v3["error"]
+    assert not bad["ok"] and bad["code"] == "unsupported_version"
 
 
 # --- CLI ---------------------------------------------------------------------------------
@@ -129,10 +164,15 @@ def test_bus_rpc_and_events(conn, make_agent):
     assert a._bus.worker.ready.wait(5)
     view = call("memory://", agent_queue("h1"), "set_policy", {"guest": "t-bus", "policy": {"dedicated": 2}})
     assert view["allocation"] == "4-5" and live_pins(dom) == {0: "4", 1: "5"}
-    with pytest.raises(RequestError, match="^not_found: no guest"):
+    with pytest.raises(RequestError, match="^no guest") as missing:
         call("memory://", agent_queue("h1"), "get_policy", {"guest": "t-gone"})
-    with pytest.raises(RequestError, match="^invalid: "):
+    assert missing.value.code == "not_found"
+    with pytest.raises(RequestError) as refused:
         call("memory://", agent_queue("h1"), "set_pool", {"dedicated_pool": "0-7"})
+    assert refused.value.code == "invalid" and refused.value.details
+    with pytest.raises(RequestError, match="control character U\\+0000") as nul:  # bug 5, on the bus
+        call("memory://", agent_queue("h1"), "get_policy", {"guest": "t-bus\x00"})
+    assert nul.value.code == "invalid"
     wait_until(lambda: any(e == "applied" and b["guest"] == "t-bus" for e, b in a.events))
 
 
@@ -169,12 +209,67 @@ def test_gateway_router(conn, make_agent):
     assert r.status_code == 404 and r.json()["detail"]["code"] == "not_found"
     r = http.put("/v1/hosts/h1/policies/t-gw", json={"dedicated": 7})
     assert r.status_code == 400 and "asks for 7 dedicated CPUs" in r.json()["detail"]["error"]
-    assert http.put("/v1/hosts/h1/policies/t-gw", json={"weight": 1}).status_code == 422
     assert http.put("/v1/hosts/h1/cpus", json={"dedicated_pool": "6-7"}).json()["allocations"] == {"t-gw": "6-7"}
     assert http.delete("/v1/hosts/h1/policies/t-gw").json()["deleted"] is True
-    assert http.get("/v1/hosts/bad$host/cpus").status_code == 422
+    r = http.get("/v1/hosts/bad$host/cpus")
+    assert r.status_code == 400 and r.json()["detail"]["code"] == "invalid" and "host" in r.json()["detail"]["error"]
     app.state.bus = _DirectBus(a, down=True)
     assert http.get("/v1/hosts/h1/cpus").status_code == 503
+
+
+def test_gateway_answers_every_invalid_request_with_400_and_every_reason(conn, make_agent):
+    """Bug 8: a malformed body (pydantic) and an agent's refusal are both 400, each reason listed."""
+    from vmsched.gateway.agent_api import router
+
+    a = make_agent(amqp_url="memory://")
+    guest(conn, "t-gw")
+    app = FastAPI()
+    app.include_router(router)
+    app.state.bus = _DirectBus(a)
+    http = TestClient(app)
+    # the shape, checked by the gateway: every problem at once, nothing sent to the agent
+    r = http.put("/v1/hosts/h1/policies/t-gw", json={"weight": "heavy", "bogus": 1, "requires": ["db\u0000"]})
+    assert r.status_code == 400
+    detail = r.json()["detail"]
+    assert detail["code"] == "invalid" and detail["host"] == "h1"
+    assert len(detail["details"]) == 3
+    assert any(d.startswith("weight:") for d in detail["details"])
+    assert any(d.startswith("bogus:") for d in detail["details"])
+    assert any("requires.0" in d and "U+0000" in d for d in detail["details"])
+    r = http.put("/v1/hosts/h1/policies/t-gw", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["detail"]["details"]
+    # the values, checked by the agent: also 400, with its reasons
+    r = http.put("/v1/hosts/h1/policies/t-gw", json={"weight": 1, "dedicated": 9})
+    assert r.status_code == 400
+    detail = r.json()["detail"]
+    assert any("weight (cpu_shares) 1 outside" in d for d in detail["details"])
+    assert detail["error"] == "; ".join(detail["details"])
+    # the OpenAPI document says so (400 with the error model; no 422)
+    spec = app.openapi()["paths"]["/v1/hosts/{host}/policies/{guest}"]["put"]
+    assert "400" in spec["responses"] and "422" not in spec["responses"]
+    assert spec["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/PolicyDocument")
+
+
+@pytest.mark.parametrize("path, reason", [
+    ("/v1/hosts/h1/policies/t-gw%00", "control character U+0000"),
+    ("/v1/hosts/h1/policies/t%0Agw", "control character U+000A"),
+    ("/v1/hosts/h1/policies/" + "x" * 300, "300 characters long"),
+])
+def test_gateway_refuses_invalid_guest_names(conn, make_agent, caplog, path, reason):
+    """Bug 5 at the gateway: 400 with the reason for every route taking a guest; no traceback anywhere."""
+    from vmsched.gateway.agent_api import router
+
+    a = make_agent(amqp_url="memory://")
+    app = FastAPI()
+    app.include_router(router)
+    app.state.bus = _DirectBus(a)
+    http = TestClient(app)
+    domain = path.replace("/policies/", "/domains/")
+    for r in (http.get(path), http.put(path, json={}), http.delete(path), http.post(domain + "/start"),
+              http.post(domain + "/stop")):
+        assert r.status_code == 400, (r.request.method, r.request.url, r.text)
+        assert reason in r.json()["detail"]["error"]
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]
 
 
 def test_agent_daemon_process(state_dir):  # noqa: F811 - fixture
@@ -187,7 +282,8 @@ def test_agent_daemon_process(state_dir):  # noqa: F811 - fixture
     base = [sys.executable, "-m", "vmsched.cli"]
     env = {**os.environ, "VMSCHED_AGENT_AMQP": "", "VMSCHED_AMQP_URL": ""}
     proc = subprocess.Popen([*base, "agent", "--libvirt", "test:///default", "--host-id", "hd", "--state-dir",
-                             str(state_dir), "--socket", str(sock), "--dedicated-pool", "6-7"],
+                             str(state_dir), "--socket", str(sock), "--dedicated-pool", "6-7",
+                             "--lock-dir", str(state_dir / "lock")],  # test:///default: one lock per test
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
         wait_until(lambda: sock.exists() or proc.poll() is not None, timeout=20)

@@ -22,6 +22,7 @@ from kombu import Consumer, Queue
 from tests.conftest import ROOT, Proc, Stack, free_port, wait_until
 from vmsched.bus.connection import BusOptions, open_connection
 from vmsched.bus.topology import EVENTS_EXCHANGE
+from vmsched.messages import CONTRACT_VERSION
 
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
 
@@ -62,7 +63,7 @@ def test_agent_policies_through_gateway_cli_and_events(tmp_path: Path, rabbit_vh
     env = {"VMSCHED_AGENT_AMQP": "", "VMSCHED_AMQP_URL": ""}
     agent = Proc(["agent", "--libvirt", "test:///default", "--host-id", host, "--amqp", rabbit_vhost,
                   "--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "agent.sock"),
-                  "--dedicated-pool", "6-7"], tmp_path / "agent.log", env=env).start()
+                  "--dedicated-pool", "6-7", "--lock-dir", str(tmp_path / "lock")], tmp_path / "agent.log", env=env).start()
     port = free_port()
     gateway = Proc(["gateway", "--amqp", rabbit_vhost, "--port", str(port)], tmp_path / "gateway.log").start()
     stack = Stack(port, tmp_path, [gateway, agent])
@@ -81,16 +82,26 @@ def test_agent_policies_through_gateway_cli_and_events(tmp_path: Path, rabbit_vh
         refused = httpx.put(f"{url}/policies/test", json={"dedicated": 3}, timeout=10)
         assert refused.status_code == 400 and "pool" in json.dumps(refused.json()).lower()
         assert httpx.get(f"{url}/policies/no-such-guest", timeout=10).status_code == 404
+        # bug 5 and 8 through the real gateway and bus: 400 with every reason, never a 502
+        nul = httpx.get(f"{url}/policies/test%00", timeout=10)
+        assert nul.status_code == 400 and "U+0000" in nul.json()["detail"]["error"]
+        bad = httpx.put(f"{url}/policies/test", json={"weight": 1, "cap_percent": 500}, timeout=10)
+        assert bad.status_code == 400 and len(bad.json()["detail"]["details"]) == 2, bad.text
 
         out = subprocess.run([sys.executable, "-m", "vmsched.cli", "policy", "list", "--amqp", rabbit_vhost,
                               "--host", host], cwd=ROOT, capture_output=True, text=True, timeout=30,
                              env={**os.environ, **env})
         assert out.returncode == 0, out.stderr
         assert "test" in out.stdout
+        out = subprocess.run([sys.executable, "-m", "vmsched.cli", "policy", "get", "te\nst", "--amqp", rabbit_vhost,
+                              "--host", host], cwd=ROOT, capture_output=True, text=True, timeout=30,
+                             env={**os.environ, **env})
+        assert out.returncode == 1 and "control character U+000A" in out.stderr, out.stderr
 
         wait_until(lambda: (f"agent.{host}.applied", "test", "set") in
                    [(key, e.get("guest"), e.get("trigger")) for key, e in tap.events],
                    15, 0.1, "the agent's applied event on the topic exchange")
+        assert all(e.get("v") == CONTRACT_VERSION for _, e in tap.events)  # every event carries its version
 
         assert httpx.delete(f"{url}/policies/test", timeout=10).status_code == 200
         assert httpx.get(f"{url}/policies/test", timeout=10).json().get("policy") in (None, {})

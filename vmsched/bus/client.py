@@ -24,7 +24,7 @@ from kombu.message import Message
 from pydantic import BaseModel, ValidationError
 
 from vmsched import metrics
-from vmsched.bus import BusTimeout, BusUnavailable, RequestError
+from vmsched.bus import BusTimeout, BusUnavailable, RequestError, reply_error
 from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, open_connection, safe_release
 from vmsched.bus.memory import QueueWatch
 from vmsched.bus.topology import PING, request_queue
@@ -91,12 +91,15 @@ class AsyncBusClient:
     ) -> dict[str, Any] | M:
         """Send a request and wait for its reply body, at most ``timeout`` seconds.
 
-        With ``model`` the reply is parsed in one pass into that type.
+        With ``model`` the reply is parsed in one pass into that type. An error
+        reply (of this contract version or the previous one) raises
+        :class:`RequestError` carrying the reply's ``code``.
         """
         reply_type = TypedReply[model] if model else ReplyEnvelope  # type: ignore[valid-type]
         reply = await self.request(queue, op, body, timeout, reply_type)
-        if not reply.ok or reply.body is None:
-            raise RequestError(reply.error or "request failed")
+        error = reply_error(reply, queue)
+        if error is not None:
+            raise error
         return reply.body
 
     async def request(
@@ -107,7 +110,7 @@ class AsyncBusClient:
         try:
             return reply_type.model_validate_json(raw)
         except ValidationError as exc:
-            raise RequestError(f"malformed reply from {queue}: {exc.errors()[0]['msg']}") from None
+            raise RequestError(f"malformed reply from {queue}: {exc.errors()[0]['msg']}", "internal") from None
 
     async def _roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> bytes:
         if self._conn is None or self._producer is None:

@@ -10,15 +10,17 @@ from typing import Any
 from kombu import Consumer, Producer, Queue
 from kombu.message import Message
 
-from vmsched.bus import BusTimeout, BusUnavailable, RequestError
+from vmsched.bus import BusTimeout, BusUnavailable, RequestError, reply_error
 from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, open_connection, safe_release
-from vmsched.messages import Envelope, ReplyEnvelope
+from pydantic import ValidationError
+
+from vmsched.messages import Envelope, ErrorCode, ReplyEnvelope
 
 
 def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
     """Send one request to ``queue`` and return the reply body.
 
-    Raises :class:`RequestError` for an error reply, :class:`BusTimeout` when
+    Raises :class:`RequestError` (with the reply's ``code``) for an error reply, :class:`BusTimeout` when
     nobody answers in time and :class:`BusUnavailable` when the broker cannot
     be reached.
     """
@@ -30,7 +32,11 @@ def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeo
 
     def on_reply(message: Message) -> None:
         if message.properties.get("correlation_id") == cid:
-            replies.append(ReplyEnvelope.model_validate_json(message.body))
+            try:
+                replies.append(ReplyEnvelope.model_validate_json(message.body))
+            except ValidationError as exc:
+                replies.append(ReplyEnvelope(ok=False, error=f"malformed reply from {queue}: {exc.errors()[0]['msg']}",
+                                             code=ErrorCode.INTERNAL))
 
     conn = None
     try:
@@ -60,10 +66,10 @@ def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeo
         raise BusUnavailable(f"message bus unavailable at {_redact(options.url)}: {exc}") from None
     finally:
         safe_release(conn)
-    reply = replies[0]
-    if not reply.ok:
-        raise RequestError(reply.error or "request failed")
-    return reply.body
+    error = reply_error(replies[0], queue)
+    if error is not None:
+        raise error
+    return replies[0].body
 
 
 def _redact(url: str) -> str:

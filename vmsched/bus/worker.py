@@ -23,7 +23,7 @@ from vmsched import metrics
 from vmsched.bus import RequestError
 from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, open_connection, safe_release
 from vmsched.bus.topology import PING, request_queue
-from vmsched.messages import Envelope, ReplyEnvelope
+from vmsched.messages import CONTRACT_VERSION, Envelope, ErrorCode, ReplyEnvelope
 
 log = logging.getLogger("vmsched.bus")
 
@@ -155,7 +155,12 @@ class ServiceWorker:
             env = Envelope.model_validate_json(body)
         except ValidationError as exc:
             metrics.REQUESTS.labels(self.service, "invalid", "error").inc()
-            return ReplyEnvelope(ok=False, error=f"malformed request: {exc.errors()[0]['msg']}")
+            return ReplyEnvelope(ok=False, error=f"malformed request: {_first_error(exc)}", code=ErrorCode.INVALID)
+        problem = env.version_problem()
+        if problem is not None:
+            metrics.REQUESTS.labels(self.service, "invalid", "error").inc()
+            return ReplyEnvelope(ok=False, error=f"{self.service}: request of {problem}",
+                                 code=ErrorCode.UNSUPPORTED_VERSION)
         if env.op == PING:
             return ReplyEnvelope(ok=True, body={"service": self.service})
         if env.remaining() <= 0:
@@ -164,8 +169,11 @@ class ServiceWorker:
             return None
         handler = self.routes.get(queue)
         if handler is None:
-            return ReplyEnvelope(ok=False, error=f"no handler for queue {queue!r}")
-        return self._invoke(handler, env)
+            return ReplyEnvelope(ok=False, error=f"no handler for queue {queue!r}", code=ErrorCode.INTERNAL)
+        reply = self._invoke(handler, env)
+        if isinstance(reply, ReplyEnvelope) and env.version == 1:
+            reply = _legacy(reply)
+        return reply
 
     def _invoke(self, handler: Handler, env: Envelope) -> ReplyEnvelope | bytes:
         op = env.op
@@ -177,14 +185,17 @@ class ServiceWorker:
             return _ok(handler(env))
         except RequestError as exc:
             outcome = "error"
-            return ReplyEnvelope(ok=False, error=str(exc))
+            return ReplyEnvelope(ok=False, error=str(exc), code=exc.code, details=exc.details)
         except ValidationError as exc:
             outcome = "error"
-            return ReplyEnvelope(ok=False, error=f"invalid {op} request: {_first_error(exc)}")
+            details = [_describe(err) for err in exc.errors()]
+            return ReplyEnvelope(ok=False, error=f"invalid {op} request: {'; '.join(details)}",
+                                 code=ErrorCode.INVALID, details=details)
         except Exception as exc:  # noqa: BLE001 - a bug must not kill the consumer
             outcome = "error"
             log.exception("%s: %s handler failed", self.service, op)
-            return ReplyEnvelope(ok=False, error=f"internal error in {self.service}: {type(exc).__name__}: {exc}")
+            return ReplyEnvelope(ok=False, error=f"internal error in {self.service}: {type(exc).__name__}: {exc}",
+                                 code=ErrorCode.INTERNAL)
         finally:
             in_flight.dec()
             metrics.REQUESTS.labels(self.service, op, outcome).inc()
@@ -194,10 +205,22 @@ class ServiceWorker:
 def _ok(result: BaseModel | dict) -> bytes:
     """The success reply, serialized in one pass (same shape as ReplyEnvelope)."""
     body = result.model_dump_json() if isinstance(result, BaseModel) else json.dumps(result)
-    return b'{"ok":true,"error":null,"body":' + body.encode() + b"}"
+    return _OK_PREFIX + body.encode() + b"}"
+
+
+_OK_PREFIX = b'{"v":%d,"ok":true,"error":null,"body":' % CONTRACT_VERSION
+
+
+def _legacy(reply: ReplyEnvelope) -> bytes:
+    """The reply to a version-1 sender, in its words: no new fields, the code inside the error text."""
+    error = f"{reply.code}: {reply.error}" if reply.code and not reply.ok else reply.error
+    return json.dumps({"ok": reply.ok, "error": error, "body": reply.body}).encode()
 
 
 def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
+    return _describe(exc.errors()[0])
+
+
+def _describe(err: dict) -> str:
     where = ".".join(str(p) for p in err.get("loc", ()))
     return f"{where}: {err['msg']}" if where else err["msg"]

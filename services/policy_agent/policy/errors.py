@@ -1,18 +1,20 @@
-"""Errors of the policy agent, with the code the RPC layers report."""
+"""Errors of the policy agent, with the code the RPC layers report (:class:`vmsched.messages.ErrorCode`)."""
 
 from __future__ import annotations
+
+from vmsched.messages import ErrorCode
 
 
 class AgentError(Exception):
     """Base class; ``code`` is what the socket/bus reply carries."""
 
-    code = "internal"
+    code: str = ErrorCode.INTERNAL.value
 
 
 class PolicyError(AgentError, ValueError):
     """A policy (or pool change) refused whole; ``errors`` lists every reason."""
 
-    code = "invalid"
+    code = ErrorCode.INVALID.value
 
     def __init__(self, errors: list[str] | str):
         self.errors = [errors] if isinstance(errors, str) else list(errors)
@@ -20,7 +22,7 @@ class PolicyError(AgentError, ValueError):
 
 
 class GuestNotFound(AgentError, LookupError):
-    code = "not_found"
+    code = ErrorCode.NOT_FOUND.value
 
     def __init__(self, guest: str, message: str | None = None):
         self.guest = guest
@@ -30,37 +32,24 @@ class GuestNotFound(AgentError, LookupError):
 class AgentUnavailable(AgentError):
     """The agent (socket) or libvirt cannot be reached."""
 
-    code = "unavailable"
+    code = ErrorCode.UNAVAILABLE.value
 
 
 class ApplyError(AgentError):
     """libvirt refused to apply a valid policy."""
 
-    code = "internal"
+    code: str = ErrorCode.INTERNAL.value
 
 
-CODES = ("invalid", "not_found", "unavailable", "internal")
-
-
-def encode(exc: AgentError) -> str:
-    """``"code: message"``, the text of a bus error reply (the bus carries no code field)."""
-    return f"{exc.code}: {exc}"
-
-
-def decode(text: str) -> tuple[str, str]:
-    """``"code: message"`` -> (code, message); unknown prefixes are ``internal``."""
-    code, sep, message = text.partition(": ")
-    if sep and code in CODES:
-        return code, message
-    return "internal", text
-
-
-def from_reply(code: str | None, message: str) -> AgentError:
-    """Rebuild the exception a remote agent raised."""
-    if code == "invalid":
-        return PolicyError(message)
-    if code == "not_found":
+def from_reply(code: str | None, message: str, details: list[str] | None = None) -> AgentError:
+    """Rebuild the exception a remote agent raised, from its reply's code (an ErrorCode value)."""
+    if code == ErrorCode.INVALID:
+        return PolicyError(details or message)
+    if code == ErrorCode.NOT_FOUND:
         return GuestNotFound("", message)
-    if code == "unavailable":
+    if code == ErrorCode.UNAVAILABLE:
         return AgentUnavailable(message)
-    return AgentError(message)
+    error = AgentError(message)
+    if code == ErrorCode.UNSUPPORTED_VERSION:
+        error.code = code
+    return error

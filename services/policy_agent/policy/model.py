@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError, field_validator, model_validator
+
+from vmsched.agent_contract import PolicyDocument
 
 from . import cpuset
 from .errors import PolicyError
@@ -24,21 +26,9 @@ DEFAULT_PERIOD = 100000
 DEFAULT_SHARES = 1024
 
 
-class GuestPolicy(BaseModel):
-    """CPU policy of one guest. Every field is optional."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    vcpu_pins: dict[int, str] = Field(default_factory=dict, description="vCPU -> pCPU set (libvirt syntax)")
-    emulator_pin: str | None = Field(None, description="pCPU set of the emulator threads")
-    dedicated: int | str | None = Field(
-        None, description="dedicated pCPUs: a count allocated from the host pool, or an explicit CPU set"
-    )
-    weight: int | None = Field(None, description=f"cpu_shares, {SHARES_MIN}-{SHARES_MAX}")
-    cap_percent: float | None = Field(None, description="cap: percent of one CPU per vCPU, (0, 100]")
-    quota: int | None = Field(None, description=f"vcpu_quota in us, -1 or {QUOTA_MIN}-{QUOTA_MAX}")
-    period: int | None = Field(None, description=f"vcpu_period in us, {PERIOD_MIN}-{PERIOD_MAX}")
-    requires: list[str] = Field(default_factory=list, description="guests that must run before this one starts")
+class GuestPolicy(PolicyDocument):
+    """CPU policy of one guest: the wire model's fields (:class:`vmsched.agent_contract.PolicyDocument`)
+    with their values checked here. Every field is optional."""
 
     @field_validator("vcpu_pins")
     @classmethod

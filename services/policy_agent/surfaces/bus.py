@@ -1,8 +1,10 @@
 """The agent on the bus: its RPC queue ``vmsched.agent.<host_id>`` and its events.
 
-Requests use the same operations as the local socket (:mod:`ops`); an error
-reply's text is ``"<code>: <message>"`` (codes: invalid, not_found,
-unavailable, internal) so callers can tell a refusal from a missing guest.
+Requests use the same operations as the local socket (:mod:`ops`, the models
+of :mod:`vmsched.agent_contract`); an error reply carries its code in the
+reply envelope (``code``: invalid, not_found, unavailable, internal) and
+every reason of a refusal in ``details``. A request of contract version 1 is
+answered in version 1's words (``"<code>: <message>"``), by the bus worker.
 Events are published from a queue by one thread: libvirt's event thread only
 enqueues, and a broker outage drops events (logged), never blocks the agent.
 """
@@ -12,15 +14,16 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any
 
 from vmsched.bus import RequestError
 from vmsched.bus.events import EventPublisher
 from vmsched.bus.topology import agent_queue, event_key
 from vmsched.bus.worker import ServiceWorker
+from vmsched.messages import CONTRACT_VERSION, Envelope
 
-from ..policy.errors import AgentError, encode
+from ..policy.errors import AgentError, PolicyError
 from .ops import Agent, dispatch
+
 log = logging.getLogger(__name__)
 
 
@@ -47,11 +50,12 @@ class BusLink:
         self._thread.join(5)
         self.publisher.close()
 
-    def _handle(self, env: Any) -> dict:
+    def _handle(self, env: Envelope) -> dict:
         try:
             return dispatch(self.agent, env.op, env.body)
         except AgentError as exc:
-            raise RequestError(encode(exc)) from None
+            details = exc.errors if isinstance(exc, PolicyError) else ()
+            raise RequestError(str(exc), exc.code, details) from None
 
     def publish(self, event: str, body: dict) -> None:
         try:
@@ -68,6 +72,6 @@ class BusLink:
                 return
             event, body = item
             try:
-                self.publisher.publish(self._key(event), body)
+                self.publisher.publish(self._key(event), {"v": CONTRACT_VERSION, **body})
             except Exception:  # noqa: BLE001 - events are best effort
                 log.exception("publishing %s event failed", event)

@@ -14,15 +14,19 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from vmsched.agent_contract import AgentOp
+from vmsched.messages import ErrorCode
+
 from ..policy import cpuset
 from ..policy.errors import AgentError, GuestNotFound, PolicyError
-from ..policy.model import load_policy_file, parse_policy
+from ..policy.model import load_policy_file, policy_document
 from .client import SocketClient, call_bus
 
 DEFAULT_SOCKET = "/run/vmsched/agent.sock"
 DEFAULT_STATE_DIR = "/var/lib/vmsched/agent"
 DEFAULT_URI = "qemu:///system"
-EXIT = {"ok": 0, "invalid": 1, "internal": 1, "usage": 2, "unavailable": 3, "not_found": 4}
+EXIT = {"ok": 0, ErrorCode.INVALID.value: 1, ErrorCode.INTERNAL.value: 1, ErrorCode.UNSUPPORTED_VERSION.value: 1,
+        "usage": 2, ErrorCode.UNAVAILABLE.value: 3, ErrorCode.NOT_FOUND.value: 4}
 
 CPUSET_HELP = "CPU sets use libvirt's syntax: '0-3,^2,6' (ranges, exclusions with ^, commas)."
 
@@ -70,6 +74,10 @@ def _agent_parser(sub: Any, serve: Callable[[argparse.Namespace], int]) -> None:
                         "VMSCHED_AGENT_AMQP, else VMSCHED_AMQP_URL; default: no bus, local socket only)")
     p.add_argument("--state-dir", metavar="DIR", type=Path, default=Path(DEFAULT_STATE_DIR),
                    help="folder of the agent's checkpoint (dedicated-pool allocations)")
+    p.add_argument("--lock-dir", metavar="DIR", type=Path,
+                   default=Path(os.environ.get("VMSCHED_AGENT_LOCK_DIR", "/run/libvirt/vmsched")),
+                   help="host folder of the one-agent-per-libvirtd lock (agent-<host UUID>.lock); every agent on"
+                        " a host must see the same folder (env VMSCHED_AGENT_LOCK_DIR)")
     p.add_argument("--socket", metavar="PATH", type=Path, default=Path(DEFAULT_SOCKET),
                    help="local UNIX socket for the CLI and the QEMU hook")
     p.add_argument("--dedicated-pool", metavar="CPUSET",
@@ -137,18 +145,18 @@ def _policy_parser(sub: Any) -> None:
     _client_options(s)
     s.set_defaults(func=cmd_policy_set)
 
-    for name, op, text in (("get", "get_policy", "show a guest's policy, allocation, desired pins and status"),
-                           ("delete", "delete_policy", "remove a guest's policy, release its CPUs, unpin it"),
-                           ("check-start", "check_start", "ask whether a guest may start now (what the QEMU "
+    for name, op, text in (("get", AgentOp.GET_POLICY, "show a guest's policy, allocation, desired pins and status"),
+                           ("delete", AgentOp.DELETE_POLICY, "remove a guest's policy, release its CPUs, unpin it"),
+                           ("check-start", AgentOp.CHECK_START, "ask whether a guest may start now (what the QEMU "
                                                           "hook asks); exit 1 when it may not")):
         c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=_Formatter)
         c.add_argument("guest", metavar="GUEST", help="guest name or UUID")
         _client_options(c)
         c.set_defaults(func=_simple(op))
 
-    for name, op, text in (("list", "list_policies", "list the guests that have a policy on the host"),
-                           ("cpus", "cpus", "show the host CPUs, dedicated pool, shared set and allocations"),
-                           ("reconcile", "reconcile", "run one reconcile sweep now and show what it repaired")):
+    for name, op, text in (("list", AgentOp.LIST_POLICIES, "list the guests that have a policy on the host"),
+                           ("cpus", AgentOp.CPUS, "show the host CPUs, dedicated pool, shared set and allocations"),
+                           ("reconcile", AgentOp.RECONCILE, "run one reconcile sweep now and show what it repaired")):
         c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=_Formatter)
         _client_options(c)
         c.set_defaults(func=_simple(op))
@@ -189,7 +197,7 @@ def _domain_parser(sub: Any) -> None:
 
 
 # --- running client commands --------------------------------------------------------------
-def call(args: argparse.Namespace, op: str, body: dict, timeout: float | None = None) -> dict:
+def call(args: argparse.Namespace, op: AgentOp, body: dict, timeout: float | None = None) -> dict:
     timeout = args.timeout if timeout is None else timeout
     if args.client_amqp:
         if not args.client_host:
@@ -202,7 +210,7 @@ class _Usage(Exception):
     pass
 
 
-def _run(args: argparse.Namespace, op: str, body: dict, timeout: float | None = None) -> int:
+def _run(args: argparse.Namespace, op: AgentOp, body: dict, timeout: float | None = None) -> int:
     try:
         result = call(args, op, body, timeout)
     except _Usage as exc:
@@ -213,13 +221,13 @@ def _run(args: argparse.Namespace, op: str, body: dict, timeout: float | None = 
         return EXIT.get(exc.code, 1)
     json.dump(result, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
-    if op == "check_start" and not result.get("allowed", True):
+    if op is AgentOp.CHECK_START and not result.get("allowed", True):
         print(f"vmsched: {result.get('message')}", file=sys.stderr)
         return 1
     return 0
 
 
-def _simple(op: str):
+def _simple(op: AgentOp):
     def command(args: argparse.Namespace) -> int:
         return _run(args, op, {"guest": args.guest} if hasattr(args, "guest") else {})
 
@@ -259,14 +267,14 @@ def build_policy(args: argparse.Namespace, stored: dict | None = None) -> dict:
         data["period"] = args.period
     if args.requires:
         data["requires"] = list(dict.fromkeys([*data.get("requires", []), *args.requires]))
-    return parse_policy(data).to_dict()  # validated here too: precise errors before any request
+    return policy_document(data)  # an invalid one goes to the agent, which reports every problem at once
 
 
 def cmd_policy_set(args: argparse.Namespace) -> int:
     try:
         stored = None
         if args.merge:
-            stored = call(args, "get_policy", {"guest": args.guest}).get("policy") or {}
+            stored = call(args, AgentOp.GET_POLICY, {"guest": args.guest}).get("policy") or {}
         policy = build_policy(args, stored)
     except _Usage as exc:
         print(f"vmsched: error: {exc}", file=sys.stderr)
@@ -274,7 +282,7 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
     except AgentError as exc:
         print(f"vmsched: error: {exc}", file=sys.stderr)
         return EXIT.get(exc.code, 1)
-    return _run(args, "set_policy", {"guest": args.guest, "policy": policy})
+    return _run(args, AgentOp.SET_POLICY, {"guest": args.guest, "policy": policy})
 
 
 def cmd_policy_pool(args: argparse.Namespace) -> int:
@@ -285,16 +293,16 @@ def cmd_policy_pool(args: argparse.Namespace) -> int:
         except cpuset.CpuSetError as exc:
             print(f"vmsched: error: dedicated pool: {exc}", file=sys.stderr)
             return EXIT["invalid"]
-    return _run(args, "set_pool", {"dedicated_pool": "" if pool.lower() == "none" else pool})
+    return _run(args, AgentOp.SET_POOL, {"dedicated_pool": "" if pool.lower() == "none" else pool})
 
 
 def cmd_domain_start(args: argparse.Namespace) -> int:
-    return _run(args, "start_domain", {"guest": args.guest, "wait": args.wait}, timeout=args.timeout + args.wait)
+    return _run(args, AgentOp.START_DOMAIN, {"guest": args.guest, "wait": args.wait}, timeout=args.timeout + args.wait)
 
 
 def cmd_domain_stop(args: argparse.Namespace) -> int:
     body = {"guest": args.guest, "wait": args.wait, "force": args.force}
-    return _run(args, "stop_domain", body, timeout=args.timeout + 2 * args.wait + 30)
+    return _run(args, AgentOp.STOP_DOMAIN, body, timeout=args.timeout + 2 * args.wait + 30)
 
 
 __all__ = ["register", "build_policy", "call", "GuestNotFound"]

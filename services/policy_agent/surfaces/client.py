@@ -6,11 +6,15 @@ import json
 import socket
 from pathlib import Path
 
-from vmsched.bus import BusError, RequestError
+from pydantic import ValidationError
+
+from vmsched.agent_contract import AgentOp
+from vmsched.bus import BusError, RequestError, reply_error
 from vmsched.bus.rpc import call as bus_call
 from vmsched.bus.topology import agent_queue
+from vmsched.messages import CONTRACT_VERSION, ReplyEnvelope
 
-from ..policy.errors import AgentUnavailable, decode, from_reply
+from ..policy.errors import AgentUnavailable, from_reply
 
 
 class SocketClient:
@@ -20,7 +24,7 @@ class SocketClient:
         self.path = str(path)
         self.timeout = timeout
 
-    def call(self, op: str, body: dict | None = None, timeout: float | None = None) -> dict:
+    def call(self, op: AgentOp | str, body: dict | None = None, timeout: float | None = None) -> dict:
         timeout = self.timeout if timeout is None else timeout
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -29,7 +33,8 @@ class SocketClient:
                 s.connect(self.path)
             except OSError as exc:
                 raise AgentUnavailable(f"no agent at {self.path}: {exc.strerror or exc}") from None
-            s.sendall((json.dumps({"op": op, "body": body or {}}) + "\n").encode())
+            request = {"v": CONTRACT_VERSION, "op": _name(op), "body": body or {}}
+            s.sendall((json.dumps(request) + "\n").encode())
             buf = b""
             while not buf.endswith(b"\n"):
                 try:
@@ -41,17 +46,25 @@ class SocketClient:
                 buf += chunk
         finally:
             s.close()
-        reply = json.loads(buf)
-        if not reply.get("ok"):
-            raise from_reply(reply.get("code"), reply.get("error") or "request failed")
-        return reply.get("body") or {}
+        try:
+            reply = ReplyEnvelope.model_validate_json(buf)
+        except ValidationError as exc:
+            raise AgentUnavailable(f"agent at {self.path} sent a malformed reply: {exc.errors()[0]['msg']}") from None
+        error = reply_error(reply, f"the agent at {self.path}")
+        if error is not None:
+            raise from_reply(error.code, str(error), error.details)
+        return reply.body
 
 
-def call_bus(url: str, host: str, op: str, body: dict, timeout: float) -> dict:
+def call_bus(url: str, host: str, op: AgentOp | str, body: dict, timeout: float) -> dict:
     """One request to the agent of ``host`` over the bus; raises the agent's error."""
     try:
-        return bus_call(url, agent_queue(host), op, body, timeout=timeout)
+        return bus_call(url, agent_queue(host), _name(op), body, timeout=timeout)
     except RequestError as exc:
-        raise from_reply(*decode(str(exc))) from None
+        raise from_reply(exc.code, str(exc), exc.details) from None
     except BusError as exc:
         raise AgentUnavailable(str(exc)) from None
+
+
+def _name(op: AgentOp | str) -> str:
+    return op.value if isinstance(op, AgentOp) else op

@@ -1,8 +1,17 @@
-"""The agent's operations by name: one table for the local socket and the bus."""
+"""The agent's operations: the contract's requests (:mod:`vmsched.agent_contract`) onto the agent.
+
+One table for the local socket and the bus; a request is validated into its
+model first, so a bad one (a NUL in a guest name, an unknown field in a
+policy) is refused with every reason before the agent or libvirt sees it.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from vmsched.agent_contract import OPERATIONS, AgentOp, CheckStartRequest, SetPolicyRequest
 
 from ..policy.errors import PolicyError
 
@@ -23,49 +32,56 @@ class Agent(Protocol):
     def stop_domain(self, guest: str, wait: float = 60.0, force: bool = False) -> dict: ...
 
 
-def _guest(body: dict[str, Any]) -> str:
-    guest = body.get("guest") or body.get("uuid")
-    if not guest or not isinstance(guest, str):
-        raise PolicyError("request needs a 'guest' (name or UUID)")
-    return guest
+def _set_policy(agent: Agent, r: SetPolicyRequest) -> dict:
+    return agent.set_policy(r.guest, r.policy.model_dump(mode="json", exclude_unset=True))
 
 
-def _number(body: dict[str, Any], key: str, default: float) -> float:
-    value = body.get(key, default)
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise PolicyError(f"{key!r} must be a number of seconds, got {value!r}") from None
-    if value < 0:
-        raise PolicyError(f"{key!r} must not be negative")
-    return value
-
-
-def _check_start(agent: Agent, body: dict[str, Any]) -> dict:
-    guest = body.get("uuid") or _guest(body)
-    ok, message, missing = agent.check_start_detail(guest, body.get("xml"))
+def _check_start(agent: Agent, r: CheckStartRequest) -> dict:
+    ok, message, missing = agent.check_start_detail(r.uuid or r.guest, r.xml)
     return {"allowed": ok, "message": message, "reason": message, "missing": missing}
 
 
-OPS: dict[str, Callable[[Agent, dict[str, Any]], dict]] = {
-    "ping": lambda a, b: a.status(),
-    "set_policy": lambda a, b: a.set_policy(_guest(b), b.get("policy") or {}),
-    "get_policy": lambda a, b: a.get_policy(_guest(b)),
-    "delete_policy": lambda a, b: a.delete_policy(_guest(b)),
-    "list_policies": lambda a, b: a.list_policies(),
-    "cpus": lambda a, b: a.cpus(),
-    "set_pool": lambda a, b: a.set_pool(b.get("dedicated_pool")),
-    "reconcile": lambda a, b: a.reconcile(),
-    "check_start": _check_start,
-    "start_domain": lambda a, b: a.start_domain(_guest(b), _number(b, "wait", 60.0)),
-    "stop_domain": lambda a, b: a.stop_domain(_guest(b), _number(b, "wait", 60.0), bool(b.get("force", False))),
+HANDLERS: dict[AgentOp, Callable[[Agent, Any], dict]] = {
+    AgentOp.PING: lambda a, r: a.status(),
+    AgentOp.SET_POLICY: _set_policy,
+    AgentOp.GET_POLICY: lambda a, r: a.get_policy(r.guest),
+    AgentOp.DELETE_POLICY: lambda a, r: a.delete_policy(r.guest),
+    AgentOp.LIST_POLICIES: lambda a, r: a.list_policies(),
+    AgentOp.CPUS: lambda a, r: a.cpus(),
+    AgentOp.SET_POOL: lambda a, r: a.set_pool(r.dedicated_pool),
+    AgentOp.RECONCILE: lambda a, r: a.reconcile(),
+    AgentOp.CHECK_START: _check_start,
+    AgentOp.START_DOMAIN: lambda a, r: a.start_domain(r.guest, r.wait),
+    AgentOp.STOP_DOMAIN: lambda a, r: a.stop_domain(r.guest, r.wait, r.force),
 }
+assert set(HANDLERS) == set(OPERATIONS), "every operation of the contract has a handler"
 
 
-def dispatch(agent: Agent, op: str, body: dict[str, Any]) -> dict:
-    handler = OPS.get(op)
-    if handler is None:
-        raise PolicyError(f"unknown operation {op!r}; known: {', '.join(sorted(OPS))}")
+def parse(op: str, body: Any) -> tuple[AgentOp, BaseModel]:
+    """The operation and its validated request; raises PolicyError naming every problem."""
+    try:
+        operation = AgentOp(op)
+    except ValueError:
+        known = ", ".join(sorted(o.value for o in AgentOp))
+        raise PolicyError(f"unknown operation {op!r}; known: {known}") from None
     if not isinstance(body, dict):
         raise PolicyError("request body must be a JSON object")
-    return handler(agent, body)
+    try:
+        return operation, OPERATIONS[operation].request.model_validate(body)
+    except ValidationError as exc:
+        raise PolicyError([describe(err) for err in exc.errors()]) from None
+
+
+def dispatch(agent: Agent, op: str, body: Any) -> dict:
+    operation, request = parse(op, body)
+    return HANDLERS[operation](agent, request)
+
+
+def describe(err: Any) -> str:
+    """One pydantic error as ``field: reason`` (a policy's fields without the ``policy.`` prefix)."""
+    loc = [str(p) for p in err.get("loc", ())]
+    if loc[:1] == ["policy"] and len(loc) > 1:
+        loc = loc[1:]
+    where = ".".join(p for p in loc if p not in ("int", "str"))
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg

@@ -1,9 +1,10 @@
 """The agent's local UNIX socket: newline-delimited JSON requests and replies.
 
-Request ``{"op": OP, "body": {...}}`` (a flat ``{"op": OP, "guest": ...}``
-is accepted too); reply ``{"ok", "error", "code", "body"}``. One thread per
-connection, so the QEMU hook's ``check_start`` is answered even while a
-``start_domain`` request waits for the guests it starts.
+Request ``{"v": 2, "op": OP, "body": {...}}`` (``v`` may be omitted; a flat
+``{"op": OP, "guest": ...}`` is accepted too); reply
+``{"v", "ok", "error", "code", "details", "body"}``, the bus's reply envelope.
+One thread per connection, so the QEMU hook's ``check_start`` is answered
+even while a ``start_domain`` request waits for the guests it starts.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..policy.errors import AgentError, AgentUnavailable
+from vmsched.messages import CONTRACT_VERSION, OLDEST_VERSION, ErrorCode, ReplyEnvelope
+
+from ..policy.errors import AgentError, AgentUnavailable, PolicyError
 from .ops import Agent, dispatch
+
 log = logging.getLogger(__name__)
 
 MAX_LINE = 4 << 20
@@ -27,18 +31,26 @@ MAX_LINE = 4 << 20
 def handle_request(agent: Agent, request: Any) -> dict:
     """One decoded request -> the reply document (never raises)."""
     if not isinstance(request, dict) or not isinstance(request.get("op"), str):
-        return {"ok": False, "error": "request must be a JSON object with an 'op'", "code": "invalid", "body": {}}
+        return _error("request must be a JSON object with an 'op'", ErrorCode.INVALID)
+    version = request.get("v", OLDEST_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool) or version > CONTRACT_VERSION:
+        return _error(f"contract version {version!r} is not understood by this agent "
+                      f"({OLDEST_VERSION}-{CONTRACT_VERSION}); upgrade the agent", ErrorCode.UNSUPPORTED_VERSION)
     op = request["op"]
     body = request.get("body")
     if body is None:
-        body = {k: v for k, v in request.items() if k != "op"}
+        body = {k: v for k, v in request.items() if k not in ("op", "v")}
     try:
-        return {"ok": True, "error": None, "code": None, "body": dispatch(agent, op, body)}
+        return ReplyEnvelope(ok=True, body=dispatch(agent, op, body)).model_dump(mode="json")
     except AgentError as exc:
-        return {"ok": False, "error": str(exc), "code": exc.code, "body": {}}
+        return _error(str(exc), exc.code, exc.errors if isinstance(exc, PolicyError) else ())
     except Exception as exc:  # noqa: BLE001 - report, keep serving
         log.exception("%s request failed", op)
-        return {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal", "body": {}}
+        return _error(f"internal error: {type(exc).__name__}: {exc}", ErrorCode.INTERNAL)
+
+
+def _error(message: str, code: str, details: Any = ()) -> dict:
+    return ReplyEnvelope(ok=False, error=message, code=code, details=list(details)).model_dump(mode="json")
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -53,7 +65,7 @@ class _Handler(socketserver.StreamRequestHandler):
             try:
                 request = json.loads(line)
             except ValueError as exc:
-                reply = {"ok": False, "error": f"request is not JSON: {exc}", "code": "invalid", "body": {}}
+                reply = _error(f"request is not JSON: {exc}", ErrorCode.INVALID)
             else:
                 reply = handle_request(agent, request)
             try:

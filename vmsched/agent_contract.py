@@ -1,0 +1,261 @@
+"""The policy agent's contract: its operations, requests, replies and events.
+
+Typed models beside the scheduling messages (:mod:`vmsched.messages`), used by
+the agent's surfaces (local socket, bus queue ``vmsched.agent.<host>``), its
+CLI and the gateway's ``/v1/hosts`` API. Requests travel in an
+:class:`~vmsched.messages.Envelope` (``op`` is an :class:`AgentOp` value),
+replies in a :class:`~vmsched.messages.ReplyEnvelope` whose ``code`` is an
+:class:`~vmsched.messages.ErrorCode`. Reply models allow extra fields: an
+agent may add to a reply without breaking older readers.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from enum import Enum
+from typing import Annotated, Any, NamedTuple
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from vmsched.messages import CONTRACT_VERSION, ErrorCode, OLDEST_VERSION
+
+MAX_NAME = 256
+
+
+class AgentOp(str, Enum):
+    PING = "ping"
+    SET_POLICY = "set_policy"
+    GET_POLICY = "get_policy"
+    DELETE_POLICY = "delete_policy"
+    LIST_POLICIES = "list_policies"
+    CPUS = "cpus"
+    SET_POOL = "set_pool"
+    RECONCILE = "reconcile"
+    CHECK_START = "check_start"
+    START_DOMAIN = "start_domain"
+    STOP_DOMAIN = "stop_domain"
+
+
+# --- guest names --------------------------------------------------------------------
+def check_guest_name(name: str) -> str:
+    """A guest name or UUID as libvirt could hold it: 1-256 characters, no control
+    characters (NUL, newline, ...) and no lone surrogates."""
+    if not name.strip():
+        raise ValueError("empty guest name")
+    if len(name) > MAX_NAME:
+        raise ValueError(f"guest name is {len(name)} characters long; at most {MAX_NAME} are allowed")
+    for i, ch in enumerate(name):
+        category = unicodedata.category(ch)
+        if category == "Cc":
+            raise ValueError(f"guest name contains the control character U+{ord(ch):04X} at position {i}")
+        if category == "Cs":
+            raise ValueError(f"guest name contains a lone surrogate U+{ord(ch):04X} at position {i}")
+    return name
+
+
+GuestName = Annotated[str, AfterValidator(check_guest_name)]
+
+
+# --- the policy on the wire ------------------------------------------------------------
+class PolicyDocument(BaseModel):
+    """CPU policy of one guest, as sent and stored; every field is optional.
+
+    This model checks the document's shape (known fields, their types, guest
+    names); the agent checks the values (CPU-set syntax, libvirt's ranges,
+    the cap rules, the fit on its host) and reports every problem at once.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    vcpu_pins: dict[int, str] = Field(default_factory=dict, description="vCPU -> pCPU set (libvirt syntax, e.g. '0-3,^2')")
+    emulator_pin: str | None = Field(None, description="pCPU set of the emulator threads")
+    dedicated: int | str | None = Field(
+        None, description="dedicated pCPUs: a count allocated from the host pool, or an explicit CPU set ('5-5')"
+    )
+    weight: int | None = Field(None, description="cpu_shares, 2-262144")
+    cap_percent: float | None = Field(None, description="cap: percent of one CPU per vCPU, (0, 100]")
+    quota: int | None = Field(None, description="vcpu_quota in us, -1 or 1000-17592186044415")
+    period: int | None = Field(None, description="vcpu_period in us, 1000-1000000 (with cap_percent or quota)")
+    requires: list[GuestName] = Field(default_factory=list, description="guests that must run before this one starts")
+
+
+# --- requests ----------------------------------------------------------------------------
+class Request(BaseModel):
+    """Base of the requests: unknown fields are ignored (a newer caller may send more)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class NoArguments(Request):
+    pass
+
+
+class GuestRequest(Request):
+    guest: GuestName = Field(description="guest name or UUID")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _uuid_alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("guest") and data.get("uuid"):
+            return {**data, "guest": data["uuid"]}
+        return data
+
+
+class SetPolicyRequest(GuestRequest):
+    policy: PolicyDocument = Field(default_factory=PolicyDocument)
+
+
+class SetPoolRequest(Request):
+    dedicated_pool: str | None = Field(
+        None, description="new dedicated pool in libvirt CPU-set syntax; '' or 'none' for none"
+    )
+
+
+class CheckStartRequest(GuestRequest):
+    uuid: GuestName | None = Field(None, description="the guest's UUID (the QEMU hook sends both)")
+    xml: str | None = Field(None, description="the domain XML; its policy metadata is used when given")
+
+
+class StartDomainRequest(GuestRequest):
+    wait: float = Field(60.0, ge=0, description="seconds to wait for each guest to run")
+
+
+class StopDomainRequest(StartDomainRequest):
+    force: bool = Field(False, description="destroy a guest that has not shut down within wait")
+
+
+# --- replies ---------------------------------------------------------------------------
+class Reply(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Status(Reply):
+    host_id: str
+    uri: str
+    connected: bool
+    pid: int
+
+
+class Desired(Reply):
+    vcpus: dict[str, str] = Field(default_factory=dict)
+    emulator: str | None = None
+    cpu_shares: int | None = None
+    vcpu_quota: int | None = None
+    vcpu_period: int | None = None
+
+
+class GuestView(Reply):
+    guest: str
+    uuid: str
+    state: str = Field(description="running, paused, shutoff, shutdown, crashed, pmsuspended, blocked or nostate")
+    policy: dict[str, Any] | None = Field(None, description="the stored policy (PolicyDocument), normalised")
+    allocation: str | None = Field(None, description="dedicated CPUs allocated to the guest")
+    desired: Desired | None = None
+    status: str = Field(description="applied, pending, error or unmanaged")
+    error: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+
+class Deleted(Reply):
+    guest: str
+    uuid: str
+    deleted: bool = Field(description="false: the guest had no policy")
+
+
+class PolicyList(Reply):
+    policies: list[GuestView]
+
+
+class CpuView(Reply):
+    host_id: str
+    host_cpus: str
+    dedicated_pool: str
+    shared: str
+    free: str
+    allocated: str
+    allocations: dict[str, str] = Field(description="guest name -> its dedicated CPUs")
+
+
+class Reconciled(Reply):
+    checked: int
+    repaired: int | list[Any]
+    errors: list[Any] = Field(default_factory=list)
+    duration: float
+
+
+class StartVerdict(Reply):
+    allowed: bool
+    message: str
+    reason: str = Field(description="same as message (older hooks read it)")
+    missing: list[str] = Field(default_factory=list, description="required guests that are not running")
+
+
+class Started(Reply):
+    started: list[str] = Field(description="guests started, in order")
+    already_running: list[str] = Field(default_factory=list)
+
+
+class Stopped(Reply):
+    stopped: list[str] = Field(description="guests stopped, in order")
+    already_stopped: list[str] = Field(default_factory=list)
+
+
+class Operation(NamedTuple):
+    request: type[Request]
+    reply: type[Reply]
+
+
+#: Every operation of the agent: its request and reply models (the one table).
+OPERATIONS: dict[AgentOp, Operation] = {
+    AgentOp.PING: Operation(NoArguments, Status),
+    AgentOp.SET_POLICY: Operation(SetPolicyRequest, GuestView),
+    AgentOp.GET_POLICY: Operation(GuestRequest, GuestView),
+    AgentOp.DELETE_POLICY: Operation(GuestRequest, Deleted),
+    AgentOp.LIST_POLICIES: Operation(NoArguments, PolicyList),
+    AgentOp.CPUS: Operation(NoArguments, CpuView),
+    AgentOp.SET_POOL: Operation(SetPoolRequest, CpuView),
+    AgentOp.RECONCILE: Operation(NoArguments, Reconciled),
+    AgentOp.CHECK_START: Operation(CheckStartRequest, StartVerdict),
+    AgentOp.START_DOMAIN: Operation(StartDomainRequest, Started),
+    AgentOp.STOP_DOMAIN: Operation(StopDomainRequest, Stopped),
+}
+
+
+# --- events (topic exchange vmsched.events, routing key agent.<host_id>.<event>) -------------
+class AgentEvent(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    v: int = Field(CONTRACT_VERSION, ge=OLDEST_VERSION, description="contract version (absent: 1)")
+    host_id: str
+    guest: str
+    uuid: str
+
+
+class LifecycleEvent(AgentEvent):
+    event: str
+    detail: Any = None
+    time: float
+
+
+class AppliedEvent(AgentEvent):
+    trigger: str
+    changes: list[Any] = Field(default_factory=list)
+    latency: float | None = None
+
+
+class DriftEvent(AgentEvent):
+    fields: list[Any] = Field(default_factory=list)
+
+
+class ErrorEvent(AgentEvent):
+    error: str
+
+
+EVENTS: dict[str, type[AgentEvent]] = {
+    "lifecycle": LifecycleEvent, "applied": AppliedEvent, "drift": DriftEvent, "error": ErrorEvent,
+}
+
+__all__ = [
+    "AgentOp", "ErrorCode", "GuestName", "check_guest_name", "PolicyDocument", "Operation", "OPERATIONS",
+    "EVENTS", "AgentEvent",
+]
