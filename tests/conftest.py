@@ -23,11 +23,40 @@ from vmsched.runner import service_queues
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_PLUGINS = Path(__file__).resolve().parent / "plugins"
-RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+#: The shared test broker; VMSCHED_TEST_RABBIT=HOST:PORT points the tests elsewhere
+#: (e.g. at a closed port, to check that the fast tier never needs it).
+RABBIT_HOST, _, _RABBIT_PORT = os.environ.get("VMSCHED_TEST_RABBIT", "127.0.0.1:5672").rpartition(":")
+RABBIT_PORT = int(_RABBIT_PORT)
+RABBIT_URL = f"amqp://guest:guest@{RABBIT_HOST}:{RABBIT_PORT}/"
 #: The queues the services consume, as they declare them (``QUEUES``).
 SERVICE_QUEUES = service_queues()
 ALL_QUEUES = tuple(q for queues in SERVICE_QUEUES.values() for q in queues)
 SCORING_QUEUES = SERVICE_QUEUES["discovery"] + SERVICE_QUEUES["scoring"]
+
+
+# --- test tiers ------------------------------------------------------------------
+#: Fixtures that need the shared RabbitMQ broker.
+RABBIT_FIXTURES = {"rabbit_vhost"}
+
+
+def _needs_rabbitmq(item: pytest.Item) -> bool:
+    """Uses a broker fixture, is the ``rabbitmq`` case of a parametrized fixture, or starts private brokers."""
+    if RABBIT_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and any(isinstance(v, str) and v == "rabbitmq" for v in callspec.params.values()):
+        return True
+    module = getattr(item, "module", None)
+    return any(getattr(v, "__module__", None) == "tests.rabbit_private" for v in vars(module).values()) if module else False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test by what it needs, so that ``-m "not rabbitmq and not libvirt and not slow"`` is the fast tier."""
+    for item in items:
+        if _needs_rabbitmq(item):
+            item.add_marker(pytest.mark.rabbitmq)
+        if "e2e_libvirt" in Path(str(item.fspath)).parts:
+            item.add_marker(pytest.mark.libvirt)
 
 
 def free_port() -> int:
@@ -38,7 +67,7 @@ def free_port() -> int:
 
 def rabbit_up() -> bool:
     try:
-        socket.create_connection(("127.0.0.1", 5672), timeout=1).close()
+        socket.create_connection((RABBIT_HOST, RABBIT_PORT), timeout=1).close()
         return True
     except OSError:
         return False
@@ -65,7 +94,7 @@ class Proc:
 
     def start(self) -> "Proc":
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        self.popen = subprocess.Popen([sys.executable, "-m", "vmsched.cli", *self.args], cwd=ROOT, env=env,
+        self.popen = subprocess.Popen([sys.executable, "-P", "-m", "vmsched.cli", *self.args], cwd=ROOT, env=env,
                                       stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
@@ -143,7 +172,7 @@ def plugin_copy(tmp_path: Path) -> Path:
 def rabbit_vhost() -> Iterator[str]:
     """A private vhost on the real broker, so test stacks never share queues."""
     if not rabbit_up():
-        pytest.fail("RabbitMQ is not running on 127.0.0.1:5672 (scripts/test starts it)")
+        pytest.fail(f"RabbitMQ is not running on {RABBIT_HOST}:{RABBIT_PORT} (scripts/test starts it)")
     vhost = f"vmsched-test-{uuid.uuid4().hex[:8]}"
     subprocess.run(["rabbitmqctl", "-q", "add_vhost", vhost], check=True, capture_output=True)
     subprocess.run(["rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"],

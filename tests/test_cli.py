@@ -19,7 +19,7 @@ VM = "11111111-2222-3333-4444-555555555555"
 
 
 def vmsched(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vmsched.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-P", "-m", "vmsched.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, env={**os.environ, **(env or {})})
 
 

@@ -70,7 +70,7 @@ class Process:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VMSCHED_", "OSCHEDPROXY_"))}
         env.update(PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
         self.args, self.log = args, log
-        self.popen = subprocess.Popen([sys.executable, "-m", "vmsched.cli", *args], cwd=ROOT, env=env,
+        self.popen = subprocess.Popen([sys.executable, "-P", "-m", "vmsched.cli", *args], cwd=ROOT, env=env,
                                       stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
     def check_alive(self) -> None:

@@ -69,5 +69,5 @@ def test_contract_imports_only_the_standard_library() -> None:
         "import sys; import vmsched.runtime.contract, vmsched.runtime.worker; "
         "print(sorted(m for m in ('pydantic', 'kombu', 'prometheus_client', 'fastapi') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

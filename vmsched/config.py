@@ -24,6 +24,9 @@ def stock_plugins_dir() -> Path:
     here = Path(__file__).resolve().parent.parent / "plugins"
     if here.is_dir():
         return here
+    beside = here.parent / "share" / "vmsched" / "plugins"  # pip install --target DIR puts data files in DIR
+    if beside.is_dir():
+        return beside
     return Path(sys.prefix) / "share" / "vmsched" / "plugins"
 
 
