@@ -18,7 +18,7 @@ from vmsched.bus.connection import BusOptions, open_connection
 from vmsched.bus.events import EventPublisher
 from vmsched.bus.rpc import call
 from vmsched.bus.worker import ServiceWorker
-from vmsched.messages import Envelope, ReplyEnvelope
+from vmsched.messages import CONTRACT_VERSION, Envelope, ReplyEnvelope
 
 
 @pytest.fixture(params=["memory", "rabbitmq"])
@@ -35,6 +35,8 @@ def echo(url: str) -> Iterator[tuple[ServiceWorker, str, list[Envelope]]]:
         seen.append(env)
         if env.body.get("fail"):
             raise RequestError("refused: " + env.body["fail"])
+        if env.body.get("refuse"):
+            raise RequestError("two reasons", code="invalid", details=["a: bad", "b: worse"])
         if env.body.get("crash"):
             raise KeyError("bug")
         if env.body.get("sleep"):
@@ -118,6 +120,63 @@ def test_malformed_request_gets_an_error_reply(url: str, echo):
             await client.close()
 
     asyncio.run(scenario())
+
+
+def test_error_code_and_details_travel_on_the_reply_envelope(url: str, echo):
+    _, queue, _ = echo
+    with pytest.raises(RequestError, match="^two reasons$") as sync_error:
+        call(url, queue, "x", {"refuse": True})
+    assert sync_error.value.code == "invalid" and sync_error.value.details == ["a: bad", "b: worse"]
+    with pytest.raises(RequestError, match="internal error in test: KeyError") as crash:
+        call(url, queue, "x", {"crash": True})
+    assert crash.value.code == "internal"
+
+    async def scenario() -> RequestError:
+        client = AsyncBusClient(BusOptions(url=url), declare=(queue,))
+        await client.start()
+        try:
+            with pytest.raises(RequestError) as exc:
+                await client.call(queue, "x", {"refuse": True}, 5)
+            return exc.value
+        finally:
+            await client.close()
+
+    error = asyncio.run(scenario())
+    assert error.code == "invalid" and error.details == ["a: bad", "b: worse"]
+
+
+def _raw(url: str, queue: str, payload: bytes) -> dict:
+    """Publish ``payload`` as it is and return the raw JSON reply (an old sender's view)."""
+    import json as _json
+
+    async def scenario() -> bytes:
+        client = AsyncBusClient(BusOptions(url=url), declare=(queue,))
+        await client.start()
+        try:
+            future = asyncio.get_running_loop().create_future()
+            client._pending["raw-1"] = future
+            client._producer.publish(payload, routing_key=queue, content_type="application/json",
+                                     content_encoding="utf-8", correlation_id="raw-1", reply_to=client._reply_queue)
+            return await asyncio.wait_for(future, 5)
+        finally:
+            await client.close()
+
+    return _json.loads(asyncio.run(scenario()))
+
+
+def test_a_version_1_sender_is_answered_in_version_1(url: str, echo):
+    _, queue, _ = echo
+    request = b'{"op": "x", "deadline": %f, "body": {"refuse": true}}' % (time.time() + 10)  # no "v"
+    assert _raw(url, queue, request) == {"ok": False, "error": "invalid: two reasons", "body": {}}
+    ok = _raw(url, queue, b'{"op": "x", "deadline": %f, "body": {"a": 1}}' % (time.time() + 10))
+    assert ok["ok"] is True and ok["body"] == {"echo": {"a": 1}, "op": "x"}
+
+
+def test_a_newer_version_is_refused_by_name(url: str, echo):
+    _, queue, seen = echo
+    reply = _raw(url, queue, b'{"v": 99, "op": "x", "deadline": %f, "body": {}, "new": 1}' % (time.time() + 10))
+    assert reply["ok"] is False and reply["code"] == "unsupported_version" and "contract version 99" in reply["error"]
+    assert reply["v"] == CONTRACT_VERSION and not [e for e in seen if e.op == "x"]  # the handler never ran
 
 
 def test_client_without_broker_fails_fast():
