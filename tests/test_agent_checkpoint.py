@@ -1,13 +1,14 @@
-"""Checkpoint file: atomic write, checksum, validation on load."""
+"""Checkpoint file: atomic write, checksum, validation on load, keyed to the machine (v2), v1 still read."""
 
 from __future__ import annotations
 
 import json
 
-from vmsched.services.policy_agent.policy import checkpoint, cpuset
-from vmsched.services.policy_agent.policy.allocation import Pools
+from vmsched.services.policy_agent.policy import checkpoint, cpuset, recovery
+from vmsched.services.policy_agent.policy.allocation import AllocationHint, Pools
 
 S = cpuset.parse
+M1, M2 = "6f0c2b5e-0000-4000-8000-000000000001", "6f0c2b5e-0000-4000-8000-000000000002"
 
 
 def pools() -> Pools:
@@ -18,30 +19,67 @@ def pools() -> Pools:
 
 def test_roundtrip_is_atomic_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "state" / checkpoint.FILENAME
-    checkpoint.save(path, checkpoint.Checkpoint.of("h1", pools()))
-    checkpoint.save(path, checkpoint.Checkpoint.of("h1", pools()))
+    checkpoint.save(path, checkpoint.Checkpoint.of(M1, "h1", pools()))
+    checkpoint.save(path, checkpoint.Checkpoint.of(M1, "h1", pools()))
     assert [p.name for p in path.parent.iterdir()] == [checkpoint.FILENAME]
-    loaded, reason = checkpoint.load(path, "h1", S("0-7"))
-    assert reason is None and loaded.allocations == {"u1": S("4-5")} and loaded.pool == S("4-7")
-    assert loaded.names == {"u1": "db"}
+    loaded, reason = checkpoint.load(path, M1, S("0-7"))
+    assert reason is None and loaded.pools.allocations == {"u1": S("4-5")} and loaded.pools.pool == S("4-7")
+    assert loaded.pools.names == {"u1": "db"}
+    assert (loaded.version, loaded.host_id) == (2, "h1")
+
+
+def test_state_belongs_to_the_machine_not_to_the_host_id(tmp_path):
+    path = tmp_path / checkpoint.FILENAME
+    checkpoint.save(path, checkpoint.Checkpoint.of(M1, "old-name", pools()))
+    found = recovery.load_or_rebuild(path, M1, S("0-7"))  # the agent restarted as "new-name": same machine
+    assert not found.rebuild and found.previous_host_id == "old-name" and found.pools.allocations == {"u1": S("4-5")}
+    assert "written for machine" in checkpoint.load(path, M2, S("0-7"))[1]  # a state dir copied to another machine
+
+
+def _v1(path, host_id: str) -> None:
+    """A checkpoint as the agent before the machine key wrote it (version 1, keyed by host ID)."""
+    payload = {"version": 1, "host_id": host_id, "pool": "4-7", "saved_at": 1.0,
+               "allocations": {"u1": {"name": "db", "cpus": "4-5"}}}
+    path.write_text(json.dumps({"checksum": checkpoint._digest(payload), "checkpoint": payload}))
+
+
+def test_version_1_is_read_whatever_host_id_wrote_it(tmp_path):
+    path = tmp_path / checkpoint.FILENAME
+    _v1(path, "node-a")
+    found = recovery.load_or_rebuild(path, M1, S("0-7"))
+    assert not found.rebuild and found.version == 1 and found.previous_host_id == "node-a"
+    assert found.pools.allocations == {"u1": S("4-5")} and found.pools.pool == S("4-7")
+    checkpoint.save(path, checkpoint.Checkpoint.of(M1, "node-b", found.pools))  # migrated in place
+    doc = json.loads(path.read_text())["checkpoint"]
+    assert (doc["version"], doc["machine"], doc["host_id"]) == (2, M1, "node-b")
+
+
+def test_hints_of_the_old_host_id_and_of_the_machine_count():
+    keys = recovery.hint_keys(M1, "node-b", "node-a")
+    hints = [AllocationHint("node-a", S("4"), S("4-5")), AllocationHint(M1, S("6"), S("6-7")),
+             AllocationHint("elsewhere", S("2"), S("2-3")), None]
+    assert recovery.pool_from_hints(hints, keys, Pools(host_cpus=S("0-7"))) == S("4-7")
 
 
 def test_unusable_checkpoints_say_why(tmp_path):
     path = tmp_path / checkpoint.FILENAME
-    assert checkpoint.load(path, "h1", S("0-7")) == (None, "no checkpoint yet")
-    checkpoint.save(path, checkpoint.Checkpoint.of("h1", pools()))
+    assert checkpoint.load(path, M1, S("0-7")) == (None, "no checkpoint yet")
+    checkpoint.save(path, checkpoint.Checkpoint.of(M1, "h1", pools()))
     good = path.read_text()
-    assert "written for host 'h1', this is host 'h2'" in checkpoint.load(path, "h2", S("0-7"))[1]
-    assert "do not exist" in checkpoint.load(path, "h1", S("0-3"))[1]  # CPUs went away
+    assert "do not exist" in checkpoint.load(path, M1, S("0-3"))[1]  # CPUs went away
     path.write_text(good[: len(good) // 2])
-    assert "not a valid checkpoint document" in checkpoint.load(path, "h1", S("0-7"))[1]
+    assert "not a valid checkpoint document" in checkpoint.load(path, M1, S("0-7"))[1]
     doc = json.loads(good)
     doc["checkpoint"]["pool"] = "4-6"
     path.write_text(json.dumps(doc))
-    assert "checksum mismatch" in checkpoint.load(path, "h1", S("0-7"))[1]
+    assert "checksum mismatch" in checkpoint.load(path, M1, S("0-7"))[1]
+    doc["checkpoint"]["version"] = 3
+    doc["checksum"] = checkpoint._digest(doc["checkpoint"])
+    path.write_text(json.dumps(doc))
+    assert "unsupported version 3" in checkpoint.load(path, M1, S("0-7"))[1]
     bad = pools()
     bad.allocations["u2"] = S("5-6")
-    checkpoint.save(path, checkpoint.Checkpoint.of("h1", bad))
-    assert "CPU 5 is allocated to both" in checkpoint.load(path, "h1", S("0-7"))[1]
+    checkpoint.save(path, checkpoint.Checkpoint.of(M1, "h1", bad))
+    assert "CPU 5 is allocated to both" in checkpoint.load(path, M1, S("0-7"))[1]
     moved = checkpoint.quarantine(path)
     assert moved is not None and moved.exists() and not path.exists()

@@ -55,6 +55,7 @@ def make_agent(state_dir):
     def make(**kw) -> Agent:
         kw.setdefault("dedicated_pool", "4-7")
         kw.setdefault("reconcile_interval", 3600)
+        kw.setdefault("lock_dir", state_dir / "lock")  # test:///default has one host identity: one lock per test
         a = Agent(TEST_URI, kw.pop("host_id", "h1"), state_dir, **kw).start()
         agents.append(a)
         return a

@@ -518,11 +518,20 @@ def test_agent_daemonset_reaches_libvirt_and_takes_its_host_id_from_the_node(cha
     assert Path(sock).parent == Path(mounts["run"]["mountPath"]) == Path(volumes["run"]["hostPath"]["path"])
     state = next(a for a in args if a.startswith("--state-dir=")).split("=", 1)[1]
     assert state == mounts["state"]["mountPath"] == volumes["state"]["hostPath"]["path"]
+    # one agent per libvirtd: the lock folder is a fixed host path that every agent on the node sees
+    lock = next(a for a in args if a.startswith("--lock-dir=")).split("=", 1)[1]
+    assert mounts["lock"]["mountPath"] == lock and not mounts["lock"].get("readOnly")
+    assert volumes["lock"]["hostPath"] == {"path": "/run/libvirt/vmsched", "type": "DirectoryOrCreate"}
+    assert parsed_lock_dir(args) == Path(lock)
     # bus on: the agent reads the broker URL from its own variable, never from argv
     assert env["VMSCHED_AGENT_AMQP"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": SECRET_KEY}
     assert "VMSCHED_AGENT_AMQP" in AGENT_ENV
     parsed = parse_cli(args)
     assert parsed.host_id is None or parsed.host_id == "", "the host ID comes from the environment"
+
+
+def parsed_lock_dir(args: list[str]) -> Path:
+    return parse_cli(args).lock_dir
 
 
 def test_agent_host_id_from_libvirt(chart: helm.Chart) -> None:

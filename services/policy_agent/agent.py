@@ -38,6 +38,7 @@ from .surfaces.socket import SocketServer
 from .virt import metadata
 from .virt.apply import Applier, Caps
 from .virt.connection import DomainEvent, LibvirtLink
+from .virt import hostlock
 from .virt.host import host_cpus, host_identity
 from .virt.lifecycle import LibvirtDomains
 
@@ -75,6 +76,7 @@ class Agent:
         connect_timeout: float = 30.0,
         reboot_debounce: float = 0.1,
         tunable_debounce: float = 0.05,
+        lock_dir: Path | None = None,
     ):
         self.uri = uri
         self.host_id = host_id
@@ -87,6 +89,9 @@ class Agent:
         self.connect_timeout = connect_timeout
         self.reboot_debounce = reboot_debounce
         self.tunable_debounce = tunable_debounce
+        self.lock_dir = Path(lock_dir or os.environ.get(hostlock.ENV) or hostlock.DEFAULT_LOCK_DIR)
+        self.machine: str | None = None  # libvirt's host UUID: what host state and the host lock are keyed to
+        self._lock: hostlock.HostLock | None = None
         self.checkpoint_path = self.state_dir / checkpoint.FILENAME
         self.inventory = Inventory()
         self.jobs = JobQueue()
@@ -113,19 +118,31 @@ class Agent:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.link = LibvirtLink(self.uri, self._on_event, self._on_connect)
         conn = self.link.connect(self.connect_timeout)
-        self.host_id = self.host_id or host_identity(conn)
+        self.machine = host_identity(conn)
+        self.host_id = self.host_id or self.machine
+        self._lock = hostlock.HostLock(self.lock_dir, self.machine)
+        self._lock.acquire({"host_id": self.host_id, "state_dir": str(self.state_dir.resolve()), "uri": self.uri,
+                            "socket": str(self.socket_path)})
         caps = Caps.detect(conn)
         cpus, ncpus = host_cpus(conn, caps)
-        found = recovery.load_or_rebuild(self.checkpoint_path, self.host_id, cpus)
+        found = recovery.load_or_rebuild(self.checkpoint_path, self.machine, cpus)
         pools, rebuild = found.pools, found.rebuild
+        if found.previous_host_id is not None and found.previous_host_id != self.host_id:
+            log.warning("host ID changed from %r to %r: keeping this machine's (%s) pool and allocations; the bus"
+                        " queue is now vmsched.agent.%s", found.previous_host_id, self.host_id, self.machine,
+                        self.host_id)
+        if found.version is not None and found.version < checkpoint.VERSION:
+            log.info("checkpoint %s is version %d: migrating it in place to version %d (keyed to machine %s)",
+                     self.checkpoint_path, found.version, checkpoint.VERSION, self.machine)
         if found.quarantined is not None:
             log.warning("checkpoint %s unusable (%s); moved to %s; rebuilding host state from the guests'"
                         " metadata and live pins", self.checkpoint_path, found.reason, found.quarantined)
             metrics.ERRORS.labels("checkpoint").inc()
         elif rebuild:
             log.info("no checkpoint at %s; building host state from the guests", self.checkpoint_path)
-        self.enforcer = Enforcer(self.host_id, pools, self.inventory, Applier(caps, ncpus, cpus),
-                                 self._publish, self._save, self.release_on_stop)
+        keys = recovery.hint_keys(self.machine, self.host_id, found.previous_host_id)
+        self.enforcer = Enforcer(self.machine, pools, self.inventory, Applier(caps, ncpus, cpus),
+                                 self._publish, self._save, self.release_on_stop, hint_keys=keys)
         snaps = self.enforcer.scan(conn)
         for snap in snaps:
             self.enforcer.observe(snap)
@@ -140,7 +157,7 @@ class Agent:
                 log.info("dedicated pool changes from %r to %r", cpuset.fmt(pools.pool), cpuset.fmt(wanted))
                 self.enforcer.adopt_pools(self.enforcer.plan_pool(wanted))
         elif rebuild:
-            pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), self.host_id, pools)
+            pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), keys, pools)
         summary = self.enforcer.sweep(conn, trigger="start", snaps=snaps, confine=True)
         self._save()
         log.info("agent for host %s on %s: %d guests, %d managed, pool %r, %d repaired at start", self.host_id,
@@ -168,6 +185,9 @@ class Agent:
             self.link.close()
         if self.enforcer is not None and self.started:
             self._save()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
         self.started = False
 
     def _spawn(self, target: Any, name: str) -> None:
@@ -187,9 +207,9 @@ class Agent:
         return self.enforcer.pools
 
     def _save(self) -> None:
-        assert self.enforcer is not None and self.host_id
+        assert self.enforcer is not None and self.host_id and self.machine
         try:
-            ckpt = checkpoint.Checkpoint.of(self.host_id, self.enforcer.pools)
+            ckpt = checkpoint.Checkpoint.of(self.machine, self.host_id, self.enforcer.pools)
             checkpoint.save(self.checkpoint_path, ckpt)
         except OSError as exc:
             metrics.ERRORS.labels("checkpoint").inc()
@@ -360,7 +380,8 @@ def serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     agent = Agent(args.libvirt, args.host_id, args.state_dir, dedicated_pool=args.dedicated_pool,
                   amqp_url=args.agent_amqp, socket_path=args.socket, reconcile_interval=args.reconcile_interval,
-                  release_on_stop=args.release_on_stop, connect_timeout=args.connect_timeout)
+                  release_on_stop=args.release_on_stop, connect_timeout=args.connect_timeout,
+                  lock_dir=getattr(args, "lock_dir", None))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

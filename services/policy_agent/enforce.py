@@ -18,7 +18,8 @@ import libvirt
 from .policy import cpuset
 from .virt import metadata
 from . import metrics
-from .policy.allocation import Pools, plan_pool
+from .overlaps import describe, find_overlaps, manager_pinned, placement
+from .policy.allocation import Pools, pin_conflicts, plan_pool
 from .virt.apply import Applier, Result
 from .policy.cpuset import CpuSet
 from .virt import snapshot
@@ -37,8 +38,10 @@ DRIFT_LOOP = (20, 10.0)  # restorations within seconds that mean a loop (a real 
 
 class Enforcer:
     def __init__(self, host_id: str, pools: Pools, inventory: Inventory, applier: Applier,
-                 publish: Publish, save: Callable[[], None], release_on_stop: bool = False):
-        self.host_id = host_id
+                 publish: Publish, save: Callable[[], None], release_on_stop: bool = False,
+                 hint_keys: frozenset[str] = frozenset()):
+        self.host_id = host_id  # what allocation hints are written with: the machine key (libvirt's host UUID)
+        self.hint_keys = hint_keys | {host_id}  # hints that are this machine's (also those of its old host IDs)
         self.pools = pools
         self.inv = inventory
         self.applier = applier
@@ -47,6 +50,9 @@ class Enforcer:
         self.release_on_stop = release_on_stop
         self.lock = threading.RLock()
         self._drift_times: dict[str, collections.deque[float]] = {}
+        self._foreign: set[str] = set()  # guests left to their manager's own pinning (logged once)
+        self._foreign_warned: list[str] = []
+        self._overlap_seen: dict[str, str] = {}  # guest -> the overlap last reported (reported once per change)
 
     # --- reading -----------------------------------------------------------------
     def lookup(self, conn: "libvirt.virConnect", key: str) -> "libvirt.virDomain":
@@ -85,7 +91,7 @@ class Enforcer:
             desired: Desired | None = None
             if error is None:
                 try:
-                    desired = self._desired(g, info, snap.active, confine)
+                    desired = self._desired(g, info, snap.active, confine, src)
                 except PolicyError as exc:
                     error = f"policy of {snap.name!r} cannot be enforced on this host: {exc}"
             if desired is None:
@@ -109,14 +115,21 @@ class Enforcer:
             self._count(g, trigger, result, received, drift)
             return result
 
-    def _desired(self, g: Guest, info: GuestInfo, active: bool, confine: bool) -> Desired:
+    def _desired(self, g: Guest, info: GuestInfo, active: bool, confine: bool,
+                 src: DomainXml | None = None) -> Desired:
         policy = g.policy
         if policy is None or policy.dedicated is None or (self.release_on_stop and not active):
             if self.pools.release(g.uuid) is not None:
                 log.info("released the dedicated CPUs of %r", g.name)
                 self.save()
-            if policy is not None and policy.dedicated is not None:
+            if policy is None:
+                return self._unmanaged(g, info, confine, src)
+            if policy.dedicated is not None:
                 policy = policy.model_copy(update={"dedicated": None, "vcpu_pins": {}})  # stopped, released
+            else:  # pins into the dedicated pool (written by another tool, or before a pool change) are refused
+                problems = pin_conflicts(policy, self.pools, None)
+                if problems:
+                    raise PolicyError(problems)
             return desired_for(policy, info, self.pools, None, confine=confine)
         if g.uuid not in self.pools.allocations:
             self._seed_from_hint(g)
@@ -128,10 +141,24 @@ class Enforcer:
         g.warnings = checked.warnings
         return checked.desired
 
+    def _unmanaged(self, g: Guest, info: GuestInfo, confine: bool, src: DomainXml | None) -> Desired:
+        """A guest without a policy: kept on the shared set, unless its manager pins it (its definition has
+        its own placement the agent did not write): then it is left alone, and conflicts are reported."""
+        desired = desired_for(None, info, self.pools, None, confine=confine)
+        if desired.vcpus is None:
+            return desired
+        if src is not None and manager_pinned(src, self.applier.host):
+            if g.uuid not in self._foreign:
+                self._foreign.add(g.uuid)
+                log.info("guest %r has its own CPU pinning and no vmsched policy: left to its manager", g.name)
+            return Desired(None, None, {})
+        self._foreign.discard(g.uuid)
+        return desired
+
     def _seed_from_hint(self, g: Guest) -> None:
         """Recover an allocation the guest's metadata recorded for this host (checkpoint lost)."""
         h = g.hint
-        if h is None or h.host != self.host_id or not h.cpus <= self.pools.free:
+        if h is None or h.host not in self.hint_keys or not h.cpus <= self.pools.free:
             return
         want = g.policy.dedicated if g.policy else None
         if isinstance(want, int) and len(h.cpus) != want:
@@ -144,7 +171,7 @@ class Enforcer:
             return
         held = self.pools.allocations.get(g.uuid)
         hint = metadata.AllocationHint(self.host_id, held, self.pools.pool) if held else None
-        if hint == g.hint or (hint is None and g.hint is not None and g.hint.host != self.host_id):
+        if hint == g.hint or (hint is None and g.hint is not None and g.hint.host not in self.hint_keys):
             return
         try:
             metadata.write(snap.dom, g.policy, hint)
@@ -247,10 +274,55 @@ class Enforcer:
                 repaired += 1
             if g is not None and g.error:
                 errors.append(g.error)
+        errors += self._report_overlaps(snaps)
         duration = time.perf_counter() - started
         metrics.RECONCILE_DURATION.observe(duration)
         self.update_gauges()
         return {"checked": len(snaps), "repaired": repaired, "errors": errors, "duration": duration}
+
+    def _report_overlaps(self, snaps: list[Snapshot]) -> list[str]:
+        """Dedicated CPUs that another running guest may also run on (after this sweep's repairs), and
+        guests pinned by their manager into the dedicated pool: logged, counted, and an error state on
+        every guest involved. Returns the messages not already in the guests' errors."""
+        with self.lock:
+            host = self.applier.host
+            running: dict[str, dict[str, CpuSet]] = {}
+            foreign_in_pool = []
+            for snap in snaps:
+                g = self.inv.get(snap.uuid)
+                if g is None or snap.live is None:
+                    continue
+                running[snap.uuid] = placement(g.desired, snap.live, host)
+                if g.policy is None and snap.uuid in self._foreign and self.pools.pool:
+                    if any(c & self.pools.pool for c in running[snap.uuid].values()):
+                        foreign_in_pool.append(g.name)
+            names = {u: (self.inv.get(u).name if self.inv.get(u) else self.pools.name(u))  # type: ignore[union-attr]
+                     for u in set(running) | set(self.pools.allocations)}
+            found = describe(find_overlaps(self.pools, running), names)
+            per_guest: dict[str, list[str]] = {}
+            for (uuid, holder), message in sorted(found.items()):
+                per_guest.setdefault(uuid, []).append(message)
+                per_guest.setdefault(holder, []).append(message)
+            for who, msgs in per_guest.items():
+                g = self.inv.get(who)
+                if g is None:
+                    continue
+                text = "; ".join(msgs)
+                if self._overlap_seen.get(who) != text:
+                    log.error("%s", text)
+                    self.publish("error", {"guest": g.name, "uuid": g.uuid, "error": text})
+                    metrics.ERRORS.labels("overlap").inc()
+                g.status, g.error = "error", f"{g.error}; {text}" if g.error and text not in g.error else text
+            self._overlap_seen = {u: "; ".join(m) for u, m in per_guest.items()}
+            messages = list(found.values())
+            metrics.DEDICATED_OVERLAPS.set(len({u for u, _ in found}))
+            metrics.FOREIGN_IN_POOL.set(len(foreign_in_pool))
+            if foreign_in_pool and sorted(foreign_in_pool) != self._foreign_warned:
+                log.warning("guests pinned by their manager (no vmsched policy) into the dedicated pool %s: %s;"
+                            " they are left alone, give them a vmsched policy or change their pinning",
+                            cpuset.fmt(self.pools.pool), ", ".join(sorted(foreign_in_pool)))
+            self._foreign_warned = sorted(foreign_in_pool)
+            return sorted(set(messages))
 
     def update_gauges(self) -> None:
         metrics.GUESTS_MANAGED.set(self.inv.managed())

@@ -48,9 +48,19 @@ RECONCILE_DURATION = Histogram(
 EVENTS = Counter(
     "vmsched_agent_events_total", "libvirt domain events received, by event", ["event"], registry=REGISTRY
 )
+DEDICATED_OVERLAPS = Gauge(
+    "vmsched_agent_dedicated_overlaps",
+    "Running guests allowed on a CPU dedicated to another guest, found by the last sweep (should be 0)",
+    registry=REGISTRY,
+)
+FOREIGN_IN_POOL = Gauge(
+    "vmsched_agent_foreign_pins_in_pool",
+    "Running guests pinned by their manager (no vmsched policy) into the dedicated pool, found by the last sweep",
+    registry=REGISTRY,
+)
 ERRORS = Counter(
     "vmsched_agent_errors_total",
-    "Errors, by kind (apply, validation, checkpoint, libvirt)",
+    "Errors, by kind (apply, validation, overlap, checkpoint, libvirt)",
     ["kind"],
     registry=REGISTRY,
 )

@@ -192,13 +192,16 @@ def plan_pool(pools: Pools, pool: CpuSet, guests: Iterable[Holder], release_on_s
     """The pools after changing the dedicated pool to ``pool``.
 
     Explicit dedicated sets are placed first, then counts (each keeps what it
-    can of its current CPUs). Raises PolicyError naming every guest that
-    cannot be given its CPUs in the new pool.
+    can of its current CPUs). Then every policy's explicit pins are checked
+    against the new pools: a guest without dedicated CPUs may not be pinned
+    into the pool, a dedicated guest's pins must stay inside its allocation.
+    Raises PolicyError naming every guest that conflicts with the new pool.
     """
     errors = pools.check_pool(pool)
     if errors:
         raise PolicyError(errors)
     new = Pools(pools.host_cpus, pool)
+    guests = list(guests)
     holders = [g for g in guests if g.policy is not None and g.policy.dedicated is not None
                and (g.uuid in pools.allocations or not release_on_stop or g.active)]
     holders.sort(key=lambda g: (0 if isinstance(g.policy.dedicated, str) else 1, g.name))  # type: ignore[union-attr]
@@ -213,6 +216,31 @@ def plan_pool(pools: Pools, pool: CpuSet, guests: Iterable[Holder], release_on_s
         except PolicyError as exc:
             new.release(g.uuid)
             errors.extend(f"guest {g.name!r}: {e}" for e in exc.errors)
+    for g in sorted(guests, key=lambda g: g.name):
+        if g.policy is not None and (g.policy.dedicated is None or g.uuid in new.allocations):
+            errors.extend(f"guest {g.name!r}: {e}" for e in pin_conflicts(g.policy, new, new.allocations.get(g.uuid)))
     if errors:
         raise PolicyError([f"dedicated pool {cpuset.fmt(pool) or '(none)'} refused"] + errors)
     return new
+
+
+def pin_conflicts(policy: GuestPolicy, pools: Pools, allocation: CpuSet | None) -> list[str]:
+    """Explicit pins of ``policy`` that break the pools: pins into the dedicated pool of a guest without
+    an allocation, pins of a dedicated guest outside its allocation (emulator: outside it and the shared set)."""
+    out = []
+    inside = allocation or frozenset()
+    for vcpu, text in sorted(policy.vcpu_pins.items()):
+        cpus = cpuset.parse(text)
+        if allocation is not None and cpus - inside:
+            out.append(f"vCPU {vcpu} pin {text}: CPUs {cpuset.fmt(cpus - inside)} are outside the guest's"
+                       f" dedicated CPUs {cpuset.fmt(inside)}")
+        elif allocation is None and cpus & pools.pool:
+            out.append(f"vCPU {vcpu} pin {text}: CPUs {cpuset.fmt(cpus & pools.pool)} are in the dedicated pool"
+                       f" {cpuset.fmt(pools.pool)}")
+    if policy.emulator_pin:
+        emu = cpuset.parse(policy.emulator_pin)
+        bad = emu & pools.pool - inside
+        if bad:
+            out.append(f"emulator pin {policy.emulator_pin}: CPUs {cpuset.fmt(bad)} are in the dedicated pool"
+                       f" {cpuset.fmt(pools.pool)} and not dedicated to this guest")
+    return out

@@ -4,6 +4,11 @@ Written atomically (temporary file, write, fsync, rename, fsync of the
 folder) with a checksum; validated on load. A checkpoint that is missing,
 corrupt or inconsistent is never fatal: :func:`load` says why it cannot be
 used and the agent rebuilds the state from the domains' metadata.
+
+Version 2 keys the state to the machine (libvirt's host UUID), not to the
+agent's bus name: an agent restarted under another ``--host-id`` keeps its
+pool and allocations. Version 1 (keyed by the host ID) is still read and is
+rewritten as version 2 by the next save.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
@@ -22,7 +28,8 @@ from .allocation import Pools
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)
 FILENAME = "checkpoint.json"
 
 
@@ -33,14 +40,16 @@ class Held(BaseModel):
 
 class Checkpoint(BaseModel):
     version: int = VERSION
-    host_id: str
+    machine: str | None = None  # libvirt's host UUID (v2); v1 had none
+    host_id: str  # the agent's host ID (bus name) when it was written
     pool: str = ""
     allocations: dict[str, Held] = Field(default_factory=dict)  # uuid -> held CPUs
     saved_at: float = 0.0
 
     @classmethod
-    def of(cls, host_id: str, pools: Pools) -> "Checkpoint":
+    def of(cls, machine: str, host_id: str, pools: Pools) -> "Checkpoint":
         return cls(
+            machine=machine,
             host_id=host_id,
             pool=cpuset.fmt(pools.pool),
             allocations={u: Held(name=pools.name(u), cpus=cpuset.fmt(c)) for u, c in sorted(pools.allocations.items())},
@@ -52,6 +61,15 @@ class Checkpoint(BaseModel):
         for uuid, held in self.allocations.items():
             pools.assign(uuid, held.name, cpuset.parse(held.cpus))
         return pools
+
+
+@dataclass
+class Loaded:
+    """A usable checkpoint: the pools, and what it was written as (for logging a rename or a migration)."""
+
+    pools: Pools
+    version: int
+    host_id: str
 
 
 def _digest(payload: dict) -> str:
@@ -80,8 +98,12 @@ def save(path: Path, ckpt: Checkpoint) -> None:
         os.close(dfd)
 
 
-def load(path: Path, host_id: str, host_cpus: frozenset[int]) -> tuple[Pools | None, str | None]:
-    """(pools, None) when usable; (None, reason) when missing or unusable."""
+def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Loaded | None, str | None]:
+    """(loaded, None) when usable; (None, reason) when missing or unusable.
+
+    Usable means: this machine's (v2: same ``machine``; v1 carries no machine key and is taken as this
+    machine's, whatever host ID wrote it), valid and consistent. The host ID does not matter.
+    """
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -98,10 +120,10 @@ def load(path: Path, host_id: str, host_cpus: frozenset[int]) -> tuple[Pools | N
         if isinstance(exc, ValidationError):
             return None, f"invalid content: {exc.errors()[0].get('msg')}"
         return None, f"not a valid checkpoint document: {exc}"
-    if ckpt.version != VERSION:
+    if ckpt.version not in READABLE:
         return None, f"unsupported version {ckpt.version}"
-    if ckpt.host_id != host_id:
-        return None, f"written for host {ckpt.host_id!r}, this is host {host_id!r}"
+    if ckpt.version >= 2 and ckpt.machine != machine:
+        return None, f"written for machine {ckpt.machine!r} (host {ckpt.host_id!r}), this is machine {machine!r}"
     try:
         pools = ckpt.to_pools(host_cpus)
     except ValueError as exc:
@@ -109,7 +131,7 @@ def load(path: Path, host_id: str, host_cpus: frozenset[int]) -> tuple[Pools | N
     problems = pools.consistency_errors()
     if problems:
         return None, "inconsistent: " + "; ".join(problems)
-    return pools, None
+    return Loaded(pools, ckpt.version, ckpt.host_id), None
 
 
 def quarantine(path: Path) -> Path | None:

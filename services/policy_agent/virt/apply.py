@@ -12,7 +12,9 @@ skipped there (and logged once), everything else runs the same code as QEMU.
 
 from __future__ import annotations
 
+import collections
 import logging
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 import libvirt
@@ -133,6 +135,8 @@ class Applier:
             changes = diff(cfg, desired, self.host, self.caps, pins=self.caps.vcpu_pin_flags)
             self._write_all(dom, changes, CONFIG)
             result.config = [describe(c, cfg, self.host) for c in changes]
+            if changes:
+                _check_no_duplicates(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
         if active:
             cur = live_xml or self.read(dom, live=True)
             changes = diff(cur, desired, self.host, self.caps, live=True)
@@ -164,6 +168,29 @@ class Applier:
             what = f"vCPU {key} pin" if kind == "vcpu" else ("emulator pin" if kind == "emulator" else key)
             message = exc.get_error_message() or str(exc)
             raise ApplyError(f"libvirt refused the {scope} {what} ({_show(want)}): {message}") from exc
+
+
+def duplicated(xml: str) -> list[str]:
+    """Elements a domain's XML holds more than once where it may hold one: a ``<vcpupin>`` per vCPU,
+    ``<emulatorpin>``, a scheduler tunable, one metadata element per namespace."""
+    root = ET.fromstring(xml)
+    seen: collections.Counter[str] = collections.Counter()
+    tune = root.find("cputune")
+    if tune is not None:
+        seen.update(f"<vcpupin vcpu='{p.get('vcpu')}'>" for p in tune.findall("vcpupin"))
+        seen.update(f"<{c.tag}>" for c in tune if c.tag != "vcpupin")
+    meta = root.find("metadata")
+    if meta is not None:
+        seen.update(f"metadata {c.tag}" for c in meta)
+    return sorted(k for k, n in seen.items() if n > 1)
+
+
+def _check_no_duplicates(xml: str) -> None:
+    """The invariant after every config write: never an element twice (libvirt would keep the first or
+    refuse the definition at the next start)."""
+    dup = duplicated(xml)
+    if dup:
+        raise ApplyError(f"the guest's persistent definition holds duplicated elements: {', '.join(dup)}")
 
 
 def _show(value) -> str:

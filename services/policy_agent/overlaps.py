@@ -1,0 +1,82 @@
+"""Who may run where, as it is in force: guests pinned by their manager, and dedicated CPUs shared.
+
+Pure functions over the domains' XML and the pools; the enforcer reports
+what they find (log, metric, error state) at the end of every sweep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .policy import cpuset
+from .policy.allocation import Pools
+from .policy.cpuset import CpuSet
+from .policy.validation import Desired
+from .virt.domxml import DomainXml
+
+
+def manager_pinned(xml: DomainXml, host: CpuSet) -> bool:
+    """The definition carries its own placement (``<vcpupin>``, ``<emulatorpin>``, ``<vcpu cpuset>``) that does
+    not look like the agent's confinement: its manager (oVirt/vdsm, an admin) pins the guest.
+
+    The agent confines a guest by putting the emulator and every vCPU on one set (the shared set of the
+    time; the test driver keeps only the emulator pin in the config): a definition with an
+    ``<emulatorpin>`` whose placements are all that one set (every vCPU pinned to it, or none) is taken
+    for the agent's own confinement, and confined again to the current shared set. Anything else is the
+    manager's (so a manager that pins the emulator and every vCPU of a guest to one same set is not
+    recognised as such). A placement on every host CPU restricts nothing and does not count."""
+    placed = list(xml.vcpupins.values())
+    if xml.emulatorpin is not None:
+        placed.append(xml.emulatorpin)
+    if xml.vcpu_cpuset is not None:
+        placed.append(xml.vcpu_cpuset)
+    if all(cpus >= host for cpus in placed):  # every host CPU: no restriction at all
+        return False
+    uniform = (xml.emulatorpin is not None and len(set(placed)) == 1
+               and (not xml.vcpupins or set(xml.vcpupins) >= set(range(xml.nvcpus))))
+    return not uniform
+
+
+@dataclass(frozen=True)
+class Overlap:
+    uuid: str  # the guest running where it should not
+    holder: str  # the guest the CPUs are dedicated to
+    cpus: CpuSet
+    where: str  # which of its threads: "vcpu0", "emulator"
+
+
+def placement(desired: Desired | None, xml: DomainXml, host: CpuSet) -> dict[str, CpuSet]:
+    """Where each thread group of a guest may run: what the agent enforces, else what its XML says."""
+    vcpus = desired.vcpus if desired is not None and desired.vcpus is not None else xml.effective_vcpus(host)
+    emulator = desired.emulator if desired is not None and desired.emulator is not None \
+        else xml.effective_emulator(host)
+    return {**{f"vcpu{i}": c for i, c in sorted(vcpus.items())}, "emulator": emulator}
+
+
+def find_overlaps(pools: Pools, guests: dict[str, dict[str, CpuSet]]) -> list[Overlap]:
+    """Every thread group of a guest allowed on a CPU dedicated to another guest.
+
+    ``guests``: uuid -> :func:`placement` of the running guests."""
+    out = []
+    for uuid, where in sorted(guests.items()):
+        for holder, held in sorted(pools.allocations.items()):
+            if holder == uuid:
+                continue
+            for what, cpus in where.items():
+                if cpus & held:
+                    out.append(Overlap(uuid, holder, frozenset(cpus & held), what))
+    return out
+
+
+def describe(overlaps: list[Overlap], name_of: dict[str, str]) -> dict[tuple[str, str], str]:
+    """(guest, holder) -> one message naming both and every thread group involved."""
+    grouped: dict[tuple[str, str], list[Overlap]] = {}
+    for o in overlaps:
+        grouped.setdefault((o.uuid, o.holder), []).append(o)
+    out = {}
+    for (uuid, holder), items in grouped.items():
+        cpus = frozenset().union(*(o.cpus for o in items))
+        parts = ", ".join(f"{o.where} on {cpuset.fmt(o.cpus)}" for o in items)
+        out[(uuid, holder)] = (f"dedicated CPUs {cpuset.fmt(cpus)} of guest {name_of.get(holder, holder)!r} are"
+                               f" shared with guest {name_of.get(uuid, uuid)!r} ({parts})")
+    return out
