@@ -27,14 +27,15 @@ from vmsched import metrics as service_metrics
 from . import metrics
 from .enforce import Enforcer
 from .jobs import JobQueue
-from .policy import checkpoint, cpuset, orchestration, recovery
+from .policy import checkpoint, cpuset, orchestration, recovery, store
 from .policy.allocation import Pools
 from .policy.errors import AgentError, ApplyError, PolicyError
 from .policy.inventory import Inventory
-from .policy.model import GuestPolicy, parse_policy
+from .policy.model import GuestPolicy, parse_policy_partial
 from .surfaces.bus import BusLink
 from .surfaces.cli import EXIT
 from .surfaces.socket import SocketServer
+from .transient import TransientPolicies
 from .virt import metadata
 from .virt.apply import Applier, Caps
 from .virt.connection import DomainEvent, LibvirtLink
@@ -142,7 +143,8 @@ class Agent:
             log.info("no checkpoint at %s; building host state from the guests", self.checkpoint_path)
         keys = recovery.hint_keys(self.machine, self.host_id, found.previous_host_id)
         self.enforcer = Enforcer(self.machine, pools, self.inventory, Applier(caps, ncpus, cpus),
-                                 self._publish, self._save, self.release_on_stop, hint_keys=keys)
+                                 self._publish, self._save, self.release_on_stop, hint_keys=keys,
+                                 transient=TransientPolicies(self._load_store()))
         snaps = self.enforcer.scan(conn)
         for snap in snaps:
             self.enforcer.observe(snap)
@@ -215,6 +217,12 @@ class Agent:
             metrics.ERRORS.labels("checkpoint").inc()
             log.error("cannot write checkpoint %s: %s", self.checkpoint_path, exc)
 
+    def _load_store(self) -> store.PolicyStore:
+        policies = store.PolicyStore(self.state_dir / store.FILENAME).load()
+        if policies.problem is not None:
+            metrics.ERRORS.labels("store").inc()
+        return policies
+
     def _publish(self, event: str, body: dict) -> None:
         body = {"host_id": self.host_id, **body}
         self.events.append((event, body))
@@ -278,7 +286,8 @@ class Agent:
     @_libvirt_errors
     def set_policy(self, guest: str, policy: GuestPolicy | dict) -> dict:
         assert self.enforcer is not None
-        return self.enforcer.set_policy(self.conn, guest, parse_policy(policy))
+        policy, problems = parse_policy_partial(policy)
+        return self.enforcer.set_policy(self.conn, guest, policy, problems)
 
     @_libvirt_errors
     def get_policy(self, guest: str) -> dict:
@@ -298,7 +307,10 @@ class Agent:
         assert self.enforcer is not None
         with self.enforcer.lock:
             guests = sorted(self.inventory.all(), key=lambda g: g.name)
-            return {"policies": [self.enforcer.view(g) for g in guests if g.policy is not None]}
+            views = [self.enforcer.view(g) for g in guests if g.policy is not None]
+            if self.enforcer.transient is not None:  # transient guests that do not exist right now
+                views += self.enforcer.transient.absent_views(self.inventory)
+            return {"policies": sorted(views, key=lambda v: v["guest"])}
 
     def cpus(self) -> dict:
         with self.enforcer.lock:  # type: ignore[union-attr]

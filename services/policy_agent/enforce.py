@@ -25,9 +25,10 @@ from .policy.cpuset import CpuSet
 from .virt import snapshot
 from .virt.domxml import DomainXml
 from .virt.snapshot import Snapshot
-from .policy.errors import ApplyError, PolicyError
+from .policy.errors import ApplyError, GuestNotFound, PolicyError
 from .policy.inventory import Guest, Inventory
 from .policy.model import DEFAULT_SHARES, GuestPolicy
+from .transient import TransientPolicies
 from .policy.validation import Desired, GuestInfo, check_policy, desired_for
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ DRIFT_LOOP = (20, 10.0)  # restorations within seconds that mean a loop (a real 
 class Enforcer:
     def __init__(self, host_id: str, pools: Pools, inventory: Inventory, applier: Applier,
                  publish: Publish, save: Callable[[], None], release_on_stop: bool = False,
-                 hint_keys: frozenset[str] = frozenset()):
+                 transient: TransientPolicies | None = None, hint_keys: frozenset[str] = frozenset()):
         self.host_id = host_id  # what allocation hints are written with: the machine key (libvirt's host UUID)
         self.hint_keys = hint_keys | {host_id}  # hints that are this machine's (also those of its old host IDs)
         self.pools = pools
@@ -48,6 +49,7 @@ class Enforcer:
         self.publish = publish
         self.save = save
         self.release_on_stop = release_on_stop
+        self.transient = transient  # policies of transient guests (no persistent definition to hold them)
         self.lock = threading.RLock()
         self._drift_times: dict[str, collections.deque[float]] = {}
         self._foreign: set[str] = set()  # guests left to their manager's own pinning (logged once)
@@ -66,10 +68,12 @@ class Enforcer:
         return snapshot.read(self.applier, dom, self._seq(dom.UUIDString()))
 
     def _metadata_of(self, snap: Snapshot) -> DomainXml:
-        return snap.xml
+        return snap.xml if self.transient is None else self.transient.source(snap)
 
     def observe(self, snap: Snapshot) -> Guest:
         """Refresh the cached guest from a snapshot (no changes to the guest)."""
+        if self.transient is not None:
+            self.transient.track(snap)
         src = self._metadata_of(snap)
         g = self.inv.upsert(snap.uuid, snap.name)
         g.persistent, g.nvcpus = snap.persistent, src.nvcpus
@@ -105,6 +109,10 @@ class Enforcer:
                     return None
                 self._record_error(g, f"applying the policy of {snap.name!r} failed: {exc}", "apply")
                 return None
+            if self.transient is not None:
+                held = self.pools.allocations.get(g.uuid)
+                self.transient.mirror(snap, g, metadata.AllocationHint(self.host_id, held, self.pools.pool)
+                                      if held else None)
             self._sync_hint(snap, g)
             g.desired = desired
             if error:
@@ -330,13 +338,22 @@ class Enforcer:
         metrics.DEDICATED_CPUS.labels("free").set(len(self.pools.free))
 
     # --- requests ----------------------------------------------------------------
-    def set_policy(self, conn: "libvirt.virConnect", key: str, policy: GuestPolicy) -> dict:
+    def set_policy(self, conn: "libvirt.virConnect", key: str, policy: GuestPolicy,
+                   problems: list[str] | None = None) -> dict:
+        """Validate and apply ``policy``. ``problems`` are the request's own errors found while parsing it
+        (``policy`` is then made of its valid fields): refused together with the host-fit problems."""
         with self.lock:
             dom = self.lookup(conn, key)
             snap = self.read(dom)
             src = self._metadata_of(snap)
             info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
-            checked = check_policy(policy, info, self.pools, self.inv.graph(), self.inv.resolve, self.inv.name_of)
+            try:
+                checked = check_policy(policy, info, self.pools, self.inv.graph(), self.inv.resolve,
+                                       self.inv.name_of)
+            except PolicyError as exc:
+                raise PolicyError([*(problems or []), *exc.errors]) from None
+            if problems:
+                raise PolicyError(problems)
             if self.release_on_stop and not snap.active and policy.dedicated is not None:
                 # validated now; the CPUs are allocated when the guest starts
                 checked.allocation = None
@@ -344,11 +361,17 @@ class Enforcer:
                 checked.desired = desired_for(stopped, info, self.pools, None)
             old_alloc = self.pools.allocations.get(snap.uuid)
             hint = metadata.AllocationHint(self.host_id, checked.allocation, self.pools.pool) if checked.allocation else None
+            store = self.transient if not snap.persistent else None
+            old_stored = store.get(snap.uuid) if store is not None else None
             try:
+                if store is not None:
+                    store.put(snap.uuid, snap.name, policy)  # on disk first: it must outlive the guest
                 metadata.write(dom, policy, hint)
                 result = self.applier.verify_and_repair(dom, checked.desired, snap.active, snap.persistent)
             except (ApplyError, libvirt.libvirtError) as exc:
                 self._rollback(snap, src, old_alloc)
+                if store is not None:
+                    store.restore(snap.uuid, old_stored)
                 metrics.APPLICATIONS.labels("error").inc()
                 raise ApplyError(f"applying the policy of {snap.name!r} failed, previous policy restored: {exc}") from exc
             if checked.allocation:
@@ -381,11 +404,21 @@ class Enforcer:
 
     def delete_policy(self, conn: "libvirt.virConnect", key: str) -> dict:
         with self.lock:
-            dom = self.lookup(conn, key)
+            try:
+                dom = self.lookup(conn, key)
+            except GuestNotFound:
+                stored = self.transient.find(key) if self.transient is not None else None
+                if stored is None:
+                    raise
+                self.transient.remove(stored.uuid)
+                log.info("stored policy of transient guest %r (%s, not running) deleted", stored.name, stored.uuid)
+                return {"guest": stored.name, "uuid": stored.uuid, "deleted": True}
             snap = self.read(dom)
             old = self._metadata_of(snap).policy
             if old is None and self.pools.allocations.get(snap.uuid) is None:
                 return {"guest": snap.name, "uuid": snap.uuid, "deleted": False}
+            if self.transient is not None:
+                self.transient.remove(snap.uuid)  # first: a failure below must not bring it back
             metadata.clear(dom)
             self.pools.release(snap.uuid)
             self.save()

@@ -105,18 +105,26 @@ class GuestPolicy(PolicyDocument):
 
     @model_validator(mode="after")
     def _cap_forms(self) -> "GuestPolicy":
+        problems = self.form_problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def form_problems(self) -> list[str]:
+        """Every rule about how the cap fields combine that this policy breaks."""
+        problems: list[str] = []
         if self.cap_percent is not None and self.quota is not None:
-            raise ValueError("give the cap either as cap_percent or as quota/period, not both")
+            problems.append("give the cap either as cap_percent or as quota/period, not both")
         if self.period is not None and self.cap_percent is None and self.quota is None:
-            raise ValueError("period given without cap_percent or quota")
+            problems.append("period given without cap_percent or quota")
         if self.cap_percent is not None:
             quota = self.effective_quota()
             if quota is not None and quota < QUOTA_MIN:
-                raise ValueError(
+                problems.append(
                     f"cap {self.cap_percent}% of a {self.effective_period()} us period is a quota of {quota} us,"
                     f" below libvirt's minimum {QUOTA_MIN} us"
                 )
-        return self
+        return problems
 
     # --- derived values ----------------------------------------------------
     def effective_period(self) -> int | None:
@@ -160,17 +168,57 @@ class GuestPolicy(PolicyDocument):
 
 
 def parse_policy(data: Any) -> GuestPolicy:
-    """Build a policy from untrusted data, turning pydantic errors into a PolicyError."""
+    """Build a policy from untrusted data, turning pydantic errors into a PolicyError with every problem."""
+    policy, problems = parse_policy_partial(data)
+    if problems:
+        raise PolicyError(problems)
+    return policy
+
+
+#: fields the model-level rules (:meth:`GuestPolicy.form_problems`) look at
+_CAP_FIELDS = ("cap_percent", "quota", "period")
+
+
+def parse_policy_partial(data: Any) -> tuple[GuestPolicy, list[str]]:
+    """(the policy made of the valid fields, every problem found).
+
+    pydantic skips the model-level rules when a field is invalid; here the
+    invalid fields are dropped and the rest validated again, so field errors,
+    the cap rules and (by the caller, on the partial policy) the host-fit
+    checks can all be reported at once.
+    """
     if isinstance(data, GuestPolicy):
-        return data
+        return data, []
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise PolicyError(f"a policy must be a mapping, got {type(data).__name__}")
-    try:
-        return GuestPolicy.model_validate(data)
-    except ValidationError as exc:
-        raise PolicyError([_describe(err) for err in exc.errors()]) from None
+    fields = dict(data)
+    problems: list[str] = []
+    while True:
+        try:
+            return GuestPolicy.model_validate(fields), problems
+        except ValidationError as exc:
+            bad: set[Any] = set()
+            for err in exc.errors():
+                text = _describe(err)
+                problems.extend(text.split("; ") if not err.get("loc") else [text])
+                bad.add(err["loc"][0] if err.get("loc") else None)
+            drop = {k for k in bad if k is not None}
+            if None in bad:  # a model-level rule: its fields are the cap fields
+                drop |= set(_CAP_FIELDS)
+            drop &= set(fields)
+            if not drop:  # cannot happen with this model; never loop
+                return GuestPolicy(), problems
+            for key in drop:
+                del fields[key]
+
+
+def policy_document(data: dict[str, Any]) -> dict[str, Any]:
+    """The normalised JSON form of a valid policy; an invalid one is passed on as it is, so that the
+    agent reports its field errors together with the host-fit problems it alone can check."""
+    policy, problems = parse_policy_partial(data)
+    return data if problems else policy.to_dict()
 
 
 def _describe(err: dict[str, Any]) -> str:

@@ -93,10 +93,11 @@ def check_policy(
         if not exists(what, cpus):
             continue
         if policy.dedicated is not None:
-            if allocation is not None and not cpus <= allocation:
+            within = allocation if allocation is not None else policy.dedicated_set()  # refused set: still check
+            if within is not None and not cpus <= within:
                 errors.append(
-                    f"{what} {cpuset.fmt(cpus)}: CPUs {cpuset.fmt(cpus - allocation)} are outside the guest's"
-                    f" dedicated CPUs {cpuset.fmt(allocation)}"
+                    f"{what} {cpuset.fmt(cpus)}: CPUs {cpuset.fmt(cpus - within)} are outside the guest's"
+                    f" dedicated CPUs {cpuset.fmt(within)}"
                 )
         elif cpus & pools.pool:
             errors.append(
