@@ -15,11 +15,13 @@
 #   5. start `/usr/sbin/libvirtd -d` if it is not running, wait for its socket
 #   6. warm the QEMU capability probe (~8 s once, then cached)
 #
-# State: $STATE_DIR/libvirtd.started holds "yes" when this script started
-# libvirtd, "no" when it was already running.  The first run of a session
-# writes it; later runs (e.g. restarting a libvirtd a test killed) keep it, so
-# scripts/libvirt-teardown.sh stops libvirtd only when it was not running
-# before the session began.  Teardown removes the file.
+# State: $STATE_DIR/libvirtd.started holds "yes PID" when this script started
+# libvirtd PID, "no PID" when libvirtd PID was already running (see
+# scripts/libvirtd-state.sh).  The first run of a session decides; later runs
+# (e.g. restarting a libvirtd a test killed) update the pid of "yes" only, so
+# scripts/libvirt-teardown.sh stops libvirtd only when setup started it, and
+# the tests that kill libvirtd run only then (they skip otherwise).
+# Teardown removes the file.
 #
 # Environment: VMSCHED_TEST_STATE_DIR (default /run/vmsched-test),
 # LIBVIRTD_START_TIMEOUT (seconds, default 20).
@@ -31,13 +33,12 @@ die() { printf 'libvirt-setup: ERROR: %s\n' "$*" >&2; exit 1; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 VENV_DIR=${1:-${VENV:-$ROOT/.venv}}
-STATE_DIR=${VMSCHED_TEST_STATE_DIR:-/run/vmsched-test}
-STATE_FILE=$STATE_DIR/libvirtd.started
 START_TIMEOUT=${LIBVIRTD_START_TIMEOUT:-20}
 LIBVIRTD=/usr/sbin/libvirtd
 SOCK=/run/libvirt/libvirt-sock
-PIDFILE=/run/libvirtd.pid
 QEMU_CONF=/etc/libvirt/qemu.conf
+# shellcheck source=scripts/libvirtd-state.sh
+. "$HERE/libvirtd-state.sh"
 PACKAGES="libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 libvirt-clients libvirt-dev pkg-config"
 
 [ "$(id -u)" = 0 ] || die "must run as root (uid is $(id -u))"
@@ -122,20 +123,6 @@ else
 fi
 
 # --- 5. libvirtd -----------------------------------------------------------
-running_pid() {  # prints the pid of a live libvirtd, or nothing
-    if [ -r "$PIDFILE" ]; then
-        pid=$(cat "$PIDFILE" 2>/dev/null || true)
-        if [ -n "$pid" ] && [ -r "/proc/$pid/comm" ] && [ "$(cat "/proc/$pid/comm")" = libvirtd ]; then
-            echo "$pid"; return 0
-        fi
-    fi
-    for d in /proc/[0-9]*; do
-        if [ "$(cat "$d/comm" 2>/dev/null)" = libvirtd ] && ! grep -q '^State:[[:space:]]*Z' "$d/status" 2>/dev/null; then
-            echo "${d#/proc/}"; return 0
-        fi
-    done
-}
-
 # directories libvirt-daemon-system would normally create
 mkdir -p /var/log/libvirt/qemu /var/lib/libvirt/qemu /var/cache/libvirt/qemu /run/libvirt "$STATE_DIR"
 
@@ -144,7 +131,12 @@ start_libvirtd() {
     # a stale pid file from a killed daemon makes libvirtd refuse to start
     rm -f "$PIDFILE"
     "$LIBVIRTD" -d || die "$LIBVIRTD -d failed (exit $?); see /var/log/libvirt/libvirtd.log"
-    [ -e "$STATE_FILE" ] || echo yes >"$STATE_FILE"
+    i=0
+    until [ -n "$(running_pid)" ]; do  # -d returns once it has forked: wait for the daemon's pid file
+        i=$((i + 1)); [ "$i" -le 100 ] || die "$LIBVIRTD -d returned but no libvirtd process appeared"
+        sleep 0.05
+    done
+    record_started "$(running_pid)"
 }
 
 pid=$(running_pid)
@@ -152,8 +144,12 @@ if [ -n "$pid" ]; then
     if [ "$conf_changed" = yes ]; then
         log "WARNING: libvirtd (pid $pid) was already running; qemu.conf changes apply after its restart"
     fi
-    log "libvirtd already running (pid $pid)"
-    [ -e "$STATE_FILE" ] || echo no >"$STATE_FILE"
+    record_found "$pid"
+    if [ "$(state_owner)" = yes ] && [ "$(state_pid)" = "$pid" ]; then
+        log "libvirtd already running (pid $pid, started by setup earlier in this session)"
+    else
+        log "libvirtd already running (pid $pid): not started by setup; it will be left running, and the tests that kill libvirtd skip"
+    fi
 else
     start_libvirtd
 fi

@@ -5,10 +5,16 @@ Run (as root):   .venv/bin/python -m pytest tests/e2e_libvirt -q
 The session fixture runs scripts/libvirt-setup.sh (installs the Debian
 packages if missing, prepares and starts libvirtd) and, at the end,
 scripts/libvirt-teardown.sh (removes leftover test guests and the test hook,
-stops libvirtd only if setup started it). When the machine cannot run
+stops libvirtd only if setup started it, and reports exactly what it stopped
+or left alone). Setup records whether it started libvirtd; tests that kill or
+restart libvirtd take the ``own_libvirtd`` fixture and skip, saying why, when
+a libvirtd was already running before the tests (it is not theirs to kill).
+When the machine cannot run
 libvirtd (not root, no apt, setup fails, libvirtd does not answer) every test
 here is skipped and the reason is printed; set VMSCHED_E2E_REQUIRE=1 to make
-that a failure instead. VMSCHED_E2E_KEEP_LIBVIRTD=1 skips the teardown script.
+that a failure instead (for the own_libvirtd skips too: CI, where no
+libvirtd runs beforehand, must run every test). VMSCHED_E2E_KEEP_LIBVIRTD=1
+skips the teardown script.
 """
 
 from __future__ import annotations
@@ -125,8 +131,10 @@ def e2e_env() -> Iterator[Env]:
     except Exception as exc:  # noqa: BLE001
         _skip(f"libvirtd does not answer on {h.URI}: {exc}")
     leftovers = env.remove_test_guests()
+    ours, why = h.libvirtd_owner()
     _note(f"libvirtd ready in {time.monotonic() - t0:.1f} s (pid {h.libvirtd_pid()}, host CPUs "
-          f"{sorted(env.host_cpus)})" + (f"; removed leftover guests {leftovers}" if leftovers else ""))
+          f"{sorted(env.host_cpus)})" + (f"; removed leftover guests {leftovers}" if leftovers else "")
+          + f"; {why}" + ("" if ours else ": the tests that kill libvirtd will skip"))
     try:
         yield env
     finally:
@@ -142,6 +150,14 @@ def e2e_env() -> Iterator[Env]:
             td = h.run_teardown()
             _note("teardown: " + " | ".join(td.stdout.strip().splitlines())
                   + (f" | ERROR (exit {td.returncode}): {td.stderr.strip()}" if td.returncode else ""))
+
+
+@pytest.fixture
+def own_libvirtd(env: Env) -> Env:
+    """For tests that kill or restart libvirtd: only when this session started it (else skip, saying why;
+    with VMSCHED_E2E_REQUIRE=1 that is a failure)."""
+    h.require_own_libvirtd()
+    return env
 
 
 @pytest.fixture

@@ -360,6 +360,44 @@ def libvirtd_pid() -> int | None:
     return None
 
 
+LIBVIRTD_STATE = STATE_DIR / "libvirtd.started"
+
+
+class NotOurLibvirtd(RuntimeError):
+    """Refusal to stop or kill a libvirtd the test session did not start."""
+
+
+def libvirtd_owner() -> tuple[bool, str]:
+    """(True, why) when the running libvirtd is the one scripts/libvirt-setup.sh started in this session
+    (its state file says "yes PID" for the running pid); (False, why not) otherwise."""
+    pid = libvirtd_pid()
+    try:
+        owner, _, recorded = LIBVIRTD_STATE.read_text().strip().partition(" ")
+    except OSError:
+        owner, recorded = "", ""
+    if pid is None:
+        return False, "libvirtd is not running"
+    if owner == "yes" and recorded == str(pid):
+        return True, f"libvirtd pid {pid} was started by {SETUP.name} for these tests"
+    if owner == "no":
+        return False, (f"libvirtd pid {recorded} was already running before the tests; killing it would disturb"
+                       " this host")
+    return False, (f"libvirtd pid {pid} was not started by {SETUP.name} ({LIBVIRTD_STATE} says"
+                   f" {owner + ' ' + recorded if owner else 'nothing'}); killing it would disturb this host")
+
+
+def require_own_libvirtd() -> None:
+    """Skip the calling test (fail with VMSCHED_E2E_REQUIRE=1) unless this session started libvirtd."""
+    import pytest
+
+    ours, why = libvirtd_owner()
+    if not ours:
+        msg = f"e2e_libvirt: {why}"
+        if os.environ.get("VMSCHED_E2E_REQUIRE") == "1":
+            pytest.fail(msg + " (VMSCHED_E2E_REQUIRE=1: the suite must start its own libvirtd)", pytrace=False)
+        pytest.skip(msg)
+
+
 def run_setup(check: bool = True) -> subprocess.CompletedProcess:
     """scripts/libvirt-setup.sh with this interpreter's venv; output captured."""
     proc = subprocess.run(["sh", str(SETUP), sys.prefix], capture_output=True, text=True, timeout=900)
@@ -373,7 +411,11 @@ def run_teardown() -> subprocess.CompletedProcess:
 
 
 def stop_libvirtd(sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-    """Send ``sig`` to libvirtd and wait until the process is gone; returns its old pid."""
+    """Send ``sig`` to libvirtd and wait until the process is gone; returns its old pid.
+    Refuses (NotOurLibvirtd) when this test session did not start it."""
+    ours, why = libvirtd_owner()
+    if not ours:
+        raise NotOurLibvirtd(f"refusing to send signal {sig} to libvirtd: {why}")
     pid = libvirtd_pid()
     if pid is None:
         raise RuntimeError("libvirtd is not running")

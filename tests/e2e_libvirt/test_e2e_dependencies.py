@@ -37,6 +37,7 @@ class Hook:
 
 @pytest.fixture(scope="module")
 def hook(e2e_env, tmp_path_factory):
+    h.require_own_libvirtd()  # installing the hook restarts libvirtd: only one this session started
     backup = tmp_path_factory.mktemp("hook-backup")
     saved: dict[Path, Path] = {}
     created: list[Path] = []
