@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from vmsched.services.policy_agent.policy import checkpoint, cpuset, recovery
+from vmsched.services.policy_agent.policy import checkpoint, cpuset, durable, recovery
 from vmsched.services.policy_agent.policy.allocation import AllocationHint, Pools
 
 S = cpuset.parse
@@ -40,7 +40,7 @@ def _v1(path, host_id: str) -> None:
     """A checkpoint as the agent before the machine key wrote it (version 1, keyed by host ID)."""
     payload = {"version": 1, "host_id": host_id, "pool": "4-7", "saved_at": 1.0,
                "allocations": {"u1": {"name": "db", "cpus": "4-5"}}}
-    path.write_text(json.dumps({"checksum": checkpoint._digest(payload), "checkpoint": payload}))
+    path.write_text(json.dumps({"checksum": durable.digest(payload), "checkpoint": payload}))
 
 
 def test_version_1_is_read_whatever_host_id_wrote_it(tmp_path):
@@ -74,7 +74,7 @@ def test_unusable_checkpoints_say_why(tmp_path):
     path.write_text(json.dumps(doc))
     assert "checksum mismatch" in checkpoint.load(path, M1, S("0-7"))[1]
     doc["checkpoint"]["version"] = 3
-    doc["checksum"] = checkpoint._digest(doc["checkpoint"])
+    doc["checksum"] = durable.digest(doc["checkpoint"])
     path.write_text(json.dumps(doc))
     assert "unsupported version 3" in checkpoint.load(path, M1, S("0-7"))[1]
     bad = pools()

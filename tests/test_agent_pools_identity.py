@@ -16,7 +16,7 @@ import libvirt
 import pytest
 
 from vmsched.services.policy_agent.agent import Agent
-from vmsched.services.policy_agent.policy import checkpoint
+from vmsched.services.policy_agent.policy import checkpoint, durable
 from vmsched.services.policy_agent.policy.errors import AgentError, PolicyError
 from vmsched.services.policy_agent.virt import metadata
 from vmsched.services.policy_agent.virt.hostlock import HostLocked
@@ -156,7 +156,7 @@ def test_renamed_agent_keeps_pool_and_allocations(conn, make_agent, state_dir, c
 def _v1_checkpoint(path, host_id: str, allocations: dict[str, tuple[str, str]], pool: str) -> None:
     payload = {"version": 1, "host_id": host_id, "pool": pool, "saved_at": 1.0,
                "allocations": {u: {"name": n, "cpus": c} for u, (n, c) in allocations.items()}}
-    path.write_text(json.dumps({"checksum": checkpoint._digest(payload), "checkpoint": payload}))
+    path.write_text(json.dumps({"checksum": durable.digest(payload), "checkpoint": payload}))
 
 
 def test_upgrade_from_a_version_1_checkpoint_keeps_allocations(conn, make_agent, state_dir):  # noqa: F811

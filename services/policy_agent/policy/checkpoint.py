@@ -13,17 +13,14 @@ rewritten as version 2 by the next save.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
-from . import cpuset
+from . import cpuset, durable
 from .allocation import Pools
 
 log = logging.getLogger(__name__)
@@ -72,30 +69,8 @@ class Loaded:
     host_id: str
 
 
-def _digest(payload: dict) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def save(path: Path, ckpt: Checkpoint) -> None:
-    payload = ckpt.model_dump(mode="json")
-    doc = {"checksum": _digest(payload), "checkpoint": payload}
-    data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    durable.write(path, "checkpoint", ckpt.model_dump(mode="json"))
 
 
 def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Loaded | None, str | None]:
@@ -104,22 +79,13 @@ def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Loaded | 
     Usable means: this machine's (v2: same ``machine``; v1 carries no machine key and is taken as this
     machine's, whatever host ID wrote it), valid and consistent. The host ID does not matter.
     """
+    payload, problem = durable.read(path, "checkpoint")
+    if problem is not None:
+        return None, "no checkpoint yet" if problem == "missing" else problem
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None, "no checkpoint yet"
-    except OSError as exc:
-        return None, f"cannot read: {exc.strerror}"
-    try:
-        doc = json.loads(raw)
-        payload = doc["checkpoint"]
-        if doc.get("checksum") != _digest(payload):
-            return None, "checksum mismatch (truncated or edited file)"
         ckpt = Checkpoint.model_validate(payload)
-    except (ValueError, KeyError, TypeError) as exc:
-        if isinstance(exc, ValidationError):
-            return None, f"invalid content: {exc.errors()[0].get('msg')}"
-        return None, f"not a valid checkpoint document: {exc}"
+    except ValidationError as exc:
+        return None, f"invalid content: {exc.errors()[0].get('msg')}"
     if ckpt.version not in READABLE:
         return None, f"unsupported version {ckpt.version}"
     if ckpt.version >= 2 and ckpt.machine != machine:
@@ -134,14 +100,4 @@ def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Loaded | 
     return Loaded(pools, ckpt.version, ckpt.host_id), None
 
 
-def quarantine(path: Path) -> Path | None:
-    """Move an unusable checkpoint aside (kept for inspection)."""
-    if not path.exists():
-        return None
-    dest = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-    try:
-        os.replace(path, dest)
-    except OSError as exc:
-        log.warning("could not move the unusable checkpoint %s aside: %s", path, exc)
-        return None
-    return dest
+quarantine = durable.quarantine

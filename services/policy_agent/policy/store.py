@@ -11,15 +11,13 @@ their own definition holds their policy.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import durable
 from .errors import PolicyError
 from .model import GuestPolicy, parse_policy
 
@@ -50,7 +48,7 @@ class PolicyStore:
         entries, problem = _read(self.path)
         if problem is not None:
             self.problem = problem
-            moved = _quarantine(self.path)
+            moved = durable.quarantine(self.path)
             log.warning("transient policy store %s unusable (%s)%s; starting empty", self.path, problem,
                         f"; moved to {moved}" if moved else "")
         with self._lock:
@@ -91,47 +89,22 @@ class PolicyStore:
             return True
 
 
-def _digest(payload: dict) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def _write(path: Path, entries: dict[str, Stored]) -> None:
     payload = {
         "version": VERSION,
         "guests": {u: {"name": e.name, "policy": e.policy.to_dict(), "saved_at": e.saved_at}
                    for u, e in sorted(entries.items())},
     }
-    data = (json.dumps({"checksum": _digest(payload), "store": payload}, indent=1, sort_keys=True) + "\n").encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    durable.write(path, "store", payload)
 
 
 def _read(path: Path) -> tuple[dict[str, Stored], str | None]:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    payload, problem = durable.read(path, "store")
+    if problem == "missing":
         return {}, None
-    except OSError as exc:
-        return {}, f"cannot read: {exc.strerror}"
+    if problem is not None:
+        return {}, problem
     try:
-        doc = json.loads(raw)
-        payload = doc["store"]
-        if doc.get("checksum") != _digest(payload):
-            return {}, "checksum mismatch (truncated or edited file)"
         if payload.get("version") != VERSION:
             return {}, f"unsupported version {payload.get('version')!r}"
         entries = {}
@@ -143,15 +116,3 @@ def _read(path: Path) -> tuple[dict[str, Stored], str | None]:
         return {}, f"invalid policy: {exc}"
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         return {}, f"not a valid store document: {exc!r}"
-
-
-def _quarantine(path: Path) -> Path | None:
-    if not path.exists():
-        return None
-    dest = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-    try:
-        os.replace(path, dest)
-    except OSError as exc:
-        log.warning("could not move the unusable store %s aside: %s", path, exc)
-        return None
-    return dest
