@@ -36,10 +36,9 @@ from .surfaces.bus import BusLink
 from .surfaces.cli import EXIT
 from .surfaces.socket import SocketServer
 from .transient import TransientPolicies
-from .virt import metadata
+from .virt import hostlock, metadata
 from .virt.apply import Applier, Caps
 from .virt.connection import DomainEvent, LibvirtLink
-from .virt import hostlock
 from .virt.host import host_cpus, host_identity
 from .virt.lifecycle import LibvirtDomains
 

@@ -15,21 +15,20 @@ from typing import Callable
 
 import libvirt
 
-from .policy import cpuset
-from .virt import metadata
 from . import metrics
-from .overlaps import describe, find_overlaps, manager_pinned, placement
+from .overlaps import OverlapReporter, manager_pinned
+from .policy import cpuset
 from .policy.allocation import Pools, pin_conflicts, plan_pool
-from .virt.apply import Applier, Result
 from .policy.cpuset import CpuSet
-from .virt import snapshot
-from .virt.domxml import DomainXml
-from .virt.snapshot import Snapshot
 from .policy.errors import ApplyError, GuestNotFound, PolicyError
 from .policy.inventory import Guest, Inventory
 from .policy.model import DEFAULT_SHARES, GuestPolicy
-from .transient import TransientPolicies
 from .policy.validation import Desired, GuestInfo, check_policy, desired_for
+from .transient import TransientPolicies
+from .virt import metadata, snapshot
+from .virt.apply import Applier, Result
+from .virt.domxml import DomainXml
+from .virt.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +52,7 @@ class Enforcer:
         self.lock = threading.RLock()
         self._drift_times: dict[str, collections.deque[float]] = {}
         self._foreign: set[str] = set()  # guests left to their manager's own pinning (logged once)
-        self._foreign_warned: list[str] = []
-        self._overlap_seen: dict[str, str] = {}  # guest -> the overlap last reported (reported once per change)
+        self._overlaps = OverlapReporter(publish)
 
     # --- reading -----------------------------------------------------------------
     def lookup(self, conn: "libvirt.virConnect", key: str) -> "libvirt.virDomain":
@@ -289,48 +287,8 @@ class Enforcer:
         return {"checked": len(snaps), "repaired": repaired, "errors": errors, "duration": duration}
 
     def _report_overlaps(self, snaps: list[Snapshot]) -> list[str]:
-        """Dedicated CPUs that another running guest may also run on (after this sweep's repairs), and
-        guests pinned by their manager into the dedicated pool: logged, counted, and an error state on
-        every guest involved. Returns the messages not already in the guests' errors."""
         with self.lock:
-            host = self.applier.host
-            running: dict[str, dict[str, CpuSet]] = {}
-            foreign_in_pool = []
-            for snap in snaps:
-                g = self.inv.get(snap.uuid)
-                if g is None or snap.live is None:
-                    continue
-                running[snap.uuid] = placement(g.desired, snap.live, host)
-                if g.policy is None and snap.uuid in self._foreign and self.pools.pool:
-                    if any(c & self.pools.pool for c in running[snap.uuid].values()):
-                        foreign_in_pool.append(g.name)
-            names = {u: (self.inv.get(u).name if self.inv.get(u) else self.pools.name(u))  # type: ignore[union-attr]
-                     for u in set(running) | set(self.pools.allocations)}
-            found = describe(find_overlaps(self.pools, running), names)
-            per_guest: dict[str, list[str]] = {}
-            for (uuid, holder), message in sorted(found.items()):
-                per_guest.setdefault(uuid, []).append(message)
-                per_guest.setdefault(holder, []).append(message)
-            for who, msgs in per_guest.items():
-                g = self.inv.get(who)
-                if g is None:
-                    continue
-                text = "; ".join(msgs)
-                if self._overlap_seen.get(who) != text:
-                    log.error("%s", text)
-                    self.publish("error", {"guest": g.name, "uuid": g.uuid, "error": text})
-                    metrics.ERRORS.labels("overlap").inc()
-                g.status, g.error = "error", f"{g.error}; {text}" if g.error and text not in g.error else text
-            self._overlap_seen = {u: "; ".join(m) for u, m in per_guest.items()}
-            messages = list(found.values())
-            metrics.DEDICATED_OVERLAPS.set(len({u for u, _ in found}))
-            metrics.FOREIGN_IN_POOL.set(len(foreign_in_pool))
-            if foreign_in_pool and sorted(foreign_in_pool) != self._foreign_warned:
-                log.warning("guests pinned by their manager (no vmsched policy) into the dedicated pool %s: %s;"
-                            " they are left alone, give them a vmsched policy or change their pinning",
-                            cpuset.fmt(self.pools.pool), ", ".join(sorted(foreign_in_pool)))
-            self._foreign_warned = sorted(foreign_in_pool)
-            return sorted(set(messages))
+            return self._overlaps.report(snaps, self.inv, self.pools, self.applier.host, self._foreign)
 
     def update_gauges(self) -> None:
         metrics.GUESTS_MANAGED.set(self.inv.managed())

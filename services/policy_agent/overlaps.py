@@ -1,18 +1,26 @@
 """Who may run where, as it is in force: guests pinned by their manager, and dedicated CPUs shared.
 
-Pure functions over the domains' XML and the pools; the enforcer reports
-what they find (log, metric, error state) at the end of every sweep.
+Pure functions over the domains' XML and the pools, and the reporter the
+enforcer calls at the end of every sweep (log, metric, event and error state,
+each once per change).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
+from . import metrics
 from .policy import cpuset
 from .policy.allocation import Pools
 from .policy.cpuset import CpuSet
+from .policy.inventory import Inventory
 from .policy.validation import Desired
 from .virt.domxml import DomainXml
+from .virt.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
 
 
 def manager_pinned(xml: DomainXml, host: CpuSet) -> bool:
@@ -80,3 +88,55 @@ def describe(overlaps: list[Overlap], name_of: dict[str, str]) -> dict[tuple[str
         out[(uuid, holder)] = (f"dedicated CPUs {cpuset.fmt(cpus)} of guest {name_of.get(holder, holder)!r} are"
                                f" shared with guest {name_of.get(uuid, uuid)!r} ({parts})")
     return out
+
+
+class OverlapReporter:
+    """Dedicated CPUs that another running guest may also run on (after a sweep's repairs), and guests
+    pinned by their manager into the dedicated pool: logged, counted, and an error state on every guest
+    involved, each reported once per change."""
+
+    def __init__(self, publish: Callable[[str, dict], None]):
+        self.publish = publish
+        self._warned: list[str] = []
+        self._seen: dict[str, str] = {}  # guest -> the overlap last reported
+
+    def report(self, snaps: Iterable[Snapshot], inv: Inventory, pools: Pools, host: CpuSet,
+               foreign: set[str]) -> list[str]:
+        """Report what is in force now (under the enforcer's lock); returns every overlap message."""
+        running: dict[str, dict[str, CpuSet]] = {}
+        foreign_in_pool = []
+        for snap in snaps:
+            g = inv.get(snap.uuid)
+            if g is None or snap.live is None:
+                continue
+            running[snap.uuid] = placement(g.desired, snap.live, host)
+            if g.policy is None and snap.uuid in foreign and pools.pool:
+                if any(c & pools.pool for c in running[snap.uuid].values()):
+                    foreign_in_pool.append(g.name)
+        names = {u: (inv.get(u).name if inv.get(u) else pools.name(u))  # type: ignore[union-attr]
+                 for u in set(running) | set(pools.allocations)}
+        found = describe(find_overlaps(pools, running), names)
+        per_guest: dict[str, list[str]] = {}
+        for (uuid, holder), message in sorted(found.items()):
+            per_guest.setdefault(uuid, []).append(message)
+            per_guest.setdefault(holder, []).append(message)
+        for who, msgs in per_guest.items():
+            g = inv.get(who)
+            if g is None:
+                continue
+            text = "; ".join(msgs)
+            if self._seen.get(who) != text:
+                log.error("%s", text)
+                self.publish("error", {"guest": g.name, "uuid": g.uuid, "error": text})
+                metrics.ERRORS.labels("overlap").inc()
+            g.status, g.error = "error", f"{g.error}; {text}" if g.error and text not in g.error else text
+        self._seen = {u: "; ".join(m) for u, m in per_guest.items()}
+        messages = list(found.values())
+        metrics.DEDICATED_OVERLAPS.set(len({u for u, _ in found}))
+        metrics.FOREIGN_IN_POOL.set(len(foreign_in_pool))
+        if foreign_in_pool and sorted(foreign_in_pool) != self._warned:
+            log.warning("guests pinned by their manager (no vmsched policy) into the dedicated pool %s: %s;"
+                        " they are left alone, give them a vmsched policy or change their pinning",
+                        cpuset.fmt(pools.pool), ", ".join(sorted(foreign_in_pool)))
+        self._warned = sorted(foreign_in_pool)
+        return sorted(set(messages))

@@ -10,9 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
-
 from enum import IntEnum
+from typing import Callable
 
 from . import cpuset
 from .allocation import AllocationHint

@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import cpuset
-from . import deps
+from . import cpuset, deps
 from .allocation import Pools
 from .cpuset import CpuSet
 from .errors import PolicyError

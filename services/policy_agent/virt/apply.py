@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 import libvirt
 
 from ..policy import cpuset
-from . import domxml
 from ..policy.cpuset import CpuSet
 from ..policy.errors import ApplyError
 from ..policy.model import DEFAULT_PERIOD, DEFAULT_SHARES
 from ..policy.validation import Desired
+from . import domxml
 
 log = logging.getLogger(__name__)
 

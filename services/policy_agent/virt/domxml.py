@@ -10,10 +10,10 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 from ..policy import cpuset
-from . import metadata
 from ..policy.cpuset import CpuSet
 from ..policy.errors import PolicyError
 from ..policy.model import GuestPolicy
+from . import metadata
 
 
 @dataclass
