@@ -1,4 +1,8 @@
-"""The JSON API under /v1: everything XML-RPC cannot carry."""
+"""The JSON API under /v1: everything XML-RPC cannot carry.
+
+A malformed or over-limit request is a 400 with every reason, in the error
+shape of the whole JSON API (:mod:`vmsched.gateway.strict_json`).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,12 @@ from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
 from vmsched.bus import BusError, BusTimeout
-from vmsched.gateway.operations import BALANCE, FILTER, SCORE
+from vmsched.gateway.agent_api import ErrorReply
+from vmsched.gateway.limits import OverLimit
+from vmsched.gateway.operations import BALANCE, FILTER, SCORE, Operation
 from vmsched.gateway.render import Decision, discover_result
 from vmsched.gateway.scheduler import Scheduler
+from vmsched.gateway.strict_json import refusal
 from vmsched.messages import (
     BalanceOutcome,
     BalanceRequest,
@@ -21,7 +28,12 @@ from vmsched.messages import (
     ScoreRequest,
 )
 
-router = APIRouter(prefix="/v1", tags=["scheduling"])
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorReply, "description": "malformed request (not I-JSON, wrong types) or over a limit; "
+                                              "every reason listed"},
+    "4XX": {"description": "other client errors (401/403 credentials, 408 too slow, 413 body too large)"},
+}
+router = APIRouter(prefix="/v1", tags=["scheduling"], responses=_ERRORS)
 
 
 class FilterUnitDetail(FilterOutcome):
@@ -64,6 +76,13 @@ def _answer(decision: Decision) -> dict[str, Any]:
     return decision.envelope()
 
 
+async def _run(request: Request, operation: Operation, req: Any) -> tuple[Decision, Any]:
+    try:
+        return await _scheduler(request).run(operation, req)
+    except OverLimit as exc:
+        raise HTTPException(400, refusal(str(exc), exc.problems)["detail"]) from None
+
+
 @router.get("/units", response_model=UnitsAnswer, summary="Plugin units and plugin load errors (discover)")
 async def units(request: Request) -> UnitsAnswer:
     try:
@@ -77,7 +96,7 @@ async def units(request: Request) -> UnitsAnswer:
 
 @router.post("/filter", response_model=FilterAnswer, summary="Run filter units (runFilters)")
 async def run_filter(req: FilterRequest, request: Request) -> FilterAnswer:
-    decision, outcomes = await _scheduler(request).run(FILTER, req)
+    decision, outcomes = await _run(request, FILTER, req)
     requested = set(req.hosts)
     details = [
         FilterUnitDetail(
@@ -92,7 +111,7 @@ async def run_filter(req: FilterRequest, request: Request) -> FilterAnswer:
 
 @router.post("/score", response_model=ScoreAnswer, summary="Run score units (runCostFunctions)")
 async def run_score(req: ScoreRequest, request: Request) -> ScoreAnswer:
-    decision, outcomes = await _scheduler(request).run(SCORE, req)
+    decision, outcomes = await _run(request, SCORE, req)
     details = []
     for o in outcomes:
         scored = {h for h, _ in o.scores}
@@ -102,6 +121,6 @@ async def run_score(req: ScoreRequest, request: Request) -> ScoreAnswer:
 
 @router.post("/balance", response_model=BalanceAnswer, summary="Run a balance unit (runLoadBalancing)")
 async def run_balance(req: BalanceRequest, request: Request) -> BalanceAnswer:
-    decision, outcome = await _scheduler(request).run(BALANCE, req)
+    decision, outcome = await _run(request, BALANCE, req)
     return BalanceAnswer(**_answer(decision), unit=outcome)
 

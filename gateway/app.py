@@ -8,13 +8,16 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vmsched.gateway import agent_api, api, engine
+from vmsched.gateway.limits import Limits
 from vmsched.gateway.scheduler import Scheduler
+from vmsched.gateway.strict_json import StrictJson, invalid_request
 from vmsched import __version__, metrics
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
@@ -114,11 +117,13 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None) -> BodyLim
 
     app = FastAPI(title="vmsched gateway", version=__version__, lifespan=lifespan,
                   description="oVirt external-scheduler XML-RPC at / and /RPC2; JSON API under /v1.")
-    scheduler = Scheduler(bus, settings.request_timeout)
+    scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings))
     app.state.bus = bus
     app.state.scheduler = scheduler
     app.include_router(api.router)
     app.include_router(agent_api.router)
+    app.add_exception_handler(RequestValidationError, invalid_request)  # 400 with every reason, all routes
+    app.add_middleware(StrictJson)  # I-JSON bodies only: no NaN, 1e400, lone surrogates
 
     @app.get("/healthz", tags=["operations"], summary="The process is up")
     async def healthz() -> dict[str, str]:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable
 
+from pydantic import ValidationError
+
 from vmsched.bus import BusError
 from vmsched.gateway import xmlrpc
+from vmsched.gateway.limits import OverLimit
 from vmsched.gateway.operations import OPERATIONS, Operation
 from vmsched.gateway.render import discover_result
 from vmsched.gateway.scheduler import Scheduler
@@ -30,11 +33,23 @@ def _operation_method(operation: Operation) -> Method:
 
     async def method(s: Scheduler, params: tuple[Any, ...]) -> Any:
         xmlrpc.arity(params, name, arity)
-        decision, _ = await s.run(operation, parse(params))
+        try:
+            request = parse(params)
+        except ValidationError as exc:
+            raise xmlrpc.Fault(xmlrpc.INVALID_PARAMS, f"{name}: {invalid_params(exc)}") from None
+        try:
+            decision, _ = await s.run(operation, request)
+        except OverLimit as exc:
+            raise xmlrpc.Fault(xmlrpc.INVALID_PARAMS, f"{name}: {exc}") from None
         return decision.envelope()
 
     method.__name__ = method.__qualname__ = name
     return method
+
+
+def invalid_params(exc: ValidationError) -> str:
+    """Every problem of a request model, one line (input values are not repeated: they may be huge)."""
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg'].removeprefix('Value error, ')}" for err in exc.errors(include_input=False))
 
 
 async def list_methods(s: Scheduler, params: tuple[Any, ...]) -> Any:

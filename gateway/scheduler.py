@@ -21,6 +21,7 @@ from vmsched import metrics
 from vmsched.bus import BusError
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.topology import REQUEST_QUEUES
+from vmsched.gateway.limits import Limits
 from vmsched.gateway.operations import Operation
 from vmsched.gateway.render import Decision
 from vmsched.messages import DiscoverReply, Op
@@ -29,9 +30,10 @@ log = logging.getLogger("vmsched.gateway")
 
 
 class Scheduler:
-    def __init__(self, bus: AsyncBusClient, request_timeout: float) -> None:
+    def __init__(self, bus: AsyncBusClient, request_timeout: float, limits: Limits | None = None) -> None:
         self.bus = bus
         self.request_timeout = request_timeout
+        self.limits = limits or Limits()
 
     def _deadline(self, plugin_timeout: float | None) -> float:
         # A per-request plugin timeout may lengthen the wait, never past the engine's patience.
@@ -47,7 +49,11 @@ class Scheduler:
             return reply
 
     async def run(self, operation: Operation, req: BaseModel) -> tuple[Decision, Any]:
-        """One scheduling operation (a row of the table): its decision and the units' outcomes."""
+        """One scheduling operation (a row of the table): its decision and the units' outcomes.
+
+        Raises :class:`~vmsched.gateway.limits.OverLimit` for a request over the limits.
+        """
+        self.limits.check(req)
         op = operation.op
         with _observed(op) as outcome:
             if operation.nothing_to_run(req):

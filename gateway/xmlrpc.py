@@ -2,29 +2,37 @@
 
 Requests may carry bare ``<value>`` strings, ``<i4>`` and ``<ex:nil/>``; the
 stdlib parser (hardened by defusedxml against entity expansion) reads all of
-them. Replies never contain nil, doubles or integers outside int32:
-:func:`dump_response` enforces that on every reply, whatever a bug upstream did.
+them, arrays and structs nested at most :data:`MAX_DEPTH` deep. Replies never
+contain nil, doubles or integers outside int32: :func:`dump_response` enforces
+that on every reply, whatever a bug upstream did. Every check of a request
+raises :class:`Fault` with a precise reason; values are shown in it shortened.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import reprlib
 import xmlrpc.client
 from typing import Any
 from xml.parsers.expat import ExpatError
 from xml.sax.saxutils import escape
 
-from defusedxml.xmlrpc import monkey_patch
+from defusedxml.xmlrpc import DefusedExpatParser, monkey_patch
 
-from vmsched.gateway.render import clamp_int32
+from vmsched.gateway.render import INT32_MAX, INT32_MIN, clamp_int32
 
-monkey_patch()  # refuse DTDs and entity expansion in request bodies
+monkey_patch()  # refuse DTDs and entity expansion in request bodies (also for other users of xmlrpc.client)
 
 PARSE_ERROR = -32700
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 SERVER_ERROR = -32500
+
+#: Deepest nesting of arrays and structs accepted in a request (the engine sends 2).
+MAX_DEPTH = 32
+_NESTING = ("array", "struct")
 
 
 class Fault(Exception):
@@ -34,19 +42,50 @@ class Fault(Exception):
         self.message = message
 
 
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxlist, _repr.maxdict, _repr.maxstring, _repr.maxother = 2, 4, 4, 60, 60
+
+
+def shown(value: Any) -> str:
+    """``value`` for an error message: bounded in size and depth (never recursion or a megabyte)."""
+    return _repr.repr(value)
+
+
+class _Reader(xmlrpc.client.Unmarshaller):
+    """The stdlib unmarshaller, refusing nesting deeper than :data:`MAX_DEPTH`."""
+
+    def __init__(self) -> None:
+        super().__init__(use_builtin_types=True)
+
+    def start(self, tag: str, attrs: Any) -> None:
+        if len(self._marks) >= MAX_DEPTH and tag.rpartition(":")[2] in _NESTING:  # type: ignore[attr-defined]
+            raise Fault(INVALID_PARAMS, f"a parameter nests arrays or structs deeper than {MAX_DEPTH} levels")
+        super().start(tag, attrs)
+
+
 def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
     """Return ``(method, params)`` or raise :class:`Fault` with a precise reason."""
     if not body.strip():
         raise Fault(PARSE_ERROR, "empty request body: expected an XML-RPC methodCall")
+    reader = _Reader()
     try:
-        params, method = xmlrpc.client.loads(body, use_builtin_types=True)
+        parser = DefusedExpatParser(reader)
+        parser.feed(body)
+        parser.close()
+        params, method = reader.close(), reader.getmethodname()
+    except Fault:
+        raise
     except ExpatError as exc:
         raise Fault(PARSE_ERROR, f"malformed XML: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - any parser complaint is the client's error
-        raise Fault(PARSE_ERROR, f"malformed XML-RPC request: {type(exc).__name__}: {exc}") from None
+    except xmlrpc.client.ResponseError as exc:  # the unmarshaller's only complaint: a tag it does not know
+        raise Fault(PARSE_ERROR, f"malformed XML-RPC request: {exc.args[0] if exc.args else exc} "
+                                 "(value types: string, int, i4, i8, double, boolean, nil, "
+                                 "dateTime.iso8601, base64, array, struct)") from None
+    except Exception as exc:  # noqa: BLE001 - any parser complaint (a bad number, date, base64) is the client's
+        raise Fault(PARSE_ERROR, f"malformed XML-RPC request: {type(exc).__name__}: {shown(str(exc))}") from None
     if not method:
         raise Fault(PARSE_ERROR, "request has no methodName")
-    return method, params
+    return method, tuple(params)
 
 
 #: Characters XML 1.0 cannot carry (control characters, lone surrogates): a plugin's
@@ -111,7 +150,7 @@ def str_list(value: Any, name: str) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise Fault(INVALID_PARAMS, f"{name} must be an array of strings, got {value!r:.100}")
+        raise Fault(INVALID_PARAMS, f"{name} must be an array of strings, got {shown(value)}")
     return list(value)
 
 
@@ -119,16 +158,45 @@ def text(value: Any, name: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise Fault(INVALID_PARAMS, f"{name} must be a string, got {value!r:.100}")
+        raise Fault(INVALID_PARAMS, f"{name} must be a string, got {shown(value)}")
     return value
+
+
+def _property(key: str, value: Any) -> str:
+    """A property value as the plugins get it: a string (the engine sends strings; numbers are written out)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        raise Fault(INVALID_PARAMS, f"property {shown(key)} is the double {value}: expected a string")
+    if isinstance(value, (bool, int, float)):
+        return str(value)
+    raise Fault(INVALID_PARAMS, f"property {shown(key)} must be a string, got {type(value).__name__} {shown(value)}")
 
 
 def properties(value: Any) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise Fault(INVALID_PARAMS, f"properties must be a struct, got {value!r:.100}")
-    return {str(k): "" if v is None else str(v) for k, v in value.items()}
+        raise Fault(INVALID_PARAMS, f"properties must be a struct, got {shown(value)}")
+    return {str(k): _property(k, v) for k, v in value.items()}
+
+
+def factor(value: Any, unit: str) -> int:
+    """A cost function's factor: an integer within int32 (a finite double or a numeric string is truncated)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise Fault(INVALID_PARAMS, f"bad factor {shown(value)} for {shown(unit)}: expected an integer")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise Fault(INVALID_PARAMS, f"bad factor {value} for {shown(unit)}: expected a finite integer")
+    try:
+        number = int(value)
+    except ValueError:
+        raise Fault(INVALID_PARAMS, f"bad factor {shown(value)} for {shown(unit)}: expected an integer") from None
+    if not INT32_MIN <= number <= INT32_MAX:
+        raise Fault(INVALID_PARAMS, f"bad factor {shown(number)} for {shown(unit)}: "
+                                    f"outside the engine's int32 range [{INT32_MIN}, {INT32_MAX}]")
+    return number
 
 
 def score_units(value: Any) -> list[dict[str, Any]]:
@@ -136,19 +204,15 @@ def score_units(value: Any) -> list[dict[str, Any]]:
     if value is None:
         return []
     if not isinstance(value, (list, tuple)):
-        raise Fault(INVALID_PARAMS, f"functions must be an array of [name, factor], got {value!r:.100}")
+        raise Fault(INVALID_PARAMS, f"functions must be an array of [name, factor], got {shown(value)}")
     units = []
     for entry in value:
         if isinstance(entry, str):
             units.append({"name": entry, "factor": 1})
             continue
         if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)):
-            raise Fault(INVALID_PARAMS, f"bad cost function entry {entry!r:.100}: expected [name, factor]")
-        try:
-            factor = int(entry[1])
-        except (TypeError, ValueError):
-            raise Fault(INVALID_PARAMS, f"bad factor {entry[1]!r:.40} for {entry[0]}: expected an integer") from None
-        units.append({"name": entry[0], "factor": factor})
+            raise Fault(INVALID_PARAMS, f"bad cost function entry {shown(entry)}: expected [name, factor]")
+        units.append({"name": entry[0], "factor": factor(entry[1], entry[0])})
     return units
 
 

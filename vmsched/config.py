@@ -67,6 +67,11 @@ class Settings(BaseSettings):
     request_timeout: float = Field(30.0, gt=0, le=110, description="deadline of one engine request, seconds")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest accepted request body, bytes")
 
+    # hostile input: request limits and read timeouts (gateway)
+    max_hosts: int = Field(10000, ge=1, description="most host IDs in one scheduling request")
+    max_units: int = Field(200, ge=1, description="most plugin units in one scheduling request")
+    max_string: int = Field(4096, ge=64, description="longest string in a scheduling request (ID, name, property), characters")
+
     # plugins
     plugins_dir: Path = Field(
         default_factory=stock_plugins_dir,

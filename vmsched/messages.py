@@ -7,11 +7,12 @@ else is sent on the scheduling queues. Every request travels in an
 
 from __future__ import annotations
 
+import re
 import time
 from enum import Enum
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, Field, ValidationInfo, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 
 class Op(str, Enum):
@@ -132,32 +133,59 @@ class DiscoverReply(BaseModel):
 # --- filter / score / balance ----------------------------------------------
 
 
-class FilterRequest(BaseModel):
-    units: list[str]
-    hosts: list[str]
-    vm: str = ""
-    properties: dict[str, str] = Field(default_factory=dict)
-    timeout: float | None = Field(None, gt=0, description="per-call plugin timeout override, seconds")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
-class ScoreUnit(BaseModel):
-    name: str
-    factor: int = 1
+def _unicode(value: str) -> str:
+    """Refuse lone surrogates: they are not Unicode text, and no JSON or XML encoder can send them."""
+    if not value.isascii():
+        found = _SURROGATE.search(value)
+        if found:
+            raise ValueError(f"contains a lone surrogate (U+{ord(found.group()):04X}), which is not valid Unicode")
+    return value
 
 
-class ScoreRequest(BaseModel):
+#: A string of a request: any Unicode text (length limits are the gateway's settings).
+Text = Annotated[str, AfterValidator(_unicode)]
+#: A per-call plugin timeout: a finite number of seconds, not a boolean.
+Seconds = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+
+
+class _Request(BaseModel):
+    """A scheduling request: unknown fields are ignored, but values are checked strictly
+    (no ``false`` for a number, no NaN or infinity, no lone surrogates)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class FilterRequest(_Request):
+    units: list[Text]
+    hosts: list[Text]
+    vm: Text = ""
+    properties: dict[Text, Text] = Field(default_factory=dict)
+    timeout: Seconds | None = Field(None, description="per-call plugin timeout override, seconds")
+
+
+class ScoreUnit(_Request):
+    name: Text
+    factor: int = Field(1, strict=True, ge=INT32_MIN, le=INT32_MAX,
+                        description="weight of the unit's scores, an integer (the engine's int32)")
+
+
+class ScoreRequest(_Request):
     units: list[ScoreUnit]
-    hosts: list[str]
-    vm: str = ""
-    properties: dict[str, str] = Field(default_factory=dict)
-    timeout: float | None = Field(None, gt=0)
+    hosts: list[Text]
+    vm: Text = ""
+    properties: dict[Text, Text] = Field(default_factory=dict)
+    timeout: Seconds | None = None
 
 
-class BalanceRequest(BaseModel):
-    unit: str
-    hosts: list[str]
-    properties: dict[str, str] = Field(default_factory=dict)
-    timeout: float | None = Field(None, gt=0)
+class BalanceRequest(_Request):
+    unit: Text
+    hosts: list[Text]
+    properties: dict[Text, Text] = Field(default_factory=dict)
+    timeout: Seconds | None = None
 
 
 class UnitOutcome(BaseModel):
