@@ -57,6 +57,9 @@ def _gateway(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-units", type=int, metavar="N", help="most plugin units in one scheduling request (default 200)")
     p.add_argument("--max-string", type=int, metavar="N",
                    help="longest string in a scheduling request: ID, unit name, property (default 4096 characters)")
+    p.add_argument("--header-timeout", type=float, metavar="S",
+                   help="close a connection whose request headers take longer (default 10 s; 408 if it sent some)")
+    p.add_argument("--body-timeout", type=float, metavar="S", help="answer 408 to a request whose body takes longer (default 30 s)")
 
 
 def _metrics(p: argparse.ArgumentParser) -> None:

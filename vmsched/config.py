@@ -71,6 +71,8 @@ class Settings(BaseSettings):
     max_hosts: int = Field(10000, ge=1, description="most host IDs in one scheduling request")
     max_units: int = Field(200, ge=1, description="most plugin units in one scheduling request")
     max_string: int = Field(4096, ge=64, description="longest string in a scheduling request (ID, name, property), characters")
+    header_timeout: float = Field(10.0, gt=0, le=600, description="time a client has to send a request's headers, seconds")
+    body_timeout: float = Field(30.0, gt=0, le=3600, description="time a client has to send a request's body, seconds")
 
     # plugins
     plugins_dir: Path = Field(

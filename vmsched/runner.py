@@ -7,10 +7,12 @@ import signal
 import threading
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from vmsched import metrics
 from vmsched.config import Settings
 from vmsched.gateway.app import create_app
+from vmsched.gateway.http import with_read_timeouts
 from vmsched.service import PluginService
 from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService
@@ -43,7 +45,8 @@ def make_service(name: str, settings: Settings) -> PluginService:
 
 def _serve_http(settings: Settings) -> None:
     config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+        create_app(settings), host=settings.host, port=settings.port, loop="uvloop",
+        http=with_read_timeouts(HttpToolsProtocol, settings.header_timeout, settings.body_timeout),
         log_level=settings.log_level.lower(), access_log=False, lifespan="on", timeout_graceful_shutdown=5,
         proxy_headers=False, server_header=False, date_header=False,
     )
