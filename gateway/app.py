@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vmsched.gateway import agent_api, api, engine
+from vmsched.gateway import agent_api, api, engine, xmlrpc
+from vmsched.gateway.auth import Guard, add_security_scheme
 from vmsched.gateway.limits import Limits
 from vmsched.gateway.scheduler import Scheduler
 from vmsched.gateway.strict_json import StrictJson, invalid_request
@@ -23,6 +23,7 @@ from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.config import Settings
+from vmsched.tokens import TokenStore
 
 log = logging.getLogger("vmsched.gateway")
 
@@ -76,21 +77,51 @@ class BodyLimit:
             await refuse_too_large(send, self.limit)
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+#: XML-RPC fault code of a client outside --engine-allow
+FAULT_NOT_ALLOWED = 403
+
+
+def allowed(client: tuple[str, int] | None, networks: list[Network]) -> bool:
+    """Is the peer in one of ``networks`` (any peer when there are none)?"""
+    if not networks:
+        return True
+    if client is None:
+        return False
+    try:
+        address = ipaddress.ip_address(client[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in net for net in networks)
+
+
 class EngineFastPath:
     """POST / and /RPC2 go straight to the XML-RPC handler; everything else to FastAPI.
 
     The engine's calls are the hot path: they skip the framework's middleware
     and routing layers, which cost as much as the rest of the request. Body
-    size is limited around this app, by :class:`BodyLimit`.
+    size is limited around this app, by :class:`BodyLimit`. The engine sends
+    no credential: these two paths are open, or limited to ``networks``
+    (``--engine-allow``); another client gets an XML-RPC fault saying so.
     """
 
-    def __init__(self, app: FastAPI, scheduler: Scheduler) -> None:
+    def __init__(self, app: ASGIApp, scheduler: Scheduler, networks: list[Network] | None = None) -> None:
         self.app = app
         self.scheduler = scheduler
+        self.networks = networks or []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in ENGINE_PATHS:
             return await self.app(scope, receive, send)
+        if not allowed(scope.get("client"), self.networks):
+            metrics.ENGINE_REFUSED.inc()
+            peer = (scope.get("client") or ("unknown",))[0]
+            log.warning("XML-RPC call from %s refused: not in --engine-allow", peer)
+            fault = xmlrpc.Fault(FAULT_NOT_ALLOWED, f"client {peer} is not allowed to call the scheduler "
+                                                    "(the gateway's --engine-allow networks)")
+            return await self._reply(send, xmlrpc.dump_fault(fault))
         chunks: list[bytes] = []
         more = True
         while more:
@@ -99,14 +130,19 @@ class EngineFastPath:
                 return
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
-        reply = await engine.handle(self.scheduler, b"".join(chunks))
+        await self._reply(send, await engine.handle(self.scheduler, b"".join(chunks)))
+
+    @staticmethod
+    async def _reply(send: Send, reply: bytes) -> None:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/xml; charset=utf-8"),
                                 (b"content-length", str(len(reply)).encode())]})
         await send({"type": "http.response.body", "body": reply})
 
 
-def create_app(settings: Settings, bus: AsyncBusClient | None = None) -> BodyLimit:
+def create_app(settings: Settings, bus: AsyncBusClient | None = None, tokens: TokenStore | None = None) -> BodyLimit:
+    """The gateway's ASGI app; ``/metrics`` is served on its own listener (runner)."""
+    tokens = tokens or TokenStore(settings.tokens_file)
     bus = bus or AsyncBusClient(BusOptions.from_settings(settings), declare=tuple(REQUEST_QUEUES.values()))
 
     @asynccontextmanager
@@ -116,7 +152,8 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None) -> BodyLim
         await bus.close()
 
     app = FastAPI(title="vmsched gateway", version=__version__, lifespan=lifespan,
-                  description="oVirt external-scheduler XML-RPC at / and /RPC2; JSON API under /v1.")
+                  description="oVirt external-scheduler XML-RPC at / and /RPC2; JSON API under /v1. "
+                              "Every /v1 route needs a bearer token with the role it names (docs/api-auth.md).")
     scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings))
     app.state.bus = bus
     app.state.scheduler = scheduler
@@ -140,9 +177,5 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None) -> BodyLim
         ready = any(answers)
         return JSONResponse({"ready": ready, "bus": "connected", "queues": queues}, status_code=200 if ready else 503)
 
-    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics")
-    async def metrics_endpoint(request: Request) -> Response:
-        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
-
-    return BodyLimit(EngineFastPath(app, scheduler), settings.max_body_bytes)
-
+    add_security_scheme(app)
+    return BodyLimit(EngineFastPath(Guard(app, tokens), scheduler, settings.engine_networks), settings.max_body_bytes)

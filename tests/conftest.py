@@ -33,6 +33,24 @@ SERVICE_QUEUES = service_queues()
 ALL_QUEUES = tuple(q for queues in SERVICE_QUEUES.values() for q in queues)
 SCORING_QUEUES = SERVICE_QUEUES["discovery"] + SERVICE_QUEUES["scoring"]
 
+#: The JSON API needs a bearer token: every process a test starts gets a tokens file holding
+#: TEST_TOKEN with all roles, and the Stack helpers send it (docs/api-auth.md).
+TEST_TOKEN = "vmsched-test-token-all-roles"
+AUTH = {"Authorization": f"Bearer {TEST_TOKEN}"}
+#: Environment of every Proc: the tokens file, and an ephemeral gateway metrics port (no clash on 9100).
+TEST_ENV: dict[str, str] = {"VMSCHED_METRICS_PORT": "0"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vmsched.tokens import digest
+
+    path = tmp_path_factory.mktemp("tokens") / "tokens.yaml"
+    path.write_text(f"tokens:\n  - name: tests\n    roles: [read, schedule, operate]\n"
+                    f"    sha256: {digest(TEST_TOKEN)}\n")
+    TEST_ENV["VMSCHED_TOKENS_FILE"] = str(path)
+    return path
+
 
 # --- test tiers ------------------------------------------------------------------
 #: Fixtures that need the shared RabbitMQ broker.
@@ -93,7 +111,7 @@ class Proc:
     popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> "Proc":
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **TEST_ENV, **self.env}
         self.popen = subprocess.Popen([sys.executable, "-P", "-m", "vmsched.cli", *self.args], cwd=ROOT, env=env,
                                       stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
         return self
@@ -114,11 +132,12 @@ class Proc:
 class Stack:
     """A running gateway (plus services) and an engine-style client for it."""
 
-    def __init__(self, port: int, plugins: Path, procs: list[Proc]) -> None:
+    def __init__(self, port: int, plugins: Path, procs: list[Proc], metrics_port: int | None = None) -> None:
         self.port = port
         self.plugins = plugins
         self.procs = procs
         self.url = f"http://127.0.0.1:{port}"
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}" if metrics_port else None
 
     def xmlrpc(self, method: str, *params: Any, path: str = "/") -> Any:
         """One call like the engine makes it: Apache-style body, a new connection."""
@@ -129,10 +148,10 @@ class Stack:
         return value
 
     def get(self, path: str, **kw: Any) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=30, **kw)
+        return httpx.get(self.url + path, timeout=30, **{"headers": AUTH, **kw})
 
     def post(self, path: str, **kw: Any) -> httpx.Response:
-        return httpx.post(self.url + path, timeout=60, **kw)
+        return httpx.post(self.url + path, timeout=60, **{"headers": AUTH, **kw})
 
     def wait_ready(self, timeout: float = 60.0, queues: tuple[str, ...] = ALL_QUEUES) -> None:
         """Until /readyz says every queue in ``queues`` has a consumer answering."""
@@ -183,11 +202,12 @@ def rabbit_vhost() -> Iterator[str]:
 
 def start_all_in_one(tmp_path: Path, bus: str, *extra: str, plugins: Path | None = None) -> Stack:
     plugins = plugins or plugin_copy(tmp_path)
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     proc = Proc(["run", "--amqp", bus, "--plugins", str(plugins), "--port", str(port), "--pool-size", "3",
-                 "--plugin-timeouts", "Hangs=1,BalanceHangs=1,Floods=2", "--request-timeout", "20", *extra],
+                 "--plugin-timeouts", "Hangs=1,BalanceHangs=1,Floods=2", "--request-timeout", "20",
+                 "--metrics-port", str(metrics_port), *extra],
                 tmp_path / f"run-{port}.log").start()
-    stack = Stack(port, plugins, [proc])
+    stack = Stack(port, plugins, [proc], metrics_port)
     stack.wait_ready()
     return stack
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from kombu import Consumer, Queue
 
-from tests.conftest import ROOT, Proc, Stack, free_port, wait_until
+from tests.conftest import AUTH, ROOT, Proc, Stack, free_port, wait_until
 from vmsched.bus.connection import BusOptions, open_connection
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.messages import CONTRACT_VERSION
@@ -70,22 +70,22 @@ def test_agent_policies_through_gateway_cli_and_events(tmp_path: Path, rabbit_vh
     url = f"{stack.url}/v1/hosts/{host}"
     try:
         wait_until(lambda: _status(f"{url}/cpus") == 200, 60, 0.2, "the agent to answer through the gateway")
-        cpus = httpx.get(f"{url}/cpus", timeout=10).json()
+        cpus = httpx.get(f"{url}/cpus", timeout=10, headers=AUTH).json()
         assert "6-7" in json.dumps(cpus)
 
-        r = httpx.put(f"{url}/policies/test", json={"dedicated": 2, "weight": 512}, timeout=10)
+        r = httpx.put(f"{url}/policies/test", json={"dedicated": 2, "weight": 512}, timeout=10, headers=AUTH)
         assert r.status_code == 200, r.text
         assert r.json()["allocation"] == "6-7"
-        got = httpx.get(f"{url}/policies/test", timeout=10).json()
+        got = httpx.get(f"{url}/policies/test", timeout=10, headers=AUTH).json()
         assert got["policy"]["dedicated"] == 2 and got["policy"]["weight"] == 512
 
-        refused = httpx.put(f"{url}/policies/test", json={"dedicated": 3}, timeout=10)
+        refused = httpx.put(f"{url}/policies/test", json={"dedicated": 3}, timeout=10, headers=AUTH)
         assert refused.status_code == 400 and "pool" in json.dumps(refused.json()).lower()
-        assert httpx.get(f"{url}/policies/no-such-guest", timeout=10).status_code == 404
+        assert httpx.get(f"{url}/policies/no-such-guest", timeout=10, headers=AUTH).status_code == 404
         # bug 5 and 8 through the real gateway and bus: 400 with every reason, never a 502
-        nul = httpx.get(f"{url}/policies/test%00", timeout=10)
+        nul = httpx.get(f"{url}/policies/test%00", timeout=10, headers=AUTH)
         assert nul.status_code == 400 and "U+0000" in nul.json()["detail"]["error"]
-        bad = httpx.put(f"{url}/policies/test", json={"weight": 1, "cap_percent": 500}, timeout=10)
+        bad = httpx.put(f"{url}/policies/test", json={"weight": 1, "cap_percent": 500}, timeout=10, headers=AUTH)
         assert bad.status_code == 400 and len(bad.json()["detail"]["details"]) == 2, bad.text
 
         out = subprocess.run([sys.executable, "-m", "vmsched.cli", "policy", "list", "--amqp", rabbit_vhost,
@@ -103,9 +103,9 @@ def test_agent_policies_through_gateway_cli_and_events(tmp_path: Path, rabbit_vh
                    15, 0.1, "the agent's applied event on the topic exchange")
         assert all(e.get("v") == CONTRACT_VERSION for _, e in tap.events)  # every event carries its version
 
-        assert httpx.delete(f"{url}/policies/test", timeout=10).status_code == 200
-        assert httpx.get(f"{url}/policies/test", timeout=10).json().get("policy") in (None, {})
-        assert httpx.get(f"{stack.url}/v1/hosts/unknown-host/cpus", timeout=30).status_code == 504
+        assert httpx.delete(f"{url}/policies/test", timeout=10, headers=AUTH).status_code == 200
+        assert httpx.get(f"{url}/policies/test", timeout=10, headers=AUTH).json().get("policy") in (None, {})
+        assert httpx.get(f"{stack.url}/v1/hosts/unknown-host/cpus", timeout=30, headers=AUTH).status_code == 504
     finally:
         tap.close()
         stack.stop()
@@ -113,6 +113,6 @@ def test_agent_policies_through_gateway_cli_and_events(tmp_path: Path, rabbit_vh
 
 def _status(url: str) -> int:
     try:
-        return httpx.get(url, timeout=5).status_code
+        return httpx.get(url, timeout=5, headers=AUTH).status_code
     except httpx.HTTPError:
         return 0

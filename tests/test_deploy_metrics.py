@@ -104,11 +104,14 @@ def wait_http(url: str, proc: Process, timeout: float = 60.0, status: int = 200)
 
 
 @pytest.fixture(scope="module")
-def scrapes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """name -> /metrics text of: gateway (all-in-one), discovery, scoring, balancer."""
+def scrapes(tmp_path_factory: pytest.TempPathFactory, test_tokens_file: Path) -> Iterator[dict[str, str]]:
+    """name -> /metrics text of: gateway (all-in-one, its own metrics listener), discovery, scoring, balancer."""
+    from tests.conftest import AUTH
+
     logs = tmp_path_factory.mktemp("metrics")
-    gateway_port = free_port()
-    procs = {"gateway": Process(["run", "--host", "127.0.0.1", "--port", str(gateway_port), "--pool-size", "1"],
+    gateway_port, gateway_metrics = free_port(), free_port()
+    procs = {"gateway": Process(["run", "--host", "127.0.0.1", "--port", str(gateway_port), "--pool-size", "1",
+                                 "--metrics-port", str(gateway_metrics), "--tokens-file", str(test_tokens_file)],
                                 logs / "run.log")}
     worker_ports = {}
     for name in WORKERS:
@@ -119,11 +122,13 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         base = f"http://127.0.0.1:{gateway_port}"
         wait_http(f"{base}/readyz", procs["gateway"])
         # some traffic, so the labelled series have samples, not just HELP/TYPE
-        httpx.get(f"{base}/v1/units", timeout=30)
-        httpx.post(f"{base}/v1/filter", json={"units": ["HostAllowDeny", "NoSuchUnit"], "hosts": ["h1", "h2"]}, timeout=30)
-        httpx.post(f"{base}/v1/score", json={"units": [{"name": "PreferredHosts"}], "hosts": ["h1", "h2"]}, timeout=30)
-        httpx.post(f"{base}/v1/balance", json={"unit": "DrainHosts", "hosts": ["h1", "h2"]}, timeout=30)
-        texts = {"gateway": wait_http(f"{base}/metrics", procs["gateway"]).text}
+        httpx.get(f"{base}/v1/units", timeout=30, headers=AUTH)
+        httpx.post(f"{base}/v1/filter", json={"units": ["HostAllowDeny", "NoSuchUnit"], "hosts": ["h1", "h2"]},
+                   timeout=30, headers=AUTH)
+        httpx.post(f"{base}/v1/score", json={"units": [{"name": "PreferredHosts"}], "hosts": ["h1", "h2"]},
+                   timeout=30, headers=AUTH)
+        httpx.post(f"{base}/v1/balance", json={"unit": "DrainHosts", "hosts": ["h1", "h2"]}, timeout=30, headers=AUTH)
+        texts = {"gateway": wait_http(f"http://127.0.0.1:{gateway_metrics}/metrics", procs["gateway"]).text}
         for name in WORKERS:
             texts[name] = wait_http(f"http://127.0.0.1:{worker_ports[name]}/metrics", procs[name]).text
         # the probes the chart and compose use answer on the same ports

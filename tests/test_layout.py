@@ -118,7 +118,7 @@ def wheel_run(target: Path, neutral: Path, tmp_path: Path) -> Iterator[str]:
     log = tmp_path / "run.log"
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "vmsched.cli", "run", "--plugins", str(plugins), "--port", str(port),
-         "--pool-size", "1"],
+         "--pool-size", "1", "--metrics-port", str(free_port())],
         cwd=neutral, env=_env(target), stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}/"

@@ -174,7 +174,8 @@ def test_health_readiness_and_metrics(stack: Stack):
     ready = stack.get("/readyz").json()
     assert ready["ready"] and set(ready["queues"].values()) == {"ok"}
     stack.xmlrpc("runFilters", ["KeepEven"], H, VM, {})
-    text = stack.get("/metrics").text
+    assert stack.get("/metrics").status_code == 404  # not on the API port: its own listener (docs/api-auth.md)
+    text = httpx.get(stack.metrics_url + "/metrics", timeout=10).text
     assert 'vmsched_requests_total{operation="filter",outcome="ok",service="gateway"}' in text
     assert 'vmsched_plugin_calls_total{outcome="ok",unit="KeepEven"}' in text
     assert "aaaaaaaa-" not in text  # no host IDs as label values

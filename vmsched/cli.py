@@ -18,6 +18,7 @@ from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService
 from vmsched.services.policy_agent.surfaces.cli import register as register_agent_commands
 from vmsched.services.scoring import ScoringService
+from vmsched.token_cli import register as register_token_commands
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -60,10 +61,29 @@ def _gateway(p: argparse.ArgumentParser) -> None:
     p.add_argument("--header-timeout", type=float, metavar="S",
                    help="close a connection whose request headers take longer (default 10 s; 408 if it sent some)")
     p.add_argument("--body-timeout", type=float, metavar="S", help="answer 408 to a request whose body takes longer (default 30 s)")
+    p.add_argument("--tls-cert", type=Path, metavar="PEM",
+                   help="serve HTTPS with this certificate chain (reloaded when the file changes; env VMSCHED_TLS_CERT)")
+    p.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's private key (env VMSCHED_TLS_KEY)")
+    p.add_argument("--tls-client-ca", type=Path, metavar="PEM",
+                   help="accept client certificates signed by this CA, mapped to roles by the tokens file's clients: list")
+    p.add_argument("--engine-allow", metavar="CIDR,...",
+                   help="only these networks may call XML-RPC POST / and /RPC2 (env VMSCHED_ENGINE_ALLOW; default: any)")
 
 
-def _metrics(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on this port (env VMSCHED_METRICS_PORT)")
+def _tokens(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokens-file", type=Path, metavar="YAML",
+                   help="hashed bearer tokens and their roles, re-read when it changes (env VMSCHED_TOKENS_FILE; "
+                        "`vmsched token new` makes one; docs/api-auth.md)")
+
+
+def _metrics(p: argparse.ArgumentParser, default: str = "off") -> None:
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help=f"serve Prometheus /metrics, /healthz, /readyz on this port (env VMSCHED_METRICS_PORT; default {default})")
+    p.add_argument("--metrics-host", metavar="ADDR", help="metrics listen address (env VMSCHED_METRICS_HOST; default 127.0.0.1)")
+    p.add_argument("--metrics-tls-cert", type=Path, metavar="PEM", help="serve metrics over HTTPS with this certificate")
+    p.add_argument("--metrics-tls-key", type=Path, metavar="PEM", help="the metrics certificate's private key")
+    p.add_argument("--metrics-auth", action="store_true", default=None,
+                   help="/metrics requires a bearer token with the read role (needs --tokens-file; env VMSCHED_METRICS_AUTH)")
 
 
 def settings_from(args: argparse.Namespace, **overrides: Any) -> Settings:
@@ -119,15 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
                                    "on the embedded in-memory bus unless --amqp is given.")
     _bus(p, "default here: memory://, the embedded bus")
     _gateway(p)
+    _tokens(p)
+    _metrics(p, "9100")
     _plugins(p)
     _common(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("gateway", help="the XML-RPC/JSON gateway (publishes requests to the bus)",
                        description="Serve the engine's XML-RPC at / and /RPC2, the JSON API at /v1, "
-                                   "/healthz, /readyz and /metrics; requests go to the services over AMQP.")
+                                   "/healthz and /readyz (/metrics on its own listener); requests go to the services over AMQP.")
     _bus(p)
     _gateway(p)
+    _tokens(p)
+    _metrics(p, "9100")
     _common(p)
     p.set_defaults(func=cmd_gateway)
 
@@ -140,10 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
         _bus(p)
         _plugins(p)
         _metrics(p)
+        _tokens(p)
         _common(p)
         p.set_defaults(func=_service_cmd(name))
 
     _register_agent(sub)
+    register_token_commands(sub)
     return parser
 
 

@@ -7,6 +7,7 @@ the old ``ovirt-scheduler-proxy`` did), then the defaults below.
 
 from __future__ import annotations
 
+import ipaddress
 import sys
 from pathlib import Path
 import json
@@ -67,6 +68,13 @@ class Settings(BaseSettings):
     request_timeout: float = Field(30.0, gt=0, le=110, description="deadline of one engine request, seconds")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest accepted request body, bytes")
 
+    # gateway trust (docs/api-auth.md)
+    tokens_file: Path | None = Field(None, description="YAML file of hashed bearer tokens and client subjects")
+    tls_cert: Path | None = Field(None, description="gateway HTTPS certificate chain (PEM), reloaded on change")
+    tls_key: Path | None = Field(None, description="gateway HTTPS private key (PEM), reloaded on change")
+    tls_client_ca: Path | None = Field(None, description="CA of accepted client certificates (mTLS)")
+    engine_allow: str = Field("", description="CIDR,... allowed to call XML-RPC POST / and /RPC2; empty: any")
+
     # hostile input: request limits and read timeouts (gateway)
     max_hosts: int = Field(10000, ge=1, description="most host IDs in one scheduling request")
     max_units: int = Field(200, ge=1, description="most plugin units in one scheduling request")
@@ -90,7 +98,25 @@ class Settings(BaseSettings):
 
     # observability
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port of a worker service")
+    metrics_host: str = Field("127.0.0.1", description="metrics listener address")
+    metrics_tls_cert: Path | None = Field(None, description="metrics listener HTTPS certificate (PEM)")
+    metrics_tls_key: Path | None = Field(None, description="metrics listener HTTPS key (PEM)")
+    metrics_auth: bool = Field(False, description="/metrics requires a token with the read role")
     log_level: str = Field("INFO", description="logging level")
+
+    @field_validator("engine_allow")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        for item in filter(None, (v.strip() for v in value.split(","))):
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"engine_allow: {item!r} is not an address or CIDR network") from None
+        return value
+
+    @property
+    def engine_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        return [ipaddress.ip_network(v.strip(), strict=False) for v in self.engine_allow.split(",") if v.strip()]
 
     @field_validator("plugin_timeouts", mode="before")
     @classmethod

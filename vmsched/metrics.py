@@ -7,6 +7,9 @@ Conventions: ``vmsched_`` prefix, base units, ``_total`` counters,
 
 from __future__ import annotations
 
+import logging
+import socket
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -75,12 +78,44 @@ PLUGIN_LOAD_ERRORS = Gauge(
     "vmsched_plugin_load_errors", "Plugin files that currently fail to load", registry=REGISTRY
 )
 
+# --- authentication (gateway JSON API, --metrics-auth) -------------------------
+AUDIT = Counter(
+    "vmsched_gateway_audit_total",
+    "Calls to protected JSON API routes, by the route's role and outcome "
+    "(ok, refused: 4xx, error: 5xx, unauthenticated: 401, forbidden: 403)",
+    ["role", "outcome"],
+    registry=REGISTRY,
+)
+ENGINE_REFUSED = Counter(
+    "vmsched_gateway_engine_refused_total", "XML-RPC calls refused because the client is outside --engine-allow",
+    registry=REGISTRY,
+)
+AUTH_RELOADS = Counter(
+    "vmsched_auth_tokens_reloads_total", "Tokens file re-reads after a change, by outcome (ok, error: last good set kept)",
+    ["outcome"], registry=REGISTRY,
+)
+AUTH_TOKENS = Gauge("vmsched_auth_tokens", "Bearer tokens in the current tokens file", registry=REGISTRY)
+AUTH_CLIENTS = Gauge("vmsched_auth_clients", "Client-certificate subjects in the current tokens file", registry=REGISTRY)
+TLS_RELOADS = Counter(
+    "vmsched_tls_reloads_total", "Certificate/key re-reads after a change, by outcome (ok, error: last good kept)",
+    ["outcome"], registry=REGISTRY,
+)
 
-def serve(port: int | None, addr: str = "0.0.0.0", ready: Callable[[], bool] | None = None) -> ThreadingHTTPServer | None:
-    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``port`` (no-op when None).
+log = logging.getLogger("vmsched.metrics")
+
+#: ``authorize(headers) -> None`` when allowed, else the reason to answer 401 with.
+Authorize = Callable[[dict[str, str]], "str | None"]
+
+
+def serve(port: int | None, host: str = "127.0.0.1", ready: Callable[[], bool] | None = None,
+          tls: ssl.SSLContext | None = None, authorize: Authorize | None = None) -> ThreadingHTTPServer | None:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (no-op when port is None).
 
     ``/readyz`` answers 200 while ``ready()`` is true (e.g. the worker holds a
-    broker connection and is consuming), 503 otherwise.
+    broker connection and is consuming), 503 otherwise. With ``tls`` the
+    listener speaks HTTPS only (the handshake runs in the connection's thread).
+    With ``authorize``, ``/metrics`` needs what it accepts (``/healthz`` and
+    ``/readyz`` stay open for probes); a refusal is a 401 with the reason.
     """
     if port is None:
         return None
@@ -89,6 +124,10 @@ def serve(port: int | None, addr: str = "0.0.0.0", ready: Callable[[], bool] | N
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
+                reason = authorize({k.lower(): v for k, v in self.headers.items()}) if authorize else None
+                if reason is not None:
+                    body = b'{"detail":"%s"}\n' % reason.replace('"', "'").encode()
+                    return self._send(401, body, "application/json", {"WWW-Authenticate": "Bearer"})
                 self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
             elif path == "/healthz":
                 self._send(200, b'{"status":"ok"}\n', "application/json")
@@ -98,17 +137,40 @@ def serve(port: int | None, addr: str = "0.0.0.0", ready: Callable[[], bool] | N
             else:
                 self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
 
-        def _send(self, status: int, body: bytes, content_type: str) -> None:
+        def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet probes
             pass
 
-    server = ThreadingHTTPServer((addr, port), Handler)
-    server.daemon_threads = True
+    server = _Server((host, port), Handler, tls)
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    log.info("metrics on %s://%s:%d/metrics", "https" if tls else "http", host, server.server_address[1])
     return server
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    #: a client that stalls the TLS handshake or its request is dropped after this
+    timeout_s = 10.0
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 tls: ssl.SSLContext | None) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.tls = tls
+        super().__init__(address, handler)
+
+    def finish_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        request.settimeout(self.timeout_s)
+        if self.tls is not None:
+            try:
+                request = self.tls.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError):
+                return  # not TLS, or a failed handshake: nothing to answer
+        super().finish_request(request, client_address)  # type: ignore[arg-type]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from http.server import ThreadingHTTPServer
+from typing import Callable
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -13,10 +15,13 @@ from vmsched import metrics
 from vmsched.config import Settings
 from vmsched.gateway.app import create_app
 from vmsched.gateway.http import with_read_timeouts
+from vmsched.gateway.peer import ClientCertMixin
 from vmsched.service import PluginService
 from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService
 from vmsched.services.scoring import ScoringService
+from vmsched.tls import server_context
+from vmsched.tokens import Role, TokenStore, bearer_authorizer
 
 log = logging.getLogger("vmsched")
 
@@ -43,12 +48,40 @@ def make_service(name: str, settings: Settings) -> PluginService:
     return cls(settings)
 
 
+#: The gateway's /metrics port when --metrics-port is not given (services: no listener).
+GATEWAY_METRICS_PORT = 9100
+
+
+def serve_metrics(settings: Settings, ready: Callable[[], bool] | None = None,
+                  default_port: int | None = None) -> ThreadingHTTPServer | None:
+    """The metrics listener of a process: --metrics-host/-port, optional TLS and --metrics-auth."""
+    port = settings.metrics_port if settings.metrics_port is not None else default_port
+    tls = server_context(settings.metrics_tls_cert, settings.metrics_tls_key, what="metrics TLS")
+    authorize = None
+    if settings.metrics_auth:
+        if settings.tokens_file is None:
+            raise ValueError("--metrics-auth needs --tokens-file (tokens with the read role may scrape)")
+        authorize = bearer_authorizer(TokenStore(settings.tokens_file), Role.READ)
+    try:
+        return metrics.serve(port, settings.metrics_host, ready, tls, authorize)
+    except OSError as exc:
+        raise ValueError(f"metrics listener {settings.metrics_host}:{port}: {exc.strerror or exc}") from None
+
+
+class GatewayHttp(ClientCertMixin, HttpToolsProtocol):
+    """uvicorn's httptools protocol, with the client certificate in the ASGI scope."""
+
+
 def _serve_http(settings: Settings) -> None:
+    tls = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca, what="gateway TLS")
+    app = create_app(settings)
+    serve_metrics(settings, default_port=GATEWAY_METRICS_PORT)
     config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, loop="uvloop",
-        http=with_read_timeouts(HttpToolsProtocol, settings.header_timeout, settings.body_timeout),
+        app, host=settings.host, port=settings.port, loop="uvloop",
+        http=with_read_timeouts(GatewayHttp, settings.header_timeout, settings.body_timeout),
         log_level=settings.log_level.lower(), access_log=False, lifespan="on", timeout_graceful_shutdown=5,
         proxy_headers=False, server_header=False, date_header=False,
+        ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,
     )
     uvicorn.Server(config).run()
 
@@ -64,7 +97,7 @@ def run_service(name: str, settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     service.start()
-    metrics.serve(settings.metrics_port, ready=lambda: service.worker is not None and service.worker.connected)
+    serve_metrics(settings, ready=lambda: service.worker is not None and service.worker.connected)
     log.info("%s running (bus %s)", name, "embedded" if settings.embedded else "AMQP")
     stop.wait()
     service.stop()
@@ -76,8 +109,8 @@ def run_all_in_one(settings: Settings) -> int:
     services = [make_service(name, settings) for name in ("discovery", "scoring", "balancer")]
     for service in services:
         service.start()
-    log.info("vmsched all-in-one on http://%s:%d/ (plugins %s, bus %s)", settings.host, settings.port,
-             settings.plugins_dir, "embedded memory://" if settings.embedded else settings.amqp_url.split("@")[-1])
+    log.info("vmsched all-in-one on %s://%s:%d/ (plugins %s, bus %s)", "https" if settings.tls_cert else "http",
+             settings.host, settings.port, settings.plugins_dir, "embedded memory://" if settings.embedded else settings.amqp_url.split("@")[-1])
     try:
         _serve_http(settings)
     finally:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import libvirt
 
 from vmsched import metrics as service_metrics
+from vmsched.tls import server_context
 
 from . import metrics
 from .enforce import Enforcer
@@ -401,7 +402,13 @@ def serve(args: argparse.Namespace) -> int:
     except AgentError as exc:
         print(f"vmsched agent: error: {exc}", file=sys.stderr)
         return EXIT.get(exc.code, 1)
-    service_metrics.serve(args.metrics_port)
+    try:
+        tls = server_context(args.metrics_tls_cert, args.metrics_tls_key, what="metrics TLS")
+        service_metrics.serve(args.metrics_port, args.metrics_host, tls=tls)
+    except (OSError, ValueError) as exc:
+        agent.stop()
+        print(f"vmsched agent: error: metrics listener: {exc}", file=sys.stderr)
+        return 2
     stop.wait()
     agent.stop()
     return 0

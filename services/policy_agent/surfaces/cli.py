@@ -91,6 +91,10 @@ def _agent_parser(sub: Any, serve: Callable[[argparse.Namespace], int]) -> None:
                    help="how long to keep retrying the first libvirt connection before giving up")
     p.add_argument("--metrics-port", metavar="PORT", type=int,
                    help="serve Prometheus metrics on this port (default: off)")
+    p.add_argument("--metrics-host", metavar="ADDR", default=os.environ.get("VMSCHED_METRICS_HOST", "127.0.0.1"),
+                   help="metrics listen address (env VMSCHED_METRICS_HOST; default 127.0.0.1)")
+    p.add_argument("--metrics-tls-cert", metavar="PEM", type=Path, help="serve metrics over HTTPS with this certificate")
+    p.add_argument("--metrics-tls-key", metavar="PEM", type=Path, help="the metrics certificate's private key")
     p.add_argument("--log-level", metavar="LEVEL", default=os.environ.get("VMSCHED_LOG_LEVEL", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR")
     p.set_defaults(func=serve)

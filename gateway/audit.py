@@ -1,0 +1,67 @@
+"""The audit trail of the JSON API: one JSON line per operate call or refused call.
+
+Lines go to the ``vmsched.audit`` logger, which writes bare JSON lines to
+stderr (no prefix) so that log shippers can parse them whole. Every call to a
+protected route is also counted in ``vmsched_gateway_audit_total{role,outcome}``.
+A token's value never appears: only its name from the tokens file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from vmsched import metrics
+from vmsched.tokens import Identity, Role
+
+log = logging.getLogger("vmsched.audit")
+
+
+def _setup() -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def outcome_of(status: int) -> str:
+    if status == 401:
+        return "unauthenticated"
+    if status == 403:
+        return "forbidden"
+    if status >= 500:
+        return "error"
+    if status >= 400:
+        return "refused"
+    return "ok"
+
+
+def record(*, role: Role | None, identity: Identity | None, method: str, route: str, operation: str,
+           params: dict[str, Any], status: int, client: str | None) -> None:
+    """Count the call; write the audit line for operate calls and for every refusal (401/403)."""
+    outcome = outcome_of(status)
+    metrics.AUDIT.labels(role=role.value if role else "none", outcome=outcome).inc()
+    if role is not Role.OPERATE and outcome not in ("unauthenticated", "forbidden"):
+        return
+    _setup()
+    line = {
+        "ts": round(time.time(), 3),
+        "event": "vmsched.audit",
+        "who": identity.name if identity else None,
+        "via": identity.kind if identity else "none",
+        "role": role.value if role else None,
+        "method": method,
+        "route": route,
+        "operation": operation,
+        "host": params.get("host"),
+        "guest": params.get("guest"),
+        "status": status,
+        "outcome": outcome,
+        "client": client,
+    }
+    log.info(json.dumps(line, sort_keys=False))

@@ -1,0 +1,208 @@
+"""Who may call which JSON route: bearer tokens or client certificates, mapped to roles.
+
+Every route of the FastAPI app is either open (:data:`OPEN_PATHS`: probes and
+the API docs, which hold no data) or has a role in :data:`ROUTE_ROLES`;
+:func:`check_routes` refuses an app with a route in neither, so a new
+endpoint cannot be added open by accident. :class:`Guard` runs before the
+framework reads a body: no credential is a 401 (``WWW-Authenticate: Bearer``)
+and a missing role a 403, each with a JSON reason. Credentials are the
+``Authorization: Bearer`` header or a verified client certificate (the ASGI
+TLS extension's ``client_cert_name``); cookies are never read, so no browser
+session can authorise anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.routing import compile_path
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from vmsched.gateway import audit
+from vmsched.tokens import Identity, Role, TokenStore
+
+#: Routes anyone may call: they hold no data.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+
+#: The role each JSON route needs, by (method, route path). Every route must be here or open.
+ROUTE_ROLES: dict[tuple[str, str], Role] = {
+    ("GET", "/v1/units"): Role.READ,
+    ("POST", "/v1/filter"): Role.SCHEDULE,
+    ("POST", "/v1/score"): Role.SCHEDULE,
+    ("POST", "/v1/balance"): Role.SCHEDULE,
+    ("GET", "/v1/hosts/{host}/policies"): Role.READ,
+    ("GET", "/v1/hosts/{host}/policies/{guest}"): Role.READ,
+    ("GET", "/v1/hosts/{host}/cpus"): Role.READ,
+    ("PUT", "/v1/hosts/{host}/policies/{guest}"): Role.OPERATE,
+    ("DELETE", "/v1/hosts/{host}/policies/{guest}"): Role.OPERATE,
+    ("PUT", "/v1/hosts/{host}/cpus"): Role.OPERATE,
+    ("POST", "/v1/hosts/{host}/reconcile"): Role.OPERATE,
+    ("POST", "/v1/hosts/{host}/domains/{guest}/start"): Role.OPERATE,
+    ("POST", "/v1/hosts/{host}/domains/{guest}/stop"): Role.OPERATE,
+}
+
+NO_TOKENS_FILE = ("this gateway has no tokens file, so the JSON API accepts no credential: create a token with "
+                  "`vmsched token new --name NAME --role read --file tokens.yaml` and start the gateway with "
+                  "--tokens-file tokens.yaml (see docs/api-auth.md)")
+MAX_TOKEN = 4096
+
+
+def route_methods(app: FastAPI) -> set[tuple[str, str]]:
+    """(method, path) of every operation ``app`` documents."""
+    paths = app.openapi()["paths"]
+    return {(method.upper(), path) for path, ops in paths.items() for method in ops}
+
+
+def check_routes(app: FastAPI) -> None:
+    """Every route is open or has a declared role, and every declared role names a route."""
+    present = route_methods(app)
+    undeclared = sorted(f"{m} {p}" for m, p in present if p not in OPEN_PATHS and (m, p) not in ROUTE_ROLES)
+    stale = sorted(f"{m} {p}" for m, p in ROUTE_ROLES if (m, p) not in present)
+    if undeclared or stale:
+        raise RuntimeError(f"gateway routes without a role in vmsched.gateway.auth.ROUTE_ROLES: {undeclared}; "
+                           f"roles declared for routes that do not exist: {stale}")
+
+
+def operation_names(app: FastAPI) -> dict[tuple[str, str], str]:
+    """(method, path) -> the endpoint's name (e.g. ``set_policy``), from its OpenAPI operationId."""
+    out = {}
+    for path, ops in app.openapi()["paths"].items():
+        for method, op in ops.items():
+            suffix = re.sub(r"\W", "_", path) + "_" + method
+            out[(method.upper(), path)] = str(op.get("operationId", "")).removesuffix(suffix)
+    return out
+
+
+class RouteTable:
+    """Matches a request to its declared route; the app sees no other request (deny by default)."""
+
+    def __init__(self, roles: dict[tuple[str, str], Role]) -> None:
+        self.entries = [(method, path, compile_path(path)[0], role) for (method, path), role in roles.items()]
+
+    def match(self, method: str, path: str) -> tuple[Role | None, str, dict[str, str], bool]:
+        """(role, route, path params, path known) of a request."""
+        method = "GET" if method == "HEAD" else method
+        known = False
+        for m, route, regex, role in self.entries:
+            found = regex.match(path)
+            if found:
+                known = True
+                if m == method:
+                    return role, route, found.groupdict(), True
+        return None, path, {}, known
+
+
+def add_security_scheme(app: FastAPI) -> None:
+    """OpenAPI: the HTTP bearer scheme on every protected operation, with its role and 401/403."""
+    original = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = original()
+        schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+            "type": "http", "scheme": "bearer",
+            "description": "a token from the gateway's tokens file (`vmsched token new`); a verified client "
+                           "certificate whose subject the tokens file maps to roles is accepted too",
+        }
+        for (method, path), role in ROUTE_ROLES.items():
+            op = schema["paths"][path][method.lower()]
+            op["security"] = [{"bearer": []}]
+            op["x-vmsched-role"] = role.value
+            op["description"] = (op.get("description", "") + f"\n\nRequires the `{role.value}` role.").strip()
+            op.setdefault("responses", {}).update({
+                "401": {"description": "no valid credential (JSON reason; WWW-Authenticate: Bearer)"},
+                "403": {"description": f"the credential lacks the {role.value} role (JSON reason)"},
+            })
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def identify(scope: Scope, store: TokenStore) -> tuple[Identity | None, str]:
+    """The caller's identity, or None and the reason to give."""
+    if not store.configured:
+        return None, NO_TOKENS_FILE
+    header = _header(scope, b"authorization")
+    if header is not None:
+        scheme, _, token = header.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return None, "the Authorization header must be 'Bearer <token>'"
+        if len(token) > MAX_TOKEN:
+            return None, "unknown or revoked token"
+        identity = store.by_token(token)
+        return (identity, "") if identity else (None, "unknown or revoked token")
+    subject = scope.get("extensions", {}).get("tls", {}).get("client_cert_name")
+    if subject:
+        identity = store.by_subject(subject)
+        return (identity, "") if identity else (None, f"client certificate {subject!r} is not in the tokens file")
+    return None, "a credential is required: send 'Authorization: Bearer <token>' (see docs/api-auth.md)"
+
+
+async def _reply(send: Send, status: int, reason: str, extra: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
+    body = json.dumps({"detail": reason}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *extra]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Guard:
+    """Authenticate and authorise every non-open request before the app sees it; audit the result."""
+
+    def __init__(self, app: FastAPI, store: TokenStore) -> None:
+        check_routes(app)
+        self.app = app
+        self.store = store
+        self.table = RouteTable(ROUTE_ROLES)
+        self.operations = operation_names(app)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        role, route, params, known = self.table.match(scope["method"], scope["path"])
+        operation = self.operations.get((scope["method"], route), "")
+        identity, reason = identify(scope, self.store)
+        client = (scope.get("client") or (None,))[0]
+
+        def done(status: int) -> None:
+            audit.record(role=role, identity=identity, method=scope["method"], route=route, operation=operation,
+                         params=params, status=status, client=client)
+
+        if identity is None:
+            done(401)
+            challenge = b'Bearer error="invalid_token"' if _header(scope, b"authorization") else b"Bearer"
+            return await _reply(send, 401, reason, [(b"www-authenticate", challenge)])
+        if role is not None and role not in identity.roles:
+            done(403)
+            held = ", ".join(sorted(r.value for r in identity.roles))
+            return await _reply(send, 403, f"{identity.kind} {identity.name!r} (roles: {held}) lacks the "
+                                           f"{role.value!r} role that {scope['method']} {route} needs")
+        if role is None:  # deny by default: only declared routes reach the app
+            return await _reply(send, 405 if known else 404,
+                                f"{scope['method']} is not allowed here" if known else "no such route")
+        scope["vmsched.identity"] = identity
+        status = 500
+
+        async def watched(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        finally:
+            done(status)

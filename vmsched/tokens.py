@@ -1,0 +1,215 @@
+"""Bearer tokens and client-certificate subjects, mapped to roles, from a YAML file.
+
+The file holds only sha256 digests of the tokens, never a token::
+
+    tokens:
+      - name: ovirt-ops          # who, in audit lines
+        roles: [read, operate]   # read | schedule | operate
+        sha256: 9f86d081...      # hex sha256 of the token
+    clients:                     # optional: mTLS client certificates
+      - subject: "CN=engine-1"
+        roles: [schedule]
+
+The file is re-read when it changes (its inode, size or mtime: a Kubernetes
+Secret mount swaps a symlink), at most every ``check_interval`` seconds. A
+file that is missing or invalid after a change keeps the last good set; the
+error is logged and counted (``vmsched_auth_tokens_reloads_total``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Callable
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+
+from vmsched import metrics
+
+log = logging.getLogger("vmsched.auth")
+
+
+class Role(str, Enum):
+    READ = "read"
+    SCHEDULE = "schedule"
+    OPERATE = "operate"
+
+
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$")]
+
+
+class TokenEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Name = Field(description="who holds the token, as audit lines name it")
+    roles: list[Role] = Field(min_length=1)
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{64}$")]
+
+    @field_validator("sha256")
+    @classmethod
+    def _lower(cls, value: str) -> str:
+        return value.lower()
+
+
+class ClientEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    subject: Annotated[str, StringConstraints(min_length=1, max_length=1024)] = Field(
+        description="the certificate's subject as RFC 4514 text, e.g. 'CN=engine-1,O=example'")
+    roles: list[Role] = Field(min_length=1)
+
+
+class TokensDocument(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[TokenEntry] = Field(default_factory=list)
+    clients: list[ClientEntry] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who made a request: a token's name or a certificate's subject, and its roles."""
+
+    name: str
+    roles: frozenset[Role]
+    kind: str  # "token" or "certificate"
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    """A fresh random token (256 bits, URL-safe)."""
+    return "vms_" + secrets.token_urlsafe(32)
+
+
+def entry_yaml(name: str, roles: list[Role], token: str) -> str:
+    """The YAML list item to add under ``tokens:`` for ``token``."""
+    doc = TokenEntry(name=name, roles=roles, sha256=digest(token))
+    return yaml.safe_dump([doc.model_dump(mode="json")], sort_keys=False)
+
+
+def parse(text: str, source: str = "tokens file") -> TokensDocument:
+    """Parse and check a tokens file; ValueError with every problem otherwise."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{source}: not valid YAML: {exc}") from None
+    if raw is None:
+        raw = {}
+    try:
+        doc = TokensDocument.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"{source}: {problems}") from None
+    names = [t.name for t in doc.tokens]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{source}: token names must be unique (audit lines name them)")
+    digests = [t.sha256 for t in doc.tokens]
+    if len(set(digests)) != len(digests):
+        raise ValueError(f"{source}: the same token digest appears twice")
+    return doc
+
+
+def _signature(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)  # follows symlinks: a swapped Secret mount shows a new inode
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class TokenStore:
+    """The current tokens and clients, re-read when the file changes."""
+
+    def __init__(self, path: Path | None, check_interval: float = 0.5) -> None:
+        self.path = path
+        self.check_interval = check_interval
+        self._lock = threading.Lock()
+        self._doc = TokensDocument()
+        self._signature: tuple[int, int, int, int] | None = None
+        self._checked = 0.0
+        self.last_error: str | None = None
+        if path is not None:
+            self._signature = _signature(path)
+            if self._signature is None:
+                raise ValueError(f"tokens file {path} does not exist (create one with `vmsched token new`)")
+            self._install(parse(path.read_text(), str(path)))
+
+    @property
+    def configured(self) -> bool:
+        return self.path is not None
+
+    def _install(self, doc: TokensDocument) -> None:
+        self._doc = doc
+        metrics.AUTH_TOKENS.set(len(doc.tokens))
+        metrics.AUTH_CLIENTS.set(len(doc.clients))
+
+    def refresh(self, force: bool = False) -> None:
+        """Re-read the file if it changed (at most every ``check_interval`` s unless forced)."""
+        if self.path is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._checked < self.check_interval:
+            return
+        with self._lock:
+            self._checked = now
+            signature = _signature(self.path)
+            if signature == self._signature:
+                return
+            self._signature = signature
+            try:
+                if signature is None:
+                    raise ValueError(f"tokens file {self.path} is missing")
+                doc = parse(self.path.read_text(), str(self.path))
+            except (OSError, ValueError) as exc:
+                self.last_error = str(exc)
+                metrics.AUTH_RELOADS.labels(outcome="error").inc()
+                log.error("tokens file not reloaded, keeping the last good set of %d tokens: %s",
+                          len(self._doc.tokens), exc)
+                return
+            self.last_error = None
+            self._install(doc)
+            metrics.AUTH_RELOADS.labels(outcome="ok").inc()
+            log.info("tokens file %s reloaded: %d tokens, %d client subjects",
+                     self.path, len(doc.tokens), len(doc.clients))
+
+    def by_token(self, token: str) -> Identity | None:
+        self.refresh()
+        wanted = digest(token)
+        found = None
+        for entry in self._doc.tokens:  # no early exit: the same work for every token
+            if hmac.compare_digest(entry.sha256, wanted):
+                found = entry
+        return Identity(found.name, frozenset(found.roles), "token") if found else None
+
+    def by_subject(self, subject: str) -> Identity | None:
+        self.refresh()
+        for entry in self._doc.clients:
+            if entry.subject == subject:
+                return Identity(subject, frozenset(entry.roles), "certificate")
+        return None
+
+
+def bearer_authorizer(store: TokenStore, role: Role) -> Callable[[dict[str, str]], str | None]:
+    """For plain HTTP listeners (metrics): lower-cased headers -> None when allowed, else the reason."""
+
+    def authorize(headers: dict[str, str]) -> str | None:
+        scheme, _, token = headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return f"send 'Authorization: Bearer <token>' of a token with the {role.value} role"
+        identity = store.by_token(token.strip())
+        if identity is None:
+            return "unknown or revoked token"
+        if role not in identity.roles:
+            return f"token {identity.name!r} lacks the {role.value} role"
+        return None
+
+    return authorize
