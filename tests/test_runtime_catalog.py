@@ -13,6 +13,7 @@ import pytest
 
 from vmsched.messages import Kind, PluginLoadError, UnitInfo
 from vmsched.metrics import REGISTRY
+from vmsched.runtime.types import Confinement
 from vmsched.runtime import Catalog, Limits, PluginPool
 
 FILTER = '''
@@ -35,7 +36,8 @@ def write(folder: Path, name: str, source: str) -> Path:
 
 @pytest.fixture
 def pool(plugins: Path) -> Iterator[PluginPool]:
-    pool = PluginPool(plugins, size=2, limits=Limits(memory_mb=512), name=f"cat-{uuid.uuid4().hex[:8]}")
+    pool = PluginPool(plugins, size=2, limits=Limits(memory_mb=512), name=f"cat-{uuid.uuid4().hex[:8]}",
+                      confinement=Confinement(allow_root=True))
     pool.start()
     yield pool
     pool.close()

@@ -14,8 +14,12 @@ import pytest
 
 from vmsched.metrics import REGISTRY
 from vmsched.runtime import Call, CallResult, Limits, PluginPool
+from vmsched.runtime.types import Confinement
 
 HOSTS = ["h1", "h2", "h3"]
+#: These tests are about the pool, not the switch to the plugin user (tests/test_sandbox_*.py):
+#: as root they keep root (without capabilities, under Landlock and seccomp).
+AS_ROOT = Confinement(allow_root=True)
 
 
 def write_plugin(folder: Path, name: str, source: str) -> Path:
@@ -56,6 +60,7 @@ def make_pool(plugins: Path) -> Iterator[Callable[..., PluginPool]]:
     pools: list[PluginPool] = []
 
     def make(size: int = 2, limits: Limits = Limits(memory_mb=512, cpu_seconds=10, max_output=64 * 1024), **kw: object) -> PluginPool:
+        kw.setdefault("confinement", AS_ROOT)
         pool = PluginPool(plugins, size=size, limits=limits, name=f"test-{uuid.uuid4().hex[:8]}", **kw)  # type: ignore[arg-type]
         pool.start()
         pools.append(pool)

@@ -73,6 +73,18 @@ PLUGIN_WORKER_RESTARTS = Counter(
     ["pool", "reason"],
     registry=REGISTRY,
 )
+PLUGIN_RAW_OUTPUT = Counter(
+    "vmsched_plugin_raw_output_bytes_total",
+    "Bytes plugin workers wrote to their fd 1/2 directly (never logged), by pool and fate (written; dropped: beyond the tail kept for diagnosis)",
+    ["pool", "fate"],
+    registry=REGISTRY,
+)
+PLUGIN_CONFINEMENT = Gauge(
+    "vmsched_plugin_confinement",
+    "1 when a confinement feature of the plugin workers is active (user, capabilities, landlock, seccomp, ...)",
+    ["pool", "feature"],
+    registry=REGISTRY,
+)
 PLUGIN_UNITS = Gauge("vmsched_plugin_units", "Units in the plugin catalog, by kind", ["kind"], registry=REGISTRY)
 PLUGIN_LOAD_ERRORS = Gauge(
     "vmsched_plugin_load_errors", "Plugin files that currently fail to load", registry=REGISTRY

@@ -14,11 +14,14 @@ exchange are defined in :mod:`vmsched.runtime.protocol`.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import shutil
 import site
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -26,15 +29,19 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from vmsched.metrics import PLUGIN_WORKER_RESTARTS
+from vmsched.metrics import PLUGIN_CONFINEMENT, PLUGIN_WORKER_RESTARTS
 from vmsched.runtime.batch import Batch, Job, PoolClosed, Waiter
+from vmsched.runtime.drain import OutputDrain
 from vmsched.runtime.process import Worker, WorkerGone
 from vmsched.runtime.protocol import encode_frame
-from vmsched.runtime.types import Analysis, AnalyzedUnit, Call, CallResult, Limits
+from vmsched.runtime.sandbox import FEATURES, make_non_dumpable
+from vmsched.runtime.types import Analysis, AnalyzedUnit, Call, CallResult, Confinement, Limits
 
 log = logging.getLogger("vmsched.plugins")
 
 READY_TIMEOUT = 30.0  # seconds a new worker may take to start
+#: The only environment variables a worker inherits (plus Confinement.env): never a credential.
+ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "PYTHONIOENCODING", "PYTHONUTF8")
 _REASONS = ("timeout", "crash", "recycle")
 _INF = math.inf
 
@@ -53,6 +60,7 @@ class PluginPool:
         limits: Limits = Limits(),
         name: str = "pool",
         max_calls: int = 10000,
+        confinement: Confinement = Confinement(),
     ) -> None:
         if size < 1:
             raise ValueError("size must be at least 1")
@@ -61,6 +69,10 @@ class PluginPool:
         self.limits = limits
         self.name = name
         self.max_calls = max_calls
+        self.confinement = confinement
+        #: feature -> "on (...)" / "off: why", as the last worker that started reported it
+        self.sandbox: dict[str, str] = {}
+        self._drain: OutputDrain | None = None
         self._max_frame = 2 * limits.max_output + (1 << 20)
         self._lock = threading.Lock()
         self._idle: list[Worker] = []
@@ -79,6 +91,8 @@ class PluginPool:
             if self._started or self.closed:
                 raise RuntimeError(f"plugin pool {self.name} already started")
             self._started = True
+        make_non_dumpable()  # a same-uid worker cannot read our environment or memory
+        self._drain = OutputDrain(self.name)
         workers: list[Worker] = []
         try:
             for _ in range(self.size):
@@ -92,6 +106,8 @@ class PluginPool:
             raise
         for worker in workers:
             self.release(worker)
+        shown = "; ".join(f"{k} {v}" for k, v in self.sandbox.items())
+        log.info("plugin pool %s: confinement: %s", self.name, shown)
 
     def close(self) -> None:
         """Stop every worker (idempotent); calls in flight fail."""
@@ -109,6 +125,8 @@ class PluginPool:
             worker.kill()
         for worker in idle:
             self._reap(worker, timeout=1.0)
+        if self._drain is not None:
+            self._drain.close()
 
     @property
     def closed(self) -> bool:
@@ -266,6 +284,9 @@ class PluginPool:
             return
         self._restarts[reason].inc()
         level = logging.INFO if reason == "recycle" else logging.WARNING
+        if reason == "crash" and self._drain is not None and worker.proc.stderr is not None:
+            tail = self._drain.tail(worker.proc.stderr.fileno())
+            why += f"; its last output (escaped): {tail}" if tail else ""
         log.log(level, "plugin pool %s: replacing worker %d (%s): %s", self.name, worker.pid, reason, why)
         threading.Thread(target=self._respawn, args=(worker,), name=f"{self.name}-respawn", daemon=True).start()
 
@@ -297,6 +318,7 @@ class PluginPool:
             self._command(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,  # fd 1 and 2 of the worker: drained, never our log
             cwd=self.plugins_dir,
             env=self._environment(),
             bufsize=0,
@@ -304,6 +326,8 @@ class PluginPool:
             process_group=0,  # so a kill also reaches what the plugin spawned
         )
         worker = Worker(proc, self._max_frame)
+        assert proc.stderr is not None and self._drain is not None
+        self._drain.add(proc.stderr.fileno())
         with self._lock:
             self._workers.add(worker)
         if self.closed:  # close() may have missed it
@@ -317,10 +341,24 @@ class PluginPool:
             code = worker.exit_code(timeout=1.0)
             raise RuntimeError(f"plugin worker {worker.pid} did not start ({exc}; exit status {code})") from None
         if not reply.get("ready"):
+            if reply.get("ok") is False and isinstance(reply.get("error"), str):
+                raise RuntimeError(f"plugin worker {worker.pid} refused to start: {reply['error']}")
             raise RuntimeError(f"plugin worker {worker.pid} sent {reply!r} instead of its ready message")
+        report = reply.get("sandbox") or {}
+        worker.tmp_dir = str(report.get("tmp_dir") or "")
+        features = {str(k): str(v) for k, v in (report.get("features") or {}).items()}
+        if features != self.sandbox:
+            self.sandbox = features
+            for feature in FEATURES:
+                active = features.get(feature, "off").startswith("on")
+                PLUGIN_CONFINEMENT.labels(pool=self.name, feature=feature).set(1 if active else 0)
 
     def _reap(self, worker: Worker, timeout: float = 5.0) -> None:
+        if self._drain is not None and worker.proc.stderr is not None:
+            self._drain.forget(worker.proc.stderr.fileno())
         worker.reap(timeout)
+        if worker.tmp_dir.startswith(tempfile.gettempdir()):
+            shutil.rmtree(worker.tmp_dir, ignore_errors=True)
         with self._lock:
             self._workers.discard(worker)
 
@@ -338,17 +376,30 @@ class PluginPool:
             str(self.limits.cpu_seconds),
             "--max-output",
             str(self.limits.max_output),
+            "--sandbox",
+            json.dumps(
+                {
+                    "user": self.confinement.user,
+                    "allow_root": self.confinement.allow_root,
+                    "network": self.confinement.network,
+                    "max_procs": self.limits.max_procs,
+                    "max_files": self.limits.max_files,
+                    "max_file_mb": self.limits.max_file_mb,
+                    "tmp_parent": tempfile.gettempdir(),
+                }
+            ),
         ]
 
-    @staticmethod
-    def _environment() -> dict[str, str]:
-        """The service's environment, with vmsched importable by the worker.
+    def _environment(self) -> dict[str, str]:
+        """An allow-list of the service's environment, with vmsched importable by the worker.
 
-        A source checkout found through the current directory (not installed,
+        No credential reaches a plugin: only ENV_ALLOWED, LC_* and the names in
+        Confinement.env are passed. A source checkout found through the current directory (not installed,
         not on PYTHONPATH) is added to PYTHONPATH; an installed vmsched is not,
         so site-packages never moves ahead of the standard library.
         """
-        env = dict(os.environ)
+        allowed = set(ENV_ALLOWED) | set(self.confinement.env)
+        env = {k: v for k, v in os.environ.items() if k in allowed or k.startswith("LC_")}
         root = str(Path(__file__).resolve().parents[2])
         on_path = {os.path.abspath(entry or os.curdir) for entry in sys.path}
         if root in on_path and root not in site.getsitepackages():

@@ -36,6 +36,7 @@ class Worker:
         self.write_fd = proc.stdin.fileno()
         self.read_fd = proc.stdout.fileno()
         self.calls = 0
+        self.tmp_dir = ""  # its private temporary directory (from its ready message)
         self._max_frame = max_frame
         self._buffer = bytearray()
 
@@ -85,7 +86,13 @@ class Worker:
 
         Also right after the worker was reaped: Linux does not reuse the id of
         a process group that still has members, and an empty group is ESRCH.
+        Descendants that left the group (``setsid``) are found under /proc first.
         """
+        for pid in descendants(self.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except OSError:
@@ -114,9 +121,30 @@ class Worker:
     def reap(self, timeout: float = 5.0) -> None:
         if self.exit_code(timeout) is None:
             self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (read from /proc; empty if it is gone)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo and len(found) < 100000:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(p) for p in f.read().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
 
 
 def death_message(returncode: int | None, limits: Limits) -> str:

@@ -13,6 +13,19 @@ class Limits:
     memory_mb: int = 1024
     cpu_seconds: int = 30
     max_output: int = 1 << 20
+    max_procs: int = 256  # RLIMIT_NPROC: processes and threads of the plugin user
+    max_files: int = 256  # RLIMIT_NOFILE
+    max_file_mb: int = 64  # RLIMIT_FSIZE: largest file a plugin may write, MiB
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """How plugin workers are sandboxed (see vmsched.runtime.sandbox and docs/plugins.md)."""
+
+    user: str = "nobody"  # the plugin user when the service runs as root
+    allow_root: bool = False  # run plugins as root (without capabilities) if the switch is impossible
+    network: bool = False  # plugins may open AF_INET/AF_INET6 sockets
+    env: tuple[str, ...] = ()  # extra environment variable names passed to plugins
 
 
 @dataclass(frozen=True)

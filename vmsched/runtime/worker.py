@@ -27,6 +27,7 @@ import ast
 import faulthandler
 import importlib.util
 import inspect
+import json
 import math
 import os
 import resource
@@ -38,6 +39,7 @@ import traceback
 from types import ModuleType
 from typing import Any
 
+from vmsched.runtime import children, sandbox
 from vmsched.runtime.capture import Capture, OutputLimitExceeded, _Redirect
 from vmsched.runtime.contract import KINDS
 from vmsched.runtime.protocol import Channel, encode_frame
@@ -89,7 +91,34 @@ def describe_exception(exc: BaseException, plugins_dir: str) -> str:
     if frame is not None:
         where = os.path.relpath(frame.filename, plugins_dir)
         text += f" ({where}, line {frame.lineno}, in {frame.name})"
+    if NETWORK_OFF and _refused_socket(exc):
+        text += f" [{NETWORK_HINT}]"
     return text
+
+
+#: Set by main() when the sandbox refuses network sockets.
+NETWORK_OFF = False
+NETWORK_HINT = (
+    "network access is off for plugins; turn it on for this deployment with "
+    "--plugin-network (VMSCHED_PLUGIN_NETWORK=true)"
+)
+
+
+def _refused_socket(exc: BaseException) -> bool:
+    """A PermissionError raised by the socket module somewhere in the chain of ``exc``."""
+    seen: set[int] = set()
+    todo: list[Any] = [exc]
+    while todo and len(seen) < 20:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, PermissionError):
+            names = [f.filename for f in traceback.extract_tb(item.__traceback__)]
+            if any(os.path.basename(n) == "socket.py" for n in names):
+                return True
+        todo += [item.__cause__, item.__context__, getattr(item, "reason", None), *item.args[:3]]
+    return False
 
 
 def _last_plugin_frame(exc: BaseException, plugins_dir: str) -> traceback.FrameSummary | None:
@@ -212,6 +241,7 @@ class Runner:
             reply = {"ok": False, "error": f"internal worker error: {exc!r}"}
         finally:
             self._restore_cwd()
+            children.kill_all()  # nothing a plugin started outlives its call
         reply["stderr"] = stderr.getvalue()
         return self._encode(reply, stderr)
 
@@ -346,16 +376,6 @@ def _take_protocol_fds() -> tuple[int, int]:
     return read_fd, write_fd
 
 
-def _apply_limits(memory_mb: int) -> None:
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core files in the plugins folder
-    if memory_mb > 0:
-        limit = memory_mb << 20
-        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-        if hard != resource.RLIM_INFINITY:
-            limit = min(limit, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
 def _exit_with_parent(read_fd: int) -> None:
     """Exit when the pool's end of the request pipe closes, even mid-call."""
 
@@ -368,12 +388,27 @@ def _exit_with_parent(read_fd: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def _confine(options: argparse.Namespace, plugins_dir: str, channel: Channel) -> sandbox.Report:
+    """Apply the sandbox; on refusal tell the pool why and exit."""
+    global NETWORK_OFF
+    settings = sandbox.Options.from_json({"plugins_dir": plugins_dir, "memory_mb": options.memory_mb, **json.loads(options.sandbox)})
+    settings.plugins_dir = plugins_dir
+    try:
+        report = sandbox.confine(settings)
+    except (sandbox.SandboxError, OSError) as exc:
+        channel.send(encode_frame({"ok": False, "error": f"sandbox: {exc}"}))
+        sys.exit(1)
+    NETWORK_OFF = not settings.network and report.features.get("no_network", "").startswith("on")
+    return report
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="vmsched.runtime.worker")
     parser.add_argument("--plugins-dir", required=True)
     parser.add_argument("--memory-mb", type=int, default=1024)
     parser.add_argument("--cpu-seconds", type=int, default=30)
     parser.add_argument("--max-output", type=int, default=1 << 20)
+    parser.add_argument("--sandbox", default="{}", help="sandbox options as JSON (vmsched.runtime.sandbox.Options)")
     return parser.parse_args(argv)
 
 
@@ -384,13 +419,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool decides when we stop
     faulthandler.enable()  # a crashing plugin leaves a Python traceback on stderr
     sys.dont_write_bytecode = True  # never a stale .pyc for a rewritten plugin
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past RLIMIT_FSIZE a write fails (EFBIG) instead
     os.chdir(plugins_dir)
     sys.path.insert(0, plugins_dir)
-    _apply_limits(options.memory_mb)
-    _exit_with_parent(read_fd)
     channel = Channel(read_fd, write_fd)
+    confinement = _confine(options, plugins_dir, channel)  # before any thread starts
+    _exit_with_parent(read_fd)
     runner = Runner(plugins_dir, options.cpu_seconds, options.max_output)
-    channel.send(encode_frame({"ok": True, "ready": True, "pid": os.getpid()}))
+    channel.send(encode_frame({"ok": True, "ready": True, "pid": os.getpid(), "sandbox": confinement.as_dict()}))
     while (request := channel.receive()) is not None:
         channel.send(runner.handle(request))
     return 0

@@ -1,0 +1,64 @@
+"""Killing and reaping whatever a plugin started, after each call (worker side).
+
+The worker is a child subreaper (PR_SET_CHILD_SUBREAPER): when a plugin's
+child dies, its own children (a ``setsid`` daemon, a double fork) are
+re-parented to the worker instead of init. So killing the worker's children
+until none is left reaches every descendant, in any session or group.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_ROUNDS = 1000  # bounds a plugin that forks faster than we kill (RLIMIT_NPROC bounds it too)
+
+
+def _children() -> list[int]:
+    pids: list[int] = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return pids
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def kill_all() -> int:
+    """SIGKILL and reap every descendant; how many were reaped."""
+    try:
+        if os.waitpid(-1, os.WNOHANG) == (0, 0):
+            pass  # children exist (one may have just been reaped too)
+    except ChildProcessError:
+        return 0  # the usual case: the plugin left nothing behind
+    reaped = 0
+    for _ in range(_ROUNDS):
+        pids = _children()
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in pids:
+            try:
+                os.waitpid(pid, 0)  # its orphans are ours once it is gone
+                reaped += 1
+            except ChildProcessError:
+                pass
+    while True:  # anything that exited on its own in between
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        reaped += 1
+    return reaped
