@@ -22,6 +22,10 @@ from tests.engine_wire import call
 from vmsched.runner import service_queues
 
 ROOT = Path(__file__).resolve().parent.parent
+if os.geteuid() == 0:  # issue 9: as root, workers switch to `nobody`, who cannot read a Python under /root
+    # (pyenv here), so services started by tests run plugins as root without capabilities instead;
+    # tests/test_runtime_sandbox.py covers the switch itself with a Python `nobody` can read.
+    os.environ.setdefault("VMSCHED_ALLOW_ROOT_PLUGINS", "true")
 TEST_PLUGINS = Path(__file__).resolve().parent / "plugins"
 #: The shared test broker; VMSCHED_TEST_RABBIT=HOST:PORT points the tests elsewhere
 #: (e.g. at a closed port, to check that the fast tier never needs it).
@@ -200,10 +204,20 @@ def rabbit_vhost() -> Iterator[str]:
     subprocess.run(["rabbitmqctl", "-q", "delete_vhost", vhost], capture_output=True)
 
 
+def bus_args(folder: Path, url: str) -> list[str]:
+    """Command-line options that put a process on ``url``: a password goes in a file, never on the command line."""
+    if url.startswith("memory://"):
+        return ["--amqp", url]
+    path = folder / f"amqp-url-{uuid.uuid4().hex[:8]}"
+    path.write_text(url + "\n")
+    path.chmod(0o600)
+    return ["--amqp-url-file", str(path)]
+
+
 def start_all_in_one(tmp_path: Path, bus: str, *extra: str, plugins: Path | None = None) -> Stack:
     plugins = plugins or plugin_copy(tmp_path)
     port, metrics_port = free_port(), free_port()
-    proc = Proc(["run", "--amqp", bus, "--plugins", str(plugins), "--port", str(port), "--pool-size", "3",
+    proc = Proc(["run", *bus_args(tmp_path, bus), "--plugins", str(plugins), "--port", str(port), "--pool-size", "3",
                  "--plugin-timeouts", "Hangs=1,BalanceHangs=1,Floods=2", "--request-timeout", "20",
                  "--metrics-port", str(metrics_port), *extra],
                 tmp_path / f"run-{port}.log").start()

@@ -20,7 +20,7 @@ import pytest
 from kombu import Consumer, Queue
 
 from tests.conftest import AUTH, ROOT, Proc, Stack, free_port, wait_until
-from vmsched.bus.connection import BusOptions, open_connection
+from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.messages import CONTRACT_VERSION
 
@@ -41,6 +41,7 @@ class EventTap:
     def _run(self, url: str, pattern: str) -> None:
         conn = open_connection(BusOptions(url=url))
         try:
+            ensure_exchanges(conn, (EVENTS_EXCHANGE,))
             q = Queue(exchange=EVENTS_EXCHANGE, routing_key=pattern, exclusive=True, auto_delete=True)
             with Consumer(conn.default_channel, [q], callbacks=[lambda body, m: self.events.append((m.delivery_info["routing_key"], body))]):
                 self._ready.set()
@@ -61,11 +62,15 @@ def test_agent_policies_through_gateway_cli_and_events(tmp_path: Path, rabbit_vh
     host = "hv-rmq"
     tap = EventTap(rabbit_vhost, f"agent.{host}.*")
     env = {"VMSCHED_AGENT_AMQP": "", "VMSCHED_AMQP_URL": ""}
-    agent = Proc(["agent", "--libvirt", "test:///default", "--host-id", host, "--amqp", rabbit_vhost,
+    url_file = tmp_path / "amqp-url"
+    url_file.write_text(rabbit_vhost + "\n")
+    # the broker password never on a command line: the agent from a file, the gateway from the environment
+    agent = Proc(["agent", "--libvirt", "test:///default", "--host-id", host, "--amqp-url-file", str(url_file),
                   "--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "agent.sock"),
                   "--dedicated-pool", "6-7", "--lock-dir", str(tmp_path / "lock")], tmp_path / "agent.log", env=env).start()
     port = free_port()
-    gateway = Proc(["gateway", "--amqp", rabbit_vhost, "--port", str(port)], tmp_path / "gateway.log").start()
+    gateway = Proc(["gateway", "--port", str(port)], tmp_path / "gateway.log",
+                   env={"VMSCHED_AMQP_URL": rabbit_vhost}).start()
     stack = Stack(port, tmp_path, [gateway, agent])
     url = f"{stack.url}/v1/hosts/{host}"
     try:
@@ -88,15 +93,20 @@ def test_agent_policies_through_gateway_cli_and_events(tmp_path: Path, rabbit_vh
         bad = httpx.put(f"{url}/policies/test", json={"weight": 1, "cap_percent": 500}, timeout=10, headers=AUTH)
         assert bad.status_code == 400 and len(bad.json()["detail"]["details"]) == 2, bad.text
 
-        out = subprocess.run([sys.executable, "-m", "vmsched.cli", "policy", "list", "--amqp", rabbit_vhost,
+        out = subprocess.run([sys.executable, "-m", "vmsched.cli", "policy", "list", "--amqp-url-file", str(url_file),
                               "--host", host], cwd=ROOT, capture_output=True, text=True, timeout=30,
                              env={**os.environ, **env})
         assert out.returncode == 0, out.stderr
         assert "test" in out.stdout
-        out = subprocess.run([sys.executable, "-m", "vmsched.cli", "policy", "get", "te\nst", "--amqp", rabbit_vhost,
+        out = subprocess.run([sys.executable, "-m", "vmsched.cli", "policy", "get", "te\nst", "--amqp-url-file", str(url_file),
                               "--host", host], cwd=ROOT, capture_output=True, text=True, timeout=30,
                              env={**os.environ, **env})
         assert out.returncode == 1 and "control character U+000A" in out.stderr, out.stderr
+        refused = subprocess.run([sys.executable, "-m", "vmsched.cli", "policy", "list", "--amqp", rabbit_vhost,
+                                  "--host", host], cwd=ROOT, capture_output=True, text=True, timeout=30,
+                                 env={**os.environ, **env})
+        assert refused.returncode == 2 and "--amqp-url-file" in refused.stderr and "VMSCHED_AMQP_URL" in refused.stderr
+        assert ":guest@" not in refused.stderr and ":***@" in refused.stderr
 
         wait_until(lambda: (f"agent.{host}.applied", "test", "set") in
                    [(key, e.get("guest"), e.get("trigger")) for key, e in tap.events],
@@ -106,6 +116,8 @@ def test_agent_policies_through_gateway_cli_and_events(tmp_path: Path, rabbit_vh
         assert httpx.delete(f"{url}/policies/test", timeout=10, headers=AUTH).status_code == 200
         assert httpx.get(f"{url}/policies/test", timeout=10, headers=AUTH).json().get("policy") in (None, {})
         assert httpx.get(f"{stack.url}/v1/hosts/unknown-host/cpus", timeout=30, headers=AUTH).status_code == 504
+        for proc in (agent, gateway):
+            assert ":guest@" not in proc.output()  # never the broker password in a log line
     finally:
         tap.close()
         stack.stop()

@@ -21,9 +21,9 @@ from kombu import Consumer, Producer, Queue
 from vmsched.agent_contract import EVENTS, OPERATIONS, AgentOp
 from vmsched.bus import RequestError
 from vmsched.bus.client import AsyncBusClient
-from vmsched.bus.connection import BusOptions, open_connection
+from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
 from vmsched.bus.rpc import call
-from vmsched.bus.topology import agent_queue, request_queue
+from vmsched.bus.topology import EXCHANGES, agent_queue, request_queue
 from vmsched.messages import CONTRACT_VERSION
 from tests.test_agent_driver import conn, guest, make_agent, state_dir  # noqa: F401 - fixtures
 
@@ -65,6 +65,9 @@ class OldService:
 
     def _run(self) -> None:
         with open_connection(BusOptions(url=self.url)) as c:
+            # an old service's queue, bound to the request exchange as the new gateway binds it (the exchanges are
+            # the gateway's): what this checks is the reply, given on the default exchange as version 1 did
+            ensure_exchanges(c, EXCHANGES)
             producer = Producer(c.default_channel)
 
             def answer(body, message) -> None:

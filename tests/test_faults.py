@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SCORING_QUEUES, Proc, Stack, free_port, plugin_copy, wait_until
+from tests.conftest import SCORING_QUEUES, Proc, Stack, bus_args, free_port, plugin_copy, wait_until
 
 H = [f"bbbbbbbb-0000-0000-0000-00000000000{i}" for i in range(4)]
 VM = "11111111-2222-3333-4444-555555555555"
@@ -36,13 +36,13 @@ class SlowOnce:
 def _services(tmp: Path, bus: str, plugins: Path, scoring: int = 2) -> list[Proc]:
     procs = []
     for i, name in enumerate(["discovery"] + ["scoring"] * scoring):
-        procs.append(Proc([name, "--amqp", bus, "--plugins", str(plugins), "--pool-size", "2"],
+        procs.append(Proc([name, *bus_args(tmp, bus), "--plugins", str(plugins), "--pool-size", "2"],
                           tmp / f"{name}-{i}.log").start())
     return procs
 
 
 def _gateway(tmp: Path, bus: str, port: int, timeout: str = "30") -> Proc:
-    return Proc(["gateway", "--amqp", bus, "--port", str(port), "--request-timeout", timeout,
+    return Proc(["gateway", *bus_args(tmp, bus), "--port", str(port), "--request-timeout", timeout,
                  "--connect-timeout", "1"], tmp / "gateway.log").start()
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Proc, free_port, plugin_copy, wait_until
+from tests.conftest import Proc, bus_args, free_port, plugin_copy, wait_until
 
 
 def _get(port: int, path: str) -> httpx.Response | None:
@@ -20,7 +20,7 @@ def _get(port: int, path: str) -> httpx.Response | None:
 def test_worker_probes_follow_the_bus(tmp_path: Path, rabbit_vhost: str):
     port = free_port()
     plugins = plugin_copy(tmp_path)
-    good = Proc(["scoring", "--amqp", rabbit_vhost, "--plugins", str(plugins), "--metrics-port", str(port),
+    good = Proc(["scoring", *bus_args(tmp_path, rabbit_vhost), "--plugins", str(plugins), "--metrics-port", str(port),
                  "--pool-size", "1"], tmp_path / "scoring.log").start()
     try:
         ready = wait_until(lambda: (r := _get(port, "/readyz")) is not None and r.status_code == 200 and r, 30)
@@ -34,12 +34,13 @@ def test_worker_probes_follow_the_bus(tmp_path: Path, rabbit_vhost: str):
 
     port = free_port()
     closed = free_port()
-    bad = Proc(["scoring", "--amqp", f"amqp://guest:guest@127.0.0.1:{closed}//", "--plugins", str(plugins),
+    bad = Proc(["scoring", *bus_args(tmp_path, f"amqp://guest:guest@127.0.0.1:{closed}//"), "--plugins", str(plugins),
                 "--metrics-port", str(port), "--pool-size", "1"], tmp_path / "scoring-bad.log").start()
     try:
         alive = wait_until(lambda: _get(port, "/healthz"), 30)
         assert alive.status_code == 200  # the process is up ...
         assert _get(port, "/readyz").status_code == 503  # ... but not ready without a broker
         wait_until(lambda: "bus connection failed" in bad.output(), 30, what="the retry log line")
+        assert ":guest@" not in bad.output() and ":guest@" not in good.output()  # no broker password in a log
     finally:
         bad.kill()

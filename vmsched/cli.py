@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vmsched import __version__
+from vmsched.bus.urls import url_argument
 from vmsched.config import DEFAULT_AMQP_URL, Settings
 from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService
@@ -24,8 +25,14 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _bus(p: argparse.ArgumentParser, default_note: str = f"default {DEFAULT_AMQP_URL}") -> None:
-    p.add_argument("--amqp", dest="amqp_url", metavar="URL",
-                   help=f"AMQP broker URL, or memory:// for the embedded bus (env VMSCHED_AMQP_URL; {default_note})")
+    p.add_argument("--amqp", dest="amqp_url", metavar="URL", type=url_argument,
+                   help=f"AMQP broker URL without a password, or memory:// for the embedded bus (env VMSCHED_AMQP_URL, "
+                        f"which may hold one; {default_note})")
+    p.add_argument("--amqp-url-file", type=Path, metavar="FILE",
+                   help="file holding the broker URL with its password (env VMSCHED_AMQP_URL_FILE)")
+    p.add_argument("--amqp-ca", type=Path, metavar="PEM", help="amqps: CA of the broker's certificate (default: the system's)")
+    p.add_argument("--amqp-cert", type=Path, metavar="PEM", help="amqps: client certificate chain")
+    p.add_argument("--amqp-key", type=Path, metavar="PEM", help="amqps: the client certificate's private key")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -44,6 +51,11 @@ def _plugins(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin-cpu-seconds", type=int, metavar="S", help="CPU-time limit of one plugin call (default 30)")
     p.add_argument("--plugin-max-output", type=int, metavar="BYTES", help="largest stdout a plugin call may print (default 1048576)")
     p.add_argument("--rescan-interval", type=float, metavar="S", help="plugins folder rescan period in seconds (default 1)")
+    p.add_argument("--plugin-user", metavar="USER", help="user plugin workers run as when the service is root (default vmsched-plugin, else nobody)")
+    p.add_argument("--allow-root-plugins", action="store_true", default=None,
+                   help="if the switch to --plugin-user is impossible, run plugins as root without capabilities instead of refusing")
+    p.add_argument("--plugin-network", action="store_true", default=None, help="let plugins open network sockets (default: off)")
+    p.add_argument("--plugin-env", metavar="NAME,...", help="extra environment variables passed to plugins (default: none beyond PATH, LANG, LC_*, TZ)")
     p.add_argument("--consumers", type=int, metavar="N", help="consumer threads per service (default 2)")
     p.add_argument("--prefetch", type=int, metavar="N", help="unacknowledged requests per consumer (default 2)")
 
@@ -101,7 +113,7 @@ def _logging(settings: Settings) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from vmsched.runner import run_all_in_one
 
-    overrides = {} if args.amqp_url else {"amqp_url": "memory://"}
+    overrides = {} if args.amqp_url or args.amqp_url_file else {"amqp_url": "memory://"}
     settings = settings_from(args, **overrides)
     _logging(settings)
     return run_all_in_one(settings)

@@ -13,8 +13,10 @@ from pathlib import Path
 import json
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from vmsched.bus.urls import read_url_file
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 MEMORY_URL = "memory://"
@@ -52,10 +54,14 @@ def parse_timeouts(value: str | dict[str, float] | None) -> dict[str, float]:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="VMSCHED_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="VMSCHED_", extra="ignore", hide_input_in_errors=True)  # the URL holds a password
 
     # bus
     amqp_url: str = Field(DEFAULT_AMQP_URL, description="AMQP broker URL; memory:// is the embedded bus")
+    amqp_url_file: Path | None = Field(None, description="file holding the broker URL (with its password)")
+    amqp_ca: Path | None = Field(None, description="amqps: CA of the broker's certificate (default: the system's)")
+    amqp_cert: Path | None = Field(None, description="amqps: client certificate chain (PEM)")
+    amqp_key: Path | None = Field(None, description="amqps: the client certificate's private key (PEM)")
     prefetch: int = Field(8, ge=1, description="unacknowledged requests a consumer may hold")
     consumers: int = Field(2, ge=1, description="consumer threads per service")
     connect_timeout: float = Field(2.0, gt=0, description="broker connect timeout, seconds")
@@ -68,19 +74,19 @@ class Settings(BaseSettings):
     request_timeout: float = Field(30.0, gt=0, le=110, description="deadline of one engine request, seconds")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest accepted request body, bytes")
 
-    # gateway trust (docs/api-auth.md)
-    tokens_file: Path | None = Field(None, description="YAML file of hashed bearer tokens and client subjects")
-    tls_cert: Path | None = Field(None, description="gateway HTTPS certificate chain (PEM), reloaded on change")
-    tls_key: Path | None = Field(None, description="gateway HTTPS private key (PEM), reloaded on change")
-    tls_client_ca: Path | None = Field(None, description="CA of accepted client certificates (mTLS)")
-    engine_allow: str = Field("", description="CIDR,... allowed to call XML-RPC POST / and /RPC2; empty: any")
-
     # hostile input: request limits and read timeouts (gateway)
     max_hosts: int = Field(10000, ge=1, description="most host IDs in one scheduling request")
     max_units: int = Field(200, ge=1, description="most plugin units in one scheduling request")
     max_string: int = Field(4096, ge=64, description="longest string in a scheduling request (ID, name, property), characters")
     header_timeout: float = Field(10.0, gt=0, le=600, description="time a client has to send a request's headers, seconds")
     body_timeout: float = Field(30.0, gt=0, le=3600, description="time a client has to send a request's body, seconds")
+
+    # gateway trust (docs/api-auth.md)
+    tokens_file: Path | None = Field(None, description="YAML file of hashed bearer tokens and client subjects")
+    tls_cert: Path | None = Field(None, description="gateway HTTPS certificate chain (PEM), reloaded on change")
+    tls_key: Path | None = Field(None, description="gateway HTTPS private key (PEM), reloaded on change")
+    tls_client_ca: Path | None = Field(None, description="CA of accepted client certificates (mTLS)")
+    engine_allow: str = Field("", description="CIDR,... allowed to call XML-RPC POST / and /RPC2; empty: any")
 
     # plugins
     plugins_dir: Path = Field(
@@ -95,6 +101,14 @@ class Settings(BaseSettings):
     plugin_cpu_seconds: int = Field(30, ge=1, description="CPU-time limit of one plugin call, seconds")
     plugin_max_output: int = Field(1 << 20, ge=1024, description="largest plugin stdout accepted, bytes")
     rescan_interval: float = Field(1.0, gt=0, description="plugin folder rescan period, seconds")
+    # plugin sandbox (docs/plugins.md)
+    plugin_user: str = Field("", description="user plugin workers switch to when the service runs as root; empty: vmsched-plugin if it exists, else nobody")
+    allow_root_plugins: bool = Field(False, description="run plugins as root (without capabilities) when the switch to plugin_user is impossible")
+    plugin_network: bool = Field(False, description="plugins may open network (AF_INET/AF_INET6) sockets")
+    plugin_env: str = Field("", description="extra environment variable names passed to plugins, NAME,...")
+    plugin_max_procs: int = Field(256, ge=8, description="RLIMIT_NPROC of a plugin worker (processes and threads of its user)")
+    plugin_max_files: int = Field(256, ge=32, description="RLIMIT_NOFILE of a plugin worker")
+    plugin_max_file_mb: int = Field(64, ge=1, description="RLIMIT_FSIZE of a plugin worker, MiB")
 
     # observability
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port of a worker service")
@@ -117,6 +131,14 @@ class Settings(BaseSettings):
     @property
     def engine_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
         return [ipaddress.ip_network(v.strip(), strict=False) for v in self.engine_allow.split(",") if v.strip()]
+
+    @model_validator(mode="after")
+    def _url_from_file(self) -> "Settings":
+        if self.amqp_url_file is not None:
+            if "amqp_url" in self.model_fields_set:
+                raise ValueError("give the broker URL once: VMSCHED_AMQP_URL/--amqp or VMSCHED_AMQP_URL_FILE/--amqp-url-file")
+            self.amqp_url = read_url_file(self.amqp_url_file)
+        return self
 
     @field_validator("plugin_timeouts", mode="before")
     @classmethod

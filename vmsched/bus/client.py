@@ -14,26 +14,31 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import socket
 import time
 import uuid
 from typing import Any, TypeVar, overload
 
-from kombu import Connection, Consumer, Producer, Queue
+from kombu import Connection, Consumer, Producer
 from kombu.message import Message
 from pydantic import BaseModel, ValidationError
 
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, RequestError, reply_error
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, open_connection, safe_release
+from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, open_connection, \
+    safe_release
 from vmsched.bus.memory import QueueWatch
-from vmsched.bus.topology import PING, request_queue
+from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, PING, REPLY_EXCHANGE, REPLY_VIA, reply_queue, request_queue, route
+from vmsched.bus.urls import mask
 from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 
 log = logging.getLogger("vmsched.bus")
+
+_REPLY_HEADERS = {REPLY_VIA: REPLY_EXCHANGE.name}
 
 
 class AsyncBusClient:
@@ -43,7 +48,6 @@ class AsyncBusClient:
         self._declare = declare
         self._reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
         self._ids = itertools.count()
-        self._prefix = uuid.uuid4().hex[:12]
         self._pending: dict[str, asyncio.Future[bytes]] = {}
         self._conn: Connection | None = None
         self._producer: Producer | None = None
@@ -63,7 +67,7 @@ class AsyncBusClient:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         try:
-            self._attach(await self._loop.run_in_executor(None, open_connection, self.options))
+            self._attach(await self._loop.run_in_executor(None, self._connect))
         except CONNECTION_ERRORS as exc:
             self._lost(exc)
         self._heartbeat_task = self._loop.create_task(self._heartbeats())
@@ -116,7 +120,8 @@ class AsyncBusClient:
         if self._conn is None or self._producer is None:
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
         assert self._loop is not None
-        cid = f"{self._prefix}-{next(self._ids)}"
+        # unguessable, so that no other user of the reply exchange can answer in an agent's place
+        cid = f"{secrets.token_hex(8)}-{next(self._ids)}"
         future: asyncio.Future[bytes] = self._loop.create_future()
         self._pending[cid] = future
         envelope = Envelope(op=op, deadline=time.time() + timeout, body=body)
@@ -137,13 +142,16 @@ class AsyncBusClient:
     def _publish(self, queue: str, envelope: Envelope, cid: str, timeout: float) -> None:
         assert self._producer is not None and self._conn is not None
         try:
-            if queue not in self._declared:
+            exchange, key = route(queue)
+            if queue not in self._declared and exchange is not AGENT_EXCHANGE:
+                # scheduling queues wait for their service; an agent declares its own queue
                 request_queue(queue)(self._conn.default_channel).declare()
                 self._declared.add(queue)
             self._producer.publish(
                 envelope.model_dump_json().encode(),
-                routing_key=queue,
-                exchange="",
+                routing_key=key,
+                exchange=exchange,
+                headers=_REPLY_HEADERS,
                 content_type="application/json",
                 content_encoding="utf-8",
                 correlation_id=cid,
@@ -162,12 +170,20 @@ class AsyncBusClient:
             self._loop.call_later(self.options.confirm_timeout, self._confirm_overdue, self._tag)
 
     # --- connection plumbing ----------------------------------------------
+    def _connect(self) -> Connection:
+        """Open a connection and create the exchanges (the gateway's user may: docs/deploy.md)."""
+        conn = open_connection(self.options)
+        try:
+            ensure_exchanges(conn, EXCHANGES)
+        except BaseException:
+            safe_release(conn)
+            raise
+        return conn
+
     def _attach(self, conn: Connection) -> None:
         assert self._loop is not None
         channel = conn.default_channel
-        queue = Queue(self._reply_queue, exchange="", routing_key=self._reply_queue,
-                      exclusive=True, auto_delete=True, durable=False)
-        self._consumer = Consumer(channel, [queue], on_message=self._on_reply, no_ack=True)
+        self._consumer = Consumer(channel, [reply_queue(self._reply_queue)], on_message=self._on_reply, no_ack=True)
         self._consumer.consume()
         self._declared = set()
         for name in self._declare:
@@ -207,7 +223,7 @@ class AsyncBusClient:
                 future.set_exception(error)
 
     def _lost(self, exc: BaseException) -> None:
-        self.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        self.last_error = f"{type(exc).__name__}: {mask(str(exc))}" if str(exc) else type(exc).__name__
         log.warning("%s: bus connection lost (%s)", self.service, self.last_error)
         self._detach(BusUnavailable(f"message bus connection lost: {self.last_error}"))
         if not self._closed and (self._reconnect_task is None or self._reconnect_task.done()):
@@ -221,9 +237,9 @@ class AsyncBusClient:
             await asyncio.sleep(backoff(attempt, self.options.reconnect_max_delay))
             attempt += 1
             try:
-                conn = await self._loop.run_in_executor(None, open_connection, self.options)
+                conn = await self._loop.run_in_executor(None, self._connect)
             except CONNECTION_ERRORS as exc:
-                self.last_error = f"{type(exc).__name__}: {exc}"
+                self.last_error = f"{type(exc).__name__}: {mask(str(exc))}"
                 continue
             self._attach(conn)
             metrics.BUS_RECONNECTS.labels(self.service).inc()

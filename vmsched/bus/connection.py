@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, replace
+import ssl
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterable
+from urllib.parse import urlsplit
 
 import amqp.connection
 import amqp.exceptions
-from kombu import Connection
+from kombu import Connection, Exchange
 from kombu.transport import pyamqp
 
-from vmsched.bus import memory
+from vmsched.bus import BusUnavailable, memory
+from vmsched.bus.urls import mask
 
 #: Exceptions that mean the connection is unusable and must be reopened.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -21,6 +26,7 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     amqp.exceptions.ChannelError,
     amqp.exceptions.RecoverableConnectionError,
     amqp.exceptions.IrrecoverableConnectionError,
+    BusUnavailable,
 )
 
 
@@ -45,12 +51,25 @@ _TRANSPORTS = {"amqp": _AmqpTransport, "pyamqp": _AmqpTransport, "amqps": _AmqpS
 
 @dataclass(frozen=True)
 class BusOptions:
-    url: str
+    url: str = field(repr=False)  # may hold a password: shown only through `where`
     connect_timeout: float = 2.0
     confirm_timeout: float = 2.0
     heartbeat: int = 10
     reconnect_max_delay: float = 5.0
     confirms: bool = True  # publisher confirms (RabbitMQ); replies go without
+    ca: Path | None = None  # amqps: CA bundle that signed the broker's certificate (default: the system's)
+    cert: Path | None = None  # amqps: client certificate chain (optional)
+    key: Path | None = None  # amqps: its private key
+
+    def __post_init__(self) -> None:
+        tls_files = [f for f in (self.ca, self.cert, self.key) if f is not None]
+        if tls_files and not self.tls:
+            raise ValueError(f"--amqp-ca/--amqp-cert/--amqp-key need an amqps:// broker URL, not {self.where}")
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("--amqp-cert and --amqp-key go together (the client certificate and its private key)")
+        for path in tls_files:
+            if not Path(path).is_file():
+                raise ValueError(f"broker TLS file {path} does not exist")
 
     def without_confirms(self) -> "BusOptions":
         return replace(self, confirms=False)
@@ -59,6 +78,27 @@ class BusOptions:
     def embedded(self) -> bool:
         return self.url.startswith("memory://")
 
+    @property
+    def tls(self) -> bool:
+        return self.url.startswith("amqps://")
+
+    @property
+    def where(self) -> str:
+        """The URL without its password, for logs and messages."""
+        return mask(self.url)
+
+    def ssl_options(self) -> dict[str, object] | None:
+        """py-amqp TLS options: the broker's certificate verified, its host name checked."""
+        if not self.tls:
+            return None
+        opts: dict[str, object] = {"cert_reqs": ssl.CERT_REQUIRED, "server_hostname": urlsplit(self.url).hostname,
+                                   "tls_minimum_version": ssl.TLSVersion.TLSv1_2}
+        if self.ca is not None:
+            opts["ca_certs"] = str(self.ca)
+        if self.cert is not None:
+            opts["certfile"], opts["keyfile"] = str(self.cert), str(self.key)
+        return opts
+
     @classmethod
     def from_settings(cls, settings: object) -> "BusOptions":
         return cls(
@@ -66,6 +106,9 @@ class BusOptions:
             connect_timeout=settings.connect_timeout,  # type: ignore[attr-defined]
             confirm_timeout=settings.confirm_timeout,  # type: ignore[attr-defined]
             reconnect_max_delay=settings.reconnect_max_delay,  # type: ignore[attr-defined]
+            ca=getattr(settings, "amqp_ca", None),
+            cert=getattr(settings, "amqp_cert", None),
+            key=getattr(settings, "amqp_key", None),
         )
 
 
@@ -83,10 +126,48 @@ def open_connection(options: BusOptions, blocking_confirms: bool = False) -> Con
             transport=_TRANSPORTS.get(options.url.split("://", 1)[0]),
             connect_timeout=options.connect_timeout,
             heartbeat=options.heartbeat,
+            ssl=options.ssl_options() or False,
             transport_options={"confirm_publish": blocking_confirms and options.confirms},
         )
     conn.connect()
     return conn
+
+
+def ensure_exchanges(conn: Connection, exchanges: Iterable[Exchange]) -> None:
+    """Make sure ``exchanges`` exist: look first (no permission needed), declare only what is missing.
+
+    A component whose broker user may not configure an exchange waits for the
+    gateway (or the broker's definitions) to create it: :class:`BusUnavailable`
+    says which one, and the caller retries like after any connection failure.
+    """
+    embedded = isinstance(conn.transport, memory.Transport)
+    for exchange in exchanges:
+        if not embedded:
+            channel = conn.channel()
+            try:
+                channel.exchange_declare(exchange=exchange.name, type=exchange.type, durable=exchange.durable,
+                                         auto_delete=exchange.auto_delete, passive=True)
+                continue
+            except amqp.exceptions.NotFound:
+                pass  # the broker closed that channel
+            finally:
+                _close(channel)
+        channel = conn.channel()
+        try:
+            channel.exchange_declare(exchange=exchange.name, type=exchange.type, durable=exchange.durable,
+                                     auto_delete=exchange.auto_delete)
+        except amqp.exceptions.AccessRefused:
+            raise BusUnavailable(f"exchange {exchange.name!r} does not exist yet and this broker user may not create "
+                                 "it; the gateway or deploy/rabbitmq/setup-users.sh creates it") from None
+        finally:
+            _close(channel)
+
+
+def _close(channel: object) -> None:
+    try:
+        channel.close()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - a channel the broker closed already
+        pass
 
 
 def backoff(attempt: int, max_delay: float) -> float:

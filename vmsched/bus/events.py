@@ -10,8 +10,9 @@ from typing import Any
 
 from kombu import Connection, Producer
 
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, open_connection, safe_release
+from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, ensure_exchanges, open_connection, safe_release
 from vmsched.bus.topology import EVENTS_EXCHANGE
+from vmsched.bus.urls import mask
 
 log = logging.getLogger("vmsched.bus")
 
@@ -44,7 +45,7 @@ class EventPublisher:
                                  content_type="application/json", content_encoding="utf-8", retry=False)
                 return True
             except CONNECTION_ERRORS as exc:
-                log.warning("%s: event %s dropped, bus unavailable: %s", self.service, routing_key, exc)
+                log.warning("%s: event %s dropped, bus unavailable: %s", self.service, routing_key, mask(str(exc)))
                 self._reset()
                 return False
 
@@ -55,12 +56,12 @@ class EventPublisher:
             return None
         try:
             self._conn = open_connection(self.options)
-            EVENTS_EXCHANGE(self._conn.default_channel).declare()
+            ensure_exchanges(self._conn, (EVENTS_EXCHANGE,))
             self._producer = Producer(self._conn.default_channel, auto_declare=False)
             self._down_since = 0.0
             return self._producer
         except CONNECTION_ERRORS as exc:
-            log.warning("%s: cannot reach the bus for events: %s", self.service, exc)
+            log.warning("%s: cannot reach the bus for events: %s", self.service, mask(str(exc)))
             self._reset()
             return None
 

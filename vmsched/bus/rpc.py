@@ -7,11 +7,13 @@ import time
 import uuid
 from typing import Any
 
-from kombu import Consumer, Producer, Queue
+from kombu import Consumer, Producer
 from kombu.message import Message
 
-from vmsched.bus import BusTimeout, BusUnavailable, RequestError, reply_error
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, open_connection, safe_release
+from vmsched.bus import BusTimeout, BusUnavailable, reply_error
+from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, ensure_exchanges, open_connection, safe_release
+from vmsched.bus.urls import mask
+from vmsched.bus.topology import REPLY_EXCHANGE, REPLY_VIA, reply_queue as make_reply_queue, route
 from pydantic import ValidationError
 
 from vmsched.messages import Envelope, ErrorCode, ReplyEnvelope
@@ -27,7 +29,8 @@ def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeo
     options = url if isinstance(url, BusOptions) else BusOptions(url=url, connect_timeout=min(timeout, 2.0))
     deadline = time.time() + timeout
     replies: list[ReplyEnvelope] = []
-    cid = uuid.uuid4().hex
+    cid = uuid.uuid4().hex  # unguessable: only the requester knows which reply it waits for
+    exchange, key = route(queue)
     reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
 
     def on_reply(message: Message) -> None:
@@ -38,15 +41,23 @@ def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeo
                 replies.append(ReplyEnvelope(ok=False, error=f"malformed reply from {queue}: {exc.errors()[0]['msg']}",
                                              code=ErrorCode.INTERNAL))
 
+    returned: list[str] = []
+
+    def on_return(exc: Exception, exchange: object, routing_key: str, message: object) -> None:
+        returned.append(routing_key)
+
     conn = None
     try:
         conn = open_connection(options, blocking_confirms=True)
+        ensure_exchanges(conn, (exchange, REPLY_EXCHANGE))
         channel = conn.default_channel
-        q = Queue(reply_queue, exchange="", routing_key=reply_queue, exclusive=True, auto_delete=True)
-        with Consumer(channel, [q], on_message=on_reply, no_ack=True):
-            Producer(channel, auto_declare=False).publish(
+        with Consumer(channel, [make_reply_queue(reply_queue)], on_message=on_reply, no_ack=True):
+            Producer(channel, auto_declare=False, on_return=on_return).publish(
                 Envelope(op=op, deadline=deadline, body=body).model_dump_json().encode(),
-                routing_key=queue,
+                exchange=exchange,
+                routing_key=key,
+                mandatory=True,
+                headers={REPLY_VIA: REPLY_EXCHANGE.name},
                 content_type="application/json",
                 content_encoding="utf-8",
                 correlation_id=cid,
@@ -55,6 +66,8 @@ def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeo
                 confirm_timeout=options.confirm_timeout,
             )
             while not replies:
+                if returned:
+                    raise BusUnavailable(f"nothing on the bus receives {queue} (is it running, with this host ID?)")
                 remaining = deadline - time.time()
                 if remaining <= 0:
                     raise BusTimeout(f"no reply from {queue} within {timeout:g} s (is the service running?)")
@@ -62,21 +75,13 @@ def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeo
                     conn.drain_events(timeout=remaining)
                 except socket.timeout:
                     continue
+    except BusUnavailable:
+        raise
     except CONNECTION_ERRORS as exc:
-        raise BusUnavailable(f"message bus unavailable at {_redact(options.url)}: {exc}") from None
+        raise BusUnavailable(f"message bus unavailable at {options.where}: {mask(str(exc))}") from None
     finally:
         safe_release(conn)
     error = reply_error(replies[0], queue)
     if error is not None:
         raise error
     return replies[0].body
-
-
-def _redact(url: str) -> str:
-    """Hide the password of an AMQP URL in messages."""
-    if "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    creds, host = rest.rsplit("@", 1)
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"

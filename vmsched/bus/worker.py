@@ -21,8 +21,10 @@ from pydantic import BaseModel, ValidationError
 
 from vmsched import metrics
 from vmsched.bus import RequestError
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, open_connection, safe_release
-from vmsched.bus.topology import PING, request_queue
+from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, open_connection, \
+    safe_release
+from vmsched.bus.topology import PING, REPLY_EXCHANGE, REPLY_VIA, request_queue, route
+from vmsched.bus.urls import mask
 from vmsched.messages import CONTRACT_VERSION, Envelope, ErrorCode, ReplyEnvelope
 
 log = logging.getLogger("vmsched.bus")
@@ -91,7 +93,7 @@ class ServiceWorker:
             except CONNECTION_ERRORS as exc:
                 delay = backoff(attempt, self.options.reconnect_max_delay)
                 attempt += 1
-                log.warning("%s: bus connection failed (%s); retrying in %.1f s", self.service, exc, delay)
+                log.warning("%s: bus connection failed (%s); retrying in %.1f s", self.service, mask(str(exc)), delay)
                 self._stop.wait(delay)
             except Exception:  # noqa: BLE001 - a consumer thread must survive anything
                 delay = backoff(attempt, self.options.reconnect_max_delay)
@@ -102,6 +104,8 @@ class ServiceWorker:
                 safe_release(conn)
 
     def _serve(self, conn: Connection) -> None:
+        ensure_exchanges(conn, {route(name)[0].name: route(name)[0] for name in self.routes}.values())
+        ensure_exchanges(conn, (REPLY_EXCHANGE,))
         channel = conn.channel()
         channel.basic_qos(0, self.prefetch, False)
         producer = Producer(channel, auto_declare=False)
@@ -135,10 +139,13 @@ class ServiceWorker:
         reply = self._handle(queue, message.body)
         reply_to = message.properties.get("reply_to")
         if reply is not None and reply_to:
+            # the reply exchange when the sender asks for it; a sender older than the exchanges waits on the
+            # default exchange (its user may still publish there: docs/upgrading.md)
+            via = (message.headers or {}).get(REPLY_VIA)
             producer.publish(
                 reply,
                 routing_key=reply_to,
-                exchange="",
+                exchange=REPLY_EXCHANGE if via == REPLY_EXCHANGE.name else "",
                 content_type="application/json",
                 content_encoding="utf-8",
                 correlation_id=message.properties.get("correlation_id"),

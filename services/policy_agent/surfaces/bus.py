@@ -1,5 +1,9 @@
 """The agent on the bus: its RPC queue ``vmsched.agent.<host_id>`` and its events.
 
+The queue is bound to the ``vmsched.agent`` topic exchange with the host ID as
+key (only the gateway's broker user may publish there); replies go through the
+``vmsched.reply`` exchange, events through ``vmsched.events`` (topology.py).
+
 Requests use the same operations as the local socket (:mod:`ops`, the models
 of :mod:`vmsched.agent_contract`); an error reply carries its code in the
 reply envelope (``code``: invalid, not_found, unavailable, internal) and
@@ -16,6 +20,7 @@ import queue
 import threading
 
 from vmsched.bus import RequestError
+from vmsched.bus.connection import BusOptions
 from vmsched.bus.events import EventPublisher
 from vmsched.bus.topology import agent_queue, event_key
 from vmsched.bus.worker import ServiceWorker
@@ -28,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class BusLink:
-    def __init__(self, url: str, host_id: str, agent: Agent, consumers: int = 2, backlog: int = 10000):
+    def __init__(self, url: str | BusOptions, host_id: str, agent: Agent, consumers: int = 2, backlog: int = 10000):
         self.host_id = host_id
         self.agent = agent
         self.queue_name = agent_queue(host_id)

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vmsched.agent_contract import AgentOp
+from vmsched.bus.connection import BusOptions
+from vmsched.bus.urls import read_url_file, url_argument
 from vmsched.messages import ErrorCode
 
 from ..policy import cpuset
@@ -68,10 +70,8 @@ def _agent_parser(sub: Any, serve: Callable[[argparse.Namespace], int]) -> None:
     p.add_argument("--host-id", metavar="ID", default=os.environ.get("VMSCHED_AGENT_HOST_ID"),
                    help="this host's ID on the bus (env VMSCHED_AGENT_HOST_ID; default: libvirt's host UUID, "
                         "else its hostname)")
-    p.add_argument("--amqp", dest="agent_amqp", metavar="URL",
-                   default=os.environ.get("VMSCHED_AGENT_AMQP") or os.environ.get("VMSCHED_AMQP_URL"),
-                   help="AMQP broker URL: serve policy requests and publish events on the bus (env "
-                        "VMSCHED_AGENT_AMQP, else VMSCHED_AMQP_URL; default: no bus, local socket only)")
+    _bus_options(p.add_argument_group("the bus (default: none, local socket only)"), "agent_amqp",
+                 "serve policy requests and publish events on the bus")
     p.add_argument("--state-dir", metavar="DIR", type=Path, default=Path(DEFAULT_STATE_DIR),
                    help="folder of the agent's checkpoint (dedicated-pool allocations)")
     p.add_argument("--lock-dir", metavar="DIR", type=Path,
@@ -97,7 +97,51 @@ def _agent_parser(sub: Any, serve: Callable[[argparse.Namespace], int]) -> None:
     p.add_argument("--metrics-tls-key", metavar="PEM", type=Path, help="the metrics certificate's private key")
     p.add_argument("--log-level", metavar="LEVEL", default=os.environ.get("VMSCHED_LOG_LEVEL", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR")
-    p.set_defaults(func=serve)
+    p.set_defaults(func=lambda args: _serve_with_bus(serve, args))
+
+
+def _bus_options(g: Any, dest: str, what: str) -> None:
+    g.add_argument("--amqp", dest=dest, metavar="URL", type=url_argument, default=None,
+                   help=f"AMQP broker URL without a password: {what} (env VMSCHED_AGENT_AMQP, else VMSCHED_AMQP_URL, "
+                        "which may hold one)")
+    g.add_argument("--amqp-url-file", dest=f"{dest}_file", metavar="FILE", type=Path, default=None,
+                   help="file holding the broker URL with its password (env VMSCHED_AGENT_AMQP_URL_FILE, else "
+                        "VMSCHED_AMQP_URL_FILE)")
+    g.add_argument("--amqp-ca", dest="amqp_ca", metavar="PEM", type=Path, default=None,
+                   help="amqps: CA of the broker's certificate (env VMSCHED_AMQP_CA; default: the system's)")
+    g.add_argument("--amqp-cert", dest="amqp_cert", metavar="PEM", type=Path, default=None,
+                   help="amqps: client certificate chain (env VMSCHED_AMQP_CERT)")
+    g.add_argument("--amqp-key", dest="amqp_key", metavar="PEM", type=Path, default=None,
+                   help="amqps: the client certificate's private key (env VMSCHED_AMQP_KEY)")
+
+
+def bus_options(args: argparse.Namespace, dest: str, from_env: bool = True) -> BusOptions | None:
+    """The broker of a command: its flags, else (``from_env``) the environment; None for no bus.
+
+    A URL with a password comes from a file or the environment only (``--amqp`` refuses one).
+    """
+    url, url_file = getattr(args, dest), getattr(args, f"{dest}_file")
+    if url and url_file:
+        raise ValueError("give the broker URL once: --amqp or --amqp-url-file")
+    env = os.environ
+    if not url and not url_file and from_env:
+        url_file = env.get("VMSCHED_AGENT_AMQP_URL_FILE") or env.get("VMSCHED_AMQP_URL_FILE") or None
+        url = None if url_file else (env.get("VMSCHED_AGENT_AMQP") or env.get("VMSCHED_AMQP_URL") or None)
+    if url_file:
+        url = read_url_file(url_file)
+    if not url:
+        return None
+    tls = {name: getattr(args, f"amqp_{name}") or env.get(f"VMSCHED_AMQP_{name.upper()}") for name in ("ca", "cert", "key")}
+    return BusOptions(url=url, **{k: Path(v) if v else None for k, v in tls.items()})
+
+
+def _serve_with_bus(serve: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    try:
+        args.agent_amqp = bus_options(args, "agent_amqp")
+    except ValueError as exc:
+        print(f"vmsched agent: error: {exc}", file=sys.stderr)
+        return EXIT["usage"]
+    return serve(args)
 
 
 # --- client commands -------------------------------------------------------------------
@@ -105,9 +149,10 @@ def _client_options(p: argparse.ArgumentParser, timeout: float = 10.0) -> None:
     g = p.add_argument_group("where the agent is")
     g.add_argument("--socket", metavar="PATH", default=os.environ.get("VMSCHED_AGENT_SOCKET", DEFAULT_SOCKET),
                    help="UNIX socket of the local agent (env VMSCHED_AGENT_SOCKET)")
-    g.add_argument("--amqp", dest="client_amqp", metavar="URL", default=None,
-                   help="go through the bus instead of the local socket (needs --host)")
-    g.add_argument("--host", dest="client_host", metavar="ID", help="host ID of the agent to ask over the bus")
+    g.add_argument("--host", dest="client_host", metavar="ID",
+                   help="ask this host's agent over the bus instead of the local socket (broker: the options below, "
+                        "else env VMSCHED_AMQP_URL_FILE or VMSCHED_AMQP_URL)")
+    _bus_options(g, "client_amqp", "go through the bus instead of the local socket (needs --host)")
     g.add_argument("--timeout", metavar="S", type=float, default=timeout,
                    help="seconds to wait for the agent's answer")
 
@@ -203,10 +248,16 @@ def _domain_parser(sub: Any) -> None:
 # --- running client commands --------------------------------------------------------------
 def call(args: argparse.Namespace, op: AgentOp, body: dict, timeout: float | None = None) -> dict:
     timeout = args.timeout if timeout is None else timeout
-    if args.client_amqp:
+    if args.client_amqp or args.client_amqp_file or args.client_host:
         if not args.client_host:
             raise _Usage("--amqp needs --host ID (the host whose agent to ask)")
-        return call_bus(args.client_amqp, args.client_host, op, body, timeout)
+        try:
+            options = bus_options(args, "client_amqp")
+        except ValueError as exc:
+            raise _Usage(str(exc)) from None
+        if options is None:
+            raise _Usage("--host needs a broker: --amqp-url-file FILE, or env VMSCHED_AMQP_URL_FILE or VMSCHED_AMQP_URL")
+        return call_bus(options, args.client_host, op, body, timeout)
     return SocketClient(args.socket, timeout=timeout).call(op, body)
 
 

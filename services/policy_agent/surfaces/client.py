@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from vmsched.agent_contract import AgentOp
 from vmsched.bus import BusError, RequestError, reply_error
+from vmsched.bus.connection import BusOptions
 from vmsched.bus.rpc import call as bus_call
 from vmsched.bus.topology import agent_queue
 from vmsched.messages import CONTRACT_VERSION, ReplyEnvelope
@@ -56,7 +57,7 @@ class SocketClient:
         return reply.body
 
 
-def call_bus(url: str, host: str, op: AgentOp | str, body: dict, timeout: float) -> dict:
+def call_bus(url: str | BusOptions, host: str, op: AgentOp | str, body: dict, timeout: float) -> dict:
     """One request to the agent of ``host`` over the bus; raises the agent's error."""
     try:
         return bus_call(url, agent_queue(host), _name(op), body, timeout=timeout)
