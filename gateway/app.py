@@ -142,7 +142,7 @@ class EngineFastPath:
 
 def create_app(settings: Settings, bus: AsyncBusClient | None = None, tokens: TokenStore | None = None) -> BodyLimit:
     """The gateway's ASGI app; ``/metrics`` is served on its own listener (runner)."""
-    tokens = tokens or TokenStore(settings.tokens_file)
+    tokens = tokens or TokenStore(settings.tokens_file).watch()
     bus = bus or AsyncBusClient(BusOptions.from_settings(settings), declare=tuple(REQUEST_QUEUES.values()))
 
     @asynccontextmanager

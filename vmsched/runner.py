@@ -52,8 +52,8 @@ def make_service(name: str, settings: Settings) -> PluginService:
 GATEWAY_METRICS_PORT = 9100
 
 
-def serve_metrics(settings: Settings, ready: Callable[[], bool] | None = None,
-                  default_port: int | None = None) -> ThreadingHTTPServer | None:
+def serve_metrics(settings: Settings, ready: Callable[[], bool] | None = None, default_port: int | None = None,
+                  tokens: TokenStore | None = None) -> ThreadingHTTPServer | None:
     """The metrics listener of a process: --metrics-host/-port, optional TLS and --metrics-auth."""
     port = settings.metrics_port if settings.metrics_port is not None else default_port
     tls = server_context(settings.metrics_tls_cert, settings.metrics_tls_key, what="metrics TLS")
@@ -61,7 +61,7 @@ def serve_metrics(settings: Settings, ready: Callable[[], bool] | None = None,
     if settings.metrics_auth:
         if settings.tokens_file is None:
             raise ValueError("--metrics-auth needs --tokens-file (tokens with the read role may scrape)")
-        authorize = bearer_authorizer(TokenStore(settings.tokens_file), Role.READ)
+        authorize = bearer_authorizer(tokens or TokenStore(settings.tokens_file).watch(), Role.READ)
     try:
         return metrics.serve(port, settings.metrics_host, ready, tls, authorize)
     except OSError as exc:
@@ -74,8 +74,9 @@ class GatewayHttp(ClientCertMixin, HttpToolsProtocol):
 
 def _serve_http(settings: Settings) -> None:
     tls = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca, what="gateway TLS")
-    app = create_app(settings)
-    serve_metrics(settings, default_port=GATEWAY_METRICS_PORT)
+    tokens = TokenStore(settings.tokens_file).watch()
+    app = create_app(settings, tokens=tokens)
+    serve_metrics(settings, default_port=GATEWAY_METRICS_PORT, tokens=tokens)
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, loop="uvloop",
         http=with_read_timeouts(GatewayHttp, settings.header_timeout, settings.body_timeout),

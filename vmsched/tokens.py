@@ -181,6 +181,18 @@ class TokenStore:
             log.info("tokens file %s reloaded: %d tokens, %d client subjects",
                      self.path, len(doc.tokens), len(doc.clients))
 
+    def watch(self) -> "TokenStore":
+        """Also re-check in a background thread, so a broken update is logged before the next request."""
+        if self.path is not None and not getattr(self, "_watcher", None):
+            def loop() -> None:
+                while True:
+                    time.sleep(self.check_interval)
+                    self.refresh()
+
+            self._watcher = threading.Thread(target=loop, name="tokens-watch", daemon=True)
+            self._watcher.start()
+        return self
+
     def by_token(self, token: str) -> Identity | None:
         self.refresh()
         wanted = digest(token)
