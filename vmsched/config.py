@@ -106,6 +106,7 @@ class Settings(BaseSettings):
     allow_root_plugins: bool = Field(False, description="run plugins as root (without capabilities) when the switch to plugin_user is impossible")
     plugin_network: bool = Field(False, description="plugins may open network (AF_INET/AF_INET6) sockets")
     plugin_env: str = Field("", description="extra environment variable names passed to plugins, NAME,...")
+    plugin_write_dirs: str = Field("", description="directories plugins may write besides their private temporary one, DIR,...")
     plugin_max_procs: int = Field(256, ge=8, description="RLIMIT_NPROC of a plugin worker (processes and threads of its user)")
     plugin_max_files: int = Field(256, ge=32, description="RLIMIT_NOFILE of a plugin worker")
     plugin_max_file_mb: int = Field(64, ge=1, description="RLIMIT_FSIZE of a plugin worker, MiB")
@@ -135,7 +136,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _url_from_file(self) -> "Settings":
         if self.amqp_url_file is not None:
-            if "amqp_url" in self.model_fields_set:
+            if "amqp_url" in self.model_fields_set and self.amqp_url:
                 raise ValueError("give the broker URL once: VMSCHED_AMQP_URL/--amqp or VMSCHED_AMQP_URL_FILE/--amqp-url-file")
             self.amqp_url = read_url_file(self.amqp_url_file)
         return self
