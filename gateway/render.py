@@ -50,9 +50,15 @@ def clamp_int32(value: float) -> int:
 
 
 def _foreign(unit: str, ids: list[str], decision: Decision) -> None:
+    """Counted, with short escaped excerpts: what a plugin returns is never echoed verbatim (issue 9)."""
     if ids:
-        shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        shown = ", ".join(_excerpt(i) for i in ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
         decision.report(unit, f"returned {len(ids)} host ID(s) not in the request, dropped: {shown}")
+
+
+def _excerpt(value: object, size: int = 16) -> str:
+    text = str(value)
+    return ascii(text[:size]) + ("..." if len(text) > size else "")
 
 
 def filter_decision(hosts: list[str], outcomes: list[FilterOutcome]) -> Decision:

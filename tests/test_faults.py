@@ -36,7 +36,8 @@ class SlowOnce:
 def _services(tmp: Path, bus: str, plugins: Path, scoring: int = 2) -> list[Proc]:
     procs = []
     for i, name in enumerate(["discovery"] + ["scoring"] * scoring):
-        procs.append(Proc([name, *bus_args(tmp, bus), "--plugins", str(plugins), "--pool-size", "2"],
+        procs.append(Proc([name, *bus_args(tmp, bus), "--plugins", str(plugins), "--pool-size", "2",
+                           "--plugin-write-dirs", str(tmp)],  # SlowOnce's mark, shared by the replicas
                           tmp / f"{name}-{i}.log").start())
     return procs
 

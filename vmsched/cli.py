@@ -55,6 +55,10 @@ def _plugins(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-root-plugins", action="store_true", default=None,
                    help="if the switch to --plugin-user is impossible, run plugins as root without capabilities instead of refusing")
     p.add_argument("--plugin-network", action="store_true", default=None, help="let plugins open network sockets (default: off)")
+    p.add_argument("--plugin-max-procs", type=int, metavar="N", help="RLIMIT_NPROC of a plugin worker (default 256)")
+    p.add_argument("--plugin-max-files", type=int, metavar="N", help="RLIMIT_NOFILE of a plugin worker (default 256)")
+    p.add_argument("--plugin-max-file-mb", type=int, metavar="MIB", help="RLIMIT_FSIZE of a plugin worker (default 64)")
+    p.add_argument("--plugin-write-dirs", metavar="DIR,...", help="directories plugins may write besides a private temporary one (default: none)")
     p.add_argument("--plugin-env", metavar="NAME,...", help="extra environment variables passed to plugins (default: none beyond PATH, LANG, LC_*, TZ)")
     p.add_argument("--consumers", type=int, metavar="N", help="consumer threads per service (default 2)")
     p.add_argument("--prefetch", type=int, metavar="N", help="unacknowledged requests per consumer (default 2)")

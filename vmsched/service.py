@@ -8,6 +8,7 @@ units in parallel under their timeouts and counting plugin metrics is here.
 from __future__ import annotations
 
 import logging
+import pwd
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -19,11 +20,25 @@ from vmsched.config import Settings
 from vmsched.messages import Kind
 from vmsched.runtime import Call, CallResult, Catalog, Limits, PluginPool
 from vmsched.runtime.contract import KIND
+from vmsched.runtime.types import Confinement
 
 log = logging.getLogger("vmsched.service")
 
 #: Time kept back from the caller's deadline to send the reply.
 REPLY_MARGIN = 0.05
+
+
+def _items(value: str) -> tuple[str, ...]:
+    return tuple(filter(None, (item.strip() for item in value.split(","))))
+
+
+def default_plugin_user() -> str:
+    """``vmsched-plugin`` where that user exists (deploy/systemd/vmsched.sysusers.conf), else ``nobody``."""
+    try:
+        pwd.getpwnam("vmsched-plugin")
+    except KeyError:
+        return "nobody"
+    return "vmsched-plugin"
 
 
 @dataclass
@@ -47,8 +62,20 @@ class PluginService:
             memory_mb=settings.plugin_memory_mb,
             cpu_seconds=settings.plugin_cpu_seconds,
             max_output=settings.plugin_max_output,
+            max_procs=settings.plugin_max_procs,
+            max_files=settings.plugin_max_files,
+            max_file_mb=settings.plugin_max_file_mb,
         )
-        self.pool = PluginPool(settings.plugins_dir, size=pool_size or settings.pool_size, limits=limits, name=self.name)
+        confinement = Confinement(
+            user=settings.plugin_user or default_plugin_user(),
+            allow_root=settings.allow_root_plugins,
+            network=settings.plugin_network,
+            env=_items(settings.plugin_env),
+            write_dirs=_items(settings.plugin_write_dirs),
+        )
+        self.pool = PluginPool(
+            settings.plugins_dir, size=pool_size or settings.pool_size, limits=limits, name=self.name, confinement=confinement
+        )
         self.catalog = Catalog(settings.plugins_dir, self.pool, analyze_timeout=settings.plugin_timeout)
         self.worker: ServiceWorker | None = None
 

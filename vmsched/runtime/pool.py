@@ -382,6 +382,7 @@ class PluginPool:
                     "user": self.confinement.user,
                     "allow_root": self.confinement.allow_root,
                     "network": self.confinement.network,
+                    "extra_write": [str(Path(d).absolute()) for d in self.confinement.write_dirs],
                     "max_procs": self.limits.max_procs,
                     "max_files": self.limits.max_files,
                     "max_file_mb": self.limits.max_file_mb,

@@ -56,6 +56,7 @@ class Options:
     max_file_mb: int = 64
     tmp_parent: str = "/tmp"
     extra_read: list[str] = field(default_factory=list)
+    extra_write: list[str] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Options:
@@ -241,7 +242,7 @@ def read_paths(options: Options) -> list[str]:
 def _landlock(options: Options, report: Report) -> bool:
     """Apply Landlock; whether signals are scoped by it."""
     try:
-        result = landlock.restrict(read_paths(options), [report.tmp_dir, "/dev/null", "/dev/full"],
+        result = landlock.restrict(read_paths(options), [report.tmp_dir, "/dev/null", "/dev/full", *options.extra_write],
                                    deny_tcp=not options.network)
     except OSError as exc:
         report.off("landlock", f"{exc.strerror or exc} (needs Linux >= 5.13 with the landlock LSM)")

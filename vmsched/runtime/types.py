@@ -26,6 +26,7 @@ class Confinement:
     allow_root: bool = False  # run plugins as root (without capabilities) if the switch is impossible
     network: bool = False  # plugins may open AF_INET/AF_INET6 sockets
     env: tuple[str, ...] = ()  # extra environment variable names passed to plugins
+    write_dirs: tuple[str, ...] = ()  # directories plugins may write besides their private temporary one
 
 
 @dataclass(frozen=True)
