@@ -158,9 +158,10 @@ def wait_ready(port: int, timeout: float = 60) -> None:
     raise RuntimeError("gateway not ready")
 
 
-def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def start(args: list[str], log: Path, amqp: str | None = None) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **({"VMSCHED_AMQP_URL": amqp} if amqp else {})}  # the broker password never in argv
     return subprocess.Popen([sys.executable, "-m", "vmsched.cli", *args], cwd=ROOT, stdout=log.open("ab"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
 def launch(mode: str, plugins: Path, tmp: Path, port: int, amqp: str) -> list[subprocess.Popen[bytes]]:
@@ -168,10 +169,10 @@ def launch(mode: str, plugins: Path, tmp: Path, port: int, amqp: str) -> list[su
     if mode == "embedded":
         return [start(["run", "--amqp", "memory://", "--port", str(port), *common], tmp / "run.log")]
     return [
-        start(["gateway", "--amqp", amqp, "--port", str(port), "--log-level", "WARNING"], tmp / "gateway.log"),
-        start(["scoring", "--amqp", amqp, *common], tmp / "scoring.log"),
-        start(["discovery", "--amqp", amqp, *common], tmp / "discovery.log"),
-        start(["balancer", "--amqp", amqp, *common], tmp / "balancer.log"),
+        start(["gateway", "--port", str(port), "--log-level", "WARNING"], tmp / "gateway.log", amqp),
+        start(["scoring", *common], tmp / "scoring.log", amqp),
+        start(["discovery", *common], tmp / "discovery.log", amqp),
+        start(["balancer", *common], tmp / "balancer.log", amqp),
     ]
 
 

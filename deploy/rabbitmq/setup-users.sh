@@ -2,7 +2,7 @@
 # Least-privilege RabbitMQ users of vmsched (docs/deploy.md, "Broker users").
 #
 #   deploy/rabbitmq/setup-users.sh --secrets DIR [--vhost VHOST] [--broker HOST:PORT] [--tls]
-#                                  [--agent HOST_ID]... [--shared-agent] [--delete-guest] [--print]
+#                                  [--agent HOST_ID]... [--shared-agent] [--admin] [--delete-guest] [--print]
 #
 # One user per component, each limited to its own queues and exchanges:
 #   vmsched-gateway          declares the exchanges; the only one that may publish requests
@@ -13,7 +13,8 @@
 #                            its host's key, replies on vmsched.reply, publishes agent.<HOST_ID>.* events
 #   vmsched-agent            (--shared-agent, e.g. a Kubernetes DaemonSet with one Secret) any
 #                            agent queue: weaker, an agent could read another host's requests
-# Nobody may write to the default exchange (amq.default), so nobody can publish to a queue
+#   vmsched-admin            (--admin) administrator of the management UI, all rights on the vhost
+# Nobody of vmsched may write to the default exchange (amq.default), so nobody can publish to a queue
 # by its name.
 #
 # Passwords are never on a command line: each is read from DIR/<user> (created with a random
@@ -26,7 +27,7 @@
 set -euo pipefail
 umask 077
 
-secrets="" vhost="/" broker="" scheme="amqp" shared_agent=0 delete_guest=0 print=0
+secrets="" vhost="/" broker="" scheme="amqp" shared_agent=0 admin=0 delete_guest=0 print=0
 agents=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,9 +37,10 @@ while [ $# -gt 0 ]; do
     --tls) scheme="amqps"; shift ;;
     --agent) agents+=("$2"); shift 2 ;;
     --shared-agent) shared_agent=1; shift ;;
+    --admin) admin=1; shift ;;
     --delete-guest) delete_guest=1; shift ;;
     --print) print=1; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "setup-users.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -73,8 +75,8 @@ hash_of() {  # RabbitMQ's rabbit_password_hashing_sha256: base64(salt + sha256(s
 }
 
 users=() perms=() topics=()
-add() {  # user configure write read
-  users+=("{\"name\":\"$1\",\"password_hash\":\"$(hash_of "$1")\",\"hashing_algorithm\":\"rabbit_password_hashing_sha256\",\"tags\":\"\"}")
+add() {  # user configure write read [tags]
+  users+=("{\"name\":\"$1\",\"password_hash\":\"$(hash_of "$1")\",\"hashing_algorithm\":\"rabbit_password_hashing_sha256\",\"tags\":\"${5:-}\"}")
   perms+=("{\"user\":\"$1\",\"vhost\":\"$vhost\",\"configure\":\"$(json_re "$2")\",\"write\":\"$(json_re "$3")\",\"read\":\"$(json_re "$4")\"}")
   if [ -n "$broker" ]; then
     local v; v="$(printf '%s' "$vhost" | sed 's|/|%2F|g')"
@@ -117,7 +119,8 @@ for host in "${agents[@]}"; do
   name_ok "$host" || { echo "setup-users.sh: host ID '$host' is not usable (letters, digits, . _ : -)" >&2; exit 2; }
   agent "vmsched-agent-$host" "$(re "$host")"
 done
-[ "$shared_agent" = 1 ] && agent vmsched-agent '[^*#]+'
+if [ "$shared_agent" = 1 ]; then agent vmsched-agent '[^*#]+'; fi
+if [ "$admin" = 1 ]; then add vmsched-admin '.*' '.*' '.*' administrator; fi
 
 exchanges=()
 for x in requests:topic agent:topic reply:direct events:topic; do
