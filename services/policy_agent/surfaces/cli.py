@@ -123,16 +123,18 @@ def bus_options(args: argparse.Namespace, dest: str, from_env: bool = True) -> B
     url, url_file = getattr(args, dest), getattr(args, f"{dest}_file")
     if url and url_file:
         raise ValueError("give the broker URL once: --amqp or --amqp-url-file")
-    env = os.environ
     if not url and not url_file and from_env:
-        url_file = env.get("VMSCHED_AGENT_AMQP_URL_FILE") or env.get("VMSCHED_AMQP_URL_FILE") or None
-        url = None if url_file else (env.get("VMSCHED_AGENT_AMQP") or env.get("VMSCHED_AMQP_URL") or None)
+        url_file = os.environ.get("VMSCHED_AGENT_AMQP_URL_FILE") or os.environ.get("VMSCHED_AMQP_URL_FILE") or None
+        url = None if url_file else (os.environ.get("VMSCHED_AGENT_AMQP") or os.environ.get("VMSCHED_AMQP_URL") or None)
     if url_file:
         url = read_url_file(url_file)
     if not url:
         return None
-    tls = {name: getattr(args, f"amqp_{name}") or env.get(f"VMSCHED_AMQP_{name.upper()}") for name in ("ca", "cert", "key")}
-    return BusOptions(url=url, **{k: Path(v) if v else None for k, v in tls.items()})
+    ca = args.amqp_ca or os.environ.get("VMSCHED_AMQP_CA")
+    cert = args.amqp_cert or os.environ.get("VMSCHED_AMQP_CERT")
+    key = args.amqp_key or os.environ.get("VMSCHED_AMQP_KEY")
+    return BusOptions(url=url, ca=Path(ca) if ca else None, cert=Path(cert) if cert else None,
+                      key=Path(key) if key else None)
 
 
 def _serve_with_bus(serve: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
