@@ -93,10 +93,14 @@ def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
+_CR = {"\r": "&#13;"}
+
+
 def _text(value: str) -> str:
     """Escaped character data; XML-invalid characters become U+FFFD."""
     if not value.isprintable():  # fast C check; true for almost every ID and message
         value = _NOT_XML.sub("\ufffd", value)
+        return escape(value, _CR)  # a bare CR would reach the reader as LF (XML end-of-line handling)
     return escape(value)
 
 
