@@ -68,6 +68,11 @@ def free_port() -> int:
 class Process:
     def __init__(self, args: list[str], log: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VMSCHED_", "OSCHEDPROXY_"))}
+        # As root, plugin workers switch to an unprivileged user, who cannot read a Python under
+        # /root (pyenv here): tests/conftest.py then sets VMSCHED_ALLOW_ROOT_PLUGINS for the
+        # processes tests start, and so do these (the sandbox's own tests cover the switch).
+        if "VMSCHED_ALLOW_ROOT_PLUGINS" in os.environ:
+            env["VMSCHED_ALLOW_ROOT_PLUGINS"] = os.environ["VMSCHED_ALLOW_ROOT_PLUGINS"]
         env.update(PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
         self.args, self.log = args, log
         self.popen = subprocess.Popen([sys.executable, "-P", "-m", "vmsched.cli", *args], cwd=ROOT, env=env,
