@@ -38,7 +38,9 @@ ENV_EXAMPLE = DEPLOY / "compose.env.example"
 WORKERS = tuple(service_queues())
 VMSCHED_SERVICES = ("gateway", *WORKERS)
 #: Values the test puts in place of the secrets the example leaves empty.
-TEST_SECRETS = {"RABBITMQ_PASSWORD": "s3cret-for-tests", "GRAFANA_ADMIN_PASSWORD": "grafana-for-tests"}
+TEST_SECRETS = {"RABBITMQ_ADMIN_PASSWORD": "s3cret-for-tests-0123", "GRAFANA_ADMIN_PASSWORD": "grafana-for-tests"}
+#: Where each vmsched service finds its own broker URL (compose.yaml's x-vmsched).
+URL_FILE = "/etc/vmsched/amqp/amqp.url"
 
 
 # --- interpolation, as docker compose does it ---------------------------------------
@@ -148,23 +150,75 @@ def test_secrets_come_from_the_environment() -> None:
     env = example_env()
     # every required variable (${VAR:?...}) is documented in the example env file
     required = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*):\?", COMPOSE.read_text()))
-    assert {"RABBITMQ_USER", "RABBITMQ_PASSWORD", "GRAFANA_ADMIN_PASSWORD"} <= required
+    assert {"RABBITMQ_ADMIN_PASSWORD", "GRAFANA_ADMIN_PASSWORD"} <= required
     assert required <= set(env)
     # and the file refuses to start without the passwords
     for secret in TEST_SECRETS:
         with pytest.raises(MissingVariable, match=secret):
             interpolate(raw, {**env, secret: ""})
-    # nothing in compose.yaml embeds a password
-    text = COMPOSE.read_text()
-    assert "guest:guest" not in text
-    for service in raw["services"].values():
+    # nothing in compose.yaml embeds a password, and no broker URL is in any environment
+    for name, service in raw["services"].items():
         for key, value in (service.get("environment") or {}).items():
-            if re.search(r"PASS|PASSWORD|AMQP_URL", key):
-                assert "${" in str(value), f"{key} is hard-coded"
-    # the interpolated AMQP URL carries the credentials from .env
-    url = urlparse(interpolate(raw, env)["services"]["scoring"]["environment"]["VMSCHED_AMQP_URL"])
-    assert (url.scheme, url.hostname, url.port) == ("amqp", "rabbitmq", 5672)
-    assert (url.username, url.password) == (env["RABBITMQ_USER"], env["RABBITMQ_PASSWORD"])
+            if re.search(r"PASS|PASSWORD", key):
+                assert "${" in str(value), f"{name}: {key} is hard-coded"
+            assert key not in ("VMSCHED_AMQP_URL", "VMSCHED_AGENT_AMQP"), f"{name}: {key} puts the URL in the environment"
+            assert "amqp://" not in str(value), f"{name}: {key}"
+        assert not [k for k in (service.get("environment") or {}) if k.startswith("RABBITMQ_DEFAULT_")], \
+            f"{name}: the broker's users come from the definitions, not a default user"
+
+
+def test_each_component_reads_its_own_broker_user(services: dict[str, dict[str, Any]]) -> None:
+    """One URL file per component, in a volume no other vmsched service mounts."""
+    volume_of = {}
+    for name in VMSCHED_SERVICES:
+        svc = services[name]
+        assert svc["environment"]["VMSCHED_AMQP_URL_FILE"] == URL_FILE
+        mounts = [v.split(":") for v in svc["volumes"]]
+        (mount,) = [m for m in mounts if m[1] == str(Path(URL_FILE).parent)]
+        assert mount[2] == "ro", name
+        volume_of[name] = mount[0]
+        assert mount[0] in services["secrets"]["volumes"][0] or any(
+            v.startswith(f"{mount[0]}:/secrets/{name}") for v in services["secrets"]["volumes"]), \
+            f"{name}: its volume must be written by the secrets service at /secrets/{name}"
+    assert len(set(volume_of.values())) == len(volume_of), f"components share a broker user: {volume_of}"
+    for name, svc in services.items():
+        if name in ("secrets",):
+            continue
+        foreign = [v for v in svc.get("volumes", []) if v.split(":")[0] in volume_of.values()
+                   and v.split(":")[0] != volume_of.get(name)]
+        assert not foreign, f"{name} mounts another component's broker URL: {foreign}"
+    # the broker waits for the users and loads them at boot
+    assert services["rabbitmq"]["depends_on"]["secrets"] == {"condition": "service_completed_successfully"}
+    conf = (DEPLOY / "rabbitmq" / "definitions.conf").read_text()
+    path = re.search(r"^load_definitions\s*=\s*(\S+)$", conf, re.M).group(1)
+    rabbit_mounts = {v.split(":")[1]: v.split(":")[0] for v in services["rabbitmq"]["volumes"]}
+    assert rabbit_mounts[str(Path(path).parent)] == "broker-definitions"
+    assert any(v.startswith("broker-definitions:/secrets/rabbitmq") for v in services["secrets"]["volumes"])
+    assert rabbit_mounts["/etc/rabbitmq/conf.d/91-vmsched-definitions.conf"] == "./deploy/rabbitmq/definitions.conf"
+
+
+def test_the_gateway_requires_its_tokens_file(services: dict[str, dict[str, Any]]) -> None:
+    gw = services["gateway"]
+    tokens = Path(gw["environment"]["VMSCHED_TOKENS_FILE"])
+    (mount,) = [v.split(":") for v in gw["volumes"] if v.split(":")[1] == str(tokens.parent)]
+    assert mount[0] == "gateway-tokens" and mount[2] == "ro"
+    assert any(v.startswith("gateway-tokens:/secrets/gateway-tokens") for v in services["secrets"]["volumes"])
+    assert gw["depends_on"]["secrets"] == {"condition": "service_completed_successfully"}
+
+
+def test_the_secrets_service_is_a_confined_one_shot(services: dict[str, dict[str, Any]]) -> None:
+    svc = services["secrets"]
+    assert svc["image"] == services["gateway"]["image"], "it runs `vmsched token new` from the same image"
+    entry = svc["entrypoint"]
+    assert entry[0] == "/bin/bash" and (ROOT / "deploy" / Path(entry[1]).relative_to("/deploy")).is_file()
+    assert "./deploy:/deploy:ro" in svc["volumes"]
+    assert svc["restart"] == "no" and svc["network_mode"] == "none"
+    assert svc["cap_drop"] == ["ALL"] and svc["cap_add"] == ["CHOWN"] and svc["read_only"] is True
+    assert "no-new-privileges:true" in svc["security_opt"]
+    assert svc["environment"]["RABBITMQ_ADMIN_PASSWORD"] == TEST_SECRETS["RABBITMQ_ADMIN_PASSWORD"]
+    # every vmsched service and the broker start after it
+    for name in (*VMSCHED_SERVICES, "rabbitmq"):
+        assert services[name]["depends_on"]["secrets"] == {"condition": "service_completed_successfully"}, name
 
 
 # --- vmsched services against the real CLI -------------------------------------------------------
@@ -185,15 +239,18 @@ def test_commands_are_accepted_by_the_cli(services: dict[str, dict[str, Any]], n
 
 
 @pytest.mark.parametrize("name", VMSCHED_SERVICES)
-def test_environment_is_read_by_vmsched(services: dict[str, dict[str, Any]], name: str) -> None:
-    env = services[name]["environment"]
-    assert "VMSCHED_AMQP_URL" in env
+def test_environment_is_read_by_vmsched(services: dict[str, dict[str, Any]], name: str, tmp_path: Path) -> None:
+    env = dict(services[name]["environment"])
+    assert "VMSCHED_AMQP_URL_FILE" in env and "VMSCHED_AMQP_URL" not in env
     known = settings_env_names()
     unknown = [k for k in env if k.startswith("VMSCHED_") and k not in known]
     assert not unknown, f"{name}: nothing reads {unknown}"
-    # the values are valid settings, too
+    # the values are valid settings, too (files the containers mount stand in here)
+    url_file = tmp_path / "amqp.url"
+    url_file.write_text("amqp://vmsched-x:0123456789abcdef@rabbitmq:5672/%2F\n")
+    env["VMSCHED_AMQP_URL_FILE"] = str(url_file)
     Settings(**{k.removeprefix("VMSCHED_").lower(): v for k, v in env.items()
-                if k.startswith("VMSCHED_") and k != "VMSCHED_PLUGINS"})
+                if k.startswith("VMSCHED_") and k not in ("VMSCHED_PLUGINS", "VMSCHED_TOKENS_FILE")})
 
 
 def test_plugins_folder_is_mounted_from_the_host(services: dict[str, dict[str, Any]]) -> None:
@@ -209,20 +266,26 @@ def test_plugins_folder_is_mounted_from_the_host(services: dict[str, dict[str, A
 def test_ports_and_health_checks_match_the_commands(services: dict[str, dict[str, Any]]) -> None:
     gw = services["gateway"]
     port = option(gw["command"], "--port")
+    # containers bind every address explicitly (the CLI's defaults are loopback)
     assert option(gw["command"], "--host") == "0.0.0.0"
-    assert gw["ports"] == [f"18781:{port}"], "the engine expects the gateway on 18781"
+    assert option(gw["command"], "--metrics-host") == "0.0.0.0"
+    assert option(gw["command"], "--metrics-port") != port, "/metrics has its own listener"
+    assert gw["ports"] == [f"18781:{port}"], "the engine expects the gateway on 18781; metrics stay unpublished"
     assert f"127.0.0.1:{port}/readyz" in " ".join(gw["healthcheck"]["test"])
     for name in WORKERS:
         svc = services[name]
         metrics_port = option(svc["command"], "--metrics-port")
+        assert option(svc["command"], "--metrics-host") == "0.0.0.0", name
         assert f"127.0.0.1:{metrics_port}/" in " ".join(svc["healthcheck"]["test"]), name
         assert "ports" not in svc, f"{name} is internal (and replicated): no published port"
 
 
 def test_start_order(services: dict[str, dict[str, Any]]) -> None:
+    secrets = {"secrets": {"condition": "service_completed_successfully"}}
     for name in WORKERS:
-        assert services[name]["depends_on"] == {"rabbitmq": {"condition": "service_healthy"}}
+        assert services[name]["depends_on"] == {**secrets, "rabbitmq": {"condition": "service_healthy"}}
     assert services["gateway"]["depends_on"] == {
+        **secrets,
         "rabbitmq": {"condition": "service_healthy"},
         **{w: {"condition": "service_healthy"} for w in WORKERS},
     }
@@ -261,8 +324,7 @@ def test_rabbitmq_has_management_and_prometheus_plugins(services: dict[str, dict
     mounts = {v.split(":")[1]: v.split(":")[0] for v in services["rabbitmq"]["volumes"] if v.startswith("./")}
     assert mounts["/etc/rabbitmq/enabled_plugins"] == "./deploy/rabbitmq/enabled_plugins"
     assert re.fullmatch(r"/etc/rabbitmq/conf\.d/[\w-]+\.conf", next(k for k, v in mounts.items() if v.endswith("vmsched.conf")))
-    env = services["rabbitmq"]["environment"]
-    assert env["RABBITMQ_DEFAULT_USER"] and env["RABBITMQ_DEFAULT_PASS"]
+    assert "environment" not in services["rabbitmq"], "no default user: the definitions hold every user"
 
 
 def test_prometheus_scrapes_every_service_and_rabbitmq(services: dict[str, dict[str, Any]]) -> None:
@@ -283,7 +345,7 @@ def test_prometheus_scrapes_every_service_and_rabbitmq(services: dict[str, dict[
         for sc in job.get("static_configs", []):
             assert "service" not in sc.get("labels", {}), job["job_name"]
     scraped = {t for ts in targets.values() for t in ts}
-    assert f"gateway:{option(services['gateway']['command'], '--port')}" in scraped
+    assert f"gateway:{option(services['gateway']['command'], '--metrics-port')}" in scraped, "the gateway's metrics listener"
     for name in WORKERS:
         assert f"{name}:{option(services[name]['command'], '--metrics-port')}" in scraped, name
     assert "rabbitmq:15692" in scraped, "RabbitMQ's prometheus plugin listens on 15692"
@@ -428,3 +490,25 @@ def test_systemd_env_example_names_real_settings() -> None:
     assert env["VMSCHED_HOST"] == "0.0.0.0", "the engine must reach the gateway"
     Settings(**{k.removeprefix("VMSCHED_").lower(): v for k, v in env.items()
                 if k.startswith("VMSCHED_") and k != "VMSCHED_PLUGINS"})
+
+
+@pytest.mark.parametrize("unit_name", UNITS)
+def test_each_unit_reads_its_own_broker_user_as_a_credential(unit_name: str) -> None:
+    unit = read_unit(SYSTEMD / unit_name)
+    name = unit_name.removeprefix("vmsched-").removesuffix(".service")
+    env = dict(kv.partition("=")[::2] for kv in unit_values(unit, "Service", "Environment"))
+    (cred,) = unit_values(unit, "Service", "LoadCredential")
+    cred_id, _, source = cred.partition(":")
+    assert source == f"/etc/vmsched/amqp-{name}.url", "one URL file (one broker user) per component"
+    var = "VMSCHED_AGENT_AMQP_URL_FILE" if name == "agent" else "VMSCHED_AMQP_URL_FILE"
+    assert var in settings_env_names() | AGENT_ENV
+    assert env[var] == f"/run/credentials/{unit_name}/{cred_id}"
+    assert env["VMSCHED_METRICS_HOST"] == "127.0.0.1", "an explicit, safe metrics bind"
+    if name == "gateway":
+        assert env["VMSCHED_TOKENS_FILE"].startswith("/etc/vmsched/tokens/")
+        (group,) = unit_values(unit, "Service", "SupplementaryGroups")
+        sysusers = (SYSTEMD / "vmsched.sysusers.conf").read_text()
+        assert re.search(rf"^g {group}\b", sysusers, re.M), "the tokens group is created by sysusers"
+    # no broker URL in the shared environment file
+    shared = read_env_file(SYSTEMD_ENV_EXAMPLE)
+    assert not {"VMSCHED_AMQP_URL", "VMSCHED_AGENT_AMQP"} & set(shared)
