@@ -13,7 +13,9 @@ get structural checks of their own below (the fields their controllers read).
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -32,7 +34,9 @@ from vmsched.runner import service_queues
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "vmsched"
 RELEASE, NAMESPACE = "sched", "ovirt"
-SECRET, SECRET_KEY = "broker-credentials", "amqp-url"
+SECRET_KEY = "amqp-url"
+#: The Secret of each component's own broker user (the test's names, not the defaults).
+SECRETS = {c: f"broker-{c}" for c in ("gateway", "discovery", "scoring", "balancer", "agent")}
 
 OLDEST_K8S = "1.25.0"  # Chart.yaml kubeVersion ">=1.25.0-0"
 K8S_VERSIONS = (OLDEST_K8S, kv_utils.latest_version())
@@ -43,7 +47,7 @@ CRD_KINDS = {
 }
 WORKERS = ("discovery", "scoring", "balancer")
 
-BASE = {"amqp": {"existingSecret": SECRET, "secretKey": SECRET_KEY}}
+BASE = {"amqp": {"secrets": SECRETS, "secretKey": SECRET_KEY}}
 COMBOS: dict[str, dict[str, Any]] = {
     "default": {},
     "keda": {"autoscaling": {"keda": {"enabled": True}}},
@@ -63,6 +67,21 @@ COMBOS: dict[str, dict[str, Any]] = {
             ],
         },
         "imagePullSecrets": [{"name": "regcred"}],
+    },
+    "locked-down": {
+        "agent": {"enabled": True},
+        "gateway": {"engineAllow": ["192.0.2.10/32", "2001:db8::/64"], "auth": {"existingSecret": "site-tokens"}},
+        "networkPolicy": {
+            "gateway": {"allowedCIDRs": ["192.0.2.10/32"],
+                        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}}]},
+            "metrics": {"from": [{"namespaceSelector": {"matchLabels": {"team": "observability"}},
+                                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]},
+            "egress": {"enabled": True, "extraTo": [{"ipBlock": {"cidr": "198.51.100.7/32"}}]},
+            "broker": {"enabled": True, "namespace": "rabbitmq",
+                       "extraFrom": [{"ipBlock": {"cidr": "198.51.100.0/24"}}],
+                       "extraIngress": [{"ports": [{"port": 15692}],
+                                         "from": [{"namespaceSelector": {"matchLabels": {"team": "observability"}}}]}]},
+        },
     },
 }
 
@@ -217,9 +236,11 @@ def test_every_component_is_deployed(chart: helm.Chart) -> None:
     assert not objects(docs, "DaemonSet"), "the agent is off by default"
     assert not [d for d in docs if (d["apiVersion"], d["kind"]) in CRD_KINDS], "CRD objects are opt-in"
     assert not objects(docs, "HorizontalPodAutoscaler"), "autoscaling is opt-in"
-    assert not objects(docs, "Secret"), "the chart never creates Secrets"
-    gateway_svc = [s for s in objects(docs, "Service") if component(s) == "gateway"]
-    assert len(gateway_svc) == 1
+    # the only Secrets the chart makes: the gateway's tokens file and its first token (no broker password)
+    assert {s["metadata"]["name"] for s in objects(docs, "Secret")} == {
+        f"{RELEASE}-vmsched-gateway-tokens", f"{RELEASE}-vmsched-gateway-admin-token"}
+    gateway_svc = [s for s in objects(docs, "Service") if component(s) == "gateway" and not s["spec"].get("clusterIP")]
+    assert len(gateway_svc) == 1, "the API Service (the other one is the headless metrics Service)"
     assert gateway_svc[0]["spec"]["ports"][0]["port"] == 18781
     assert deployments["scoring"]["spec"]["replicas"] == 3
 
@@ -243,10 +264,11 @@ def test_gateway_probes_use_the_gateway_port(chart: helm.Chart) -> None:
     docs = render(chart, {"gateway": {"port": 18999}})
     gw = next(d for d in objects(docs, "Deployment") if component(d) == "gateway")
     c = containers(gw)[0]
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 18999}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 18999, "metrics": 9100}
     assert "--port=18999" in c["args"]
-    svc = next(s for s in objects(docs, "Service") if component(s) == "gateway")
-    assert svc["spec"]["ports"][0]["targetPort"] == "http"
+    svc = by_name(docs, "Service")[f"{RELEASE}-vmsched-gateway"]
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 18781, "targetPort": "http", "protocol": "TCP"}]
+    assert by_name(docs, "Service")[f"{RELEASE}-vmsched-gateway-metrics"]["spec"]["ports"][0]["targetPort"] == "metrics"
 
 
 def test_security_contexts_non_root_read_only(combo: tuple[str, list[dict[str, Any]]]) -> None:
@@ -326,22 +348,37 @@ def test_container_env_is_read_by_vmsched(combo: tuple[str, list[dict[str, Any]]
                     assert env["name"] in known, f"[{name}] {c['name']}: {env['name']} is read by nothing"
 
 
-def test_amqp_url_comes_from_the_existing_secret(combo: tuple[str, list[dict[str, Any]]]) -> None:
+def test_each_component_reads_its_own_broker_user_from_a_file(combo: tuple[str, list[dict[str, Any]]]) -> None:
     name, docs = combo
+    seen = {}
     for wl in workloads(docs):
-        for c in containers(wl):
-            env = {e["name"]: e for e in c["env"]}
-            # the agent's command line reads its own variable (services/policy_agent/cli.py)
-            var = "VMSCHED_AGENT_AMQP" if component(wl) == "agent" else "VMSCHED_AMQP_URL"
-            ref = env[var]["valueFrom"]["secretKeyRef"]
-            assert ref == {"name": SECRET, "key": SECRET_KEY}, (name, c["name"])
-            assert "value" not in env[var]
-            assert not any("amqp" in a for a in c["args"]), "credentials must not be in the pod spec or argv"
+        comp = component(wl)
+        pod = wl["spec"]["template"]["spec"]
+        (c,) = containers(wl)
+        env = {e["name"]: e for e in c["env"]}
+        # the agent's command line reads its own variable (services/policy_agent/surfaces/cli.py)
+        var = "VMSCHED_AGENT_AMQP_URL_FILE" if comp == "agent" else "VMSCHED_AMQP_URL_FILE"
+        assert var in AGENT_ENV | settings_env_names()
+        path = Path(env[var]["value"])
+        (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == str(path.parent)]
+        assert mount.get("readOnly") is True and "subPath" not in mount
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["secret"]["secretName"] == SECRETS[comp], (name, comp)
+        assert volume["secret"]["items"] == [{"key": SECRET_KEY, "path": path.name}]
+        assert volume["secret"]["defaultMode"] & 0o007 == 0, "not world-readable"
+        # nothing in the environment or on the command line
+        assert not {"VMSCHED_AMQP_URL", "VMSCHED_AGENT_AMQP"} & set(env), (name, comp)
+        assert not any("secretKeyRef" in e.get("valueFrom", {}) for e in env.values()), (name, comp)
+        assert not any("amqp" in a for a in c["args"]), "credentials must not be in the pod spec or argv"
+        seen[comp] = volume["secret"]["secretName"]
+    assert len(set(seen.values())) == len(seen), f"components share a broker user: {seen}"
 
 
-def test_missing_secret_name_fails_the_render(chart: helm.Chart) -> None:
-    with pytest.raises(helm.HelmError):
-        render(chart, {"amqp": {"existingSecret": ""}})
+@pytest.mark.parametrize("comp", ["gateway", "discovery", "scoring", "balancer"])
+def test_missing_secret_name_fails_the_render(chart: helm.Chart, comp: str) -> None:
+    with pytest.raises(helm.HelmError, match=rf"amqp[/.]secrets\W+{comp}|'{comp}'"):
+        chart.render(merge(BASE, {"amqp": {"secrets": {comp: None}}}), name=RELEASE, namespace=NAMESPACE,
+                     is_install=True)
 
 
 def test_worker_tuning_reaches_the_command_line(chart: helm.Chart) -> None:
@@ -427,7 +464,11 @@ def test_keda_scaled_objects_watch_the_queues_the_services_consume(chart: helm.C
         # the queues the real services consume (their QUEUES)
         assert sorted(queues) == sorted(service_queues()[comp]), comp
     (auth,) = auths.values()
-    assert auth["spec"]["secretTargetRef"] == [{"parameter": "host", "name": SECRET, "key": SECRET_KEY}]
+    # KEDA reads queue lengths as the gateway's user unless given a Secret of its own
+    assert auth["spec"]["secretTargetRef"] == [{"parameter": "host", "name": SECRETS["gateway"], "key": SECRET_KEY}]
+    docs = render(chart, merge(COMBOS["keda"], {"autoscaling": {"keda": {"existingSecret": "keda-monitor"}}}))
+    (auth,) = objects(docs, "TriggerAuthentication")
+    assert auth["spec"]["secretTargetRef"][0]["name"] == "keda-monitor"
 
 
 def test_chart_queue_table_matches_the_bus_topology() -> None:
@@ -523,9 +564,11 @@ def test_agent_daemonset_reaches_libvirt_and_takes_its_host_id_from_the_node(cha
     assert mounts["lock"]["mountPath"] == lock and not mounts["lock"].get("readOnly")
     assert volumes["lock"]["hostPath"] == {"path": "/run/libvirt/vmsched", "type": "DirectoryOrCreate"}
     assert parsed_lock_dir(args) == Path(lock)
-    # bus on: the agent reads the broker URL from its own variable, never from argv
-    assert env["VMSCHED_AGENT_AMQP"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": SECRET_KEY}
-    assert "VMSCHED_AGENT_AMQP" in AGENT_ENV
+    # bus on: the agent reads the broker URL file named by its own variable, never from argv
+    url_file = Path(env["VMSCHED_AGENT_AMQP_URL_FILE"]["value"])
+    assert volumes["amqp"]["secret"]["secretName"] == SECRETS["agent"]
+    assert mounts["amqp"]["mountPath"] == str(url_file.parent)
+    assert "VMSCHED_AGENT_AMQP_URL_FILE" in AGENT_ENV
     parsed = parse_cli(args)
     assert parsed.host_id is None or parsed.host_id == "", "the host ID comes from the environment"
 
@@ -539,7 +582,8 @@ def test_agent_host_id_from_libvirt(chart: helm.Chart) -> None:
     (ds,) = objects(docs, "DaemonSet")
     (agent,) = containers(ds)
     env = {e["name"] for e in agent["env"]}
-    assert "VMSCHED_AGENT_HOST_ID" not in env and "VMSCHED_AGENT_AMQP" not in env
+    assert "VMSCHED_AGENT_HOST_ID" not in env and "VMSCHED_AGENT_AMQP_URL_FILE" not in env
+    assert "amqp" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert not any(a.startswith("--host-id") or a.startswith("--amqp") for a in agent["args"])
 
 
@@ -604,7 +648,11 @@ def test_schema_describes_only_keys_that_exist(chart: helm.Chart) -> None:
         {"plugins": {"files": {"../evil.py": "x"}}},
         {"autoscaling": {"keda": {"enabled": "yes"}}},
         {"typo": True},
-        {"amqp": {"existingSecret": ""}},
+        {"amqp": {"secrets": {"gateway": ""}}},
+        {"amqp": {"existingSecret": "vmsched-amqp"}},  # the old single-Secret key
+        {"networkPolicy": {"gateway": {"allowedCIDRs": ["engine.example.com"]}}},
+        {"networkPolicy": {"enabled": "no"}},
+        {"gateway": {"auth": {"existingSecret": "Not_A_Name"}}},
     ],
 )
 def test_schema_rejects_bad_values(chart: helm.Chart, bad: dict[str, Any]) -> None:
@@ -618,7 +666,11 @@ def test_notes_tell_how_to_point_the_engine_at_the_gateway(chart: helm.Chart) ->
     notes = render_raw(chart, {"gateway": {"service": {"type": "LoadBalancer"}}})["vmsched/templates/NOTES.txt"]
     assert "engine-config -s ExternalSchedulerServiceURL=http://$GATEWAY:18781/" in notes
     assert "engine-config -s ExternalSchedulerEnabled=true" in notes
-    assert f"create secret generic {SECRET}" in notes
+    for comp in ("gateway", "discovery", "scoring", "balancer"):
+        assert f"{comp}: {SECRETS[comp]}" in notes
+    assert f"create secret generic {SECRETS['scoring']} --from-file={SECRET_KEY}=vmsched-scoring.url" in notes
+    assert f"get secret {RELEASE}-vmsched-gateway-admin-token -o jsonpath='{{.data.token}}' | base64 -d" in notes
+    assert "networkPolicy.gateway.allowedCIDRs" in notes
 
 
 def test_docs_only_set_values_the_chart_has(chart: helm.Chart) -> None:
@@ -639,3 +691,164 @@ def test_docs_only_set_values_the_chart_has(chart: helm.Chart) -> None:
     text = (ROOT / "docs" / "deploy.md").read_text()
     assert "engine-config -s ExternalSchedulerServiceURL=http://" in text
     assert "engine-config -s ExternalSchedulerEnabled=true" in text
+
+
+# --- the gateway's tokens ---------------------------------------------------------------------------
+def test_the_chart_makes_a_tokens_secret_and_the_gateway_mounts_it(chart: helm.Chart) -> None:
+    from vmsched.tokens import TokenStore, parse
+
+    docs = render(chart, {})
+    secrets = by_name(docs, "Secret")
+    tokens_secret = secrets[f"{RELEASE}-vmsched-gateway-tokens"]
+    token = base64.b64decode(secrets[f"{RELEASE}-vmsched-gateway-admin-token"]["data"]["token"]).decode()
+    assert len(token) >= 40
+    text = base64.b64decode(tokens_secret["data"]["tokens.yaml"]).decode()
+    assert token not in text, "the tokens file holds the digest only"
+    doc = parse(text)
+    (entry,) = doc.tokens
+    assert entry.name == "admin" and {r.value for r in entry.roles} == {"read", "schedule", "operate"}
+    assert entry.sha256 == hashlib.sha256(token.encode()).hexdigest()
+    # another render (no cluster to look up) makes another token
+    again = by_name(render(chart, {}), "Secret")[f"{RELEASE}-vmsched-gateway-admin-token"]["data"]["token"]
+    assert again != secrets[f"{RELEASE}-vmsched-gateway-admin-token"]["data"]["token"]
+
+    gw = next(d for d in objects(docs, "Deployment") if component(d) == "gateway")
+    pod = gw["spec"]["template"]["spec"]
+    (c,) = containers(gw)
+    path = Path(next(e["value"] for e in c["env"] if e["name"] == "VMSCHED_TOKENS_FILE"))
+    assert parse_cli(c["args"]).command == "gateway"
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == str(path.parent)]
+    assert mount["readOnly"] is True and "subPath" not in mount, "a subPath mount never sees a rotated Secret"
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == tokens_secret["metadata"]["name"]
+    assert volume["secret"]["items"] == [{"key": "tokens.yaml", "path": path.name}]
+    # the plain token is never mounted in any pod
+    for wl in workloads(docs):
+        for v in wl["spec"]["template"]["spec"]["volumes"]:
+            assert v.get("secret", {}).get("secretName") != f"{RELEASE}-vmsched-gateway-admin-token"
+    # what the gateway reads is what it is given: the store accepts the token
+    tmp = Path(__import__("tempfile").mkdtemp()) / path.name
+    tmp.write_text(text)
+    assert TokenStore(tmp).by_token(token).name == "admin"
+    # a new generated file rolls the gateway
+    assert "checksum/tokens" in gw["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_an_existing_tokens_secret_is_used_as_is(chart: helm.Chart) -> None:
+    docs = render(chart, {"gateway": {"auth": {"existingSecret": "site-tokens", "tokensKey": "t.yaml"}}})
+    assert not objects(docs, "Secret"), "nothing generated"
+    gw = next(d for d in objects(docs, "Deployment") if component(d) == "gateway")
+    (c,) = containers(gw)
+    volumes = {v["name"]: v for v in gw["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tokens"]["secret"]["secretName"] == "site-tokens"
+    assert {"name": "VMSCHED_TOKENS_FILE", "value": "/etc/vmsched/tokens/t.yaml"} in c["env"]
+
+
+def test_container_binds_are_explicit(combo: tuple[str, list[dict[str, Any]]]) -> None:
+    name, docs = combo
+    for wl in workloads(docs):
+        (c,) = containers(wl)
+        args = parse_cli(c["args"])
+        assert args.metrics_host == "0.0.0.0", (name, c["name"])
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports["metrics"] == int(args.metrics_port)
+        if component(wl) == "gateway":
+            assert args.host == "0.0.0.0" and ports["http"] == int(args.port)
+
+
+def test_engine_allow_reaches_the_gateway(chart: helm.Chart) -> None:
+    docs = render(chart, COMBOS["locked-down"])
+    gw = next(d for d in objects(docs, "Deployment") if component(d) == "gateway")
+    assert parse_cli(containers(gw)[0]["args"]).engine_allow == "192.0.2.10/32,2001:db8::/64"
+
+
+# --- NetworkPolicies ------------------------------------------------------------------------------------
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Kubernetes label-selector semantics (matchLabels and matchExpressions)."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        ok = {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+def pods_selected(policy: dict[str, Any], docs: list[dict[str, Any]]) -> set[str]:
+    pods = workloads(docs) + objects(docs, "Pod")
+    return {component(p) for p in pods if selects(policy["spec"]["podSelector"], (
+        p["spec"]["template"]["metadata"] if p["kind"] != "Pod" else p["metadata"])["labels"])}
+
+
+def admitted(docs: list[dict[str, Any]], comp: str) -> dict[str, list[dict[str, Any]]]:
+    """Container port name -> the peers every ingress policy selecting ``comp`` admits to it."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for policy in objects(docs, "NetworkPolicy"):
+        if comp not in pods_selected(policy, docs) or "Ingress" not in policy["spec"]["policyTypes"]:
+            continue
+        for rule in policy["spec"].get("ingress", []):
+            for port in rule["ports"]:
+                out.setdefault(port["port"], []).extend(rule["from"])
+    return out
+
+
+def test_network_policies_by_default(chart: helm.Chart) -> None:
+    docs = render(chart, {})
+    policies = by_name(docs, "NetworkPolicy")
+    assert set(policies) == {f"{RELEASE}-vmsched-gateway", f"{RELEASE}-vmsched-metrics"}
+    for policy in policies.values():
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert "namespace" not in policy["metadata"]
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    test_pod = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "vmsched", "app.kubernetes.io/instance": RELEASE,
+                                                "app.kubernetes.io/component": "test"}}}
+    # every component is isolated: the gateway's API only from the chart's test pod until sources are set,
+    # every metrics port only from the monitoring namespace, nothing else anywhere
+    assert admitted(docs, "gateway") == {"http": [test_pod], "metrics": monitoring}
+    for comp in WORKERS:
+        assert admitted(docs, comp) == {"metrics": monitoring}, comp
+    # the test pod really carries the labels the policy admits
+    (test,) = objects(docs, "Pod")
+    assert selects(test_pod["podSelector"], test["metadata"]["labels"])
+    # named ports exist on the containers they select
+    for wl in workloads(docs):
+        names = {p["name"] for p in containers(wl)[0]["ports"]}
+        assert set(admitted(docs, component(wl))) <= names
+
+
+def test_network_policies_follow_the_values(chart: helm.Chart) -> None:
+    docs = render(chart, COMBOS["locked-down"])
+    v = COMBOS["locked-down"]["networkPolicy"]
+    gateway = admitted(docs, "gateway")["http"]
+    assert {"ipBlock": {"cidr": "192.0.2.10/32"}} in gateway and v["gateway"]["from"][0] in gateway
+    for comp in ("gateway", *WORKERS, "agent"):
+        assert admitted(docs, comp)["metrics"] == v["metrics"]["from"], comp
+    assert set(admitted(docs, "agent")) == {"metrics"}
+    # egress: DNS and the broker only (and the extra destination)
+    (egress,) = [p for p in objects(docs, "NetworkPolicy") if p["spec"]["policyTypes"] == ["Egress"]]
+    assert pods_selected(egress, docs) == {"gateway", *WORKERS, "agent"}
+    rules = egress["spec"]["egress"]
+    assert {(p["port"], p["protocol"]) for p in rules[0]["ports"]} == {(53, "UDP"), (53, "TCP")}
+    assert rules[1]["to"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rabbitmq"}}}]
+    assert {p["port"] for p in rules[1]["ports"]} == {5672, 5671}
+    assert rules[2] == {"to": [{"ipBlock": {"cidr": "198.51.100.7/32"}}]}
+    # the broker's own policy, for its namespace: AMQP only from this release's pods and the extra sources
+    broker = by_name(docs, "NetworkPolicy")[f"{RELEASE}-vmsched-broker"]
+    assert broker["metadata"]["namespace"] == "rabbitmq"
+    assert broker["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "rabbitmq"}}
+    amqp, cluster, extra = broker["spec"]["ingress"]
+    assert {p["port"] for p in amqp["ports"]} == {5672, 5671}
+    vmsched_peer, hypervisors = amqp["from"]
+    assert vmsched_peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    for wl in workloads(docs):  # every vmsched pod of the release, and nothing but them
+        assert selects(vmsched_peer["podSelector"], wl["spec"]["template"]["metadata"]["labels"])
+    assert not selects(vmsched_peer["podSelector"], {"app.kubernetes.io/name": "rabbitmq"})
+    assert hypervisors == {"ipBlock": {"cidr": "198.51.100.0/24"}}
+    assert cluster == {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "rabbitmq"}}}]}
+    assert extra == v["broker"]["extraIngress"][0]
+
+
+def test_network_policies_can_be_disabled(chart: helm.Chart) -> None:
+    assert not objects(render(chart, {"networkPolicy": {"enabled": False}}), "NetworkPolicy")

@@ -136,23 +136,66 @@ The plugins volume (a list item), when one is configured.
 {{- end }}
 
 {{/*
-Environment of every vmsched container: the AMQP URL from the existing Secret, the log level.
+Environment of every vmsched container: the file with the component's own broker URL, the log level.
+Usage: include "vmsched.env" (list . "scoring")
 */}}
 {{- define "vmsched.env" -}}
-- name: VMSCHED_AMQP_URL
-  valueFrom:
-    secretKeyRef:
-      name: {{ .Values.amqp.existingSecret }}
-      key: {{ .Values.amqp.secretKey }}
+{{- $root := index . 0 }}
+- name: VMSCHED_AMQP_URL_FILE
+  value: {{ printf "%s/url" $root.Values.amqp.mountPath | quote }}
 - name: VMSCHED_LOG_LEVEL
-  value: {{ .Values.logLevel | quote }}
+  value: {{ $root.Values.logLevel | quote }}
+{{- end }}
+
+{{/*
+The Secret with one component's broker URL (its own RabbitMQ user). Usage: include "vmsched.amqpSecret" (list . "scoring")
+*/}}
+{{- define "vmsched.amqpSecret" -}}
+{{- $root := index . 0 }}
+{{- $name := get $root.Values.amqp.secrets (index . 1) }}
+{{- required (printf "amqp.secrets.%s is required: the Secret with that component's broker URL" (index . 1)) $name }}
+{{- end }}
+
+{{/*
+The volume with one component's broker URL file (a list item). Usage: include "vmsched.amqpVolume" (list . "scoring")
+*/}}
+{{- define "vmsched.amqpVolume" -}}
+{{- $root := index . 0 }}
+- name: amqp
+  secret:
+    secretName: {{ include "vmsched.amqpSecret" . }}
+    # group-readable: the kubelet gives the files to fsGroup, the containers run as its member
+    defaultMode: 0440
+    items:
+      - key: {{ $root.Values.amqp.secretKey }}
+        path: url
+{{- end }}
+
+{{/*
+Name of the Secret holding the gateway's tokens file.
+*/}}
+{{- define "vmsched.tokensSecret" -}}
+{{- .Values.gateway.auth.existingSecret | default (include "vmsched.componentName" (list . "gateway-tokens")) }}
+{{- end }}
+
+{{/*
+Labels that select the release's pods of some components (for NetworkPolicies).
+Usage: include "vmsched.podSelector" (list . (list "gateway" "scoring"))
+*/}}
+{{- define "vmsched.podSelector" -}}
+matchLabels:
+  {{- include "vmsched.selectorLabels" (index . 0) | nindent 2 }}
+matchExpressions:
+  - key: app.kubernetes.io/component
+    operator: In
+    values: {{ toJson (index . 1) }}
 {{- end }}
 
 {{/*
 Environment of the plugin-running services: adds the plugin timeout and folder.
 */}}
 {{- define "vmsched.serviceEnv" -}}
-{{ include "vmsched.env" . }}
+{{ include "vmsched.env" (list . "") }}
 - name: VMSCHED_PLUGIN_TIMEOUT
   value: {{ .Values.pluginTimeout | quote }}
 {{- if include "vmsched.plugins.mounted" . }}
@@ -167,6 +210,9 @@ Volume mounts shared by the service containers.
 {{- define "vmsched.volumeMounts" -}}
 - name: tmp
   mountPath: /tmp
+- name: amqp
+  mountPath: {{ .Values.amqp.mountPath }}
+  readOnly: true
 {{- if include "vmsched.plugins.mounted" . }}
 - name: plugins
   mountPath: {{ .Values.plugins.mountPath }}
@@ -175,13 +221,15 @@ Volume mounts shared by the service containers.
 {{- end }}
 
 {{/*
-Volumes shared by the service pods.
+Volumes of one service pod. Usage: include "vmsched.volumes" (list . "scoring")
 */}}
 {{- define "vmsched.volumes" -}}
+{{- $root := index . 0 }}
 - name: tmp
   emptyDir:
-    sizeLimit: {{ .Values.tmpSizeLimit }}
-{{- include "vmsched.plugins.volume" . }}
+    sizeLimit: {{ $root.Values.tmpSizeLimit }}
+{{- include "vmsched.amqpVolume" . | nindent 0 }}
+{{- include "vmsched.plugins.volume" $root }}
 {{- end }}
 
 {{/*
@@ -221,7 +269,10 @@ Fail early on contradicting values.
 {{- if and .Values.autoscaling.keda.enabled .Values.autoscaling.hpa.enabled }}
 {{- fail "autoscaling.keda.enabled and autoscaling.hpa.enabled are exclusive: KEDA creates its own HPA" }}
 {{- end }}
-{{- if not .Values.amqp.existingSecret }}
-{{- fail "amqp.existingSecret is required: the name of a Secret holding the AMQP URL" }}
+{{- range $c := list "gateway" "discovery" "scoring" "balancer" }}
+{{- $_ := include "vmsched.amqpSecret" (list $ $c) }}
+{{- end }}
+{{- if and .Values.agent.enabled .Values.agent.bus }}
+{{- $_ := include "vmsched.amqpSecret" (list $ "agent") }}
 {{- end }}
 {{- end }}
