@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vmsched.gateway import agent_api, api, engine, xmlrpc
+from vmsched.gateway import agent_api, api, engine, facts_api, xmlrpc
 from vmsched.gateway.auth import Guard, add_security_scheme
 from vmsched.gateway.limits import Limits
 from vmsched.gateway.scheduler import Scheduler
@@ -21,8 +21,10 @@ from vmsched.gateway.strict_json import StrictJson, invalid_request
 from vmsched import __version__, metrics
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
+from vmsched.bus.facts import FactsSubscriber
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.config import Settings
+from vmsched.facts_cache import FactsCache, load_host_map
 from vmsched.tokens import TokenStore
 
 log = logging.getLogger("vmsched.gateway")
@@ -148,8 +150,15 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None, tokens: To
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await bus.start()
+        if facts_sub is not None:
+            facts_sub.start()
         yield
+        if facts_sub is not None:
+            facts_sub.stop()
         await bus.close()
+
+    facts = FactsCache("gateway", settings.facts_max_age, load_host_map(settings.facts_host_map)) if settings.facts else None
+    facts_sub = FactsSubscriber(BusOptions.from_settings(settings), "gateway", facts.ingest) if facts else None
 
     app = FastAPI(title="vmsched gateway", version=__version__, lifespan=lifespan,
                   description="oVirt external-scheduler XML-RPC at / and /RPC2; JSON API under /v1. "
@@ -157,8 +166,10 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None, tokens: To
     scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings))
     app.state.bus = bus
     app.state.scheduler = scheduler
+    app.state.facts = facts
     app.include_router(api.router)
     app.include_router(agent_api.router)
+    app.include_router(facts_api.router)
     app.add_exception_handler(RequestValidationError, invalid_request)  # 400 with every reason, all routes
     app.add_middleware(StrictJson)  # I-JSON bodies only: no NaN, 1e400, lone surrogates
 

@@ -92,6 +92,13 @@ def _tokens(p: argparse.ArgumentParser) -> None:
                         "`vmsched token new` makes one; docs/api-auth.md)")
 
 
+def _facts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--facts-max-age", type=float, metavar="S",
+                   help="host facts older than this are stale (env VMSCHED_FACTS_MAX_AGE; default 3 agent intervals)")
+    p.add_argument("--facts-host-map", type=Path, metavar="FILE",
+                   help="engine host ID = agent host ID lines, for agents not started with the engine's ID (docs/facts.md)")
+
+
 def _metrics(p: argparse.ArgumentParser, default: str = "off") -> None:
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help=f"serve Prometheus /metrics, /healthz, /readyz on this port (env VMSCHED_METRICS_PORT; default {default})")
@@ -156,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bus(p, "default here: memory://, the embedded bus")
     _gateway(p)
     _tokens(p)
+    _facts(p)
     _metrics(p, "9100")
     _plugins(p)
     _common(p)
@@ -167,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bus(p)
     _gateway(p)
     _tokens(p)
+    _facts(p)
     _metrics(p, "9100")
     _common(p)
     p.set_defaults(func=cmd_gateway)
@@ -181,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         _plugins(p)
         _metrics(p)
         _tokens(p)
+        _facts(p)
         _common(p)
         p.set_defaults(func=_service_cmd(name))
 

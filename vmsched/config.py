@@ -111,6 +111,11 @@ class Settings(BaseSettings):
     plugin_max_files: int = Field(256, ge=32, description="RLIMIT_NOFILE of a plugin worker")
     plugin_max_file_mb: int = Field(64, ge=1, description="RLIMIT_FSIZE of a plugin worker, MiB")
 
+    # host facts (docs/facts.md)
+    facts: bool = Field(True, description="keep a host facts cache fed by the agents (scoring, balancer, gateway)")
+    facts_max_age: float | None = Field(None, gt=0, description="host facts older than this are stale, seconds; default 3 agent intervals")
+    facts_host_map: Path | None = Field(None, description="file of 'engine host ID = agent host ID' lines")
+
     # observability
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port of a worker service")
     metrics_host: str = Field("127.0.0.1", description="metrics listener address")

@@ -16,7 +16,9 @@ from typing import Any, ClassVar
 from vmsched import metrics
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.worker import Handler, ServiceWorker
+from vmsched.bus.facts import FactsSubscriber
 from vmsched.config import Settings
+from vmsched.facts_cache import FactsCache, load_host_map
 from vmsched.messages import Kind
 from vmsched.runtime import Call, CallResult, Catalog, Limits, PluginPool
 from vmsched.runtime.contract import KIND
@@ -55,6 +57,8 @@ class PluginService:
     #: The queues this service consumes, each with the name of its handler method:
     #: the one declaration that the runner, the CLI and the deploy tests read.
     QUEUES: ClassVar[dict[str, str]] = {}
+    #: Keep a host facts cache and attach facts to plugin calls (docs/facts.md).
+    uses_facts: ClassVar[bool] = False
 
     def __init__(self, settings: Settings, pool_size: int | None = None) -> None:
         self.settings = settings
@@ -78,6 +82,10 @@ class PluginService:
         )
         self.catalog = Catalog(settings.plugins_dir, self.pool, analyze_timeout=settings.plugin_timeout)
         self.worker: ServiceWorker | None = None
+        self.facts: FactsCache | None = None
+        self._facts_sub: FactsSubscriber | None = None
+        if self.uses_facts and settings.facts:
+            self.facts = FactsCache(self.name, settings.facts_max_age, load_host_map(settings.facts_host_map))
 
     # --- lifecycle ---------------------------------------------------------
     def routes(self) -> dict[str, Handler]:
@@ -97,21 +105,28 @@ class PluginService:
             prefetch=self.settings.prefetch,
         )
         self.worker.start()
+        if self.facts is not None:
+            self._facts_sub = FactsSubscriber(BusOptions.from_settings(self.settings), self.name, self.facts.ingest)
+            self._facts_sub.start()
         log.info("%s: serving %s with %d units", self.name, ", ".join(self.routes()), len(self.catalog.units()))
 
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.stop()
+        if self._facts_sub is not None:
+            self._facts_sub.stop()
         self.catalog.stop()
         self.pool.close()
 
     # --- running units -----------------------------------------------------
     def run_units(
-        self, kind: Kind, names: list[str], args: tuple[Any, ...], deadline: float, timeout: float | None
+        self, kind: Kind, names: list[str], args: tuple[Any, ...], deadline: float, timeout: float | None,
+        facts: dict[str, Any] | None = None,
     ) -> list[UnitRun]:
         """Run every named unit of ``kind`` in parallel; unknown names fail alone.
 
-        ``args`` are the method's arguments (``KIND[kind].args(...)`` builds them).
+        ``args`` are the method's arguments (``KIND[kind].args(...)`` builds them); ``facts``
+        the call's host facts (:meth:`facts_for`), handed to every unit.
         """
         calls: list[Call] = []
         slots: list[int] = []
@@ -122,13 +137,17 @@ class PluginService:
                 runs[i].result = CallResult(ok=False, error=f"unknown {kind.value} unit {name!r}")
                 continue
             budget = min(timeout or self.settings.timeout_for(name), deadline - time.time() - REPLY_MARGIN)
-            calls.append(Call(unit.plugin, unit.name, KIND[kind].method, args, max(budget, 0.001)))
+            calls.append(Call(unit.plugin, unit.name, KIND[kind].method, args, max(budget, 0.001), facts))
             slots.append(i)
         if calls:
             for i, result in zip(slots, self.pool.run(calls, deadline=deadline - REPLY_MARGIN)):
                 runs[i].result = result
                 self._observe(names[i], result)
         return runs
+
+    def facts_for(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> dict[str, Any] | None:
+        """The host facts of one request, as vmsched.plugin.facts reads them (None without a cache)."""
+        return None if self.facts is None else self.facts.payload(hosts, vm, with_guests)
 
     def _lookup(self, name: str, kind: Kind):  # type: ignore[no-untyped-def]
         unit = self.catalog.unit(name, kind)

@@ -15,11 +15,13 @@ _BALANCE = KIND[Kind.BALANCE]
 class BalancerService(PluginService):
     name = "balancer"
     QUEUES = {REQUEST_QUEUES[Op.BALANCE]: "balance"}
+    uses_facts = True
 
     def balance(self, env: Envelope) -> BaseModel:
         req = BalanceRequest.model_validate(env.body)
         args = _BALANCE.args(req.hosts, "", req.properties)
-        (run,) = self.run_units(Kind.BALANCE, [req.unit], args, env.deadline, req.timeout)
+        facts = self.facts_for(req.hosts, with_guests=True)  # a balancer picks a guest to move
+        (run,) = self.run_units(Kind.BALANCE, [req.unit], args, env.deadline, req.timeout, facts)
         r = run.result
         outcome = BalanceOutcome(unit=req.unit, ok=r.ok, error=r.error, timed_out=r.timed_out,
                                  duration=r.duration, stderr=r.stderr)

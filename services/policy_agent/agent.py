@@ -23,6 +23,8 @@ from typing import Any, Callable
 import libvirt
 
 from vmsched import metrics as service_metrics
+from vmsched.bus.connection import BusOptions
+from vmsched.bus.facts import SnapshotListener
 from vmsched.tls import server_context
 
 from . import metrics
@@ -33,12 +35,14 @@ from .policy.allocation import Pools
 from .policy.errors import AgentError, ApplyError, PolicyError
 from .policy.inventory import Inventory
 from .policy.model import GuestPolicy, parse_policy_partial
+from .reporter import FactsReporter
 from .surfaces.bus import BusLink
 from .surfaces.cli import EXIT
 from .surfaces.socket import SocketServer
 from .transient import TransientPolicies
 from .virt import hostlock, metadata
 from .virt.apply import Applier, Caps
+from .virt.collector import Collector
 from .virt.connection import DomainEvent, LibvirtLink
 from .virt.host import host_cpus, host_identity
 from .virt.lifecycle import LibvirtDomains
@@ -78,6 +82,7 @@ class Agent:
         reboot_debounce: float = 0.1,
         tunable_debounce: float = 0.05,
         lock_dir: Path | None = None,
+        facts_interval: float = 5.0,
     ):
         self.uri = uri
         self.host_id = host_id
@@ -104,6 +109,9 @@ class Agent:
         self._server: SocketServer | None = None
         self._bus: BusLink | None = None
         self._domains = LibvirtDomains(lambda: self.conn, self.inventory.name_of)
+        self.facts_interval = facts_interval  # seconds between host facts (0: off); published on the bus only
+        self._facts: FactsReporter | None = None
+        self._snapshots: SnapshotListener | None = None
         self.started = False
 
     # --- lifecycle ---------------------------------------------------------------
@@ -171,12 +179,36 @@ class Agent:
         if self.amqp_url:
             self._bus = BusLink(self.amqp_url, self.host_id, self)
             self._bus.start()
+            self._start_facts()
         self.started = True
         return self
+
+    def _start_facts(self) -> None:
+        """Host facts every facts_interval and on lifecycle events; a snapshot at once when a service asks."""
+        if self.facts_interval <= 0 or self._bus is None:
+            return
+        bus = self._bus
+        self._facts = FactsReporter(self.host_id or "", Collector(), lambda: self.conn, self._layout,
+                                    bus.publish, self.facts_interval)
+        self._facts.start()
+        options = self.amqp_url if isinstance(self.amqp_url, BusOptions) else BusOptions(url=self.amqp_url or "")
+        self._snapshots = SnapshotListener(options, self.host_id or "", self._facts.trigger_snapshot)
+        self._snapshots.start()
+
+    def _layout(self) -> tuple[frozenset[int], frozenset[int], dict[str, frozenset[int]], set[str]]:
+        assert self.enforcer is not None
+        with self.enforcer.lock:
+            pools = self.enforcer.pools
+            policies = {g.uuid for g in self.inventory.all() if g.policy is not None}
+            return frozenset(pools.pool), frozenset(pools.shared), dict(pools.allocations), policies
 
     def stop(self) -> None:
         self._stop.set()
         self.jobs.close()
+        if self._snapshots is not None:
+            self._snapshots.stop()
+        if self._facts is not None:
+            self._facts.stop()
         if self._bus is not None:
             self._bus.stop()
         if self._server is not None:
@@ -236,6 +268,8 @@ class Agent:
             self.inventory.on_event(ev.uuid, ev.name, ev.event, ev.detail)
             self._publish("lifecycle", {"guest": ev.name, "uuid": ev.uuid, "event": ev.event,
                                         "detail": ev.detail, "time": time.time()})
+            if self._facts is not None:
+                self._facts.trigger("event")  # guest count and memory change now, not at the next interval
             if ev.event in LIFECYCLE_JOBS:
                 self.jobs.put(ev.uuid, ev.event, ev.received, LIFECYCLE_JOBS[ev.event], ev.name)
         elif ev.kind == "reboot":
@@ -393,7 +427,7 @@ def serve(args: argparse.Namespace) -> int:
     agent = Agent(args.libvirt, args.host_id, args.state_dir, dedicated_pool=args.dedicated_pool,
                   amqp_url=args.agent_amqp, socket_path=args.socket, reconcile_interval=args.reconcile_interval,
                   release_on_stop=args.release_on_stop, connect_timeout=args.connect_timeout,
-                  lock_dir=getattr(args, "lock_dir", None))
+                  lock_dir=getattr(args, "lock_dir", None), facts_interval=getattr(args, "facts_interval", 5.0))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

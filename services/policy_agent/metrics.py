@@ -64,3 +64,7 @@ ERRORS = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+FACTS_COLLECT_CPU = Histogram(
+    "vmsched_agent_facts_collect_cpu_seconds", "CPU time of the agent's process for one host facts collection",
+    buckets=_FAST, registry=REGISTRY,
+)

@@ -14,6 +14,8 @@ permissions can say who may send what (docs/deploy.md, "Broker users"):
   requesters' exclusive reply queues, so write permission on it reaches no
   request queue;
 - ``vmsched.events`` (topic, key = ``agent.<host>.<event>``): agent events.
+- ``vmsched.facts`` (topic, key = ``snapshot``): services asking every agent
+  to publish its host facts now (the facts come back on ``vmsched.events``).
 
 A new kind of request (e.g. services asking agents for host facts) gets its
 own exchange and its own permission, never a new key on an existing one.
@@ -39,7 +41,9 @@ AGENT_EXCHANGE = Exchange("vmsched.agent", type="topic", durable=True, no_declar
 REPLY_EXCHANGE = Exchange("vmsched.reply", type="direct", durable=True, no_declare=True)
 #: Topic exchange for events (agent lifecycle, applied, drift, error).
 EVENTS_EXCHANGE = Exchange("vmsched.events", type="topic", durable=True, no_declare=True)
-EXCHANGES = (REQUESTS_EXCHANGE, AGENT_EXCHANGE, REPLY_EXCHANGE, EVENTS_EXCHANGE)
+#: Topic exchange for facts snapshot requests (key ``snapshot``): services ask every agent for its facts.
+FACTS_EXCHANGE = Exchange("vmsched.facts", type="topic", durable=True, no_declare=True)
+EXCHANGES = (REQUESTS_EXCHANGE, AGENT_EXCHANGE, REPLY_EXCHANGE, EVENTS_EXCHANGE, FACTS_EXCHANGE)
 
 #: Header of a request naming the exchange its reply goes to. A request without it comes from a
 #: sender older than the exchanges (it waits on the default exchange): docs/upgrading.md.

@@ -203,6 +203,8 @@ class PluginPool:
         wait_until = hard_end if hard_end < _INF else now + call.timeout
         job = Job(b"", label, call.timeout, wait_until, hard_end, now)
         message = {"op": "call", "plugin": call.plugin, "cls": call.cls, "method": call.method, "args": list(call.args)}
+        if call.facts is not None:
+            message["facts"] = call.facts  # host facts for vmsched.plugin.facts in the worker
         try:
             job.frame = encode_frame(message)
         except (TypeError, ValueError, RecursionError) as exc:

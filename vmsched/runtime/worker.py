@@ -43,6 +43,7 @@ from vmsched.runtime import children, sandbox
 from vmsched.runtime.capture import Capture, OutputLimitExceeded, _Redirect
 from vmsched.runtime.contract import KINDS
 from vmsched.runtime.protocol import Channel, encode_frame
+from vmsched.plugin import facts as plugin_facts
 
 _MAX_MESSAGE = 2000  # characters of an exception message kept in an error
 
@@ -248,6 +249,7 @@ class Runner:
     def _dispatch(self, request: dict[str, Any], stderr: Capture) -> dict[str, Any]:
         op = request.get("op")
         if op == "call":
+            plugin_facts._install(request.get("facts"))  # this call's host facts (vmsched.plugin.facts)
             return self.call(request["plugin"], request["cls"], request["method"], request["args"], stderr)
         if op == "analyze":
             return self.analyze(request["path"], stderr)

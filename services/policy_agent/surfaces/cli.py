@@ -85,6 +85,10 @@ def _agent_parser(sub: Any, serve: Callable[[argparse.Namespace], int]) -> None:
                         "guest is kept on the remaining (shared) CPUs. Default: the pool in the checkpoint")
     p.add_argument("--reconcile-interval", metavar="S", type=float, default=10.0,
                    help="seconds between reconcile sweeps over all guests (covers missed events)")
+    p.add_argument("--facts-interval", metavar="S", type=float,
+                   default=float(os.environ.get("VMSCHED_AGENT_FACTS_INTERVAL", "5")),
+                   help="publish host facts on the bus every S seconds and on guest lifecycle events; 0: off "
+                        "(docs/facts.md)")
     p.add_argument("--release-on-stop", action="store_true",
                    help="release a guest's dedicated CPUs when it stops, not only when it is undefined")
     p.add_argument("--connect-timeout", metavar="S", type=float, default=300.0,

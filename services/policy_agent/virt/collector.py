@@ -1,0 +1,190 @@
+"""The facts collector: what this hypervisor and its guests look like now.
+
+Host: identity and topology from libvirt's capabilities (read once per
+connection), CPU use from ``/proc/stat``, load from ``/proc/loadavg``,
+memory from ``/proc/meminfo``, hugepages from ``/sys/kernel/mm/hugepages``.
+Guests: one bulk ``getAllDomainStats`` per collection with
+``VIR_CONNECT_GET_ALL_DOMAINS_STATS_NOWAIT`` (a guest whose QEMU monitor is
+busy is skipped by libvirt instead of waited for), run in a helper thread
+with a timeout; guests missing from the bulk answer (or all of them, when
+the bulk call fails or hangs) are read one by one with ``virDomainGetInfo``,
+which does not talk to the monitor. This is vdsm's approach.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import socket
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import libvirt
+
+from vmsched.facts import GuestFacts, HostFacts, HugePages, NumaCell
+
+from ..policy import cpuset
+from ..policy import facts as calc
+from ..policy.inventory import STATE_NAMES
+
+log = logging.getLogger("vmsched.agent.facts")
+
+STATS = (libvirt.VIR_DOMAIN_STATS_STATE | libvirt.VIR_DOMAIN_STATS_CPU_TOTAL | libvirt.VIR_DOMAIN_STATS_VCPU
+         | libvirt.VIR_DOMAIN_STATS_BALLOON)
+NOWAIT = getattr(libvirt, "VIR_CONNECT_GET_ALL_DOMAINS_STATS_NOWAIT", 0)
+VDSM_ID = Path("/etc/vdsm/vdsm.id")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+class Collector:
+    """Collects host and guest facts; keeps the previous counters for rates."""
+
+    def __init__(self, proc: Path = Path("/proc"), sys_dir: Path = Path("/sys"), vdsm_id: Path = VDSM_ID,
+                 stats_timeout: float = 2.0) -> None:
+        self.proc, self.sys, self.vdsm_id = Path(proc), Path(sys_dir), Path(vdsm_id)
+        self.stats_timeout = stats_timeout
+        self._static: dict[str, Any] | None = None
+        self._static_conn: Any = None
+        self._cpu_before: tuple[calc.CpuTimes | None, dict[int, calc.CpuTimes]] = (None, {})
+        self._guest_before: dict[str, int] = {}
+        self._when: float | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="facts-stats")
+        self._pending: concurrent.futures.Future | None = None
+        self.fallbacks = 0  # collections that read guests one by one
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- host -------------------------------------------------------------------
+    def static(self, conn: "libvirt.virConnect") -> dict[str, Any]:
+        """Identity and topology (from the capabilities, once per connection)."""
+        if self._static is not None and self._static_conn is conn:
+            return self._static
+        facts: dict[str, Any] = {"hostname": socket.gethostname(), "vdsm_id": _read(self.vdsm_id).strip()}
+        try:
+            caps = ET.fromstring(conn.getCapabilities())
+        except (libvirt.libvirtError, ET.ParseError) as exc:
+            log.warning("host capabilities unreadable: %s", exc)
+            caps = ET.Element("capabilities")
+        facts["libvirt_uuid"] = caps.findtext("host/uuid") or ""
+        topo = caps.find("host/cpu/topology")
+        if topo is not None:
+            facts.update(sockets=int(topo.get("sockets", 0)), cores=int(topo.get("cores", 0)),
+                         threads=int(topo.get("threads", 0)))
+        cells = []
+        for cell in caps.iterfind("host/topology/cells/cell"):
+            ids = {int(c.get("id", -1)) for c in cell.iterfind("cpus/cpu")} - {-1}
+            mem = cell.find("memory")
+            kib = int(mem.text or 0) if mem is not None else 0
+            cells.append(NumaCell(id=int(cell.get("id", 0)), cpus=cpuset.fmt(frozenset(ids)), memory_mib=kib // 1024))
+        facts["numa"] = cells
+        if not facts.get("sockets") and cells:  # no host/cpu/topology (test driver): count from the cells
+            facts["sockets"] = len({c.get("socket_id") for c in caps.iterfind("host/topology/cells/cell/cpus/cpu")})
+        self._static, self._static_conn = facts, conn
+        return facts
+
+    def host(self, conn: "libvirt.virConnect") -> HostFacts:
+        total, per = calc.parse_stat(_read(self.proc / "stat"))
+        before_total, before_per = self._cpu_before
+        self._cpu_before = (total, per)
+        load = _read(self.proc / "loadavg").split()[:3]
+        facts = dict(self.static(conn))
+        facts.update(calc.memory_mib(calc.parse_meminfo(_read(self.proc / "meminfo"))))
+        facts.update(
+            cpus=len(per) or os.cpu_count() or 0,
+            cpu_pct=calc.busy_pct(before_total, total) if total is not None else 0.0,
+            pcpu_pct=[calc.busy_pct(before_per.get(i), t) for i, t in sorted(per.items())],
+            load_avg=[float(x) for x in load],
+            hugepages=self._hugepages(),
+        )
+        return HostFacts(**facts)
+
+    def _hugepages(self) -> list[HugePages]:
+        out = []
+        base = self.sys / "kernel/mm/hugepages"
+        try:
+            entries = sorted(base.iterdir())
+        except OSError:
+            return out
+        for d in entries:
+            if d.name.startswith("hugepages-") and d.name.endswith("kB"):
+                total, free = _read(d / "nr_hugepages").strip(), _read(d / "free_hugepages").strip()
+                out.append(HugePages(size_kib=int(d.name[10:-2]), total=int(total or 0), free=int(free or 0)))
+        return out
+
+    # --- guests -----------------------------------------------------------------
+    def guests(self, conn: "libvirt.virConnect") -> list[GuestFacts]:
+        now = time.monotonic()
+        seconds = now - self._when if self._when is not None else 0.0
+        self._when = now
+        stats = self._bulk(conn)
+        seen: set[str] = set()
+        out: list[GuestFacts] = []
+        cpu_now: dict[str, int] = {}
+        for dom, record in stats:
+            try:
+                uuid = dom.UUIDString()
+                seen.add(uuid)
+                out.append(self._from_stats(dom, uuid, record, seconds, cpu_now))
+            except libvirt.libvirtError:
+                continue  # gone meanwhile
+        try:
+            domains = conn.listAllDomains(0)
+        except libvirt.libvirtError as exc:
+            log.warning("listing guests failed: %s", exc)
+            domains = []
+        for dom in domains:
+            try:
+                uuid = dom.UUIDString()
+                if uuid not in seen:
+                    out.append(self._from_info(dom, uuid, seconds, cpu_now))
+            except libvirt.libvirtError:
+                continue
+        self._guest_before = cpu_now
+        return out
+
+    def _bulk(self, conn: "libvirt.virConnect") -> list[tuple[Any, dict]]:
+        """getAllDomainStats without waiting on busy monitors, abandoned after ``stats_timeout``."""
+        if self._pending is not None and not self._pending.done():
+            self.fallbacks += 1
+            return []  # the previous bulk call still hangs: do not pile up more
+        self._pending = self._pool.submit(conn.getAllDomainStats, STATS, NOWAIT)
+        try:
+            return list(self._pending.result(timeout=self.stats_timeout))
+        except concurrent.futures.TimeoutError:
+            log.warning("getAllDomainStats did not answer within %.1f s; reading guests one by one", self.stats_timeout)
+        except libvirt.libvirtError as exc:
+            log.warning("getAllDomainStats failed (%s); reading guests one by one", exc.get_error_message())
+        self.fallbacks += 1
+        return []
+
+    def _from_stats(self, dom: Any, uuid: str, r: dict, seconds: float, cpu_now: dict[str, int]) -> GuestFacts:
+        state = int(r.get("state.state", 0))
+        if "balloon.current" not in r or "vcpu.current" not in r or "cpu.time" not in r:
+            info = dom.info()  # [state, max KiB, current KiB, vcpus, cpu ns]: no monitor call
+            r = {"balloon.maximum": info[1], "balloon.current": info[2], "vcpu.current": info[3],
+                 "cpu.time": info[4], **r}
+        return self._guest(dom, uuid, state, int(r.get("vcpu.current", 0)), int(r.get("balloon.current", 0)),
+                           int(r.get("balloon.maximum", 0)), int(r.get("cpu.time", 0)), seconds, cpu_now)
+
+    def _from_info(self, dom: Any, uuid: str, seconds: float, cpu_now: dict[str, int]) -> GuestFacts:
+        state, max_kib, cur_kib, vcpus, cpu_ns = dom.info()
+        return self._guest(dom, uuid, state, vcpus, cur_kib, max_kib, cpu_ns, seconds, cpu_now)
+
+    def _guest(self, dom: Any, uuid: str, state: int, vcpus: int, cur_kib: int, max_kib: int, cpu_ns: int,
+               seconds: float, cpu_now: dict[str, int]) -> GuestFacts:
+        cpu_now[uuid] = cpu_ns
+        running = state in (1, 2)
+        return GuestFacts(uuid=uuid, name=dom.name(), state=STATE_NAMES.get(state, str(state)), vcpus=vcpus,
+                          memory_mib=cur_kib // 1024, max_memory_mib=max_kib // 1024,
+                          cpu_pct=calc.guest_cpu_pct(self._guest_before.get(uuid), cpu_ns, seconds, vcpus)
+                          if running else 0.0)

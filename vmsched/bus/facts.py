@@ -1,0 +1,143 @@
+"""Host facts on the bus: a service's subscription and an agent's snapshot listener.
+
+- :class:`FactsSubscriber` (scoring, balancer, gateway): every replica has
+  its own exclusive queue bound to ``vmsched.events`` with the key
+  ``agent.*.facts``, so each replica sees every host. After each (re)connect
+  it publishes a :class:`~vmsched.facts.SnapshotRequest` on ``vmsched.facts``,
+  and every agent answers by publishing its full facts at once.
+- :class:`SnapshotListener` (agent): its own exclusive queue bound to
+  ``vmsched.facts`` with the key ``snapshot``; calls back for each request.
+
+Both are best effort: a broker outage is logged and retried with backoff,
+never raised to the caller. Messages are handed over as raw bytes: the
+reader (:func:`vmsched.facts.read`) decides what it accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import socket
+import threading
+from typing import Callable
+
+from kombu import Connection, Consumer, Producer, Queue
+from kombu.message import Message
+
+from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, open_connection, safe_release
+from vmsched.bus.topology import EVENTS_EXCHANGE, FACTS_EXCHANGE
+from vmsched.bus.urls import mask
+from vmsched.facts import FACTS_EVENT, SnapshotRequest
+
+log = logging.getLogger("vmsched.bus.facts")
+
+SNAPSHOT_KEY = "snapshot"
+FACTS_BINDING = f"agent.*.{FACTS_EVENT}"
+
+
+class _Loop:
+    """One consumer thread with its own connection, reconnecting with backoff."""
+
+    def __init__(self, options: BusOptions, name: str) -> None:
+        self.options = options.without_confirms()
+        self.name = name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ready = threading.Event()  # subscribed at least once
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            conn = None
+            try:
+                conn = open_connection(self.options)
+                attempt = 0
+                self._serve(conn)
+            except CONNECTION_ERRORS as exc:
+                delay = backoff(attempt, self.options.reconnect_max_delay)
+                attempt += 1
+                log.warning("%s: bus connection failed (%s); retrying in %.1f s", self.name, mask(str(exc)), delay)
+                self._stop.wait(delay)
+            except Exception:  # noqa: BLE001 - the thread must survive anything
+                delay = backoff(attempt, self.options.reconnect_max_delay)
+                attempt += 1
+                log.exception("%s: failed; restarting in %.1f s", self.name, delay)
+                self._stop.wait(delay)
+            finally:
+                safe_release(conn)
+
+    def _drain(self, conn: Connection) -> None:
+        self.ready.set()
+        while not self._stop.is_set():
+            try:
+                conn.drain_events(timeout=1.0)
+            except socket.timeout:
+                conn.heartbeat_check()
+
+    def _serve(self, conn: Connection) -> None:
+        raise NotImplementedError
+
+
+class FactsSubscriber(_Loop):
+    """Hands every facts message on the bus to ``on_message`` (raw bytes); asks for a snapshot on connect."""
+
+    def __init__(self, options: BusOptions, service: str, on_message: Callable[[bytes], None]) -> None:
+        super().__init__(options, f"{service}-facts")
+        self.service = service
+        self.on_message = on_message
+        self.queue_name = f"vmsched.facts.{service}.{secrets.token_hex(6)}"
+
+    def _serve(self, conn: Connection) -> None:
+        ensure_exchanges(conn, (EVENTS_EXCHANGE, FACTS_EXCHANGE))
+        channel = conn.channel()
+        queue = Queue(self.queue_name, exchange=EVENTS_EXCHANGE, routing_key=FACTS_BINDING, exclusive=True,
+                      auto_delete=True, durable=False, queue_arguments={"x-max-length": 100000})
+        Consumer(channel, [queue], on_message=self._received, no_ack=True).consume()
+        request = SnapshotRequest(requester=self.service).model_dump_json().encode()
+        Producer(channel, auto_declare=False).publish(request, exchange=FACTS_EXCHANGE, routing_key=SNAPSHOT_KEY,
+                                                      content_type="application/json", retry=False)
+        log.info("%s: subscribed to host facts (queue %s); asked the agents for a snapshot", self.service,
+                 self.queue_name)
+        self._drain(conn)
+
+    def _received(self, message: Message) -> None:
+        try:
+            self.on_message(message.body if isinstance(message.body, bytes) else str(message.body).encode())
+        except Exception:  # noqa: BLE001 - a bad message must not stop the subscription
+            log.exception("%s: handling a facts message failed", self.service)
+
+
+class SnapshotListener(_Loop):
+    """An agent's queue of snapshot requests: calls ``on_request()`` for each."""
+
+    def __init__(self, options: BusOptions, host_id: str, on_request: Callable[[], None]) -> None:
+        super().__init__(options, "agent-facts-snapshot")
+        self.on_request = on_request
+        self.queue_name = f"vmsched.facts.snapshot.{host_id}"
+
+    def _serve(self, conn: Connection) -> None:
+        ensure_exchanges(conn, (FACTS_EXCHANGE,))
+        channel = conn.channel()
+        queue = Queue(self.queue_name, exchange=FACTS_EXCHANGE, routing_key=SNAPSHOT_KEY, exclusive=True,
+                      auto_delete=True, durable=False, queue_arguments={"x-max-length": 100})
+        Consumer(channel, [queue], on_message=self._received, no_ack=True).consume()
+        self._drain(conn)
+
+    def _received(self, message: Message) -> None:
+        try:
+            json.loads(message.body)  # anything parseable is a request; the content is informative only
+        except (ValueError, TypeError):
+            log.warning("facts snapshot request is not JSON: ignored")
+            return
+        self.on_request()

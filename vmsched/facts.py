@@ -1,0 +1,155 @@
+"""Host facts on the bus: what a policy agent measured on its hypervisor.
+
+Part of the one versioned bus contract (:mod:`vmsched.messages`): a
+:class:`FactsMessage` carries the contract version ``v``, the publishing
+agent's host ID, a per-agent-process ``instance`` and a sequence number
+``seq`` (both for ordering), the collection time and the facts. Agents
+publish it on the ``vmsched.events`` topic exchange with the routing key
+``agent.<host>.facts`` (:func:`facts_key`).
+
+Cost is kept proportional to change: every message carries the small host
+summary; the guest list (``guests``) only when it changed since the agent's
+last message, on a snapshot request, or every few intervals. ``guests`` is
+``None`` when left out: the reader keeps the list it has (``guests_digest``
+says which list that is).
+
+A reader accepts messages of its own contract version and of the one before
+(hosts are upgraded one at a time) and refuses newer ones, oversized ones
+(:data:`MAX_BYTES`), malformed ones and out-of-order ones (:func:`read`).
+Units: MiB for memory, % for CPU (100 = one whole CPU for a guest, all CPUs
+for the host), seconds for times.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vmsched.messages import CONTRACT_VERSION, _Versioned
+
+#: Largest facts message a reader accepts, bytes of JSON.
+MAX_BYTES = 4 << 20
+#: Most guests in one message.
+MAX_GUESTS = 20000
+#: Oldest contract version whose facts a reader accepts: one older than its own.
+OLDEST_FACTS_VERSION = CONTRACT_VERSION - 1
+#: The event name in the routing key.
+FACTS_EVENT = "facts"
+
+
+def facts_key(host_id: str) -> str:
+    return f"agent.{host_id}.{FACTS_EVENT}"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")  # a newer agent may add fields
+
+
+class NumaCell(_Model):
+    id: int
+    cpus: str = Field("", description="the cell's CPUs, libvirt CPU-set syntax")
+    memory_mib: int = Field(0, ge=0, description="the cell's memory, MiB")
+
+
+class HugePages(_Model):
+    size_kib: int = Field(ge=1, description="page size, KiB")
+    total: int = Field(0, ge=0, description="pages reserved")
+    free: int = Field(0, ge=0, description="pages not in use")
+
+
+class HostFacts(_Model):
+    """The host summary, sent with every message."""
+
+    hostname: str = ""
+    libvirt_uuid: str = Field("", description="libvirt's host UUID (capabilities host/uuid)")
+    vdsm_id: str = Field("", description="/etc/vdsm/vdsm.id when present")
+    sockets: int = Field(0, ge=0)
+    cores: int = Field(0, ge=0, description="cores per socket")
+    threads: int = Field(0, ge=0, description="threads per core")
+    numa: list[NumaCell] = Field(default_factory=list)
+    cpus: int = Field(0, ge=0, description="online CPUs")
+    cpu_pct: float = Field(0.0, ge=0, description="host CPU use (user + system) over the last interval, % of all CPUs")
+    pcpu_pct: list[float] = Field(default_factory=list, description="utilisation of each online pCPU over the last interval, %")
+    load_avg: list[float] = Field(default_factory=list, description="1, 5 and 15 minute load averages")
+    memory_total_mib: int = Field(0, ge=0)
+    memory_free_mib: int = Field(0, ge=0, description="MemFree + Cached + Buffers + SReclaimable (oVirt's free)")
+    memory_available_mib: int = Field(0, ge=0, description="MemAvailable")
+    swap_total_mib: int = Field(0, ge=0)
+    swap_used_mib: int = Field(0, ge=0)
+    hugepages: list[HugePages] = Field(default_factory=list)
+    dedicated_pool: str = Field("", description="the agent's dedicated CPU pool (CPU set)")
+    shared_cpus: str = Field("", description="CPUs shared by guests without dedicated CPUs (CPU set)")
+    allocations: dict[str, str] = Field(default_factory=dict, description="guest UUID -> its dedicated CPUs")
+    guests_running: int = Field(0, ge=0)
+    guests_total: int = Field(0, ge=0)
+    guest_memory_mib: int = Field(0, ge=0, description="sum of running guests' current balloon, MiB")
+    guest_vcpus: int = Field(0, ge=0, description="sum of running guests' vCPUs")
+    history_interval: float = Field(0.0, ge=0, description="seconds between two cpu_history samples")
+    cpu_history: list[float] = Field(default_factory=list, description="host cpu_pct samples, oldest first")
+
+
+class GuestFacts(_Model):
+    uuid: str = Field(description="libvirt UUID: the oVirt engine's VM id")
+    name: str = ""
+    state: str = Field("", description="running, paused, shutoff, ... (libvirt's state)")
+    vcpus: int = Field(0, ge=0)
+    memory_mib: int = Field(0, ge=0, description="current balloon, MiB")
+    max_memory_mib: int = Field(0, ge=0, description="maximum balloon, MiB")
+    cpu_pct: float = Field(0.0, ge=0, description="CPU time over the last interval, % of the guest's vCPUs")
+    has_policy: bool = False
+    dedicated: bool = Field(False, description="the guest has dedicated pCPUs")
+
+
+class FactsMessage(_Versioned):
+    """One facts message of one agent."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
+
+    host_id: str = Field(min_length=1, max_length=256)
+    instance: str = Field(min_length=1, max_length=64, description="changes when the agent restarts (seq restarts)")
+    seq: int = Field(ge=0)
+    time: float = Field(gt=0, description="UNIX time of the collection")
+    interval: float = Field(gt=0, description="the agent's collection interval, seconds")
+    reason: Literal["interval", "event", "snapshot"] = "interval"
+    host: HostFacts
+    guests: list[GuestFacts] | None = Field(None, max_length=MAX_GUESTS, description="None: unchanged")
+    guests_digest: str = ""
+
+
+class SnapshotRequest(_Versioned):
+    """A service replica asks every agent to publish its full facts now (on the ``vmsched.facts`` exchange)."""
+
+    requester: str = Field("", max_length=256)
+
+
+class Rejected(ValueError):
+    """A facts message a reader does not use; ``reason`` is a metric label."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def read(raw: bytes | str) -> FactsMessage:
+    """The message in ``raw``, or :class:`Rejected` (oversized, malformed, version)."""
+    if len(raw) > MAX_BYTES:
+        raise Rejected("oversized", f"facts message of {len(raw)} bytes is larger than {MAX_BYTES}")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise Rejected("malformed", f"facts message is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise Rejected("malformed", "facts message is not a JSON object")
+    data.pop("service", None)  # added by the event publisher
+    data.setdefault("v", 1)  # unversioned: version 1
+    try:
+        message = FactsMessage.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        raise Rejected("malformed", f"facts message refused: {problems}") from None
+    if message.v > CONTRACT_VERSION or message.v < OLDEST_FACTS_VERSION:
+        raise Rejected("version", f"facts of contract version {message.v} from {message.host_id!r}: this reader "
+                                  f"accepts {OLDEST_FACTS_VERSION}-{CONTRACT_VERSION}")
+    return message

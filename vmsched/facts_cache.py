@@ -1,0 +1,241 @@
+"""The facts cache of a service replica: the newest facts of every host.
+
+Fed with raw facts messages (:class:`vmsched.bus.facts.FactsSubscriber`),
+it keeps, per agent host ID, the newest message and the last guest list. A
+message is dropped, with a log line and ``vmsched_facts_dropped_total{reason}``,
+when it is oversized, malformed, of an unsupported version or out of order
+(an older ``seq`` of the same agent instance, or an older collection from a
+previous instance); nothing a message holds can break the cache.
+
+Host identity (docs/facts.md): the engine sends its own host IDs. A host ID
+resolves, in order, to an agent reporting that ``--host-id``, to the agent
+named for it in the host map (``--facts-host-map``), else to nothing: "no
+facts", with the reason, never a guess. A host is stale when its newest facts
+are older than ``max_age`` (default: 3 of the agent's intervals).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import Counter
+
+from vmsched.facts import FactsMessage, GuestFacts, Rejected, read
+from vmsched.metrics import REGISTRY
+
+log = logging.getLogger("vmsched.facts")
+
+RECEIVED = Counter("vmsched_facts_received_total", "Facts messages accepted into a facts cache", ["service"],
+                   registry=REGISTRY)
+DROPPED = Counter("vmsched_facts_dropped_total",
+                  "Facts messages dropped, by reason (oversized, malformed, version, out_of_order)",
+                  ["service", "reason"], registry=REGISTRY)
+
+#: Staleness when no --facts-max-age is set: this many of the agent's intervals.
+STALE_INTERVALS = 3
+
+
+@dataclass
+class Entry:
+    message: FactsMessage
+    guests: list[GuestFacts] = field(default_factory=list)
+    received: float = 0.0
+
+
+class FactsCache:
+    def __init__(self, service: str = "service", max_age: float | None = None,
+                 host_map: dict[str, str] | None = None) -> None:
+        self.service = service
+        self.max_age = max_age
+        self.host_map = dict(host_map or {})
+        self._hosts: dict[str, Entry] = {}
+        self._vms: dict[str, tuple[str, GuestFacts]] = {}  # guest UUID -> (agent host ID, its facts)
+        self._lock = threading.Lock()
+        _CACHES.add(self)
+
+    # --- ingest ------------------------------------------------------------------
+    def ingest(self, raw: bytes) -> bool:
+        """Take one raw message; False (logged, counted) when dropped."""
+        try:
+            message = read(raw)
+            self._store(message)
+        except Rejected as exc:
+            DROPPED.labels(self.service, exc.reason).inc()
+            log.warning("%s: facts message dropped (%s): %s", self.service, exc.reason, exc)
+            return False
+        RECEIVED.labels(self.service).inc()
+        return True
+
+    def _store(self, message: FactsMessage) -> None:
+        with self._lock:
+            old = self._hosts.get(message.host_id)
+            if old is not None:
+                prev = old.message
+                if prev.instance == message.instance and message.seq <= prev.seq:
+                    raise Rejected("out_of_order", f"facts of {message.host_id!r} seq {message.seq} after seq {prev.seq}")
+                if prev.instance != message.instance and message.time < prev.time:
+                    raise Rejected("out_of_order", f"facts of {message.host_id!r} from an older agent instance")
+            if message.guests is not None:
+                guests = list(message.guests)
+            elif old is not None and old.message.instance == message.instance:
+                guests = old.guests
+            else:
+                guests = []  # a new instance's first summary without guests: the list follows
+            if old is None or guests is not old.guests:
+                for guest in old.guests if old is not None else ():
+                    if self._vms.get(guest.uuid, ("",))[0] == message.host_id:
+                        del self._vms[guest.uuid]
+                for guest in guests:
+                    self._vms[guest.uuid] = (message.host_id, guest)
+            self._hosts[message.host_id] = Entry(message.model_copy(update={"guests": None}), guests, time.time())
+
+    # --- reading -----------------------------------------------------------------
+    def resolve(self, host_id: str) -> tuple[Entry | None, str]:
+        """The entry of an engine host ID and the agent host ID it resolved to, or (None, reason)."""
+        with self._lock:
+            entry = self._hosts.get(host_id)
+            if entry is not None:
+                return entry, host_id
+            mapped = self.host_map.get(host_id)
+            if mapped is not None:
+                entry = self._hosts.get(mapped)
+                if entry is not None:
+                    return entry, mapped
+                return None, f"no facts: host {host_id!r} is mapped to agent {mapped!r}, which has sent none"
+        return None, (f"no facts: no agent reports host {host_id!r} (set the agent's --host-id to the engine's "
+                      "host ID, or map it in --facts-host-map)")
+
+    def age(self, entry: Entry, now: float | None = None) -> float:
+        return max(0.0, (time.time() if now is None else now) - entry.message.time)
+
+    def is_stale(self, entry: Entry, now: float | None = None) -> bool:
+        limit = self.max_age if self.max_age is not None else STALE_INTERVALS * entry.message.interval
+        return self.age(entry, now) > limit
+
+    def hosts(self) -> list[str]:
+        with self._lock:
+            return sorted(self._hosts)
+
+    def payload(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> dict[str, Any]:
+        """The facts of one plugin call, as :mod:`vmsched.plugin.facts` reads them."""
+        now = time.time()
+        found: dict[str, dict] = {}
+        missing: dict[str, str] = {}
+        for host_id in dict.fromkeys(hosts):
+            entry, resolved = self.resolve(host_id)
+            if entry is None:
+                missing[host_id] = resolved
+                continue
+            found[host_id] = self._plugin_host(entry, resolved, now, with_guests)
+        vm_view, problem = self._vm(vm)
+        return {"hosts": found, "missing": missing, "vm": vm_view, "vm_problem": problem}
+
+    def _plugin_host(self, entry: Entry, agent_id: str, now: float, with_guests: bool) -> dict[str, Any]:
+        m = entry.message
+        view = m.host.model_dump(exclude={"allocations"})
+        view.update(agent_host_id=agent_id, stale=self.is_stale(entry, now), age=round(self.age(entry, now), 3),
+                    time=m.time, interval=m.interval)
+        if with_guests:
+            view["guests"] = [g.model_dump() for g in entry.guests]
+        return view
+
+    def _vm(self, vm: str) -> tuple[dict | None, str | None]:
+        if not vm:
+            return None, "the call has no VM"
+        with self._lock:
+            found = self._vms.get(vm)
+        if found is not None:
+            host_id, guest = found
+            return {"id": vm, "memory_mib": guest.memory_mib, "vcpus": guest.vcpus,
+                    "host_id": host_id, "source": "host facts"}, None
+        return None, (f"VM {vm!r} runs on no host with facts, and no engine link is configured to ask the "
+                      "engine for its memory and vCPUs")
+
+    def view(self, host_id: str, now: float | None = None) -> dict[str, Any] | None:
+        """The JSON API's view of one host, or None."""
+        entry, resolved = self.resolve(host_id)
+        if entry is None:
+            return None
+        now = time.time() if now is None else now
+        m = entry.message
+        return {"host_id": host_id, "agent_host_id": resolved, "stale": self.is_stale(entry, now),
+                "age": round(self.age(entry, now), 3), "source": f"agent {resolved} (instance {m.instance})",
+                "time": m.time, "seq": m.seq, "interval": m.interval, "version": m.v,
+                "host": m.host.model_dump(), "guests": [g.model_dump() for g in entry.guests]}
+
+    def views(self) -> list[dict[str, Any]]:
+        now = time.time()
+        return [v for v in (self.view(h, now) for h in self.hosts()) if v is not None]
+
+    def problem(self, host_id: str) -> str:
+        return self.resolve(host_id)[1]
+
+    def _ages(self) -> Iterator[tuple[str, float, bool]]:
+        now = time.time()
+        with self._lock:
+            entries = list(self._hosts.items())
+        for host_id, entry in entries:
+            yield host_id, self.age(entry, now), self.is_stale(entry, now)
+
+
+def load_host_map(path: Path | None) -> dict[str, str]:
+    """``engine host ID = agent host ID`` lines (``#`` comments), or JSON object; {} without a file."""
+    if path is None:
+        return {}
+    text = Path(path).read_text()
+    if text.lstrip().startswith("{"):
+        import json
+
+        data = json.loads(text)
+        if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+            raise ValueError(f"{path}: expected a JSON object of engine host ID -> agent host ID strings")
+        return data
+    mapping: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{path}:{number}: expected ENGINE_HOST_ID = AGENT_HOST_ID")
+        mapping[key.strip()] = value.strip()
+    return mapping
+
+
+# --- metrics computed at scrape time -------------------------------------------------
+
+_CACHES: "weakref.WeakSet[FactsCache]" = weakref.WeakSet()
+
+
+class _Collector:
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        age = GaugeMetricFamily("vmsched_facts_age_seconds", "Age of the newest facts of each host, by service "
+                                "(the one metric labelled with a host ID: one series per hypervisor)",
+                                labels=["service", "host"])
+        known = GaugeMetricFamily("vmsched_facts_hosts", "Hosts in a facts cache", labels=["service"])
+        stale = GaugeMetricFamily("vmsched_facts_hosts_stale", "Hosts whose facts are stale", labels=["service"])
+        for cache in list(_CACHES):
+            n = n_stale = 0
+            for host_id, seconds, is_stale in cache._ages():
+                age.add_metric([cache.service, host_id], seconds)
+                n += 1
+                n_stale += is_stale
+            known.add_metric([cache.service], n)
+            stale.add_metric([cache.service], n_stale)
+        yield age
+        yield known
+        yield stale
+
+
+REGISTRY.register(_Collector())  # type: ignore[arg-type]

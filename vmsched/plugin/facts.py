@@ -1,0 +1,184 @@
+"""Host facts for plugin units: ``from vmsched.plugin import facts``.
+
+The service attaches the facts of a call's hosts (and of its VM, when known)
+to every plugin call; the worker installs them here before the unit runs, so
+reading them does no I/O::
+
+    from vmsched.plugin import facts
+
+    class FewestGuests:
+        def do_score(self, hosts, vm, args):
+            return [(h, facts.host(h).guests_running if facts.host(h) else 0) for h in hosts]
+
+- :func:`host` (``host_id``) -> :class:`Host` or ``None`` (no agent, stale
+  data is still returned with ``stale=True``; :func:`missing` says why a host
+  has none);
+- :func:`hosts` -> every host of the call that has facts;
+- :func:`vm` -> :class:`VM` or ``None`` (:func:`vm_problem` says why).
+
+Units: memory in MiB, CPU in % (a host's 100 % is all its CPUs; a guest's is
+all its vCPUs), times in seconds. Standard library only (the worker imports it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Guest:
+    """A guest on a host (balance calls only, and the call's VM)."""
+
+    uuid: str  # libvirt UUID = the engine's VM id
+    name: str = ""
+    state: str = ""  # running, paused, shutoff, ...
+    vcpus: int = 0
+    memory_mib: int = 0  # current balloon, MiB
+    max_memory_mib: int = 0  # maximum balloon, MiB
+    cpu_pct: float = 0.0  # CPU time over the agent's last interval, % of the guest's vCPUs
+    has_policy: bool = False  # a vmsched CPU policy is set
+    dedicated: bool = False  # the guest has dedicated pCPUs
+
+
+@dataclass(frozen=True)
+class Host:
+    """One hypervisor as its agent last measured it."""
+
+    host_id: str  # the ID the engine sent
+    agent_host_id: str = ""  # the agent's --host-id (same unless mapped)
+    stale: bool = False  # newer facts are overdue (older than the service's --facts-max-age)
+    age: float = 0.0  # seconds since the agent collected these facts
+    time: float = 0.0  # UNIX time of the collection
+    interval: float = 0.0  # the agent's collection interval, seconds
+    hostname: str = ""
+    libvirt_uuid: str = ""
+    vdsm_id: str = ""
+    sockets: int = 0
+    cores: int = 0  # per socket
+    threads: int = 0  # per core
+    cpus: int = 0  # online CPUs
+    cpu_pct: float = 0.0  # host CPU use (user + system) over the last interval, % of all CPUs
+    pcpu_pct: tuple[float, ...] = ()  # per online pCPU, %
+    load_avg: tuple[float, ...] = ()  # 1, 5, 15 minutes
+    memory_total_mib: int = 0
+    memory_free_mib: int = 0  # MemFree + Cached + Buffers + SReclaimable, MiB (oVirt's free memory)
+    memory_available_mib: int = 0  # MemAvailable, MiB
+    swap_total_mib: int = 0
+    swap_used_mib: int = 0
+    dedicated_pool: str = ""  # CPU set
+    shared_cpus: str = ""  # CPU set
+    guests_running: int = 0
+    guests_total: int = 0
+    guest_memory_mib: int = 0  # sum of running guests' current balloon, MiB
+    guest_vcpus: int = 0  # sum of running guests' vCPUs
+    history_interval: float = 0.0  # seconds between cpu_history samples
+    cpu_history: tuple[float, ...] = ()  # host cpu_pct samples, oldest first (about 10 minutes)
+    numa: tuple[dict, ...] = ()  # {"id", "cpus" (CPU set), "memory_mib"}
+    hugepages: tuple[dict, ...] = ()  # {"size_kib", "total", "free"} (pages)
+    guests: tuple[Guest, ...] = field(default=())  # balance calls only
+
+    def cpu_avg(self, seconds: float | None = None) -> float:
+        """Mean host CPU % over the last ``seconds`` of history (all of it by default)."""
+        samples = _window(self.cpu_history, self.history_interval, seconds)
+        return sum(samples) / len(samples) if samples else self.cpu_pct
+
+    def cpu_stdev(self, seconds: float | None = None) -> float:
+        """Population standard deviation of host CPU % over the window, %."""
+        samples = _window(self.cpu_history, self.history_interval, seconds)
+        if len(samples) < 2:
+            return 0.0
+        mean = sum(samples) / len(samples)
+        return math.sqrt(sum((s - mean) ** 2 for s in samples) / len(samples))
+
+    def cpu_above_for(self, threshold: float) -> float:
+        """Seconds host CPU has been continuously above ``threshold`` % (at most the history's length)."""
+        return run_length(self.cpu_history, self.history_interval, lambda s: s > threshold)
+
+    def cpu_below_for(self, threshold: float) -> float:
+        """Seconds host CPU has been continuously below ``threshold`` %."""
+        return run_length(self.cpu_history, self.history_interval, lambda s: s < threshold)
+
+
+@dataclass(frozen=True)
+class VM:
+    """The call's VM: what it needs."""
+
+    id: str
+    memory_mib: int = 0  # current balloon, MiB
+    vcpus: int = 0
+    host_id: str = ""  # the host it runs on, when running
+    source: str = ""  # "host facts" (a running VM) or "engine" (the engine link)
+
+
+def run_length(samples: Any, interval: float, test: Any) -> float:
+    """Seconds the newest samples satisfy ``test`` without a break (count x interval)."""
+    count = 0
+    for sample in reversed(tuple(samples)):
+        if not test(sample):
+            break
+        count += 1
+    return count * interval
+
+
+def _window(samples: tuple[float, ...], interval: float, seconds: float | None) -> tuple[float, ...]:
+    if seconds is None or interval <= 0:
+        return samples
+    n = max(1, int(seconds // interval))
+    return samples[-n:]
+
+
+# --- the call's facts (installed by the worker) --------------------------------
+
+_hosts: dict[str, Host] = {}
+_missing: dict[str, str] = {}
+_vm: VM | None = None
+_vm_problem: str | None = "no facts were attached to this call"
+
+
+def host(host_id: str) -> Host | None:
+    """The facts of ``host_id``, or None (see :func:`missing`)."""
+    return _hosts.get(host_id)
+
+
+def hosts() -> dict[str, Host]:
+    """Every host of this call that has facts, by host ID."""
+    return dict(_hosts)
+
+
+def missing() -> dict[str, str]:
+    """Hosts of this call without facts, with the reason (no agent, cannot be resolved)."""
+    return dict(_missing)
+
+
+def vm() -> VM | None:
+    """The call's VM with its memory and vCPUs, or None (:func:`vm_problem` says why)."""
+    return _vm
+
+
+def vm_problem() -> str | None:
+    return _vm_problem
+
+
+def _build(cls: type, data: dict) -> Any:
+    known = {f.name for f in fields(cls)}
+    values = {k: v for k, v in data.items() if k in known}
+    for name in ("pcpu_pct", "load_avg", "cpu_history", "numa", "hugepages"):
+        if isinstance(values.get(name), list):
+            values[name] = tuple(values[name])
+    if cls is Host and isinstance(values.get("guests"), list):
+        values["guests"] = tuple(_build(Guest, g) for g in values["guests"] if isinstance(g, dict))
+    return cls(**values)
+
+
+def _install(payload: dict | None) -> None:
+    """Called by the worker before each unit: this call's facts (the service's payload)."""
+    global _hosts, _missing, _vm, _vm_problem
+    payload = payload if isinstance(payload, dict) else {}
+    _hosts = {hid: _build(Host, {**h, "host_id": hid}) for hid, h in (payload.get("hosts") or {}).items()
+              if isinstance(h, dict)}
+    _missing = {str(k): str(v) for k, v in (payload.get("missing") or {}).items()}
+    vm_data = payload.get("vm")
+    _vm = _build(VM, vm_data) if isinstance(vm_data, dict) else None
+    _vm_problem = payload.get("vm_problem") if payload else "no facts were attached to this call"
