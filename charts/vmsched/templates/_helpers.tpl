@@ -140,7 +140,7 @@ Environment of every vmsched container: the file with the component's own broker
 Usage: include "vmsched.env" (list . "scoring")
 */}}
 {{- define "vmsched.env" -}}
-{{- $root := index . 0 }}
+{{- $root := index . 0 -}}
 - name: VMSCHED_AMQP_URL_FILE
   value: {{ printf "%s/url" $root.Values.amqp.mountPath | quote }}
 - name: VMSCHED_LOG_LEVEL
@@ -160,7 +160,7 @@ The Secret with one component's broker URL (its own RabbitMQ user). Usage: inclu
 The volume with one component's broker URL file (a list item). Usage: include "vmsched.amqpVolume" (list . "scoring")
 */}}
 {{- define "vmsched.amqpVolume" -}}
-{{- $root := index . 0 }}
+{{- $root := index . 0 -}}
 - name: amqp
   secret:
     secretName: {{ include "vmsched.amqpSecret" . }}
@@ -224,7 +224,7 @@ Volume mounts shared by the service containers.
 Volumes of one service pod. Usage: include "vmsched.volumes" (list . "scoring")
 */}}
 {{- define "vmsched.volumes" -}}
-{{- $root := index . 0 }}
+{{- $root := index . 0 -}}
 - name: tmp
   emptyDir:
     sizeLimit: {{ $root.Values.tmpSizeLimit }}
