@@ -167,9 +167,9 @@ def start(args: list[str], log: Path, amqp: str | None = None) -> subprocess.Pop
 def launch(mode: str, plugins: Path, tmp: Path, port: int, amqp: str) -> list[subprocess.Popen[bytes]]:
     common = ["--plugins", str(plugins), "--log-level", "WARNING"]
     if mode == "embedded":
-        return [start(["run", "--amqp", "memory://", "--port", str(port), *common], tmp / "run.log")]
+        return [start(["run", "--amqp", "memory://", "--port", str(port), "--metrics-port", "0", *common], tmp / "run.log")]
     return [
-        start(["gateway", "--port", str(port), "--log-level", "WARNING"], tmp / "gateway.log", amqp),
+        start(["gateway", "--port", str(port), "--metrics-port", "0", "--log-level", "WARNING"], tmp / "gateway.log", amqp),
         start(["scoring", *common], tmp / "scoring.log", amqp),
         start(["discovery", *common], tmp / "discovery.log", amqp),
         start(["balancer", *common], tmp / "balancer.log", amqp),
