@@ -94,11 +94,28 @@ def test_keep_alive_connection_gets_a_fresh_header_timeout_per_request(timed: St
     with socket.create_connection(("127.0.0.1", timed.port), timeout=10) as s:
         for _ in range(3):
             s.sendall(request)
-            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            assert _response(s).startswith(b"HTTP/1.1 200")
             time.sleep(HEADER_TIMEOUT * 0.6)  # total well past one header timeout; each request in time
         s.sendall(b"GET /heal")
         s.settimeout(5 * HEADER_TIMEOUT + 5)
         assert b"408" in s.recv(4096)
+
+
+def _response(s: socket.socket) -> bytes:
+    """One whole HTTP response (headers and Content-Length body), however the segments arrive."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        assert chunk, f"connection closed mid-response: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = s.recv(4096)
+        assert chunk, f"connection closed mid-body: {head!r}"
+        body += chunk
+    assert len(body) == length, (head, body)
+    return head + b"\r\n\r\n" + body
 
 
 def _token() -> bytes:
