@@ -6,7 +6,9 @@ scoring service's cache hold them; a plugin reading facts (FewestGuests)
 changes its decision, through XML-RPC, when guests start on one host; a
 stopped agent's host turns stale and units see it; malformed, oversized,
 old-version and out-of-order messages are dropped with a log line and a
-metric, and the cache keeps working. The real-QEMU case is in
+metric, and the cache keeps working; an agent cannot speak for another host
+(the message's host must be the routing key's, which broker permissions tie to
+the agent's user). The real-QEMU case is in
 tests/e2e_libvirt/test_e2e_facts.py.
 """
 
@@ -185,10 +187,11 @@ def test_bad_facts_messages_are_dropped_and_never_break_the_cache(tmp_path: Path
         "oversized": [b" " * (MAX_BYTES + 1)],
         "version": [json.dumps(newer).encode()],
         "out_of_order": [json.dumps(old).encode()],  # a replay of an older message of the same agent instance
+        "host_mismatch": [json.dumps({**old, "seq": 10**9}).encode()],  # hv-c's facts under another host's key
     }
-    for messages in cases.values():
+    for reason, messages in cases.items():
         for body in messages:
-            _publish(rabbit_vhost, "agent.hv-c.facts", body)
+            _publish(rabbit_vhost, "agent.hv-d.facts" if reason == "host_mismatch" else "agent.hv-c.facts", body)
 
     def dropped() -> dict[str, float]:
         text = httpx.get(f"{stack.metrics_url}/metrics", timeout=10).text

@@ -28,7 +28,7 @@ from typing import Any, Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client import Counter
 
-from vmsched.facts import FactsMessage, GuestFacts, Rejected, read
+from vmsched.facts import FactsMessage, GuestFacts, Rejected, facts_key, read
 from vmsched.metrics import REGISTRY
 
 log = logging.getLogger("vmsched.facts")
@@ -36,7 +36,7 @@ log = logging.getLogger("vmsched.facts")
 RECEIVED = Counter("vmsched_facts_received_total", "Facts messages accepted into a facts cache", ["service"],
                    registry=REGISTRY)
 DROPPED = Counter("vmsched_facts_dropped_total",
-                  "Facts messages dropped, by reason (oversized, malformed, version, out_of_order)",
+                  "Facts messages dropped, by reason (oversized, malformed, version, out_of_order, host_mismatch)",
                   ["service", "reason"], registry=REGISTRY)
 
 #: Staleness when no --facts-max-age is set: this many of the agent's intervals.
@@ -62,10 +62,16 @@ class FactsCache:
         _CACHES.add(self)
 
     # --- ingest ------------------------------------------------------------------
-    def ingest(self, raw: bytes) -> bool:
-        """Take one raw message; False (logged, counted) when dropped."""
+    def ingest(self, raw: bytes, routing_key: str | None = None) -> bool:
+        """Take one raw message; False (logged, counted) when dropped.
+
+        ``routing_key``: the key it was published with; it must be the message's host's key.
+        """
         try:
             message = read(raw)
+            if routing_key is not None and routing_key != facts_key(message.host_id):
+                raise Rejected("host_mismatch", f"facts of host {message.host_id!r} published with the key "
+                                                f"{routing_key[:300]!r} (an agent may only speak for its own host)")
             self._store(message)
         except Rejected as exc:
             DROPPED.labels(self.service, exc.reason).inc()

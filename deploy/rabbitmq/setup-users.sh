@@ -11,6 +11,7 @@
 #                            consume their own request queues, reply on vmsched.reply
 #   vmsched-agent-<HOST_ID>  (one per --agent) consumes vmsched.agent.<HOST_ID> only, may bind only
 #                            its host's key, replies on vmsched.reply, publishes agent.<HOST_ID>.* events
+#                            (its host facts among them) and reads facts snapshot requests (vmsched.facts)
 #   vmsched-agent            (--shared-agent, e.g. a Kubernetes DaemonSet with one Secret) any
 #                            agent queue: weaker, an agent could read another host's requests
 #   vmsched-admin            (--admin) administrator of the management UI, all rights on the vhost
@@ -90,28 +91,43 @@ topic() {  # user exchange write read (explicit for every vmsched topic exchange
 SERVICE_QUEUES='vmsched\.(discover|filter|score|balance)'
 # gateway: creates the exchanges and the scheduling queues (so requests wait for a starting service),
 # publishes requests, consumes its own exclusive reply queues vmsched.reply.<uuid>
+# host facts (docs/facts.md): the gateway, scoring and balancer each bind their own exclusive queue
+# vmsched.facts.<name>.<random> to vmsched.events with the key agent.*.facts, and ask the agents for a
+# snapshot on the vmsched.facts exchange (key snapshot); each agent consumes vmsched.facts.snapshot.<host>
+FACTS_BINDING='agent\.\*\.facts'
 add vmsched-gateway \
-  "^(vmsched\.(requests|agent|reply|events)|$SERVICE_QUEUES|vmsched\.reply\..+)\$" \
-  "^(vmsched\.(requests|agent)|$SERVICE_QUEUES|vmsched\.reply\..+)\$" \
-  "^(vmsched\.(requests|reply)|vmsched\.reply\..+)\$"
+  "^(vmsched\.(requests|agent|reply|events|facts)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+)\$" \
+  "^(vmsched\.(requests|agent|facts)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+)\$" \
+  "^(vmsched\.(requests|reply|events)|vmsched\.reply\..+|vmsched\.facts\.gateway\..+)\$"
 topic vmsched-gateway vmsched.requests "^$SERVICE_QUEUES\$" "^$SERVICE_QUEUES\$"
 topic vmsched-gateway vmsched.agent '.*' '^$'
-topic vmsched-gateway vmsched.events '^$' '^$'
+topic vmsched-gateway vmsched.events '^$' "^$FACTS_BINDING\$"
+topic vmsched-gateway vmsched.facts '^snapshot$' '^$'
 
-service() {  # name queue-regex
-  add "vmsched-$1" "^$2\$" "^($2|vmsched\.reply)\$" "^($2|vmsched\.requests)\$"
+service() {  # name queue-regex [facts]
+  if [ "${3:-}" = facts ]; then
+    local own="vmsched\.facts\.$1\..+"
+    add "vmsched-$1" "^($2|$own)\$" "^($2|vmsched\.reply|vmsched\.facts|$own)\$" "^($2|vmsched\.requests|vmsched\.events|$own)\$"
+    topic "vmsched-$1" vmsched.events '^$' "^$FACTS_BINDING\$"
+    topic "vmsched-$1" vmsched.facts '^snapshot$' '^$'
+  else
+    add "vmsched-$1" "^$2\$" "^($2|vmsched\.reply)\$" "^($2|vmsched\.requests)\$"
+    topic "vmsched-$1" vmsched.events '^$' '^$'
+    topic "vmsched-$1" vmsched.facts '^$' '^$'
+  fi
   topic "vmsched-$1" vmsched.requests '^$' "^$2\$"
   topic "vmsched-$1" vmsched.agent '^$' '^$'
-  topic "vmsched-$1" vmsched.events '^$' '^$'
 }
 service discovery 'vmsched\.discover'
-service scoring 'vmsched\.(filter|score)'
-service balancer 'vmsched\.balance'
+service scoring 'vmsched\.(filter|score)' facts
+service balancer 'vmsched\.balance' facts
 
 agent() {  # user host-regex
-  add "$1" "^vmsched\.agent\.$2\$" "^(vmsched\.agent\.$2|vmsched\.reply|vmsched\.events)\$" \
-      "^(vmsched\.agent\.$2|vmsched\.agent)\$"
+  add "$1" "^(vmsched\.agent\.$2|vmsched\.facts\.snapshot\.$2)\$" \
+      "^(vmsched\.agent\.$2|vmsched\.reply|vmsched\.events|vmsched\.facts\.snapshot\.$2)\$" \
+      "^(vmsched\.agent\.$2|vmsched\.agent|vmsched\.facts|vmsched\.facts\.snapshot\.$2)\$"
   topic "$1" vmsched.agent '^$' "^$2\$"
+  topic "$1" vmsched.facts '^$' '^snapshot$'
   topic "$1" vmsched.events "^agent\.$2\.[^.]+\$" '^$'
   topic "$1" vmsched.requests '^$' '^$'
 }
@@ -123,7 +139,7 @@ if [ "$shared_agent" = 1 ]; then agent vmsched-agent '[^*#]+'; fi
 if [ "$admin" = 1 ]; then add vmsched-admin '.*' '.*' '.*' administrator; fi
 
 exchanges=()
-for x in requests:topic agent:topic reply:direct events:topic; do
+for x in requests:topic agent:topic reply:direct events:topic facts:topic; do
   exchanges+=("{\"name\":\"vmsched.${x%%:*}\",\"vhost\":\"$vhost\",\"type\":\"${x##*:}\",\"durable\":true,\"auto_delete\":false,\"internal\":false,\"arguments\":{}}")
 done
 

@@ -90,9 +90,12 @@ class _Loop:
 
 
 class FactsSubscriber(_Loop):
-    """Hands every facts message on the bus to ``on_message`` (raw bytes); asks for a snapshot on connect."""
+    """Hands every facts message on the bus to ``on_message(raw bytes, routing key)``; asks for a snapshot on connect.
 
-    def __init__(self, options: BusOptions, service: str, on_message: Callable[[bytes], None]) -> None:
+    The routing key matters: broker permissions let an agent publish only under its own host's key, so the
+    reader checks that the message's host is the key's host (an agent cannot speak for another host)."""
+
+    def __init__(self, options: BusOptions, service: str, on_message: Callable[[bytes, str], object]) -> None:
         super().__init__(options, f"{service}-facts")
         self.service = service
         self.on_message = on_message
@@ -113,7 +116,8 @@ class FactsSubscriber(_Loop):
 
     def _received(self, message: Message) -> None:
         try:
-            self.on_message(message.body if isinstance(message.body, bytes) else str(message.body).encode())
+            body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+            self.on_message(body, str(message.delivery_info.get("routing_key", "")))
         except Exception:  # noqa: BLE001 - a bad message must not stop the subscription
             log.exception("%s: handling a facts message failed", self.service)
 
