@@ -128,6 +128,10 @@ class DiscoverRequest(BaseModel):
 class DiscoverReply(BaseModel):
     units: list[UnitInfo] = Field(default_factory=list)
     load_errors: list[PluginLoadError] = Field(default_factory=list)
+    #: Optional (contract version 2 readers ignore it when absent; older readers ignore it when present).
+    confinement: dict[str, str] | None = Field(
+        None, description="the plugin sandbox of the discovery service's workers: feature -> 'on (...)' or "
+                          "'off: why' (docs/plugins.md); absent from an older discovery service")
 
 
 # --- filter / score / balance ----------------------------------------------

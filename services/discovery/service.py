@@ -23,4 +23,5 @@ class DiscoveryService(PluginService):
     def discover(self, env: Envelope) -> BaseModel:
         self.catalog.refresh()  # one scandir when nothing changed
         units = sorted(self.catalog.units(), key=lambda u: (u.kind.value, u.name))
-        return DiscoverReply(units=units, load_errors=self.catalog.load_errors())
+        return DiscoverReply(units=units, load_errors=self.catalog.load_errors(),
+                             confinement=dict(self.pool.sandbox) or None)
