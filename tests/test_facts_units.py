@@ -198,3 +198,13 @@ def test_history_keeps_ten_minutes() -> None:
     for i in range(200):
         history.add(float(i))
     assert len(history.cpu()) == 120 and history.cpu()[-1] == 199.0
+
+
+def test_a_cache_payload_reaches_the_plugin_api_intact() -> None:
+    cache = FactsCache("unit")
+    cache.ingest(message(cpu_pct=95.0, pcpu_pct=[90.0, 100.0], cpu_history=[10.0, 85.5, 95.0], history_interval=5.0,
+                         guests_running=3))
+    api._install(json.loads(json.dumps(cache.payload(["hv1"]))))  # as the worker gets it
+    h = api.host("hv1")
+    assert h.pcpu_pct == (90.0, 100.0) and h.cpu_history == (10.0, 85.5, 95.0) and h.cpu_above_for(80) == 10.0
+    assert h.guests_running == 3 and not h.stale and api.hosts() == {"hv1": h}

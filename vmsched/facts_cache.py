@@ -30,6 +30,7 @@ from prometheus_client import Counter
 
 from vmsched.facts import FactsMessage, GuestFacts, Rejected, facts_key, read
 from vmsched.metrics import REGISTRY
+from vmsched.plugin.facts import pack_floats
 
 log = logging.getLogger("vmsched.facts")
 
@@ -48,6 +49,14 @@ class Entry:
     message: FactsMessage
     guests: list[GuestFacts] = field(default_factory=list)
     received: float = 0.0
+    plugin_view: dict[str, Any] = field(default_factory=dict)  # what a plugin call gets, built once per message
+
+    def __post_init__(self) -> None:
+        host = self.message.host
+        view = host.model_dump(exclude={"allocations", "pcpu_pct", "cpu_history"})
+        view["pcpu_text"], view["history_text"] = pack_floats(host.pcpu_pct), pack_floats(host.cpu_history)
+        view.update(time=self.message.time, interval=self.message.interval)
+        self.plugin_view = view
 
 
 class FactsCache:
@@ -145,10 +154,8 @@ class FactsCache:
         return {"hosts": found, "missing": missing, "vm": vm_view, "vm_problem": problem}
 
     def _plugin_host(self, entry: Entry, agent_id: str, now: float, with_guests: bool) -> dict[str, Any]:
-        m = entry.message
-        view = m.host.model_dump(exclude={"allocations"})
-        view.update(agent_host_id=agent_id, stale=self.is_stale(entry, now), age=round(self.age(entry, now), 3),
-                    time=m.time, interval=m.interval)
+        view = {**entry.plugin_view, "agent_host_id": agent_id, "stale": self.is_stale(entry, now),
+                "age": round(self.age(entry, now), 3)}
         if with_guests:
             view["guests"] = [g.model_dump() for g in entry.guests]
         return view

@@ -22,6 +22,7 @@ all its vCPUs), times in seconds. Standard library only (the worker imports it).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -60,7 +61,7 @@ class Host:
     threads: int = 0  # per core
     cpus: int = 0  # online CPUs
     cpu_pct: float = 0.0  # host CPU use (user + system) over the last interval, % of all CPUs
-    pcpu_pct: tuple[float, ...] = ()  # per online pCPU, %
+    pcpu_text: str = field(default="", repr=False)  # pcpu_pct as sent: "12.5,3,..." (parsed on first use)
     load_avg: tuple[float, ...] = ()  # 1, 5, 15 minutes
     memory_total_mib: int = 0
     memory_free_mib: int = 0  # MemFree + Cached + Buffers + SReclaimable, MiB (oVirt's free memory)
@@ -74,10 +75,20 @@ class Host:
     guest_memory_mib: int = 0  # sum of running guests' current balloon, MiB
     guest_vcpus: int = 0  # sum of running guests' vCPUs
     history_interval: float = 0.0  # seconds between cpu_history samples
-    cpu_history: tuple[float, ...] = ()  # host cpu_pct samples, oldest first (about 10 minutes)
+    history_text: str = field(default="", repr=False)  # cpu_history as sent (parsed on first use)
     numa: tuple[dict, ...] = ()  # {"id", "cpus" (CPU set), "memory_mib"}
     hugepages: tuple[dict, ...] = ()  # {"size_kib", "total", "free"} (pages)
     guests: tuple[Guest, ...] = field(default=())  # balance calls only
+
+    @functools.cached_property
+    def pcpu_pct(self) -> tuple[float, ...]:
+        """Utilisation of each online pCPU over the last interval, %."""
+        return _floats(self.pcpu_text)
+
+    @functools.cached_property
+    def cpu_history(self) -> tuple[float, ...]:
+        """Host cpu_pct samples at history_interval, oldest first (about 10 minutes)."""
+        return _floats(self.history_text)
 
     def cpu_avg(self, seconds: float | None = None) -> float:
         """Mean host CPU % over the last ``seconds`` of history (all of it by default)."""
@@ -122,6 +133,15 @@ def run_length(samples: Any, interval: float, test: Any) -> float:
     return count * interval
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",")) if text else ()
+
+
+def pack_floats(values: Any) -> str:
+    """The wire form of a list of numbers in a call's facts (one JSON string is much cheaper to decode)."""
+    return ",".join(format(float(v), "g") for v in values)
+
+
 def _window(samples: tuple[float, ...], interval: float, seconds: float | None) -> tuple[float, ...]:
     if seconds is None or interval <= 0:
         return samples
@@ -131,6 +151,7 @@ def _window(samples: tuple[float, ...], interval: float, seconds: float | None) 
 
 # --- the call's facts (installed by the worker) --------------------------------
 
+_raw_hosts: dict[str, Any] = {}  # as sent; a Host is built on first use (most units read a few fields)
 _hosts: dict[str, Host] = {}
 _missing: dict[str, str] = {}
 _vm: VM | None = None
@@ -139,12 +160,18 @@ _vm_problem: str | None = "no facts were attached to this call"
 
 def host(host_id: str) -> Host | None:
     """The facts of ``host_id``, or None (see :func:`missing`)."""
-    return _hosts.get(host_id)
+    found = _hosts.get(host_id)
+    if found is None:
+        data = _raw_hosts.get(host_id)
+        if not isinstance(data, dict):
+            return None
+        found = _hosts[host_id] = _build(Host, {**data, "host_id": host_id})
+    return found
 
 
 def hosts() -> dict[str, Host]:
     """Every host of this call that has facts, by host ID."""
-    return dict(_hosts)
+    return {h: found for h in _raw_hosts if (found := host(h)) is not None}
 
 
 def missing() -> dict[str, str]:
@@ -164,9 +191,12 @@ def vm_problem() -> str | None:
 def _build(cls: type, data: dict) -> Any:
     known = {f.name for f in fields(cls)}
     values = {k: v for k, v in data.items() if k in known}
-    for name in ("pcpu_pct", "load_avg", "cpu_history", "numa", "hugepages"):
+    for name in ("load_avg", "numa", "hugepages"):
         if isinstance(values.get(name), list):
             values[name] = tuple(values[name])
+    for name, text in (("pcpu_pct", "pcpu_text"), ("cpu_history", "history_text")):
+        if name in data and text in known:  # a list (tests, older services): the same as the packed text
+            values[text] = pack_floats(data[name]) if isinstance(data[name], list) else str(data[name])
     if cls is Host and isinstance(values.get("guests"), list):
         values["guests"] = tuple(_build(Guest, g) for g in values["guests"] if isinstance(g, dict))
     return cls(**values)
@@ -174,10 +204,10 @@ def _build(cls: type, data: dict) -> Any:
 
 def _install(payload: dict | None) -> None:
     """Called by the worker before each unit: this call's facts (the service's payload)."""
-    global _hosts, _missing, _vm, _vm_problem
+    global _raw_hosts, _hosts, _missing, _vm, _vm_problem
     payload = payload if isinstance(payload, dict) else {}
-    _hosts = {hid: _build(Host, {**h, "host_id": hid}) for hid, h in (payload.get("hosts") or {}).items()
-              if isinstance(h, dict)}
+    raw = payload.get("hosts")
+    _raw_hosts, _hosts = (raw if isinstance(raw, dict) else {}), {}
     _missing = {str(k): str(v) for k, v in (payload.get("missing") or {}).items()}
     vm_data = payload.get("vm")
     _vm = _build(VM, vm_data) if isinstance(vm_data, dict) else None
