@@ -11,12 +11,13 @@ import logging
 import pwd
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from vmsched import metrics
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.worker import Handler, ServiceWorker
 from vmsched.bus.facts import FactsSubscriber
+from vmsched.bus.topology import legacy_name
 from vmsched.config import Settings
 from vmsched.facts_cache import FactsCache, load_host_map
 from vmsched.messages import Kind
@@ -28,6 +29,9 @@ log = logging.getLogger("vmsched.service")
 
 #: Time kept back from the caller's deadline to send the reply.
 REPLY_MARGIN = 0.05
+
+
+_UNBUILT = object()
 
 
 def _items(value: str) -> tuple[str, ...]:
@@ -89,7 +93,11 @@ class PluginService:
 
     # --- lifecycle ---------------------------------------------------------
     def routes(self) -> dict[str, Handler]:
-        return {queue: getattr(self, method) for queue, method in self.QUEUES.items()}
+        """QUEUES, plus for one release the same queues under their unversioned names (older gateways)."""
+        routes: dict[str, Handler] = {queue: getattr(self, method) for queue, method in self.QUEUES.items()}
+        if self.settings.legacy_queues and not self.settings.embedded:
+            routes.update({legacy_name(queue): handler for queue, handler in routes.items()})
+        return routes
 
     def start(self) -> None:
         self.pool.start()
@@ -121,15 +129,17 @@ class PluginService:
     # --- running units -----------------------------------------------------
     def run_units(
         self, kind: Kind, names: list[str], args: tuple[Any, ...], deadline: float, timeout: float | None,
-        facts: dict[str, Any] | None = None,
+        facts: Callable[[], dict[str, Any] | None] | None = None,
     ) -> list[UnitRun]:
         """Run every named unit of ``kind`` in parallel; unknown names fail alone.
 
         ``args`` are the method's arguments (``KIND[kind].args(...)`` builds them); ``facts``
-        the call's host facts (:meth:`facts_for`), handed to every unit.
+        builds the call's host facts (:meth:`facts_for`), once, and only when a unit's plugin reads
+        them: the others skip building, encoding and decoding them.
         """
         calls: list[Call] = []
         slots: list[int] = []
+        built: object = _UNBUILT
         runs = [UnitRun(name, CallResult(ok=False)) for name in names]
         for i, name in enumerate(names):
             unit = self._lookup(name, kind)
@@ -137,7 +147,12 @@ class PluginService:
                 runs[i].result = CallResult(ok=False, error=f"unknown {kind.value} unit {name!r}")
                 continue
             budget = min(timeout or self.settings.timeout_for(name), deadline - time.time() - REPLY_MARGIN)
-            calls.append(Call(unit.plugin, unit.name, KIND[kind].method, args, max(budget, 0.001), facts))
+            unit_facts = None
+            if facts is not None and self.catalog.uses_facts(unit.plugin):
+                if built is _UNBUILT:
+                    built = facts()
+                unit_facts = built  # type: ignore[assignment]
+            calls.append(Call(unit.plugin, unit.name, KIND[kind].method, args, max(budget, 0.001), unit_facts))
             slots.append(i)
         if calls:
             for i, result in zip(slots, self.pool.run(calls, deadline=deadline - REPLY_MARGIN)):

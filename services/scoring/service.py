@@ -32,14 +32,16 @@ class ScoringService(PluginService):
     def filter(self, env: Envelope) -> BaseModel:
         req = FilterRequest.model_validate(env.body)
         args = _FILTER.args(req.hosts, req.vm, req.properties)
-        runs = self.run_units(Kind.FILTER, req.units, args, env.deadline, req.timeout, self.facts_for(req.hosts, req.vm))
+        runs = self.run_units(Kind.FILTER, req.units, args, env.deadline, req.timeout,
+                              lambda: self.facts_for(req.hosts, req.vm))
         return FilterReply(outcomes=[_filter_outcome(run) for run in runs])
 
     def score(self, env: Envelope) -> BaseModel:
         req = ScoreRequest.model_validate(env.body)
         names = [u.name for u in req.units]
         args = _SCORE.args(req.hosts, req.vm, req.properties)
-        runs = self.run_units(Kind.SCORE, names, args, env.deadline, req.timeout, self.facts_for(req.hosts, req.vm))
+        runs = self.run_units(Kind.SCORE, names, args, env.deadline, req.timeout,
+                              lambda: self.facts_for(req.hosts, req.vm))
         outcomes = [_score_outcome(run, unit.factor) for run, unit in zip(runs, req.units)]
         return ScoreReply(outcomes=outcomes)
 

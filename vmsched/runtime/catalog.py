@@ -59,6 +59,11 @@ class Catalog:
     def unit(self, name: str, kind: Kind) -> UnitInfo | None:
         return self._units.get((Kind(kind), name))
 
+    def uses_facts(self, plugin: str) -> bool:
+        """Whether ``plugin`` reads host facts, so its calls must carry them."""
+        found = self._files.get(plugin)
+        return found is not None and found.analysis.uses_facts
+
     def load_errors(self) -> list[PluginLoadError]:
         return list(self._errors)
 

@@ -177,7 +177,7 @@ class PluginPool:
         if not job.reply.get("ok"):
             return Analysis(plugin=path.stem, error=job.reply.get("error") or "unknown error")
         units = [AnalyzedUnit(**unit) for unit in job.reply["units"]]
-        return Analysis(plugin=path.stem, units=units)
+        return Analysis(plugin=path.stem, units=units, uses_facts=bool(job.reply.get("uses_facts")))
 
     def warm(self, plugins: Iterable[str], timeout: float = 10.0) -> None:
         """Import ``plugins`` in the workers idle right now (best effort)."""

@@ -64,3 +64,4 @@ class Analysis:
     plugin: str
     units: list[AnalyzedUnit] = field(default_factory=list)
     error: str | None = None
+    uses_facts: bool = False  # the plugin reads host facts (vmsched.plugin): only its calls carry them

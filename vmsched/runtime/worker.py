@@ -188,6 +188,24 @@ class Modules:
                 del sys.modules[key]
 
 
+def reads_facts(module: ModuleType, path: str) -> bool:
+    """Whether the plugin file uses the facts API (``vmsched.plugin``): its calls then carry the facts.
+
+    The module's names are checked (``from vmsched.plugin import facts`` and friends), and its source
+    text as a fallback; a helper module that reads facts on the plugin's behalf must be imported by a
+    plugin file that names ``vmsched.plugin`` itself (docs/plugins.md).
+    """
+    for value in list(vars(module).values()):
+        owner = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
+        if isinstance(owner, str) and (owner == "vmsched.plugin" or owner.startswith("vmsched.plugin.")):
+            return True
+    try:
+        with open(path, encoding="utf-8", errors="replace") as source:
+            return "vmsched.plugin" in source.read(1 << 20)
+    except OSError:
+        return False
+
+
 def list_units(module: ModuleType) -> list[dict[str, str]]:
     """One entry per (class defined in ``module``, do_* method it has)."""
     units = []
@@ -352,7 +370,7 @@ class Runner:
                 units = list_units(module)
         except BaseException as exc:
             return {"ok": False, "error": f"cannot import plugin {name}: {describe_exception(exc, self.dir)}"}
-        return {"ok": True, "units": units}
+        return {"ok": True, "units": units, "uses_facts": reads_facts(module, path)}
 
     def warm(self, plugins: list[str], stderr: Capture) -> dict[str, Any]:
         loaded = []
