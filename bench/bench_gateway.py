@@ -6,7 +6,11 @@ Workload: runFilters with 3 filters and runCostFunctions with 3 scores on 100
 hosts. Reported: sequential p50/p99 latency and throughput with N concurrent
 clients, in embedded mode (memory://) and over RabbitMQ.
 
-    .venv/bin/python bench/bench_gateway.py [--modes embedded,rabbitmq] [--calls 2000]
+    .venv/bin/python bench/bench_gateway.py [--modes embedded,rabbitmq,rabbitmq-classic] [--calls 2000]
+
+``rabbitmq`` uses the request queues of this release (quorum queues with a delivery limit);
+``rabbitmq-classic`` makes the gateway publish to the unversioned classic queues of older
+releases, which the services still consume (docs/upgrading.md): the cost of the delivery limit.
 """
 
 from __future__ import annotations
@@ -158,9 +162,16 @@ def wait_ready(port: int, timeout: float = 60) -> None:
     raise RuntimeError("gateway not ready")
 
 
-def start(args: list[str], log: Path, amqp: str | None = None) -> subprocess.Popen[bytes]:
+#: A gateway that publishes to the classic (unversioned) request queues, as a gateway of the previous release.
+CLASSIC_GATEWAY = ("import sys; from vmsched.bus import topology as t; "
+                   "t.REQUEST_QUEUES.update({op: t.legacy_name(q) for op, q in t.REQUEST_QUEUES.items()}); "
+                   "from vmsched.cli import main; sys.argv[0] = 'vmsched'; sys.exit(main())")
+
+
+def start(args: list[str], log: Path, amqp: str | None = None, classic: bool = False) -> subprocess.Popen[bytes]:
     env = {**os.environ, **({"VMSCHED_AMQP_URL": amqp} if amqp else {})}  # the broker password never in argv
-    return subprocess.Popen([sys.executable, "-m", "vmsched.cli", *args], cwd=ROOT, stdout=log.open("ab"),
+    entry = ["-c", CLASSIC_GATEWAY] if classic else ["-m", "vmsched.cli"]
+    return subprocess.Popen([sys.executable, *entry, *args], cwd=ROOT, stdout=log.open("ab"),
                             stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
@@ -169,7 +180,8 @@ def launch(mode: str, plugins: Path, tmp: Path, port: int, amqp: str) -> list[su
     if mode == "embedded":
         return [start(["run", "--amqp", "memory://", "--port", str(port), "--metrics-port", "0", *common], tmp / "run.log")]
     return [
-        start(["gateway", "--port", str(port), "--metrics-port", "0", "--log-level", "WARNING"], tmp / "gateway.log", amqp),
+        start(["gateway", "--port", str(port), "--metrics-port", "0", "--log-level", "WARNING"], tmp / "gateway.log", amqp,
+              classic=mode == "rabbitmq-classic"),
         start(["scoring", *common], tmp / "scoring.log", amqp),
         start(["discovery", *common], tmp / "discovery.log", amqp),
         start(["balancer", *common], tmp / "balancer.log", amqp),

@@ -19,10 +19,12 @@ import httpx
 import pytest
 from kombu import Consumer, Producer, Queue
 
-from tests.conftest import AUTH, ROOT, SCORING_QUEUES, Proc, Stack, free_port, plugin_copy, wait_until
+from tests.conftest import AUTH, ROOT, SCORING_QUEUES, SERVICE_QUEUES, Proc, Stack, free_port, plugin_copy, wait_until
 from tests.rabbit_private import PrivateRabbit, _tool, available
-from vmsched.bus.connection import BusOptions, open_connection
-from vmsched.bus.topology import AGENT_EXCHANGE, REQUESTS_EXCHANGE, agent_queue, request_queue
+from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
+from vmsched.bus.topology import AGENT_EXCHANGE, DEAD_EXCHANGE, EXCHANGES, REQUEST_QUEUES, REQUESTS_EXCHANGE, agent_queue, \
+    dead_letter_queue, request_queue
+from vmsched.messages import Op
 
 SCRIPT = ROOT / "deploy" / "rabbitmq" / "setup-users.sh"
 HOSTS = ("hv-a", "hv-b")
@@ -112,6 +114,21 @@ def test_a_service_cannot_consume_another_services_queue(broker):
     with open_connection(BusOptions(url=url(secrets, "vmsched-scoring"))) as conn:
         with pytest.raises(amqp.exceptions.AccessRefused):
             Consumer(conn.channel(), [request_queue("vmsched.balance")]).consume()
+
+
+def test_a_service_consumes_its_dead_letters_and_no_one_elses(broker):
+    _, secrets = broker
+    with open_connection(BusOptions(url=url(secrets, "vmsched-gateway"))) as conn:
+        ensure_exchanges(conn, EXCHANGES)  # as the gateway does (vmsched.dead among them)
+        request_queue(REQUEST_QUEUES[Op.SCORE])(conn.channel()).declare()  # quorum, dead-lettering to vmsched.dead
+    with open_connection(BusOptions(url=url(secrets, "vmsched-scoring"))) as conn:
+        for name in SERVICE_QUEUES["scoring"]:
+            Consumer(conn.channel(), [dead_letter_queue(name), request_queue(name)]).consume()
+    with open_connection(BusOptions(url=url(secrets, "vmsched-scoring"))) as conn:
+        with pytest.raises(amqp.exceptions.AccessRefused):
+            Consumer(conn.channel(), [dead_letter_queue(REQUEST_QUEUES[Op.BALANCE])]).consume()
+    with pytest.raises(amqp.exceptions.AccessRefused, match="ACCESS_REFUSED"):  # nobody else answers them
+        publish(secrets, "vmsched-agent-" + HOSTS[0], DEAD_EXCHANGE, REQUEST_QUEUES[Op.SCORE])
 
 
 def test_a_whole_request_path_on_least_privilege_users(broker, tmp_path: Path):

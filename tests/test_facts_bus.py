@@ -91,7 +91,7 @@ def stack(tmp_path: Path, rabbit_vhost: str):
     scoring = Proc(["scoring", "--plugins", str(plugins), "--pool-size", "2", "--metrics-port", str(metrics_port),
                     *common], tmp_path / "scoring.log", env={"VMSCHED_AMQP_URL": ""}).start()
     s = Stack(port, plugins, [gateway, scoring], metrics_port)
-    s.wait_ready(queues=("vmsched.filter", "vmsched.score"))
+    s.wait_ready(queues=("vmsched.filter.v2", "vmsched.score.v2"))
     yield s
     s.stop()
 

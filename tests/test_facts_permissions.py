@@ -60,7 +60,7 @@ def test_facts_flow_on_least_privilege_users(broker, tmp_path: Path):  # noqa: F
                   env=env("vmsched-scoring")).start()]
     stack = Stack(port, plugins, procs)
     try:
-        stack.wait_ready(queues=("vmsched.filter", "vmsched.score"))
+        stack.wait_ready(queues=("vmsched.filter.v2", "vmsched.score.v2"))
         # the agent starts after the services, with a 10-minute interval: its first collection reaches them
         procs.append(Proc(["agent", "--libvirt", "test:///default", "--host-id", host, "--state-dir",
                            str(tmp_path / "st"), "--socket", str(tmp_path / "agent.sock"), "--facts-interval", "600",

@@ -33,6 +33,9 @@ def _bus(p: argparse.ArgumentParser, default_note: str = f"default {DEFAULT_AMQP
     p.add_argument("--amqp-ca", type=Path, metavar="PEM", help="amqps: CA of the broker's certificate (default: the system's)")
     p.add_argument("--amqp-cert", type=Path, metavar="PEM", help="amqps: client certificate chain")
     p.add_argument("--amqp-key", type=Path, metavar="PEM", help="amqps: the client certificate's private key")
+    p.add_argument("--delivery-limit", type=int, metavar="N",
+                   help="deliveries of a scheduling request at most before it is dead-lettered and answered with an error; "
+                        "the same on the gateway and the services (env VMSCHED_DELIVERY_LIMIT; default 2)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -62,6 +65,8 @@ def _plugins(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin-env", metavar="NAME,...", help="extra environment variables passed to plugins (default: none beyond PATH, LANG, LC_*, TZ)")
     p.add_argument("--consumers", type=int, metavar="N", help="consumer threads per service (default 2)")
     p.add_argument("--prefetch", type=int, metavar="N", help="unacknowledged requests per consumer (default 2)")
+    p.add_argument("--no-legacy-queues", dest="legacy_queues", action="store_false", default=None,
+                   help="do not consume the unversioned request queues of older gateways (docs/upgrading.md)")
 
 
 def _gateway(p: argparse.ArgumentParser) -> None:

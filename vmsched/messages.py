@@ -83,6 +83,13 @@ class Envelope(_Versioned):
         return self.deadline - (time.time() if now is None else now)
 
 
+def request_units(body: dict[str, Any], most: int = 50) -> list[str]:
+    """The unit names a filter, score or balance request body names (for an error about the whole request)."""
+    named = body.get("units") if isinstance(body.get("units"), list) else [body.get("unit")]
+    names = [u.get("name") if isinstance(u, dict) else u for u in named]
+    return [n[:200] for n in names if isinstance(n, str)][:most]
+
+
 class ReplyEnvelope(_Versioned):
     ok: bool
     error: str | None = None

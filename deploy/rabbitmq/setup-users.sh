@@ -8,7 +8,8 @@
 #   vmsched-gateway          declares the exchanges; the only one that may publish requests
 #                            (vmsched.requests, vmsched.agent); reads its own reply queues
 #   vmsched-discovery/-scoring/-balancer
-#                            consume their own request queues, reply on vmsched.reply
+#                            consume their own request queues and their dead letters (vmsched.dead),
+#                            reply on vmsched.reply
 #   vmsched-agent-<HOST_ID>  (one per --agent) consumes vmsched.agent.<HOST_ID> only, may bind only
 #                            its host's key, replies on vmsched.reply, publishes agent.<HOST_ID>.* events
 #                            (its host facts among them) and reads facts snapshot requests (vmsched.facts)
@@ -88,7 +89,12 @@ topic() {  # user exchange write read (explicit for every vmsched topic exchange
   topics+=("{\"user\":\"$1\",\"vhost\":\"$vhost\",\"exchange\":\"$2\",\"write\":\"$(json_re "$3")\",\"read\":\"$(json_re "$4")\"}")
 }
 
-SERVICE_QUEUES='vmsched\.(discover|filter|score|balance)'
+# request queues: vmsched.<op>.v2 (quorum, delivery limit), and for one release the unversioned
+# classic vmsched.<op> of older gateways (docs/upgrading.md)
+SERVICE_QUEUES='vmsched\.(discover|filter|score|balance)(\.v2)?'
+# poison messages: a request past its delivery limit goes to the vmsched.dead exchange (whoever declares
+# a request queue needs write on it, and read on the queue), and from there to its service's
+# vmsched.<op>.v2.dead queue
 # gateway: creates the exchanges and the scheduling queues (so requests wait for a starting service),
 # publishes requests, consumes its own exclusive reply queues vmsched.reply.<uuid>
 # host facts (docs/facts.md): the gateway, scoring and balancer each bind their own exclusive queue
@@ -96,26 +102,28 @@ SERVICE_QUEUES='vmsched\.(discover|filter|score|balance)'
 # snapshot on the vmsched.facts exchange (key snapshot); each agent consumes vmsched.facts.snapshot.<host>
 FACTS_BINDING='agent\.\*\.facts'
 add vmsched-gateway \
-  "^(vmsched\.(requests|agent|reply|events|facts)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+)\$" \
-  "^(vmsched\.(requests|agent|facts)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+)\$" \
-  "^(vmsched\.(requests|reply|events)|vmsched\.reply\..+|vmsched\.facts\.gateway\..+)\$"
+  "^(vmsched\.(requests|agent|reply|events|facts|dead)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+)\$" \
+  "^(vmsched\.(requests|agent|facts|dead)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+)\$" \
+  "^(vmsched\.(requests|reply|events)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+)\$"
 topic vmsched-gateway vmsched.requests "^$SERVICE_QUEUES\$" "^$SERVICE_QUEUES\$"
 topic vmsched-gateway vmsched.agent '.*' '^$'
 topic vmsched-gateway vmsched.events '^$' "^$FACTS_BINDING\$"
 topic vmsched-gateway vmsched.facts '^snapshot$' '^$'
 
-service() {  # name queue-regex [facts]
+service() {  # name op-regex [facts]
+  local q="$2(\.v2)?" dead="$2\.v2\.dead"  # its request queues; their dead letters (bound to vmsched.dead)
   if [ "${3:-}" = facts ]; then
     local own="vmsched\.facts\.$1\..+"
-    add "vmsched-$1" "^($2|$own)\$" "^($2|vmsched\.reply|vmsched\.facts|$own)\$" "^($2|vmsched\.requests|vmsched\.events|$own)\$"
+    add "vmsched-$1" "^($q|$dead|$own)\$" "^($q|$dead|vmsched\.reply|vmsched\.dead|vmsched\.facts|$own)\$" \
+        "^($q|$dead|vmsched\.requests|vmsched\.dead|vmsched\.events|$own)\$"
     topic "vmsched-$1" vmsched.events '^$' "^$FACTS_BINDING\$"
     topic "vmsched-$1" vmsched.facts '^snapshot$' '^$'
   else
-    add "vmsched-$1" "^$2\$" "^($2|vmsched\.reply)\$" "^($2|vmsched\.requests)\$"
+    add "vmsched-$1" "^($q|$dead)\$" "^($q|$dead|vmsched\.reply|vmsched\.dead)\$" "^($q|$dead|vmsched\.requests|vmsched\.dead)\$"
     topic "vmsched-$1" vmsched.events '^$' '^$'
     topic "vmsched-$1" vmsched.facts '^$' '^$'
   fi
-  topic "vmsched-$1" vmsched.requests '^$' "^$2\$"
+  topic "vmsched-$1" vmsched.requests '^$' "^$q\$"
   topic "vmsched-$1" vmsched.agent '^$' '^$'
 }
 service discovery 'vmsched\.discover'
@@ -139,7 +147,7 @@ if [ "$shared_agent" = 1 ]; then agent vmsched-agent '[^*#]+'; fi
 if [ "$admin" = 1 ]; then add vmsched-admin '.*' '.*' '.*' administrator; fi
 
 exchanges=()
-for x in requests:topic agent:topic reply:direct events:topic facts:topic; do
+for x in requests:topic agent:topic reply:direct events:topic facts:topic dead:direct; do
   exchanges+=("{\"name\":\"vmsched.${x%%:*}\",\"vhost\":\"$vhost\",\"type\":\"${x##*:}\",\"durable\":true,\"auto_delete\":false,\"internal\":false,\"arguments\":{}}")
 done
 

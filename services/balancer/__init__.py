@@ -1,4 +1,4 @@
-"""Balancer service: runs load-balancing units (queue vmsched.balance)."""
+"""Balancer service: runs load-balancing units (queue vmsched.balance.v2)."""
 
 from vmsched.services.balancer.service import BalancerService
 

@@ -1,4 +1,4 @@
-"""Discovery service: the plugin catalog (queue vmsched.discover)."""
+"""Discovery service: the plugin catalog (queue vmsched.discover.v2)."""
 
 from vmsched.services.discovery.service import DiscoveryService
 

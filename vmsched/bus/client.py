@@ -145,7 +145,7 @@ class AsyncBusClient:
             exchange, key = route(queue)
             if queue not in self._declared and exchange is not AGENT_EXCHANGE:
                 # scheduling queues wait for their service; an agent declares its own queue
-                request_queue(queue)(self._conn.default_channel).declare()
+                request_queue(queue, self.options.delivery_limit)(self._conn.default_channel).declare()
                 self._declared.add(queue)
             self._producer.publish(
                 envelope.model_dump_json().encode(),
@@ -187,7 +187,7 @@ class AsyncBusClient:
         self._consumer.consume()
         self._declared = set()
         for name in self._declare:
-            request_queue(name)(channel).declare()
+            request_queue(name, self.options.delivery_limit)(channel).declare()
             self._declared.add(name)
         self._producer = Producer(channel, auto_declare=False)
         self._tag = 0

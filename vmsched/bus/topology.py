@@ -27,12 +27,21 @@ from kombu import Exchange, Queue
 
 from vmsched.messages import Op
 
+#: Version suffix of the scheduling request queues. Version 2 are quorum queues with a delivery
+#: limit and dead-lettering (poison messages, issue 9); a queue's arguments cannot change in
+#: place (PRECONDITION_FAILED), so new arguments mean a new name (docs/upgrading.md).
+QUEUE_VERSION = ".v2"
+
 REQUEST_QUEUES: dict[Op, str] = {
-    Op.DISCOVER: "vmsched.discover",
-    Op.FILTER: "vmsched.filter",
-    Op.SCORE: "vmsched.score",
-    Op.BALANCE: "vmsched.balance",
+    Op.DISCOVER: "vmsched.discover" + QUEUE_VERSION,
+    Op.FILTER: "vmsched.filter" + QUEUE_VERSION,
+    Op.SCORE: "vmsched.score" + QUEUE_VERSION,
+    Op.BALANCE: "vmsched.balance" + QUEUE_VERSION,
 }
+
+#: How many times a request is delivered at most (each delivery whose consumer died counts)
+#: before it is dead-lettered and answered with an error (--delivery-limit).
+DELIVERY_LIMIT = 2
 
 # Exchanges are declared by whoever may (the gateway, or the broker's definitions:
 # deploy/rabbitmq/setup-users.sh); the others only check that they exist (connection.ensure_exchanges).
@@ -43,7 +52,9 @@ REPLY_EXCHANGE = Exchange("vmsched.reply", type="direct", durable=True, no_decla
 EVENTS_EXCHANGE = Exchange("vmsched.events", type="topic", durable=True, no_declare=True)
 #: Topic exchange for facts snapshot requests (key ``snapshot``): services ask every agent for its facts.
 FACTS_EXCHANGE = Exchange("vmsched.facts", type="topic", durable=True, no_declare=True)
-EXCHANGES = (REQUESTS_EXCHANGE, AGENT_EXCHANGE, REPLY_EXCHANGE, EVENTS_EXCHANGE, FACTS_EXCHANGE)
+#: Direct exchange (key = request queue name) where a request queue puts a request past its delivery limit.
+DEAD_EXCHANGE = Exchange("vmsched.dead", type="direct", durable=True, no_declare=True)
+EXCHANGES = (REQUESTS_EXCHANGE, AGENT_EXCHANGE, REPLY_EXCHANGE, EVENTS_EXCHANGE, FACTS_EXCHANGE, DEAD_EXCHANGE)
 
 #: Header of a request naming the exchange its reply goes to. A request without it comes from a
 #: sender older than the exchanges (it waits on the default exchange): docs/upgrading.md.
@@ -80,10 +91,39 @@ def route(queue: str) -> tuple[Exchange, str]:
     return REQUESTS_EXCHANGE, queue
 
 
-def request_queue(name: str) -> Queue:
-    """A request queue bound to its exchange; every party declares it identically (idempotent)."""
+def request_queue(name: str, deliveries: int = DELIVERY_LIMIT) -> Queue:
+    """A request queue bound to its exchange; every party declares it identically (idempotent).
+
+    A versioned scheduling queue is a quorum queue: a request is delivered at most ``deliveries``
+    times (a consumer that dies without acking counts), then goes to :func:`dead_letter_queue`.
+    Agent queues and the unversioned names of older releases stay non-durable classic queues.
+    """
     exchange, key = route(name)
-    return Queue(name, exchange=exchange, routing_key=key, durable=False, auto_delete=False, no_declare=False)
+    if not is_versioned(name):
+        return Queue(name, exchange=exchange, routing_key=key, durable=False, auto_delete=False, no_declare=False)
+    if deliveries < 1:
+        raise ValueError(f"delivery limit must be at least 1, not {deliveries}")
+    arguments = {"x-queue-type": "quorum", "x-delivery-limit": deliveries - 1,  # failed deliveries allowed
+                 "x-dead-letter-exchange": DEAD_EXCHANGE.name, "x-dead-letter-routing-key": name}
+    return Queue(name, exchange=exchange, routing_key=key, durable=True, auto_delete=False, no_declare=False,
+                 queue_arguments=arguments)
+
+
+def dead_letter_queue(name: str) -> Queue:
+    """Where the requests of ``name`` past their delivery limit wait for their service to answer them."""
+    return Queue(name + DEAD_SUFFIX, exchange=DEAD_EXCHANGE, routing_key=name, durable=True, auto_delete=False)
+
+
+DEAD_SUFFIX = ".dead"
+
+
+def is_versioned(name: str) -> bool:
+    return name.endswith(QUEUE_VERSION)
+
+
+def legacy_name(name: str) -> str:
+    """The name of the same queue in releases before queue versions (consumed for one release)."""
+    return name[: -len(QUEUE_VERSION)] if is_versioned(name) else name
 
 
 def reply_queue(name: str) -> Queue:

@@ -23,9 +23,10 @@ from vmsched import metrics
 from vmsched.bus import RequestError
 from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, open_connection, \
     safe_release
-from vmsched.bus.topology import PING, REPLY_EXCHANGE, REPLY_VIA, request_queue, route
+from vmsched.bus.topology import DEAD_EXCHANGE, PING, REPLY_EXCHANGE, REPLY_VIA, dead_letter_queue, is_versioned, \
+    request_queue, route
 from vmsched.bus.urls import mask
-from vmsched.messages import CONTRACT_VERSION, Envelope, ErrorCode, ReplyEnvelope
+from vmsched.messages import CONTRACT_VERSION, Envelope, ErrorCode, ReplyEnvelope, request_units
 
 log = logging.getLogger("vmsched.bus")
 
@@ -105,12 +106,18 @@ class ServiceWorker:
 
     def _serve(self, conn: Connection) -> None:
         ensure_exchanges(conn, {route(name)[0].name: route(name)[0] for name in self.routes}.values())
-        ensure_exchanges(conn, (REPLY_EXCHANGE,))
+        ensure_exchanges(conn, (REPLY_EXCHANGE, DEAD_EXCHANGE))
         channel = conn.channel()
         channel.basic_qos(0, self.prefetch, False)
         producer = Producer(channel, auto_declare=False)
+        limit = self.options.delivery_limit
+        # a request past its delivery limit is answered from its dead-letter queue (declared first: a
+        # quorum queue drops what it dead-letters to an exchange without a bound queue)
         consumers = [
-            Consumer(channel, [request_queue(name)], on_message=self._callback(name, producer), no_ack=False)
+            Consumer(channel, [dead_letter_queue(name)], on_message=self._dead_callback(name, producer), no_ack=False)
+            for name in self.routes if is_versioned(name)
+        ] + [
+            Consumer(channel, [request_queue(name, limit)], on_message=self._callback(name, producer), no_ack=False)
             for name in self.routes
         ]
         for consumer in consumers:
@@ -129,6 +136,9 @@ class ServiceWorker:
     def _callback(self, queue: str, producer: Producer) -> Callable[[Message], None]:
         return lambda message: self._on_message(queue, message, producer)
 
+    def _dead_callback(self, queue: str, producer: Producer) -> Callable[[Message], None]:
+        return lambda message: self._on_dead(queue, message, producer)
+
     def _set_connected(self, delta: int) -> None:
         with self._lock:
             self._connected += delta
@@ -136,7 +146,39 @@ class ServiceWorker:
 
     # --- one message -------------------------------------------------------
     def _on_message(self, queue: str, message: Message, producer: Producer) -> None:
-        reply = self._handle(queue, message.body)
+        failed = (message.headers or {}).get("x-delivery-count")  # quorum queues: earlier deliveries not acked
+        if failed:
+            log.warning("%s: request %s on %s delivered again (delivery %d of at most %d): the consumer of an "
+                        "earlier delivery died handling it", self.service, message.properties.get("correlation_id"),
+                        queue, int(failed) + 1, self.options.delivery_limit)
+        self._send(message, self._handle(queue, message.body), producer)
+        message.ack()  # only after the reply is out: a killed worker means redelivery
+
+    def _on_dead(self, queue: str, message: Message, producer: Producer) -> None:
+        """A request past its delivery limit: answered with an error naming its units, never run again."""
+        self._send(message, self._dead_reply(queue, message.body, message.properties.get("correlation_id")), producer)
+        message.ack()
+
+    def _dead_reply(self, queue: str, body: bytes | str, cid: str | None) -> bytes | None:
+        try:
+            env = Envelope.model_validate_json(body)
+        except ValidationError:
+            return None  # cannot be: a malformed request is answered on its first delivery
+        if env.remaining() <= 0:
+            log.info("%s: dropped a dead-lettered %s request past its deadline", self.service, env.op)
+            return None
+        units = request_units(env.body)
+        metrics.REQUESTS.labels(self.service, env.op, "dead_lettered").inc()
+        log.error("%s: %s request %s dead-lettered after %d deliveries on %s, each of which killed its consumer; "
+                  "units: %s", self.service, env.op, cid, self.options.delivery_limit, queue,
+                  ", ".join(units) or "none")
+        reply = ReplyEnvelope(
+            ok=False, code=ErrorCode.INTERNAL, details=units,
+            error=(f"{self.service}: {env.op} request not run: its {self.options.delivery_limit} deliveries each "
+                   f"killed the {self.service} process handling it (dead-lettered); units: {', '.join(units) or 'none'}"))
+        return _legacy(reply) if env.version == 1 else _dump(reply)
+
+    def _send(self, message: Message, reply: bytes | None, producer: Producer) -> None:
         reply_to = message.properties.get("reply_to")
         if reply is not None and reply_to:
             # the reply exchange when the sender asks for it; a sender older than the exchanges waits on the
@@ -151,11 +193,10 @@ class ServiceWorker:
                 correlation_id=message.properties.get("correlation_id"),
                 retry=False,
             )
-        message.ack()  # only after the reply is out: a killed worker means redelivery
 
     def _handle(self, queue: str, body: bytes | str) -> bytes | None:
         reply = self._reply(queue, body)
-        return reply.model_dump_json().encode() if isinstance(reply, ReplyEnvelope) else reply
+        return _dump(reply) if isinstance(reply, ReplyEnvelope) else reply
 
     def _reply(self, queue: str, body: bytes | str) -> ReplyEnvelope | bytes | None:
         try:
@@ -216,6 +257,11 @@ def _ok(result: BaseModel | dict) -> bytes:
 
 
 _OK_PREFIX = b'{"v":%d,"ok":true,"error":null,"body":' % CONTRACT_VERSION
+
+
+def _dump(reply: ReplyEnvelope) -> bytes:
+    """An error reply without an empty body: a typed reader (TypedReply) reads a missing body as none."""
+    return reply.model_dump_json(exclude={"body"} if not reply.body else None).encode()
 
 
 def _legacy(reply: ReplyEnvelope) -> bytes:

@@ -94,9 +94,9 @@ The bus queues each worker consumes. They are fixed by vmsched/bus/topology.py
 (SERVICE_QUEUES); tests/test_deploy_chart.py keeps the two in step.
 */}}
 {{- define "vmsched.queues" -}}
-discovery: [vmsched.discover]
-scoring: [vmsched.filter, vmsched.score]
-balancer: [vmsched.balance]
+discovery: [vmsched.discover.v2]
+scoring: [vmsched.filter.v2, vmsched.score.v2]
+balancer: [vmsched.balance.v2]
 {{- end }}
 
 {{/*
