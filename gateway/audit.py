@@ -29,6 +29,11 @@ def _setup() -> None:
         log.propagate = False
 
 
+for _role in (*(role.value for role in Role), "none"):  # every series at 0 from start-up
+    for _outcome in ("ok", "refused", "error", "unauthenticated", "forbidden"):
+        metrics.AUDIT.labels(role=_role, outcome=_outcome)
+
+
 def outcome_of(status: int) -> str:
     if status == 401:
         return "unauthenticated"

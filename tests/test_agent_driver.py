@@ -132,6 +132,7 @@ def test_invalid_policy_is_refused_whole(conn, make_agent):
     a.set_policy("t-a", {"dedicated": "4-5"})
     assert a.wait_idle()
     before = (live_pins(dom_b), dom_b.XMLDesc(0))
+    refused = metric("vmsched_agent_policy_applications_total", outcome="refused")
     with pytest.raises(PolicyError) as exc:
         a.set_policy("t-b", {"dedicated": "5-6", "weight": 100, "vcpu_pins": {"0": "9"}})
     msgs = exc.value.errors
@@ -141,6 +142,7 @@ def test_invalid_policy_is_refused_whole(conn, make_agent):
         a.set_policy("t-b", {"dedicated": 3})
     with pytest.raises(PolicyError, match="weight"):
         a.set_policy("t-b", {"weight": 1})
+    assert metric("vmsched_agent_policy_applications_total", outcome="refused") == refused + 3  # each one counted
     assert (live_pins(dom_b), dom_b.XMLDesc(0)) == before  # nothing half-applied
     assert a.cpus()["allocations"] == {"t-a": "4-5"}
     with pytest.raises(GuestNotFound):

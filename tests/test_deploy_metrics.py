@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "charts" / "vmsched" / "dashboards" / "vmsched.json"
 WORKERS = ("discovery", "scoring", "balancer")
+FRESH = "gateway before any request"
 
 #: Series of RabbitMQ's rabbitmq_prometheus plugin that the dashboard may use,
 #: with their labels when per-object metrics are on
@@ -110,7 +111,8 @@ def wait_http(url: str, proc: Process, timeout: float = 60.0, status: int = 200)
 
 @pytest.fixture(scope="module")
 def scrapes(tmp_path_factory: pytest.TempPathFactory, test_tokens_file: Path) -> Iterator[dict[str, str]]:
-    """name -> /metrics text of: gateway (all-in-one, its own metrics listener), discovery, scoring, balancer."""
+    """name -> /metrics text of: gateway (all-in-one, its own metrics listener), discovery, scoring, balancer,
+    and FRESH: the gateway's before its first request (the workers, on their own buses, get none)."""
     from tests.conftest import AUTH
 
     logs = tmp_path_factory.mktemp("metrics")
@@ -126,6 +128,8 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory, test_tokens_file: Path) ->
     try:
         base = f"http://127.0.0.1:{gateway_port}"
         wait_http(f"{base}/readyz", procs["gateway"])
+        # before any request: every series must already be there, at 0
+        fresh = wait_http(f"http://127.0.0.1:{gateway_metrics}/metrics", procs["gateway"]).text
         # some traffic, so the labelled series have samples, not just HELP/TYPE
         httpx.get(f"{base}/v1/units", timeout=30, headers=AUTH)
         httpx.post(f"{base}/v1/filter", json={"units": ["HostAllowDeny", "NoSuchUnit"], "hosts": ["h1", "h2"]},
@@ -141,6 +145,7 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory, test_tokens_file: Path) ->
         for name in WORKERS:
             for path in ("/healthz", "/readyz"):
                 wait_http(f"http://127.0.0.1:{worker_ports[name]}{path}", procs[name], timeout=5)
+        texts[FRESH] = fresh
         yield texts
     finally:
         for proc in procs.values():
@@ -355,3 +360,90 @@ def test_dashboard_is_portable() -> None:
 
     walk(dashboard["panels"])
     assert len(ids) == len(set(ids)), "panel ids must be unique"
+
+
+# --- series from start-up ----------------------------------------------------------------------
+def samples_of(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    key = (name, frozenset(labels.items()))
+    assert key in samples, f"no series {name}{labels}"
+    return samples[key]
+
+
+def test_request_and_plugin_series_exist_at_zero_from_start_up(scrapes: dict[str, str]) -> None:
+    """Scraped before the first request: every known label set is there, at 0 (rate() and ratios hold)."""
+    fresh = samples_of(scrapes[FRESH])
+    for op in ("discover", "filter", "score", "balance"):
+        for outcome in ("ok", "error"):
+            assert value(fresh, "vmsched_requests_total", service="gateway", operation=op, outcome=outcome) == 0
+        assert value(fresh, "vmsched_request_duration_seconds_count", service="gateway", operation=op) == 0
+    assert value(fresh, "vmsched_bus_reconnects_total", service="gateway") == 0
+    for unit in ("HostAllowDeny", "PreferredHosts", "DrainHosts"):  # loaded by the catalog, never called yet
+        for outcome in ("ok", "error", "timeout"):
+            assert value(fresh, "vmsched_plugin_calls_total", unit=unit, outcome=outcome) == 0
+        assert value(fresh, "vmsched_plugin_errors_total", unit=unit) == 0
+        assert value(fresh, "vmsched_plugin_timeouts_total", unit=unit) == 0
+        assert value(fresh, "vmsched_plugin_call_duration_seconds_count", unit=unit) == 0
+    assert value(fresh, "vmsched_gateway_audit_total", role="schedule", outcome="unauthenticated") == 0
+    assert value(fresh, "vmsched_auth_tokens_reloads_total", outcome="error") == 0
+    ops = {"discovery": ("discover",), "scoring": ("filter", "score"), "balancer": ("balance",)}
+    for service, service_ops in ops.items():
+        worker = samples_of(scrapes[service])
+        for op in service_ops:
+            for outcome in ("ok", "error", "dead_lettered"):
+                assert value(worker, "vmsched_requests_total", service=service, operation=op, outcome=outcome) == 0
+            assert value(worker, "vmsched_bus_expired_total", service=service, operation=op) == 0
+        assert value(worker, "vmsched_bus_reconnects_total", service=service) == 0
+
+
+def test_every_counter_and_histogram_has_a_series_from_start_up(scrapes: dict[str, str]) -> None:
+    """No counter or histogram family is empty in a fresh process (a metric seen only after its first event
+    makes rate() miss that event)."""
+    for name in (FRESH, *WORKERS):
+        families = {fam.name: fam for fam in text_string_to_metric_families(scrapes[name])}
+        empty = {fam.name for fam in families.values() if fam.type in ("counter", "histogram") and not fam.samples}
+        if not families["vmsched_facts_hosts"].samples:  # a process without a facts cache (discovery)
+            empty -= {"vmsched_facts_received", "vmsched_facts_dropped"}
+        assert not empty, f"{name}: no series yet for {sorted(empty)}"
+    assert families_with_samples(scrapes[FRESH]) >= {"vmsched_facts_received", "vmsched_facts_dropped"}
+
+
+def families_with_samples(text: str) -> set[str]:
+    return {fam.name for fam in text_string_to_metric_families(text) if fam.samples}
+
+
+def test_agent_series_exist_from_import() -> None:
+    """The agent's counters and histograms (its module, as the agent's registry serves them) start at 0."""
+    import vmsched.services.policy_agent.metrics as agent_metrics
+    from prometheus_client import generate_latest
+
+    from vmsched.metrics import REGISTRY
+
+    samples = samples_of(generate_latest(REGISTRY).decode())
+    for outcome in ("ok", "error", "refused"):
+        assert ("vmsched_agent_policy_applications_total", frozenset({("outcome", outcome)})) in samples
+    for event in agent_metrics.EVENT_NAMES:
+        assert ("vmsched_agent_events_total", frozenset({("event", event)})) in samples
+    for kind in agent_metrics.ERROR_KINDS:
+        assert ("vmsched_agent_errors_total", frozenset({("kind", kind)})) in samples
+    for trigger in ("tunable", "sweep", "started"):
+        assert ("vmsched_agent_repairs_total", frozenset({("trigger", trigger)})) in samples
+
+
+def test_buckets_resolve_the_timeouts() -> None:
+    """Fine from 1 to 100 ms; around the plugin (10 s) and request (30 s) timeouts; finite past 30 s."""
+    from vmsched.config import Settings
+    from vmsched.metrics import LATENCY_BUCKETS
+
+    defaults = Settings.model_fields
+    plugin, request = defaults["plugin_timeout"].default, defaults["request_timeout"].default
+    assert {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1} <= set(LATENCY_BUCKETS)
+    for timeout in (plugin, request):
+        below = [b for b in LATENCY_BUCKETS if timeout * 0.7 <= b < timeout]
+        above = [b for b in LATENCY_BUCKETS if timeout < b <= timeout * 1.5]
+        assert timeout in LATENCY_BUCKETS and below and above, (timeout, LATENCY_BUCKETS)
+    assert {1, 1.5, 2} <= set(LATENCY_BUCKETS), "a plugin killed at ~1 s must not read as 1.75 s"

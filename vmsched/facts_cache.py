@@ -69,6 +69,9 @@ class FactsCache:
         self._vms: dict[str, tuple[str, GuestFacts]] = {}  # guest UUID -> (agent host ID, its facts)
         self._lock = threading.Lock()
         _CACHES.add(self)
+        RECEIVED.labels(service)  # every series at 0 from start-up (docs/deploy.md, "Monitoring")
+        for reason in ("oversized", "malformed", "version", "out_of_order", "host_mismatch"):
+            DROPPED.labels(service, reason)
 
     # --- ingest ------------------------------------------------------------------
     def ingest(self, raw: bytes, routing_key: str | None = None) -> bool:

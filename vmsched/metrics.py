@@ -12,18 +12,27 @@ import socket
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import Callable, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+#: Histogram buckets (seconds), chosen for this system (docs/deploy.md, "Monitoring"):
+#: fine from 1 ms to 100 ms, where a healthy request or plugin call lands, then dense around
+#: the plugin timeout (--plugin-timeout, 10 s) and the engine's request deadline
+#: (--request-timeout, 30 s), with finite buckets above 30 s so that a p99 past the deadline shows.
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+    0.25, 0.5, 1, 1.5, 2, 3, 5, 7.5, 10, 12.5, 15, 20, 25, 30, 45, 60,
+)
+_LATENCY = LATENCY_BUCKETS
 
 # --- requests (gateway and services) ---------------------------------------
 REQUESTS = Counter(
     "vmsched_requests_total",
-    "Requests handled, by service, operation and outcome (ok, error); expired ones: vmsched_bus_expired_total",
+    "Requests handled, by service, operation and outcome (ok, error; workers: dead_lettered); "
+    "expired ones: vmsched_bus_expired_total",
     ["service", "operation", "outcome"],
     registry=REGISTRY,
 )
@@ -112,6 +121,42 @@ TLS_RELOADS = Counter(
     "vmsched_tls_reloads_total", "Certificate/key re-reads after a change, by outcome (ok, error: last good kept)",
     ["outcome"], registry=REGISTRY,
 )
+
+#: Outcomes a gateway request is counted with; a worker adds dead_lettered (past the delivery limit).
+GATEWAY_OUTCOMES = ("ok", "error")
+WORKER_OUTCOMES = ("ok", "error", "dead_lettered")
+PLUGIN_OUTCOMES = ("ok", "error", "timeout")
+
+for _outcome in ("ok", "error"):
+    AUTH_RELOADS.labels(outcome=_outcome)
+    TLS_RELOADS.labels(outcome=_outcome)
+
+
+def init_requests(service: str, ops: Iterable[str], worker: bool = False) -> None:
+    """Create a process's request and bus series at 0, so rates and ratios hold from its first request."""
+    outcomes = WORKER_OUTCOMES if worker else GATEWAY_OUTCOMES
+    for op in ops:
+        for outcome in outcomes:
+            REQUESTS.labels(service, op, outcome)
+        REQUEST_DURATION.labels(service, op)
+        IN_FLIGHT.labels(service, op)
+        if worker:
+            BUS_EXPIRED.labels(service, op)
+    if worker:
+        REQUESTS.labels(service, "invalid", "error")
+    BUS_RECONNECTS.labels(service)
+    BUS_UP.labels(service)
+
+
+def init_units(units: Iterable[str]) -> None:
+    """Create the plugin series of each unit at 0 (called when the catalog is loaded or changes)."""
+    for unit in units:
+        for outcome in PLUGIN_OUTCOMES:
+            PLUGIN_CALLS.labels(unit, outcome)
+        PLUGIN_DURATION.labels(unit)
+        PLUGIN_ERRORS.labels(unit)
+        PLUGIN_TIMEOUTS.labels(unit)
+
 
 log = logging.getLogger("vmsched.metrics")
 

@@ -16,6 +16,7 @@ from vmsched.config import Settings
 from vmsched.gateway.app import create_app
 from vmsched.gateway.http import with_read_timeouts
 from vmsched.gateway.peer import ClientCertMixin
+from vmsched.messages import Op
 from vmsched.service import PluginService
 from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService
@@ -76,6 +77,7 @@ def _serve_http(settings: Settings) -> None:
     tls = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca, what="gateway TLS")
     tokens = TokenStore(settings.tokens_file).watch()
     app = create_app(settings, tokens=tokens)
+    metrics.init_requests("gateway", [op.value for op in Op])  # every series at 0 from start-up
     serve_metrics(settings, default_port=GATEWAY_METRICS_PORT, tokens=tokens)
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, loop="uvloop",

@@ -17,7 +17,7 @@ from vmsched import metrics
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.worker import Handler, ServiceWorker
 from vmsched.bus.facts import FactsSubscriber
-from vmsched.bus.topology import legacy_name
+from vmsched.bus.topology import REQUEST_QUEUES, legacy_name
 from vmsched.config import Settings
 from vmsched.facts_cache import FactsCache, load_host_map
 from vmsched.messages import Kind
@@ -86,6 +86,8 @@ class PluginService:
         )
         self.catalog = Catalog(settings.plugins_dir, self.pool, analyze_timeout=settings.plugin_timeout)
         self.worker: ServiceWorker | None = None
+        metrics.init_requests(self.name, [op.value for op, queue in REQUEST_QUEUES.items() if queue in self.QUEUES],
+                              worker=True)
         self.facts: FactsCache | None = None
         self._facts_sub: FactsSubscriber | None = None
         if self.uses_facts and settings.facts:

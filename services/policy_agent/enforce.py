@@ -309,8 +309,10 @@ class Enforcer:
                 checked = check_policy(policy, info, self.pools, self.inv.graph(), self.inv.resolve,
                                        self.inv.name_of)
             except PolicyError as exc:
+                metrics.APPLICATIONS.labels("refused").inc()
                 raise PolicyError([*(problems or []), *exc.errors]) from None
             if problems:
+                metrics.APPLICATIONS.labels("refused").inc()
                 raise PolicyError(problems)
             if self.release_on_stop and not snap.active and policy.dedicated is not None:
                 # validated now; the CPUs are allocated when the guest starts

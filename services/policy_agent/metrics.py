@@ -6,14 +6,24 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from vmsched.metrics import REGISTRY
 
-_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+#: An event is applied in milliseconds; a sweep of many guests or a slow libvirtd takes seconds.
+_FAST = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
+
+#: Known label values, created at 0 on import so that rates hold from the first event.
+APPLICATION_OUTCOMES = ("ok", "error", "refused")
+#: libvirt domain events (virt/connection.py LIFECYCLE_NAMES and the reboot/tunable/metadata callbacks).
+EVENT_NAMES = ("defined", "undefined", "started", "suspended", "resumed", "stopped", "shutdown", "pmsuspended",
+               "crashed", "reboot", "tunable", "metadata")
+#: Repair triggers: an event (jobs.Job.trigger) or a sweep (agent.py).
+REPAIR_TRIGGERS = (*EVENT_NAMES, "event", "sweep", "start", "reconnect", "pool")
+ERROR_KINDS = ("apply", "validation", "overlap", "checkpoint", "libvirt", "store", "facts")
 
 GUESTS_MANAGED = Gauge(
     "vmsched_agent_guests_managed", "Guests on this host that carry a vmsched policy", registry=REGISTRY
 )
 APPLICATIONS = Counter(
     "vmsched_agent_policy_applications_total",
-    "Policy applications (set/delete/pool change), by outcome (ok, error)",
+    "Policy applications (set/delete/pool change), by outcome (ok, error; refused: a policy set rejected by validation)",
     ["outcome"],
     registry=REGISTRY,
 )
@@ -68,3 +78,16 @@ FACTS_COLLECT_CPU = Histogram(
     "vmsched_agent_facts_collect_cpu_seconds", "CPU time of the agent's process for one host facts collection",
     buckets=_FAST, registry=REGISTRY,
 )
+
+
+for _outcome in APPLICATION_OUTCOMES:
+    APPLICATIONS.labels(_outcome)
+for _event in EVENT_NAMES:
+    EVENTS.labels(_event)
+    EVENT_TO_APPLIED.labels(_event)
+for _trigger in REPAIR_TRIGGERS:
+    REPAIRS.labels(_trigger)
+for _kind in ERROR_KINDS:
+    ERRORS.labels(_kind)
+for _state in ("allocated", "free"):
+    DEDICATED_CPUS.labels(_state)

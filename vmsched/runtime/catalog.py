@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsched.messages import Kind, PluginLoadError, UnitInfo
-from vmsched.metrics import PLUGIN_LOAD_ERRORS, PLUGIN_UNITS
+from vmsched.metrics import PLUGIN_LOAD_ERRORS, PLUGIN_UNITS, init_units
 from vmsched.runtime.pool import PluginPool, PoolUnavailable
 from vmsched.runtime.types import Analysis
 from vmsched.runtime.validation import translate_validation
@@ -190,6 +190,7 @@ class Catalog:
         for kind in Kind:
             PLUGIN_UNITS.labels(kind=kind.value).set(sum(1 for key in self._units if key[0] == kind))
         PLUGIN_LOAD_ERRORS.set(len({error.plugin for error in self._errors}))
+        init_units(name for _, name in self._units)  # each unit's plugin series at 0 from its load
 
     # -- watching
     def start_watching(self, interval: float) -> None:
