@@ -13,7 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vmsched.gateway import agent_api, api, engine, facts_api, xmlrpc
+from vmsched.gateway import agent_api, api, decisions_api, engine, facts_api, xmlrpc
+from vmsched.gateway.decision_log import DecisionLog, gateway_label
 from vmsched.gateway.auth import Guard, add_security_scheme
 from vmsched.gateway.limits import Limits
 from vmsched.gateway.scheduler import Scheduler
@@ -152,7 +153,9 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None, tokens: To
         await bus.start()
         if facts_sub is not None:
             facts_sub.start()
+        decision_log.start()
         yield
+        decision_log.stop()
         if facts_sub is not None:
             facts_sub.stop()
         await bus.close()
@@ -163,13 +166,17 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None, tokens: To
     app = FastAPI(title="vmsched gateway", version=__version__, lifespan=lifespan,
                   description="oVirt external-scheduler XML-RPC at / and /RPC2; JSON API under /v1. "
                               "Every /v1 route needs a bearer token with the role it names (docs/api-auth.md).")
-    scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings))
+    decision_log = DecisionLog(settings.decisions_size, gateway_label(settings.gateway_id), facts,
+                               BusOptions.from_settings(settings), settings.decisions_log)
+    scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings), decision_log.submit)
+    app.state.decisions = decision_log
     app.state.bus = bus
     app.state.scheduler = scheduler
     app.state.facts = facts
     app.include_router(api.router)
     app.include_router(agent_api.router)
     app.include_router(facts_api.router)
+    app.include_router(decisions_api.router)
     app.add_exception_handler(RequestValidationError, invalid_request)  # 400 with every reason, all routes
     app.add_middleware(StrictJson)  # I-JSON bodies only: no NaN, 1e400, lone surrogates
 

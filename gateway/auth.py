@@ -38,6 +38,8 @@ ROUTE_ROLES: dict[tuple[str, str], Role] = {
     ("GET", "/v1/hosts/{host}/cpus"): Role.READ,
     ("GET", "/v1/facts"): Role.READ,
     ("GET", "/v1/hosts/{host}/facts"): Role.READ,
+    ("GET", "/v1/decisions"): Role.READ,
+    ("GET", "/v1/decisions/{decision_id}"): Role.READ,
     ("PUT", "/v1/hosts/{host}/policies/{guest}"): Role.OPERATE,
     ("DELETE", "/v1/hosts/{host}/policies/{guest}"): Role.OPERATE,
     ("PUT", "/v1/hosts/{host}/cpus"): Role.OPERATE,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel
 
@@ -28,12 +28,17 @@ from vmsched.messages import DiscoverReply, Op
 
 log = logging.getLogger("vmsched.gateway")
 
+#: (op, request, decision, outcomes, bus failed, seconds) -> None; must return at once (the decision log queues it)
+Recorder = Callable[[str, BaseModel, Decision, Any, bool, float], None]
+
 
 class Scheduler:
-    def __init__(self, bus: AsyncBusClient, request_timeout: float, limits: Limits | None = None) -> None:
+    def __init__(self, bus: AsyncBusClient, request_timeout: float, limits: Limits | None = None,
+                 recorder: Recorder | None = None) -> None:
         self.bus = bus
         self.request_timeout = request_timeout
         self.limits = limits or Limits()
+        self.recorder = recorder
 
     def _deadline(self, plugin_timeout: float | None) -> float:
         # A per-request plugin timeout may lengthen the wait, never past the engine's patience.
@@ -54,19 +59,26 @@ class Scheduler:
         Raises :class:`~vmsched.gateway.limits.OverLimit` for a request over the limits.
         """
         self.limits.check(req)
+        started = time.perf_counter()
+        decision, outcomes, bus_failed = await self._run(operation, req)
+        if self.recorder is not None:
+            self.recorder(operation.op.value, req, decision, outcomes, bus_failed, time.perf_counter() - started)
+        return decision, outcomes
+
+    async def _run(self, operation: Operation, req: BaseModel) -> tuple[Decision, Any, bool]:
         op = operation.op
         with _observed(op) as outcome:
             if operation.nothing_to_run(req):
                 outcome.append("ok")
-                return operation.fallback(req), operation.no_outcomes()
+                return operation.fallback(req), operation.no_outcomes(), False
             try:
                 reply = await self.bus.call(REQUEST_QUEUES[op], op.value, req.model_dump(),
                                             self._deadline(req.timeout), operation.reply)  # type: ignore[attr-defined]
             except BusError as exc:
-                return _failed(operation.fallback(req), exc, outcome), operation.no_outcomes()
+                return _failed(operation.fallback(req), exc, outcome), operation.no_outcomes(), True
             decision = operation.decide(req, reply)
             outcome.append("ok" if decision.result_code == 0 else "error")
-            return decision, operation.outcomes(reply)
+            return decision, operation.outcomes(reply), False
 
 
 def _failed(decision: Decision, exc: BusError, outcome: list[str]) -> Decision:

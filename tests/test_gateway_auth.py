@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from tests.conftest import Proc, free_port, wait_until
 from tests.engine_wire import call
 from tests.tls_certs import CertSet, make_certs
-from vmsched.gateway import agent_api, api, facts_api
+from vmsched.gateway import agent_api, api, decisions_api, facts_api
 from vmsched.gateway.auth import OPEN_PATHS, ROUTE_ROLES, check_routes
 from vmsched.tokens import Role, digest
 
@@ -47,6 +47,8 @@ EXAMPLES: dict[tuple[str, str], tuple[str, Any]] = {
     ("POST", "/v1/hosts/{host}/domains/{guest}/stop"): ("/v1/hosts/hv1/domains/db/stop", {"wait": 0, "force": True}),
     ("GET", "/v1/facts"): ("/v1/facts", None),
     ("GET", "/v1/hosts/{host}/facts"): ("/v1/hosts/hv1/facts", None),
+    ("GET", "/v1/decisions"): ("/v1/decisions?op=filter", None),
+    ("GET", "/v1/decisions/{decision_id}"): ("/v1/decisions/" + "0" * 32, None),
 }
 
 
@@ -131,6 +133,7 @@ def _app(*extra_routes: str) -> FastAPI:
     app.include_router(api.router)
     app.include_router(agent_api.router)
     app.include_router(facts_api.router)
+    app.include_router(decisions_api.router)
     for path in extra_routes:
         app.add_api_route(path, lambda: {"open": True}, methods=["GET"])
     return app
@@ -154,6 +157,8 @@ def _expected_ok(route: tuple[str, str]) -> int:
     """The status once authorised: 200 for scheduling on the all-in-one, 503 for agents behind a down bus."""
     if route[1] == "/v1/hosts/{host}/facts":
         return 404  # authorised, but no agent has sent facts for hv1
+    if route[1] == "/v1/decisions/{decision_id}":
+        return 404  # authorised, but no such decision
     return 503 if route[1].startswith("/v1/hosts/") else 200
 
 

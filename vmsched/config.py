@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     port: int = Field(18781, ge=0, le=65535, description="gateway listen port")
     request_timeout: float = Field(30.0, gt=0, le=110, description="deadline of one engine request, seconds")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest accepted request body, bytes")
+    decisions_size: int = Field(200, ge=1, le=100000, description="scheduling decisions the gateway keeps per operation (GET /v1/decisions)")
+    decisions_log: bool = Field(False, description="also write each decision as one JSON line to stdout (Loki/ELK)")
+    gateway_id: str = Field("", description="this gateway's label in decision records; empty: the host name")
 
     # hostile input: request limits and read timeouts (gateway)
     max_hosts: int = Field(10000, ge=1, description="most host IDs in one scheduling request")

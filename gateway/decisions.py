@@ -1,0 +1,187 @@
+"""A scheduling decision as the decision log keeps it: what each unit did to each host, and why.
+
+Pure functions: :func:`build` turns one request, the units' full outcomes and
+the engine's decision into a JSON-able record with a plain-language
+``summary`` ("kept 3 of 5 hosts: KeepEven dropped 2 (h1, h3)"), and
+:func:`matches` answers the ``GET /v1/decisions`` filters. Everything a
+plugin supplied (errors, host IDs it returned) is kept as data; whoever
+renders it must escape it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Callable
+
+from pydantic import BaseModel
+
+from vmsched.gateway.render import ALL_FILTERS_FAILED, Decision
+from vmsched.messages import BalanceOutcome, FilterOutcome, ScoreOutcome
+
+#: hosts named in one summary clause at most
+SHOWN = 3
+
+
+def _short(hosts: list[str]) -> str:
+    shown = ", ".join(h for h in hosts[:SHOWN])
+    return shown + (f" and {len(hosts) - SHOWN} more" if len(hosts) > SHOWN else "")
+
+
+def _failure(o: Any) -> str:
+    if o.timed_out:
+        return "timed out"
+    return (o.error or "failed").splitlines()[0][:200] if (o.error or "").strip() else "failed"
+
+
+def _base(o: Any) -> dict[str, Any]:
+    return {"unit": o.unit, "kind": o.kind, "ok": o.ok, "error": o.error, "timed_out": o.timed_out,
+            "duration": round(o.duration, 6), "reasons": dict(getattr(o, "reasons", None) or {})}
+
+
+def _filter_units(hosts: list[str], outcomes: list[FilterOutcome]) -> list[dict[str, Any]]:
+    units = []
+    for o in outcomes:
+        unit = _base(o)
+        if o.ok:
+            returned = set(o.hosts)
+            unit["kept"] = [h for h in hosts if h in returned]
+            unit["dropped"] = [h for h in hosts if h not in returned]
+        else:
+            unit["kept"], unit["dropped"] = list(hosts), []  # a failing filter drops nothing
+        units.append(unit)
+    return units
+
+
+def _score_units(outcomes: list[ScoreOutcome]) -> list[dict[str, Any]]:
+    units = []
+    for o in outcomes:
+        unit = _base(o)
+        unit["factor"] = o.factor
+        unit["scores"] = {h: s for h, s in o.scores}
+        units.append(unit)
+    return units
+
+
+def _balance_units(outcome: BalanceOutcome | None) -> list[dict[str, Any]]:
+    if outcome is None:
+        return []
+    unit = _base(outcome)
+    unit["vm"], unit["hosts"] = outcome.vm, list(outcome.hosts)
+    return [unit]
+
+
+def _failed_clauses(units: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for u in units:
+        if not u["ok"]:
+            what = "timed out" if u["timed_out"] else f"failed ({_failure_text(u)})"
+            out.append(f"{u['unit']} {what}, ignored")
+    return out
+
+
+def _failure_text(u: dict[str, Any]) -> str:
+    text = (u.get("error") or "").strip()
+    return text.splitlines()[0][:160] if text else "no reason given"
+
+
+def _reason_text(u: dict[str, Any], hosts: list[str]) -> str:
+    reasons = u.get("reasons") or {}
+    given = [f"{h}: {reasons[h]}" for h in hosts if h in reasons]
+    return "; ".join(given[:SHOWN]) if given else _short(hosts)
+
+
+def filter_summary(record: dict[str, Any]) -> str:
+    hosts, units = record["hosts"], record["units"]
+    kept = record["result"] if isinstance(record["result"], list) else []
+    head = f"kept {len(kept)} of {len(hosts)} hosts"
+    clauses = [f"{u['unit']} dropped {len(u['dropped'])} ({_reason_text(u, u['dropped'])})"
+               for u in units if u["ok"] and u["dropped"]]
+    clauses += _failed_clauses(units)
+    return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
+
+
+def score_summary(record: dict[str, Any]) -> str:
+    result = record["result"] if isinstance(record["result"], list) else []
+    ranked = sorted(result, key=lambda pair: -pair[1])
+    head = (f"best {ranked[0][0]} ({ranked[0][1]}) of {len(result)} scored hosts" if ranked
+            else "no host scored")
+    ok = [u for u in record["units"] if u["ok"]]
+    clauses = [f"{len(ok)} of {len(record['units'])} units scored"] if record["units"] else []
+    unscored = [h for h in record["hosts"] if h not in {pair[0] for pair in result}]
+    if unscored and result:
+        clauses.append(f"no score for {_short(unscored)}")
+    clauses += _failed_clauses(record["units"])
+    return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
+
+
+def balance_summary(record: dict[str, Any]) -> str:
+    result = record["result"]
+    vm, hosts = (result[0], result[1]) if isinstance(result, list) and len(result) == 2 else ("", [])
+    name = record["units"][0]["unit"] if record["units"] else record.get("unit", "the balancer")
+    head = (f"{name} proposes migrating VM {vm} to one of {len(hosts)} hosts ({_short(hosts)})" if vm
+            else f"{name}: no migration")
+    clauses = _failed_clauses(record["units"])
+    return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
+
+
+def _fallback_tail(record: dict[str, Any]) -> str:
+    if not record["fallback"]:
+        return ""
+    why = "; ".join(record["errors"][:2]) or "nothing ran"
+    return f" [fallback: {why}]"
+
+
+SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "filter": filter_summary, "score": score_summary, "balance": balance_summary}
+
+
+def build(op: str, req: BaseModel, decision: Decision, outcomes: Any, *, bus_failed: bool, gateway: str,
+          duration: float, facts_age: dict[str, float | None] | None = None,
+          at: float | None = None) -> dict[str, Any]:
+    """The record of one decision; ``outcomes`` as the operation's ``outcomes``/``no_outcomes`` gave them."""
+    hosts = list(getattr(req, "hosts", []))
+    if op == "filter":
+        units = _filter_units(hosts, outcomes or [])
+    elif op == "score":
+        units = _score_units(outcomes or [])
+    else:
+        units = _balance_units(outcomes)
+    nothing_ran = not units
+    all_failed = bool(units) and not any(u["ok"] for u in units)
+    record: dict[str, Any] = {
+        "id": uuid.uuid4().hex,
+        "time": time.time() if at is None else at,
+        "op": op,
+        "gateway": gateway,
+        "vm": getattr(req, "vm", ""),
+        "hosts": hosts,
+        "units": units,
+        "result": decision.result,
+        "result_code": decision.result_code,
+        "plugin_errors": decision.plugin_errors,
+        "errors": list(decision.errors),
+        "fallback": bus_failed or nothing_ran or all_failed or ALL_FILTERS_FAILED in decision.errors,
+        "duration": round(duration, 6),
+        "facts_age": facts_age or {},
+    }
+    if op == "balance":
+        record["unit"] = getattr(req, "unit", "")
+    record["summary"] = SUMMARIES[op](record)
+    return record
+
+
+def has_errors(record: dict[str, Any]) -> bool:
+    return bool(record["result_code"] or record["fallback"] or any(not u["ok"] for u in record["units"]))
+
+
+def matches(record: dict[str, Any], vm: str | None = None, host: str | None = None, op: str | None = None,
+            errors_only: bool = False) -> bool:
+    """The ``GET /v1/decisions`` filters; ``host`` matches a host the engine offered or a unit proposed."""
+    if op and record["op"] != op:
+        return False
+    if vm and record["vm"] != vm and not any(u.get("vm") == vm for u in record["units"]):
+        return False
+    if host and host not in record["hosts"]:
+        return False
+    return not errors_only or has_errors(record)

@@ -1,0 +1,46 @@
+"""JSON API of the decision log: ``GET /v1/decisions`` and ``GET /v1/decisions/{id}`` (role ``read``).
+
+Each record says what every unit did to every host, the result sent to the
+engine, whether it was a fallback, the facts age of each host, the gateway
+that answered, and a one-line summary (:mod:`vmsched.gateway.decisions`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException, Path, Query, Request
+
+from vmsched.gateway.decision_log import DecisionLog
+
+router = APIRouter(tags=["decision log"])
+
+DecisionId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="a decision's ID")]
+
+
+def _log(request: Request) -> DecisionLog:
+    return request.app.state.decisions
+
+
+@router.get("/v1/decisions", summary="Recent scheduling decisions, newest first, of every gateway replica")
+async def list_decisions(
+    request: Request,
+    vm: Annotated[str | None, Query(max_length=256, description="the VM asked about (or proposed)")] = None,
+    host: Annotated[str | None, Query(max_length=256, description="a host the engine offered")] = None,
+    op: Annotated[Literal["filter", "score", "balance"] | None, Query()] = None,
+    errors: Annotated[Literal["only"] | None, Query(description="'only': decisions with an error, "
+                                                                "failed unit or fallback")] = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 100,
+) -> dict[str, Any]:
+    log = _log(request)
+    found = log.ring.recent(limit, vm=vm, host=host, op=op, errors_only=errors == "only")
+    return {"decisions": found, "count": len(found), "gateway": log.gateway, "ring_size": log.ring.size}
+
+
+@router.get("/v1/decisions/{decision_id}", summary="One decision: every unit's verdict on every host")
+async def get_decision(request: Request, decision_id: DecisionId) -> dict[str, Any]:
+    record = _log(request).ring.get(decision_id)
+    if record is None:
+        raise HTTPException(404, {"code": "not_found", "error": f"no decision {decision_id} in this gateway's "
+                                                                 "log (it may have left the ring)"})
+    return record

@@ -1,0 +1,211 @@
+"""The decision log (issue 15): records, summaries, the bounded ring, the JSON API, and replicas on the bus."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.conftest import Stack, wait_until
+from vmsched.bus.connection import BusOptions
+from vmsched.gateway import decisions
+from vmsched.gateway.decision_log import DecisionLog, Ring, gateway_label
+from vmsched.gateway.render import Decision, balance_decision, filter_decision, score_decision
+from vmsched.messages import (
+    BalanceOutcome,
+    BalanceRequest,
+    FilterOutcome,
+    FilterRequest,
+    ScoreOutcome,
+    ScoreRequest,
+)
+
+H = [f"aaaaaaaa-0000-0000-0000-00000000000{i}" for i in range(6)]
+VM = "11111111-2222-3333-4444-555555555555"
+
+
+def _filter_record(outcomes: list[FilterOutcome], hosts: list[str] = H[:5], bus_failed: bool = False,
+                   vm: str = VM) -> dict[str, Any]:
+    req = FilterRequest(units=[o.unit for o in outcomes], hosts=hosts, vm=vm)
+    decision = Decision(result=list(hosts)) if bus_failed else filter_decision(hosts, outcomes)
+    if bus_failed:  # what the scheduler does: the operation's fallback, saying why
+        decision.errors.append("BusTimeout: no reply")
+    return decisions.build("filter", req, decision, outcomes, bus_failed=bus_failed, gateway="gw-a", duration=0.01)
+
+
+# --- records and summaries ----------------------------------------------------------------------
+def test_filter_record_says_which_unit_dropped_which_host() -> None:
+    record = _filter_record([
+        FilterOutcome(unit="Memory", ok=True, hosts=H[:3], duration=0.002),
+        FilterOutcome(unit="AllowDeny", ok=True, hosts=[H[0], H[2], H[3], H[4]]),
+        FilterOutcome(unit="Slow", ok=False, timed_out=True, error="timed out after 1.0 s"),
+    ])
+    assert record["result"] == [H[0], H[2]] and not record["fallback"]
+    memory, allow, slow = record["units"]
+    assert memory["dropped"] == H[3:5] and memory["kept"] == H[:3] and memory["duration"] == 0.002
+    assert allow["dropped"] == [H[1]]
+    assert slow["timed_out"] and slow["dropped"] == []  # a failing filter drops nothing
+    assert record["summary"].startswith("kept 2 of 5 hosts: Memory dropped 2 (")
+    assert f"AllowDeny dropped 1 ({H[1]})" in record["summary"]
+    assert "Slow timed out, ignored" in record["summary"]
+    assert decisions.has_errors(record)
+
+
+def test_reasons_a_unit_gives_are_in_the_summary() -> None:
+    outcome = FilterOutcome(unit="Memory", ok=True, hosts=H[:1])
+    object.__setattr__(outcome, "reasons", {H[1]: "free 1.2 GiB < 4 GiB needed"})  # a unit that gives reasons
+    record = _filter_record([outcome], hosts=H[:2])
+    assert record["units"][0]["reasons"] == {H[1]: "free 1.2 GiB < 4 GiB needed"}
+    assert record["summary"] == f"kept 1 of 2 hosts: Memory dropped 1 ({H[1]}: free 1.2 GiB < 4 GiB needed)"
+
+
+def test_fallbacks_are_marked_and_explained() -> None:
+    bus_down = _filter_record([], bus_failed=True)
+    assert bus_down["fallback"] and bus_down["result"] == H[:5]
+    assert bus_down["summary"] == "kept 5 of 5 hosts [fallback: BusTimeout: no reply]"
+    all_failed = _filter_record([FilterOutcome(unit="Raises", ok=False, error="ValueError: no\nTraceback")])
+    assert all_failed["fallback"] and all_failed["errors"] == ["all filters failed"]
+    assert "Raises failed (ValueError: no), ignored" in all_failed["summary"]
+    assert all_failed["summary"].endswith("[fallback: all filters failed]")
+
+
+def test_score_record_keeps_raw_scores_and_factor() -> None:
+    outcomes = [ScoreOutcome(unit="Load", ok=True, factor=2, scores=[(H[0], 0.5), (H[1], 10.0)]),
+                ScoreOutcome(unit="Exits", ok=False, error="plugin called sys.exit(1)")]
+    req = ScoreRequest.model_validate({"units": [{"name": "Load", "factor": 2}, {"name": "Exits"}],
+                                       "hosts": H[:3], "vm": VM})
+    decision = score_decision(H[:3], outcomes)
+    record = decisions.build("score", req, decision, outcomes, bus_failed=False, gateway="gw-a", duration=0.1)
+    load = record["units"][0]
+    assert load["factor"] == 2 and load["scores"] == {H[0]: 0.5, H[1]: 10.0}
+    assert record["result"] == decision.result  # what the engine got, whatever the weighting rules
+    best = max(decision.result, key=lambda pair: pair[1])
+    assert record["summary"].startswith(f"best {best[0]} ({best[1]}) of ")
+    assert "1 of 2 units scored" in record["summary"]
+    assert record["summary"].endswith("Exits failed (plugin called sys.exit(1)), ignored")
+    assert not record["fallback"]
+
+
+def test_balance_record_and_its_timeout_fallback() -> None:
+    req = BalanceRequest(unit="Drain", hosts=H[:3])
+    good = BalanceOutcome(unit="Drain", ok=True, vm=VM, hosts=H[1:3])
+    record = decisions.build("balance", req, balance_decision(H[:3], good), good, bus_failed=False,
+                             gateway="gw-a", duration=0.1)
+    assert record["summary"] == f"Drain proposes migrating VM {VM} to one of 2 hosts ({H[1]}, {H[2]})"
+    assert decisions.matches(record, vm=VM)  # the VM a balancer proposes is searchable
+    hung = BalanceOutcome(unit="Drain", ok=False, timed_out=True, error="timed out after 1.0 s")
+    record = decisions.build("balance", req, balance_decision(H[:3], hung), hung, bus_failed=False,
+                             gateway="gw-a", duration=1.0)
+    assert record["fallback"] and record["result"] == ["", []]
+    assert record["summary"] == "Drain: no migration: Drain timed out, ignored [fallback: nothing ran]"
+
+
+def test_filters_of_the_api() -> None:
+    ok = _filter_record([FilterOutcome(unit="A", ok=True, hosts=H[:2])], hosts=H[:3])
+    bad = _filter_record([FilterOutcome(unit="A", ok=False, error="x")], hosts=H[3:5], vm="other")
+    assert decisions.matches(ok, vm=VM, host=H[2], op="filter")
+    assert not decisions.matches(ok, host=H[4]) and not decisions.matches(ok, op="score")
+    assert not decisions.matches(ok, errors_only=True) and decisions.matches(bad, errors_only=True)
+    assert not decisions.matches(bad, vm=VM) and decisions.matches(bad, vm="other")
+
+
+# --- the ring -----------------------------------------------------------------------------------
+def test_the_ring_never_grows_past_its_size_per_operation() -> None:
+    ring = Ring(3)
+    filters = [_filter_record([FilterOutcome(unit="A", ok=True, hosts=H[:1])]) for _ in range(10)]
+    for i, record in enumerate(filters):
+        record["time"] = float(i)
+        ring.add(record)
+        assert len(ring.recent(op="filter")) <= 3
+    score = {**filters[0], "id": uuid.uuid4().hex, "op": "score", "time": 0.5}
+    ring.add(score)
+    assert [r["id"] for r in ring.recent(op="filter")] == [r["id"] for r in reversed(filters[-3:])]
+    assert ring.get(filters[0]["id"]) is None and ring.get(filters[-1]["id"]) is filters[-1]
+    assert ring.get(score["id"]) is score  # another operation's ring is not evicted by filters
+    assert len(ring) == 4
+    ring.add(filters[-1])  # the same ID twice (own decision echoed by the bus) is kept once
+    assert len(ring) == 4
+    assert ring.recent(limit=2) == [filters[-1], filters[-2]]
+
+
+def test_gateway_label_is_routing_key_safe() -> None:
+    assert gateway_label("gw.1 *#") == "gw-1---"
+    assert gateway_label("") and "." not in gateway_label("")
+
+
+# --- replicas on the bus ------------------------------------------------------------------------
+@pytest.fixture(params=["memory", "rabbitmq"])
+def bus_url(request: pytest.FixtureRequest) -> str:
+    return "memory://" if request.param == "memory" else request.getfixturevalue("rabbit_vhost")
+
+
+def test_every_replica_keeps_every_gateways_decisions(bus_url: str) -> None:
+    options = BusOptions(url=bus_url, connect_timeout=2.0)
+    a, b = DecisionLog(10, "gw-a", bus=options), DecisionLog(10, "gw-b", bus=options)
+    for log in (a, b):
+        log.start()
+    try:
+        for log in (a, b):
+            assert log.subscriber is not None
+            wait_until(log.subscriber.ready.is_set, 20, 0.05, "the decision subscription")
+        req = FilterRequest(units=["A"], hosts=H[:2], vm=VM)
+        outcomes = [FilterOutcome(unit="A", ok=True, hosts=H[:1])]
+        a.submit("filter", req, filter_decision(H[:2], outcomes), outcomes, False, 0.01)
+        b.submit("filter", req, Decision(result=H[:2], errors=["BusTimeout"]), [], True, 0.02)
+        wait_until(lambda: len(a.ring) == 2 and len(b.ring) == 2, 20, 0.05, "both decisions in both rings")
+        for log in (a, b):
+            labels = {r["gateway"]: r for r in log.ring.recent()}
+            assert set(labels) == {"gw-a", "gw-b"}
+            assert labels["gw-b"]["fallback"] and not labels["gw-a"]["fallback"]
+        assert a.ring.recent()[0]["id"] in {r["id"] for r in b.ring.recent()}
+    finally:
+        for log in (a, b):
+            log.stop()
+
+
+def test_a_forged_record_is_not_taken_for_another_gateways() -> None:
+    log = DecisionLog(10, "gw-a")
+    record = _filter_record([FilterOutcome(unit="A", ok=True, hosts=H[:1])])
+    log._received(b'{"decisions": [' + __import__("json").dumps(record).encode() + b"]}", "gateway.gw-c.decision")
+    assert len(log.ring) == 0  # labelled gw-a, published under gw-c's key
+    log._received(b"not json", "gateway.gw-c.decision")
+    log._received(b'{"decisions": [{"id": "x", "op": "filter"}]}', "gateway.gw-c.decision")
+    assert len(log.ring) == 0
+
+
+# --- the JSON API on the all-in-one process -----------------------------------------------------
+def _decisions(stack: Stack, **params: str) -> list[dict[str, Any]]:
+    r = stack.get("/v1/decisions", params=params)
+    assert r.status_code == 200, r.text
+    return r.json()["decisions"]
+
+
+def test_api_lists_and_details_engine_decisions(stack: Stack) -> None:
+    vm = str(uuid.uuid4())
+    reply = stack.xmlrpc("runFilters", ["KeepEven", "KeepAllButLast", "Hangs"], H[:5], vm, {})
+    assert reply["result"] == [H[0], H[2]]
+    wait_until(lambda: len(_decisions(stack, vm=vm)) == 1, 10, 0.05, "the decision in the log")
+    (found,) = _decisions(stack, vm=vm, op="filter", host=H[3])
+    assert found["summary"].startswith("kept 2 of 5 hosts: KeepEven dropped 2")
+    assert "Hangs timed out" in found["summary"] and found["gateway"]
+    assert _decisions(stack, vm=vm, op="score") == [] and _decisions(stack, vm=vm, host=H[5]) == []
+    assert [d["id"] for d in _decisions(stack, vm=vm, errors="only")] == [found["id"]]
+    detail = stack.get(f"/v1/decisions/{found['id']}").json()
+    units = {u["unit"]: u for u in detail["units"]}
+    assert units["KeepEven"]["dropped"] == [H[1], H[3]] and units["KeepAllButLast"]["dropped"] == [H[4]]
+    assert units["Hangs"]["timed_out"] and detail["result"] == [H[0], H[2]] and not detail["fallback"]
+    assert set(detail["facts_age"]) == set(H[:5])
+
+    stack.xmlrpc("runCostFunctions", [["FloatScore", 2]], H[:2], vm, {})
+    wait_until(lambda: len(_decisions(stack, vm=vm)) == 2, 10, 0.05, "the score decision")
+    (score,) = _decisions(stack, vm=vm, op="score")
+    assert score["units"][0]["factor"] == 2 and len(score["units"][0]["scores"]) == 2
+    assert _decisions(stack, vm=vm, errors="only") == [found]
+
+
+def test_api_refuses_bad_queries(stack: Stack) -> None:
+    assert stack.get("/v1/decisions/" + "0" * 32).status_code == 404
+    assert stack.get("/v1/decisions/not-an-id").status_code == 400
+    assert stack.get("/v1/decisions", params={"op": "nope"}).status_code == 400
+    assert stack.get("/v1/decisions", params={"errors": "all"}).status_code == 400
