@@ -83,6 +83,7 @@ class Kernel(threading.Thread):
         super().__init__(daemon=True)
         self.replicas = replicas
         self.kills: list[int] = []
+        self.errors: list[str] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -91,12 +92,14 @@ class Kernel(threading.Thread):
                 if not entry.isdigit():
                     continue
                 try:
-                    with open(f"/proc/{entry}/comm") as f:
-                        if f.read().strip() != MARK:
+                    with open(f"/proc/{entry}/comm", "rb") as f:
+                        if f.read().strip() != MARK.encode():
                             continue
+                    self._kill_owner(int(entry))
                 except OSError:
-                    continue
-                self._kill_owner(int(entry))
+                    continue  # the process is gone
+                except Exception as exc:  # noqa: BLE001 - reported by the test, never a silent dead watcher
+                    self.errors.append(repr(exc))
 
     def _kill_owner(self, worker: int) -> None:
         chain = set(_ancestors(worker))
@@ -145,16 +148,25 @@ def test_a_request_that_kills_its_service_gets_at_most_n_deliveries_then_an_erro
             poisoned = pool.submit(stack.xmlrpc, "runFilters", ["Poison"], HOSTS, VM, {})
             others = [pool.submit(stack.xmlrpc, "runFilters", ["KeepAll"], HOSTS[: 1 + i % 4], VM, {})
                       for i in range(10)]
-            while not poisoned.done():  # the supervisor: a killed replica comes back
+
+            def supervise() -> None:  # a killed replica comes back (systemd Restart=, Kubernetes)
                 for i, proc in enumerate(replicas):
                     if proc.popen is not None and proc.popen.poll() is not None:
                         replicas[i] = replica()
                         stack.procs.append(replicas[i])
+
+            while not poisoned.done():
+                supervise()
                 time.sleep(0.1)
             reply = poisoned.result()
             answers = [f.result() for f in others]
-        # at most N deliveries, each of which cost one replica; then one error reply naming the unit
-        assert 1 <= len(kernel.kills) <= 2, kernel.kills
+        kernel.stop.set()
+        kernel.join(5)
+        supervise()  # the last kill may come just before the error reply
+        # at most N deliveries, so at most N replicas killed; then one error reply naming the unit. A single
+        # death may count twice: the broker can hand the returned request to the dead connection's other
+        # consumer channel before it has closed that one too (docs/upgrading.md, "Poison messages")
+        assert not kernel.errors and 1 <= len(kernel.kills) <= 2, (kernel.errors, kernel.kills, reply)
         assert reply["result"] == HOSTS  # the engine's fallback: every host, at once
         (error,) = reply["errors"]
         assert "dead-lettered" in error and "units: Poison" in error, error
@@ -166,7 +178,7 @@ def test_a_request_that_kills_its_service_gets_at_most_n_deliveries_then_an_erro
             else:
                 assert answer["result"] == HOSTS[: 1 + i % 4], answer
         # the replicas serve on: later requests are all run
-        wait_until(lambda: all(p.popen and p.popen.poll() is None for p in replicas), 10, 0.1, "replicas up")
+        wait_until(lambda: _consumers(vhost, filter_queue) == 4, 60, 0.2, "both replicas consuming again")
         for n in range(1, 5):
             assert stack.xmlrpc("runFilters", ["KeepAll"], HOSTS[:n], VM, {}) == {
                 "result_code": 0, "result": HOSTS[:n], "plugin_errors": {}, "errors": []}
