@@ -44,6 +44,7 @@ CRD_KINDS = {
     ("keda.sh/v1alpha1", "ScaledObject"),
     ("keda.sh/v1alpha1", "TriggerAuthentication"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
 }
 WORKERS = ("discovery", "scoring", "balancer")
 
@@ -57,6 +58,7 @@ COMBOS: dict[str, dict[str, Any]] = {
     "everything": {
         "autoscaling": {"keda": {"enabled": True}},
         "serviceMonitor": {"enabled": True},
+        "prometheusRule": {"enabled": True},
         "agent": {"enabled": True, "hostIdFrom": "libvirt", "initChown": False},
         "grafanaDashboard": {"enabled": True},
         "plugins": {"files": {"my_filter.py": "class MyFilter:\n    def do_filter(self, *a):\n        pass\n"}},

@@ -1,0 +1,142 @@
+"""The shipped alert rules (charts/vmsched/rules/vmsched.yaml) under Debian's promtool.
+
+``promtool check rules`` validates the file; ``promtool test rules`` runs
+tests/prometheus/vmsched-rules.test.yaml, which must hold a firing and a quiet
+case for every alert. Every alert names its runbook entry in docs/deploy.md,
+only uses metrics that vmsched, RabbitMQ's plugin or Prometheus (``up``)
+export, and the chart ships the same rules as a PrometheusRule.
+
+promtool comes from Debian's ``prometheus`` package, installed here by
+scripts/apt-install when missing; where it cannot be installed the tests skip
+and say why, except under CI (``CI`` set), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "charts" / "vmsched" / "rules" / "vmsched.yaml"
+RULE_TESTS = ROOT / "tests" / "prometheus" / "vmsched-rules.test.yaml"
+DOCS = ROOT / "docs" / "deploy.md"
+
+
+def prometheus_tool(name: str) -> str:
+    """The path of ``promtool`` or ``prometheus`` (Debian's package), installing it if needed."""
+    found = shutil.which(name)
+    if found:
+        return found
+    proc = subprocess.run([str(ROOT / "scripts" / "apt-install"), "prometheus"], capture_output=True, text=True,
+                          timeout=600)
+    found = shutil.which(name)
+    if found:
+        return found
+    reason = f"Debian's prometheus package ({name}) could not be installed: {proc.stderr.strip() or proc.stdout.strip()}"
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    return prometheus_tool("promtool")
+
+
+def alerts() -> dict[str, dict[str, Any]]:
+    doc = yaml.safe_load(RULES.read_text())
+    out = {rule["alert"]: rule for group in doc["groups"] for rule in group["rules"] if "alert" in rule}
+    assert len(out) >= 14, sorted(out)
+    return out
+
+
+def test_promtool_check_rules(promtool: str) -> None:
+    proc = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(alerts())} rules found" in proc.stdout
+
+
+def test_promtool_test_rules(promtool: str) -> None:
+    proc = subprocess.run([promtool, "test", "rules", RULE_TESTS.name], capture_output=True, text=True, timeout=120,
+                          cwd=RULE_TESTS.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout
+
+
+def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    firing, quiet = set(), set()
+    for test in tests:
+        for case in test.get("alert_rule_test", []):
+            (firing if case.get("exp_alerts") else quiet).add(case["alertname"])
+    names = set(alerts())
+    assert names - firing == set(), f"no firing case for {sorted(names - firing)}"
+    assert names - quiet == set(), f"no quiet case for {sorted(names - quiet)}"
+    assert (firing | quiet) <= names, f"tests of unknown alerts: {sorted((firing | quiet) - names)}"
+
+
+def test_every_alert_has_a_runbook_entry() -> None:
+    headings = {m.group(1) for m in re.finditer(r"^#### (Vmsched\w+)\s*$", DOCS.read_text(), re.M)}
+    for name, rule in alerts().items():
+        assert rule["annotations"]["runbook"] == f"docs/deploy.md#{name.lower()}", name
+        assert name in headings, f"docs/deploy.md has no runbook heading '#### {name}'"
+        assert rule["labels"]["severity"] in ("critical", "warning"), name
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
+
+
+def test_alerts_only_use_exported_metrics() -> None:
+    """Every metric an alert reads is exported by vmsched (its processes, the agent, the facts cache),
+    by RabbitMQ's prometheus plugin, or is Prometheus's own ``up``."""
+    import vmsched.metrics
+    from tests.test_deploy_metrics import RABBITMQ_METRICS, agent_series, declared_series, parse_promql
+
+    known = {*declared_series(vmsched.metrics), *agent_series(), *RABBITMQ_METRICS, "up",
+             "vmsched_facts_hosts_stale"}
+    for name, rule in alerts().items():
+        used = parse_promql(rule["expr"])[0]
+        assert used, name
+        assert used <= known, f"{name}: {sorted(used - known)} exported by nothing"
+
+
+@pytest.fixture(scope="module")
+def chart() -> Any:
+    import helm_python as helm
+
+    with helm.Chart.load(ROOT / "charts" / "vmsched") as loaded:
+        yield loaded
+
+
+def test_the_chart_ships_the_rules_as_a_prometheus_rule(chart: Any) -> None:
+    from tests.test_deploy_chart import render
+
+    assert not [d for d in render(chart, {}) if d["kind"] == "PrometheusRule"], "opt-in"
+    docs = render(chart, {"prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}})
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"] == yaml.safe_load(RULES.read_text()), "the same rules as compose and systemd load"
+    # $labels templates reach Prometheus untouched (not rendered by Helm)
+    assert "{{ $labels.instance }}" in yaml.safe_dump(rule["spec"], width=1000)
+
+
+def test_service_monitor_sets_the_component_label(chart: Any) -> None:
+    from tests.test_deploy_chart import render
+
+    (sm,) = [d for d in render(chart, {"serviceMonitor": {"enabled": True}}) if d["kind"] == "ServiceMonitor"]
+    for endpoint in sm["spec"]["endpoints"]:
+        assert {"sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_component"],
+                "targetLabel": "component"} in endpoint["relabelings"]
+        assert _seconds(endpoint["scrapeTimeout"]) < _seconds(endpoint["interval"]), "a frozen process must drop `up`"
+
+
+def _seconds(duration: str) -> float:
+    m = re.fullmatch(r"(\d+)(ms|s|m|h)", duration)
+    assert m, duration
+    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
