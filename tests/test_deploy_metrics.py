@@ -50,6 +50,8 @@ RABBITMQ_METRICS: dict[str, set[str]] = {
     "rabbitmq_queue_messages": {"vhost", "queue"},
     "rabbitmq_queue_consumers": {"vhost", "queue"},
 }
+#: Series Prometheus makes itself for every target (health panels: a dead process exports nothing).
+PROMETHEUS_SERIES: dict[str, set[str]] = {"up": set()}
 #: Labels Prometheus adds to every scraped series.
 TARGET_LABELS = {"instance", "job", "component"}
 
@@ -301,7 +303,7 @@ def test_no_host_or_vm_ids_in_label_values(scrapes: dict[str, str]) -> None:
 
 
 def test_dashboard_only_uses_exported_metrics_and_labels(exported: dict[str, set[str]]) -> None:
-    known = {**exported, **agent_series(), **RABBITMQ_METRICS}
+    known = {**exported, **agent_series(), **RABBITMQ_METRICS, **PROMETHEUS_SERIES}
     queries = dashboard_queries()
     assert len(queries) > 20
     problems = []
@@ -332,9 +334,12 @@ def test_dashboard_covers_red_plugins_queues_and_agents() -> None:
         "vmsched_plugin_errors_total", "vmsched_plugin_timeouts_total",
         # queue depth and consumers per queue
         "rabbitmq_queue_messages_ready", "rabbitmq_queue_consumers",
-        # agent repairs, drift, event lag
+        # agent repairs, drift, event lag, events, applications (incl. refusals), dedicated CPUs
         "vmsched_agent_repairs_total", "vmsched_agent_drift_corrections_total",
-        "vmsched_agent_event_to_applied_seconds_bucket",
+        "vmsched_agent_event_to_applied_seconds_bucket", "vmsched_agent_events_total",
+        "vmsched_agent_policy_applications_total", "vmsched_agent_dedicated_cpus",
+        # component health from `up` (a dead or frozen process reports nothing itself); facts staleness
+        "up", "vmsched_facts_hosts_stale",
     }
     assert required <= used, sorted(required - used)
     text = DASHBOARD.read_text()
@@ -447,3 +452,25 @@ def test_buckets_resolve_the_timeouts() -> None:
         above = [b for b in LATENCY_BUCKETS if timeout < b <= timeout * 1.5]
         assert timeout in LATENCY_BUCKETS and below and above, (timeout, LATENCY_BUCKETS)
     assert {1, 1.5, 2} <= set(LATENCY_BUCKETS), "a plugin killed at ~1 s must not read as 1.75 s"
+
+
+def test_overview_is_the_gateways_view() -> None:
+    """The overview's request rate, error ratio and p99 count the gateway only (the engine's truth): mixing
+    in the workers' series counted each request twice."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    overview = []
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row" and overview:
+            break
+        if panel["type"] != "row":
+            overview.append(panel)
+    exprs = {p["title"]: p["targets"][0]["expr"] for p in overview}
+    assert len(exprs) == 4, exprs
+    for title, expr in exprs.items():
+        if "vmsched_request" in expr:
+            assert expr.count('service="gateway"') == expr.count("vmsched_request"), (title, expr)
+            assert "$service" not in expr, title
+    assert any(re.search(r"\bup\{", e) for e in exprs.values()), "a health stat on `up`"
+    queue_exprs = [e for _, e in dashboard_queries() if "rabbitmq_queue" in e]
+    assert queue_exprs and all(".(discover|filter|score|balance)" in e for e in queue_exprs), \
+        "queue panels show the request queues, not the per-process reply queues"
