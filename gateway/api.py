@@ -17,6 +17,7 @@ from vmsched.gateway.limits import OverLimit
 from vmsched.gateway.operations import BALANCE, FILTER, SCORE, Operation
 from vmsched.gateway.render import Decision, discover_result
 from vmsched.gateway.scheduler import Scheduler
+from vmsched.gateway.scores import finite
 from vmsched.gateway.strict_json import refusal
 from vmsched.messages import (
     BalanceOutcome,
@@ -42,7 +43,8 @@ class FilterUnitDetail(FilterOutcome):
 
 
 class ScoreUnitDetail(ScoreOutcome):
-    missing: list[str] = Field(default_factory=list, description="requested hosts the unit gave no score")
+    missing: list[str] = Field(default_factory=list, description="requested hosts the unit gave no (finite) score; "
+                                                            "each got the unit's worst score in result")
 
 
 class EngineAnswer(BaseModel):
@@ -114,7 +116,7 @@ async def run_score(req: ScoreRequest, request: Request) -> ScoreAnswer:
     decision, outcomes = await _run(request, SCORE, req)
     details = []
     for o in outcomes:
-        scored = {h for h, _ in o.scores}
+        scored = {h for h, s in o.scores if finite(s)}
         details.append(ScoreUnitDetail(**o.model_dump(), missing=[h for h in req.hosts if h not in scored] if o.ok else []))
     return ScoreAnswer(**_answer(decision), units=details)
 

@@ -17,6 +17,7 @@ from vmsched.gateway import agent_api, api, decisions_api, engine, facts_api, xm
 from vmsched.gateway.decision_log import DecisionLog, gateway_label
 from vmsched.gateway.auth import Guard, add_security_scheme
 from vmsched.gateway.limits import Limits
+from vmsched.gateway.render import RenderOptions
 from vmsched.gateway.scheduler import Scheduler
 from vmsched.gateway.strict_json import StrictJson, invalid_request
 from vmsched import __version__, metrics
@@ -168,7 +169,8 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None, tokens: To
                               "Every /v1 route needs a bearer token with the role it names (docs/api-auth.md).")
     decision_log = DecisionLog(settings.decisions_size, gateway_label(settings.gateway_id), facts,
                                BusOptions.from_settings(settings), settings.decisions_log)
-    scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings), decision_log.submit)
+    scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings), decision_log.submit,
+                          RenderOptions(score_per_unit=settings.score_per_unit))
     app.state.decisions = decision_log
     app.state.bus = bus
     app.state.scheduler = scheduler

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from vmsched.gateway import xmlrpc
-from vmsched.gateway.render import Decision, balance_decision, filter_decision, score_decision
+from vmsched.gateway.render import Decision, RenderOptions, balance_decision, filter_decision, score_decision
 from vmsched.messages import (
     BalanceReply,
     BalanceRequest,
@@ -41,7 +41,7 @@ class Operation:
     reply: type[BaseModel]
     fallback: Callable[[Any], Decision]  # request -> the decision when nothing ran (bus failed, no units)
     nothing_to_run: Callable[[Any], bool]  # request -> answer with the fallback without asking anyone
-    decide: Callable[[Any, Any], Decision]  # (request, reply) -> the engine's decision
+    decide: Callable[[Any, Any, RenderOptions], Decision]  # (request, reply, options) -> the engine's decision
     outcomes: Callable[[Any], Any]  # reply -> the per-unit outcomes the JSON API shows
     no_outcomes: Callable[[], Any]  # the outcomes shown when nothing ran
 
@@ -81,7 +81,7 @@ FILTER = Operation(
     reply=FilterReply,
     fallback=lambda req: Decision(result=list(req.hosts)),  # a filter that cannot run keeps every host
     nothing_to_run=lambda req: not req.units,
-    decide=lambda req, reply: filter_decision(req.hosts, reply.outcomes),
+    decide=lambda req, reply, opts: filter_decision(req.hosts, reply.outcomes),
     outcomes=lambda reply: reply.outcomes,
     no_outcomes=list,
 )
@@ -95,7 +95,7 @@ SCORE = Operation(
     reply=ScoreReply,
     fallback=lambda req: Decision(result=[]),
     nothing_to_run=lambda req: not req.units,
-    decide=lambda req, reply: score_decision(req.hosts, reply.outcomes),
+    decide=lambda req, reply, opts: score_decision(req.hosts, reply.outcomes, opts.score_per_unit),
     outcomes=lambda reply: reply.outcomes,
     no_outcomes=list,
 )
@@ -109,7 +109,7 @@ BALANCE = Operation(
     reply=BalanceReply,
     fallback=lambda req: Decision(result=["", []]),  # no VM to move
     nothing_to_run=lambda req: False,  # one unit, always named
-    decide=lambda req, reply: balance_decision(req.hosts, reply.outcome),
+    decide=lambda req, reply, opts: balance_decision(req.hosts, reply.outcome),
     outcomes=lambda reply: reply.outcome,
     no_outcomes=lambda: None,
 )

@@ -4,7 +4,8 @@ Pure functions, shared by the XML-RPC adapter (which sends only ``result``,
 ``plugin_errors`` and ``errors``) and the JSON API (which shows everything).
 The rules are the table "What the old daemon did, and what we do" of the
 engine protocol: intersection in input order, foreign IDs dropped and
-reported, scores factored, rounded and clamped to int32, balance always
+reported, scores for every requested host as bounded integers in the exact
+order of the real totals (:mod:`vmsched.gateway.scores`), balance always
 ``[vm or "", [hosts]]``.
 """
 
@@ -14,11 +15,19 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmsched.gateway.scores import common_denominator, encode, fill_worst, finite, scaled
 from vmsched.messages import BalanceOutcome, DiscoverReply, FilterOutcome, Kind, ScoreOutcome
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 DISCOVER_KEYS = {Kind.FILTER: "filters", Kind.SCORE: "scores", Kind.BALANCE: "balance"}
 ALL_FILTERS_FAILED = "all filters failed"
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Gateway settings that shape the engine's reply."""
+
+    score_per_unit: bool = False  # [host, weight, unit] triples, factored by the engine (--score-per-unit)
 
 
 @dataclass
@@ -79,27 +88,61 @@ def filter_decision(hosts: list[str], outcomes: list[FilterOutcome]) -> Decision
     return decision
 
 
-def score_totals(hosts: list[str], outcomes: list[ScoreOutcome], decision: Decision) -> dict[str, float]:
-    requested = set(hosts)
-    totals: dict[str, float] = {}
+def _requested_scores(hosts: dict[str, None], o: ScoreOutcome, decision: Decision) -> dict[str, list[float]]:
+    """A working unit's finite scores of requested hosts; foreign IDs and non-finite scores reported."""
+    scored: dict[str, list[float]] = {}
+    foreign, broken = [], []
+    for host, score in o.scores:
+        if host not in hosts:
+            foreign.append(host)
+        elif not finite(score):
+            broken.append(host)
+        else:
+            scored.setdefault(host, []).append(float(score))
+    _foreign(o.unit, foreign, decision)
+    if broken:
+        decision.report(o.unit, f"gave {len(broken)} host(s) a score that is not a finite number "
+                                f"(first {_excerpt(broken[0])}); they get the unit's worst score")
+        for host in broken:
+            scored.pop(host, None)
+    return scored
+
+
+def _unit_table(hosts: dict[str, None], outcomes: list[ScoreOutcome],
+                decision: Decision) -> tuple[list[tuple[ScoreOutcome, dict[str, int]]], int]:
+    """Per working unit, every requested host's score times one common denominator (exact), and it."""
+    found = []
     for o in outcomes:
-        if not o.ok:
+        if o.ok:
+            found.append((o, _requested_scores(hosts, o, decision)))
+        else:
             decision.report(o.unit, o.error or "failed")
-            continue
-        factor, foreign = o.factor, []
-        for host, score in o.scores:
-            if host in requested:
-                totals[host] = totals.get(host, 0.0) + factor * score
-            else:
-                foreign.append(host)
-        _foreign(o.unit, foreign, decision)
-    return totals
+    den = common_denominator(v for _, scored in found for vs in scored.values() for v in vs)
+    table = [(o, fill_worst(list(hosts), {h: sum(scaled(v, den) for v in vs) for h, vs in scored.items()},
+                            o.factor)) for o, scored in found]
+    return table, den
 
 
-def score_decision(hosts: list[str], outcomes: list[ScoreOutcome]) -> Decision:
+def score_decision(hosts: list[str], outcomes: list[ScoreOutcome], per_unit: bool = False) -> Decision:
+    """``[[host, weight], ...]`` for every requested host (see :mod:`vmsched.gateway.scores`).
+
+    A host a unit did not score gets that unit's worst score. With ``per_unit``
+    the reply is ``[[host, weight, unit], ...]`` per working unit, each unit
+    encoded on its own and NOT factored: the engine multiplies by the unit's
+    factor itself. With no working unit, every host gets 0.
+    """
     decision = Decision(result=[])
-    totals = score_totals(hosts, outcomes, decision)
-    decision.result = [[h, clamp_int32(totals[h])] for h in dict.fromkeys(hosts) if h in totals]
+    requested = dict.fromkeys(hosts)
+    table, den = _unit_table(requested, outcomes, decision)
+    if per_unit and table:
+        for o, weights in table:
+            decision.result += [[h, w, o.unit] for h, w in zip(weights, encode(list(weights.values()), den))]
+        return decision
+    totals = dict.fromkeys(requested, 0)
+    for o, weights in table:
+        for host, value in weights.items():
+            totals[host] += o.factor * value
+    decision.result = [[h, w] for h, w in zip(totals, encode(list(totals.values()), den))]
     return decision
 
 

@@ -23,7 +23,7 @@ from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.gateway.limits import Limits
 from vmsched.gateway.operations import Operation
-from vmsched.gateway.render import Decision
+from vmsched.gateway.render import Decision, RenderOptions
 from vmsched.messages import DiscoverReply, Op
 
 log = logging.getLogger("vmsched.gateway")
@@ -34,8 +34,9 @@ Recorder = Callable[[str, BaseModel, Decision, Any, bool, float], None]
 
 class Scheduler:
     def __init__(self, bus: AsyncBusClient, request_timeout: float, limits: Limits | None = None,
-                 recorder: Recorder | None = None) -> None:
+                 recorder: Recorder | None = None, render: RenderOptions | None = None) -> None:
         self.bus = bus
+        self.render = render or RenderOptions()
         self.request_timeout = request_timeout
         self.limits = limits or Limits()
         self.recorder = recorder
@@ -76,7 +77,7 @@ class Scheduler:
                                             self._deadline(req.timeout), operation.reply)  # type: ignore[attr-defined]
             except BusError as exc:
                 return _failed(operation.fallback(req), exc, outcome), operation.no_outcomes(), True
-            decision = operation.decide(req, reply)
+            decision = operation.decide(req, reply, self.render)
             outcome.append("ok" if decision.result_code == 0 else "error")
             return decision, operation.outcomes(reply), False
 

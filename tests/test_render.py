@@ -10,6 +10,7 @@ from vmsched.gateway.render import (
     filter_decision,
     score_decision,
 )
+from vmsched.gateway.scores import SCORE_BOUND
 from vmsched.messages import BalanceOutcome, DiscoverReply, FilterOutcome, Kind, ScoreOutcome, UnitInfo
 
 H = [f"00000000-0000-0000-0000-00000000000{i}" for i in range(1, 6)]
@@ -54,22 +55,80 @@ def test_filter_returning_nothing_empties_result():
     assert d.result == [] and d.result_code == 0
 
 
-def test_scores_factored_rounded_summed_and_clamped():
-    outcomes = [ScoreOutcome(unit="s1", ok=True, factor=2, scores=[(H[0], 1.26), (H[1], 1e12), (H[2], -1e12)]),
-                ScoreOutcome(unit="s2", ok=True, factor=3, scores=[(H[0], 0.5)])]
-    d = score_decision(H, outcomes)
-    assert d.result == [[H[0], 4], [H[1], INT32_MAX], [H[2], INT32_MIN]]  # 2*1.26 + 3*0.5 = 4.02
-    assert all(isinstance(s, int) for _, s in d.result)
+def test_integer_totals_in_the_bound_go_out_unchanged():
+    outcomes = [ScoreOutcome(unit="s1", ok=True, factor=2, scores=[(H[0], 1), (H[1], 10), (H[2], 0)]),
+                ScoreOutcome(unit="s2", ok=True, factor=3, scores=[(h, 5) for h in H[:3]])]
+    d = score_decision(H[:3], outcomes)
+    assert d.result == [[H[0], 17], [H[1], 35], [H[2], 15]]
+    assert d.result_code == 0 and all(type(s) is int for _, s in d.result)
 
 
-def test_host_missing_from_scores_stays_missing():
-    d = score_decision(H[:3], [ScoreOutcome(unit="s", ok=True, scores=[(H[1], 7)])])
-    assert d.result == [[H[1], 7]]
+def test_fractional_totals_are_scaled_not_rounded_into_ties():
+    # main used to round half to even: 0.5, 1.5, 2.5, 3.5 -> 0, 2, 2, 4
+    d = score_decision(H[:4], [ScoreOutcome(unit="s", ok=True, scores=list(zip(H, [0.5, 1.5, 2.5, 3.5])))])
+    assert d.result == [[H[0], 1], [H[1], 2], [H[2], 3], [H[3], 4]]  # half up, differences kept
+    d = score_decision(H[:3], [ScoreOutcome(unit="s", ok=True, scores=list(zip(H, [0.1, 0.2, 0.25])))])
+    assert d.result == [[H[0], 1], [H[1], 2], [H[2], 3]]  # x10, the smallest scale that keeps them distinct
 
 
-def test_failed_score_unit_reported():
-    d = score_decision(H, [ScoreOutcome(unit="s", ok=False, error="crashed", timed_out=False)])
-    assert d.result == [] and d.plugin_errors == {"s": ["crashed"]} and d.result_code == 1
+def test_huge_totals_keep_the_order_of_every_unit():
+    # main clamped 1e12 and -1e12 to int32, erasing the small unit's order
+    outcomes = [ScoreOutcome(unit="huge", ok=True, scores=[(H[0], 1e12), (H[1], 1e12), (H[2], -1e12)]),
+                ScoreOutcome(unit="small", ok=True, scores=[(H[0], 2), (H[1], 1), (H[2], 0)])]
+    d = score_decision(H[:3], outcomes)
+    assert d.result == [[H[0], 2], [H[1], 1], [H[2], 0]]  # ranks: 1e12+2 > 1e12+1 > -1e12
+    assert all(0 <= s <= SCORE_BOUND for _, s in d.result)
+
+
+def test_wide_but_coarse_totals_are_scaled_down_into_the_bound():
+    d = score_decision(H[:3], [ScoreOutcome(unit="s", ok=True, scores=[(H[0], 0), (H[1], 2**21), (H[2], 2**22)])])
+    assert d.result == [[H[0], 0], [H[1], SCORE_BOUND // 2], [H[2], SCORE_BOUND]]
+
+
+def test_negative_totals_are_shifted_not_clamped():
+    d = score_decision(H[:3], [ScoreOutcome(unit="s", ok=True, scores=[(H[0], -3), (H[1], -1), (H[2], 2)])])
+    assert d.result == [[H[0], 0], [H[1], 2], [H[2], 5]]
+
+
+def test_a_host_the_unit_did_not_score_gets_its_worst_score():
+    # main returned only H[0] here, so the three unscored hosts won with the engine's 0
+    d = score_decision(H[:4], [ScoreOutcome(unit="s", ok=True, scores=[(H[0], 50)])])
+    assert d.result == [[h, 50] for h in H[:4]]
+    d = score_decision(H[:3], [ScoreOutcome(unit="s", ok=True, scores=[(H[1], 7), (H[2], 3)])])
+    assert d.result == [[H[0], 7], [H[1], 7], [H[2], 3]]
+    assert d.result_code == 0
+
+
+def test_worst_follows_the_sign_of_the_factor():
+    d = score_decision(H[:3], [ScoreOutcome(unit="s", ok=True, factor=-1, scores=[(H[1], 7), (H[2], 3)])])
+    assert d.result == [[H[0], 4], [H[1], 0], [H[2], 4]]  # -3 is the worst contribution; shifted by -7
+
+
+def test_non_finite_scores_are_reported_and_count_as_unscored():
+    d = score_decision(H[:3], [ScoreOutcome(unit="s", ok=True, scores=[(H[0], float("nan")), (H[1], 1), (H[2], 2)])])
+    assert d.result == [[H[0], 2], [H[1], 1], [H[2], 2]]
+    assert "not a finite number" in d.plugin_errors["s"][0]
+
+
+def test_failed_score_unit_reported_and_hosts_still_present():
+    d = score_decision(H[:2], [ScoreOutcome(unit="s", ok=False, error="crashed", timed_out=False)])
+    assert d.result == [[H[0], 0], [H[1], 0]] and d.plugin_errors == {"s": ["crashed"]} and d.result_code == 1
+
+
+def test_duplicate_requested_hosts_appear_once():
+    d = score_decision([H[0], H[1], H[0]], [ScoreOutcome(unit="s", ok=True, scores=[(H[0], 1), (H[1], 2)])])
+    assert d.result == [[H[0], 1], [H[1], 2]]
+
+
+def test_per_unit_triples_are_not_factored_and_encoded_per_unit():
+    outcomes = [ScoreOutcome(unit="a", ok=True, factor=5, scores=[(H[0], 0.5), (H[1], 1.5)]),
+                ScoreOutcome(unit="b", ok=True, factor=2, scores=[(H[1], 3)]),
+                ScoreOutcome(unit="c", ok=False, error="boom")]
+    d = score_decision(H[:2], outcomes, per_unit=True)
+    assert d.result == [[H[0], 1, "a"], [H[1], 2, "a"], [H[0], 3, "b"], [H[1], 3, "b"]]
+    assert d.plugin_errors == {"c": ["boom"]}
+    only_failed = score_decision(H[:2], [ScoreOutcome(unit="c", ok=False, error="boom")], per_unit=True)
+    assert only_failed.result == [[H[0], 0], [H[1], 0]]
 
 
 def test_clamp_handles_infinities_and_nan():

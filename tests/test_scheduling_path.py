@@ -77,8 +77,9 @@ def test_every_filter_failing_keeps_all_hosts(stack: Stack):
 
 def test_scores_are_factored_int32(stack: Stack):
     reply = stack.xmlrpc("runCostFunctions", [["FloatScore", 2], ["LegacyScore", 1]], H[:3], VM, {})
-    # FloatScore: 0, 1.6, 1e15 (x2) ; LegacyScore: 5 each
-    assert reply["result"] == [[H[0], 5], [H[1], 8], [H[2], 2**31 - 1]]
+    # FloatScore: 0, 1.6, 1e15 (x2) ; LegacyScore: 5 each. Totals 5, 8.2, 2e15+5 fit no common
+    # scaling as distinct integers within 2^20, so they go out as ranks (gateway/scores.py)
+    assert reply["result"] == [[H[0], 0], [H[1], 1], [H[2], 2]]
     assert reply["result_code"] == 0
 
 
@@ -139,7 +140,7 @@ def test_json_score_shows_raw_scores_and_missing_hosts(stack: Stack):
     r = stack.post("/v1/score", json={"units": [{"name": "FloatScore", "factor": 3}], "hosts": H[:3], "vm": VM})
     unit = r.json()["units"][0]
     assert unit["scores"][1] == [H[1], 1.6] and unit["factor"] == 3 and unit["missing"] == []
-    assert r.json()["result"][1] == [H[1], 5]  # round(3 * 1.6)
+    assert r.json()["result"][1] == [H[1], 1]  # 0, 4.8, 3e15: no common scaling keeps them distinct, so ranks
 
 
 def test_json_balance_and_validation_errors(stack: Stack):

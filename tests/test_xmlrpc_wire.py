@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vmsched.gateway import xmlrpc
-from vmsched.gateway.render import clamp_int32
-from tests.engine_wire import call
+from vmsched.gateway.render import clamp_int32, score_decision
+from vmsched.messages import ScoreOutcome
+from tests.engine_wire import call, read_score_result
 
 H1, H2 = "8c4a5d3c-6f3e-4a6a-9a0e-1d2c3b4a5f60", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 
@@ -133,3 +134,39 @@ def test_parser_answers_a_call_or_a_fault_for_any_bytes(body):
         assert fault.code in (xmlrpc.PARSE_ERROR, xmlrpc.INVALID_PARAMS) and fault.message
     else:
         assert isinstance(method, str) and isinstance(params, tuple)
+
+
+# --- score replies, read back as the engine reads them -----------------------------------
+
+H4 = [f"00000000-0000-0000-0000-00000000000{i}" for i in range(1, 5)]
+
+
+def _wire(decision):
+    return xmlrpc.dump_response(decision.envelope())
+
+
+def test_partial_scores_do_not_make_unscored_hosts_win_on_the_wire():
+    # [(hosts[0], 50)] over four hosts: main sent only H4[0]; the engine gave the other three 0 (best)
+    read = read_score_result(_wire(score_decision(H4, [ScoreOutcome(unit="s", ok=True, scores=[(H4[0], 50)])])), H4)
+    assert {h: w for h, [(w, _)] in read.items()} == dict.fromkeys(H4, 50)
+    read = read_score_result(_wire(score_decision(H4, [ScoreOutcome(unit="s", ok=True, scores=[(H4[0], 1), (H4[1], 9)])])), H4)
+    weights = {h: w for h, [(w, _)] in read.items()}
+    assert weights[H4[0]] < weights[H4[1]] == weights[H4[2]] == weights[H4[3]]
+
+
+def test_fractional_and_huge_scores_reach_the_engine_in_order():
+    for scores in ([0.5, 1.5, 2.5, 3.5], [1e300, -1e300, 1.0, 2.0], [3.0, 3.0, 1e-9, 0.0]):
+        d = score_decision(H4, [ScoreOutcome(unit="s", ok=True, factor=7, scores=list(zip(H4, scores)))])
+        weights = {h: w for h, [(w, _)] in read_score_result(_wire(d), H4).items()}
+        for a, sa in zip(H4, scores):
+            for b, sb in zip(H4, scores):
+                assert (sa < sb) == (weights[a] < weights[b]) and (sa == sb) == (weights[a] == weights[b])
+
+
+def test_per_unit_triples_on_the_wire():
+    d = score_decision(H4[:2], [ScoreOutcome(unit="A", ok=True, factor=4, scores=[(H4[0], 2), (H4[1], 1)]),
+                                ScoreOutcome(unit="B", ok=True, factor=9, scores=[(H4[1], 3)])], per_unit=True)
+    wire = _wire(d)
+    assert wire.count(b"<string>A</string>") == 2 and wire.count(b"<string>B</string>") == 2
+    read = read_score_result(wire, H4[:2])
+    assert read == {H4[0]: [(2, "A"), (3, "B")], H4[1]: [(1, "A"), (3, "B")]}  # unfactored: the engine factors

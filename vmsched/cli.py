@@ -76,6 +76,9 @@ def _gateway(p: argparse.ArgumentParser) -> None:
                    help="deadline of one scheduling request in seconds (default 30; the engine waits 120)")
     p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body accepted (default 1048576)")
     p.add_argument("--max-hosts", type=int, metavar="N", help="most host IDs in one scheduling request (default 10000)")
+    p.add_argument("--score-per-unit", action="store_true", default=None,
+                   help="score replies as [host, weight, unit] per unit, factored by the engine "
+                        "(env VMSCHED_SCORE_PER_UNIT; default off: one total per host; docs/plugins.md)")
     p.add_argument("--max-units", type=int, metavar="N", help="most plugin units in one scheduling request (default 200)")
     p.add_argument("--max-string", type=int, metavar="N",
                    help="longest string in a scheduling request: ID, unit name, property (default 4096 characters)")

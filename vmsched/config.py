@@ -81,6 +81,8 @@ class Settings(BaseSettings):
     decisions_size: int = Field(200, ge=1, le=100000, description="scheduling decisions the gateway keeps per operation (GET /v1/decisions)")
     decisions_log: bool = Field(False, description="also write each decision as one JSON line to stdout (Loki/ELK)")
     gateway_id: str = Field("", description="this gateway's label in decision records; empty: the host name")
+    score_per_unit: bool = Field(False, description="score replies as [host, weight, unit] per unit, factored by the "
+                                                    "engine (docs/plugins.md); default: one factored total per host")
 
     # hostile input: request limits and read timeouts (gateway)
     max_hosts: int = Field(10000, ge=1, description="most host IDs in one scheduling request")

@@ -12,9 +12,13 @@ from __future__ import annotations
 import ast
 import re
 
-# The engine's check (CustomPropertiesUtils.VALIDATION_STR, matched in full),
-# with a non-empty REGEX as older engines required.
-ENGINE_VALIDATION = re.compile(r"(?:[a-zA-Z0-9_]+=[^;]+(?:;[a-zA-Z0-9_]+=[^;]+)*;?)?")
+# The engine's check at discovery (ExternalSchedulerDiscoveryResult ->
+# SimpleCustomPropertiesUtil.syntaxErrorInProperties, i.e.
+# org.ovirt.engine.core.common.utils.customprop.CustomPropertiesUtils.VALIDATION_STR
+# at ovirt-engine commit 638be7935506e02816bd889886affcdff6273b2e, matched in
+# full): an empty REGEX (``flag=``) is accepted. Older engines (the bll utils
+# copy, ``[^;]+``) reject such a string and skip only that unit at discovery.
+ENGINE_VALIDATION = re.compile(r"(?:[a-zA-Z0-9_]+=[^;]*(?:;[a-zA-Z0-9_]+=[^;]*)*;?)?")
 _KEY = re.compile(r"[a-zA-Z0-9_]+")
 # An entry of the old form: optional quotes around the key, then '=' or ':'.
 _ENTRY = re.compile(r"""\s*(?P<quote>["']?)(?P<key>[^\s"'=:]*)(?P=quote)\s*[=:](?P<value>.*)""", re.DOTALL)
@@ -28,7 +32,11 @@ class ValidationSyntaxError(ValueError):
 
 
 def translate_validation(raw: str) -> tuple[str, str | None]:
-    """``(engine_string, None)``, or ``("", reason)`` when ``raw`` cannot be made valid."""
+    """``(engine_string, None)``, or ``("", reason)`` when ``raw`` cannot be made valid.
+
+    An empty regex (``flag=``) is kept: the engine accepts it (the property's
+    value must then be empty).
+    """
     if not isinstance(raw, str):
         return "", f"properties_validation must be a string, not {type(raw).__name__}"
     text = raw.strip()
@@ -108,8 +116,6 @@ def _check(entries: list[tuple[str, str]]) -> None:
         if key in seen:
             raise ValidationSyntaxError(f"key {key!r} appears twice")
         seen.add(key)
-        if not regex:
-            raise ValidationSyntaxError(f"the regex of {key!r} is empty")
         if ";" in regex:
             raise ValidationSyntaxError(f"the regex of {key!r} contains ';', the engine's entry separator")
         try:

@@ -219,7 +219,7 @@ def list_units(module: ModuleType) -> list[dict[str, str]]:
                     {
                         "name": attr,
                         "kind": unit_kind.kind,
-                        "description": inspect.getdoc(func) or "",
+                        "description": inspect.getdoc(func) or inspect.getdoc(obj) or "",  # old samples: class docstrings
                         "validation": _validation_of(obj),
                     }
                 )
