@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,51 @@ def test_every_dashboard_expression_parses(promtool: str, tmp_path: Path) -> Non
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- the scrape configuration: one template (scripts/prometheus-config) -------------------------------------
+def prometheus_config(*args: str) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "prometheus-config"), *args], capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("form, path", [("compose", "deploy/prometheus/prometheus.yml"),
+                                        ("systemd", "deploy/systemd/prometheus.yml")])
+def test_checked_in_configs_come_from_the_template(form: str, path: str, promtool: str) -> None:
+    text = prometheus_config(form)
+    assert (ROOT / path).read_text() == text, f"{path} differs: run scripts/prometheus-config {form} > {path}"
+    config = yaml.safe_load(text)
+    assert _seconds(config["global"]["scrape_timeout"]) < _seconds(config["global"]["scrape_interval"])
+    assert config["rule_files"] == ["/etc/prometheus/rules/*.yaml"]
+    components = {rc["replacement"] for job in config["scrape_configs"] for rc in job.get("relabel_configs", [])
+                  if rc.get("target_label") == "component"}
+    components |= {sc["labels"]["component"] for job in config["scrape_configs"]
+                   for sc in job.get("static_configs", []) if "labels" in sc}
+    assert components == {"gateway", "discovery", "scoring", "balancer", "agent", "rabbitmq"}
+    proc = subprocess.run([promtool, "check", "config", "--syntax-only", str(ROOT / path)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_local_config_with_token_and_tls(promtool: str, tmp_path: Path) -> None:
+    text = prometheus_config("local", "--target", "gateway=127.0.0.1:9100", "--target", "scoring=127.0.0.1:9102",
+                             "--token-file", "/etc/prometheus/vmsched-metrics.token", "--ca-file", "/etc/ca.pem")
+    config = yaml.safe_load(text)
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {"vmsched-gateway", "vmsched-scoring"}
+    for job in jobs.values():
+        assert job["scheme"] == "https" and job["tls_config"] == {"ca_file": "/etc/ca.pem"}
+        assert job["authorization"] == {"credentials_file": "/etc/prometheus/vmsched-metrics.token"}
+    path = tmp_path / "prometheus.yml"
+    path.write_text(text)
+    proc = subprocess.run([promtool, "check", "config", "--syntax-only", str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_scrape_timeout_must_be_below_the_interval() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "prometheus-config"), "local", "--interval", "10s",
+                           "--timeout", "10s"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "must be below the interval" in proc.stderr
