@@ -13,8 +13,9 @@ from fastapi.exceptions import RequestValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vmsched.gateway import agent_api, api, decisions_api, engine, facts_api, xmlrpc
+from vmsched.gateway import agent_api, api, console, decisions_api, engine, facts_api, xmlrpc
 from vmsched.gateway.decision_log import DecisionLog, gateway_label
+from vmsched.gateway.docs_ui import mount_docs
 from vmsched.gateway.auth import Guard, add_security_scheme
 from vmsched.gateway.limits import Limits
 from vmsched.gateway.render import RenderOptions
@@ -164,12 +165,14 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None, tokens: To
     facts = FactsCache("gateway", settings.facts_max_age, load_host_map(settings.facts_host_map)) if settings.facts else None
     facts_sub = FactsSubscriber(BusOptions.from_settings(settings), "gateway", facts.ingest) if facts else None
 
-    app = FastAPI(title="vmsched gateway", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="vmsched gateway", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="oVirt external-scheduler XML-RPC at / and /RPC2; JSON API under /v1. "
                               "Every /v1 route needs a bearer token with the role it names (docs/api-auth.md).")
     decision_log = DecisionLog(settings.decisions_size, gateway_label(settings.gateway_id), facts,
-                               BusOptions.from_settings(settings), settings.decisions_log)
-    scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings), decision_log.submit,
+                               BusOptions.from_settings(settings) if settings.decisions_share else None,
+                               settings.decisions_log)
+    scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings),
+                          decision_log.submit if settings.decisions_size else None,
                           RenderOptions(score_per_unit=settings.score_per_unit))
     app.state.decisions = decision_log
     app.state.bus = bus
@@ -179,6 +182,9 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None, tokens: To
     app.include_router(agent_api.router)
     app.include_router(facts_api.router)
     app.include_router(decisions_api.router)
+    mount_docs(app)  # /docs from package assets, offline
+    app.include_router(console.router)  # GET / (the engine only POSTs there), /login
+    app.state.tokens = tokens
     app.add_exception_handler(RequestValidationError, invalid_request)  # 400 with every reason, all routes
     app.add_middleware(StrictJson)  # I-JSON bodies only: no NaN, 1e400, lone surrogates
 

@@ -7,14 +7,16 @@ endpoint cannot be added open by accident. :class:`Guard` runs before the
 framework reads a body: no credential is a 401 (``WWW-Authenticate: Bearer``)
 and a missing role a 403, each with a JSON reason. Credentials are the
 ``Authorization: Bearer`` header or a verified client certificate (the ASGI
-TLS extension's ``client_cert_name``); cookies are never read, so no browser
-session can authorise anything.
+TLS extension's ``client_cert_name``). A cookie is read in one place only:
+the console cookie, for a GET of a console page (:data:`CONSOLE_PAGES`, read
+role); it never authorises a /v1 call or any state-changing request.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from http.cookies import CookieError, SimpleCookie
 from typing import Any
 
 from fastapi import FastAPI
@@ -26,6 +28,14 @@ from vmsched.tokens import Identity, Role, TokenStore
 
 #: Routes anyone may call: they hold no data.
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+#: Path prefixes anyone may read: static assets of /docs and of the console, no data.
+OPEN_PREFIXES = ("/docs/assets/", "/static/")
+#: The console's pages (:mod:`vmsched.gateway.console`): GET only, the read role, from the bearer header or
+#: the console cookie. They are the only requests where a cookie counts; a cookie never authorises anything else.
+CONSOLE_PAGES = re.compile(r"^/(console/decisions/[0-9a-f]{32})?$")
+#: The console's login form and logout: open (the token is in the form; logout only clears the cookie).
+CONSOLE_OPEN = frozenset({("GET", "/login"), ("POST", "/login"), ("POST", "/logout")})
+CONSOLE_COOKIE = "vmsched_console"
 
 #: The role each JSON route needs, by (method, route path). Every route must be here or open.
 ROUTE_ROLES: dict[tuple[str, str], Role] = {
@@ -155,6 +165,28 @@ def identify(scope: Scope, store: TokenStore) -> tuple[Identity | None, str]:
     return None, "a credential is required: send 'Authorization: Bearer <token>' (see docs/api-auth.md)"
 
 
+def console_identity(scope: Scope, store: TokenStore) -> Identity | None:
+    """The console cookie's identity: only for a GET (or HEAD) of a console page."""
+    if scope["method"] not in ("GET", "HEAD") or not CONSOLE_PAGES.match(scope["path"]) or not store.configured:
+        return None
+    header = _header(scope, b"cookie")
+    if not header:
+        return None
+    try:
+        morsel = SimpleCookie(header).get(CONSOLE_COOKIE)
+    except CookieError:
+        return None
+    if morsel is None or not morsel.value or len(morsel.value) > MAX_TOKEN:
+        return None
+    return store.by_token(morsel.value)
+
+
+async def _redirect(send: Send, location: str) -> None:
+    await send({"type": "http.response.start", "status": 303,
+                "headers": [(b"location", location.encode()), (b"content-length", b"0"), (b"cache-control", b"no-store")]})
+    await send({"type": "http.response.body", "body": b""})
+
+
 async def _reply(send: Send, status: int, reason: str, extra: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
     body = json.dumps({"detail": reason}).encode()
     await send({"type": "http.response.start", "status": status,
@@ -174,8 +206,12 @@ class Guard:
         self.operations = operation_names(app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIXES):
             return await self.app(scope, receive, send)
+        if (scope["method"], scope["path"]) in CONSOLE_OPEN:
+            return await self.app(scope, receive, send)
+        if scope["method"] in ("GET", "HEAD") and CONSOLE_PAGES.match(scope["path"]):
+            return await self._console(scope, receive, send)
         role, route, params, known = self.table.match(scope["method"], scope["path"])
         operation = self.operations.get((scope["method"], route), "")
         identity, reason = identify(scope, self.store)
@@ -210,3 +246,17 @@ class Guard:
             await self.app(scope, receive, watched)
         finally:
             done(status)
+
+    async def _console(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A console page: the read role from the bearer header or the console cookie; else the login form."""
+        identity, _ = identify(scope, self.store)
+        identity = identity or console_identity(scope, self.store)
+        client = (scope.get("client") or (None,))[0]
+        if identity is None or Role.READ not in identity.roles:
+            audit.record(role=Role.READ, identity=identity, method=scope["method"], route=scope["path"],
+                         operation="console", params={}, status=401 if identity is None else 403, client=client)
+            return await _redirect(send, "/login")
+        scope["vmsched.identity"] = identity
+        audit.record(role=Role.READ, identity=identity, method=scope["method"], route=scope["path"],
+                     operation="console", params={}, status=200, client=client)
+        await self.app(scope, receive, send)

@@ -39,7 +39,9 @@ log = logging.getLogger("vmsched.gateway.decisions")
 OPS = ("filter", "score", "balance")
 DECISION_BINDING = "gateway.*.decision"
 #: records in one published message at most
-BATCH = 100
+BATCH = 200
+#: how long the recording thread waits after the first decision of a batch, seconds
+PAUSE = 0.2
 MAX_MESSAGE = 8 << 20
 
 
@@ -98,6 +100,7 @@ class DecisionLog:
         self.stdout = stdout
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        bus = bus if size else None  # size 0: no decision log at all
         self.publisher = EventPublisher(bus, service=f"gateway-{gateway}") if bus is not None else None
         self.subscriber = DecisionSubscriber(bus, gateway, self._received) if bus is not None else None
 
@@ -131,6 +134,8 @@ class DecisionLog:
         while True:
             batch: list[dict[str, Any]] = []
             item = self._queue.get()
+            if item is not None and len(item) > 1:
+                time.sleep(PAUSE)  # gather a batch: one wake-up per PAUSE, not per request (GIL hand-offs)
             while True:
                 if item is None:
                     self._publish(batch)

@@ -1,0 +1,226 @@
+"""The operator console at ``GET /``: plain server-rendered HTML, read-only, offline.
+
+Pages: ``/`` (units with load errors, recent decisions searchable by VM or
+host, host facts and their age) and ``/console/decisions/{id}`` (every unit's
+verdict on every host). ``/login`` takes a token and keeps it in an HttpOnly,
+SameSite=Strict cookie that authorises these GET pages only
+(:mod:`vmsched.gateway.auth`). Everything that comes from plugins, agents or
+the engine is escaped; pages carry a strict Content-Security-Policy (scripts
+and styles from ``/static/`` only, no inline script). The engine only POSTs
+to ``/``, so GET is free.
+"""
+
+from __future__ import annotations
+
+import time
+from html import escape
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+from fastapi import APIRouter, Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from vmsched.bus import BusError
+from vmsched.gateway.auth import CONSOLE_COOKIE, MAX_TOKEN
+from vmsched.tokens import Role
+
+router = APIRouter(include_in_schema=False)
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+       "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+           "X-Frame-Options": "DENY", "Cache-Control": "no-store"}
+MAX_FORM = 8192
+SHOWN_DECISIONS = 50
+
+
+def e(value: object) -> str:
+    return escape(str(value), quote=True)
+
+
+def page(title: str, body: str, status: int = 200, nav: bool = True) -> HTMLResponse:
+    logout = ('<form method="post" action="/logout" class="logout"><button type="submit">Log out</button></form>'
+              if nav else "")
+    html = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<link rel="stylesheet" href="/static/console.css"><script src="/static/console.js" defer></script>'
+            f'</head><body><header><a href="/" class="brand">vmsched console</a>{logout}</header>'
+            f'<main>{body}</main></body></html>')
+    return HTMLResponse(html, status_code=status, headers=HEADERS)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "no facts"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def _when(at: float) -> str:
+    return f'<time data-epoch="{at:.3f}">{e(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at)))}</time>'
+
+
+# --- login ---------------------------------------------------------------------------------------
+def _login_form(error: str = "", status: int = 200) -> HTMLResponse:
+    problem = f'<p class="error" role="alert">{e(error)}</p>' if error else ""
+    return page("vmsched console - log in", (
+        f"<h1>Log in</h1>{problem}<form method=\"post\" action=\"/login\" class=\"login\">"
+        '<label for="token">API token (read role)</label>'
+        '<input id="token" name="token" type="password" autocomplete="current-password" required>'
+        '<button type="submit">Log in</button></form>'
+        "<p>Make a token with <code>vmsched token new --name NAME --role read --file tokens.yaml</code>.</p>"),
+        status, nav=False)
+
+
+@router.get("/login")
+async def login_form() -> HTMLResponse:
+    return _login_form()
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    body = await request.body()
+    if len(body) > MAX_FORM:
+        return _login_form("the form is too large", 413)
+    token = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0].strip()
+    store = request.app.state.tokens
+    identity = store.by_token(token) if store.configured and 0 < len(token) <= MAX_TOKEN else None
+    if identity is None:
+        why = "this gateway has no tokens file" if not store.configured else "unknown or revoked token"
+        return _login_form(why, 401)
+    if Role.READ not in identity.roles:
+        return _login_form(f"token {identity.name!r} lacks the read role", 403)
+    response = RedirectResponse("/", status_code=303, headers={"Cache-Control": "no-store"})
+    response.set_cookie(CONSOLE_COOKIE, token, httponly=True, samesite="strict", path="/",
+                        secure=request.url.scheme == "https")
+    return response
+
+
+@router.post("/logout")
+async def logout() -> Response:
+    response = RedirectResponse("/login", status_code=303, headers={"Cache-Control": "no-store"})
+    response.delete_cookie(CONSOLE_COOKIE, path="/", httponly=True, samesite="strict")
+    return response
+
+
+# --- the overview --------------------------------------------------------------------------------
+async def _units_section(request: Request) -> str:
+    try:
+        reply = await request.app.state.scheduler.discover()
+    except BusError as exc:
+        return f'<section id="units"><h2>Units</h2><p class="error">cannot list units: {e(exc)}</p></section>'
+    rows = "".join(
+        f"<tr><td>{e(u.name)}</td><td>{e(u.kind.value)}</td><td>{e(u.description)}</td>"
+        f"<td><code>{e(u.validation)}</code>"
+        + (f'<div class="error">{e(u.validation_error)}</div>' if u.validation_error else "")
+        + f"</td><td>{e(u.plugin)}</td></tr>" for u in sorted(reply.units, key=lambda u: (u.kind.value, u.name)))
+    errors = "".join(f'<li><strong>{e(x.plugin)}</strong>: <pre>{e(x.error)}</pre></li>' for x in reply.load_errors)
+    return (f'<section id="units"><h2>Units ({len(reply.units)})</h2>'
+            '<input type="search" class="filter" data-table="units-table" placeholder="filter units">'
+            '<table id="units-table"><thead><tr><th>name</th><th>kind</th><th>description</th><th>validation</th>'
+            f'<th>plugin</th></tr></thead><tbody>{rows}</tbody></table>'
+            + (f'<h3>Plugin load errors ({len(reply.load_errors)})</h3><ul id="load-errors">{errors}</ul>'
+               if reply.load_errors else '<p id="load-errors">No plugin load errors.</p>')
+            + "</section>")
+
+
+def _decisions_section(request: Request) -> str:
+    q = request.query_params
+    vm, host, op = q.get("vm", "")[:256], q.get("host", "")[:256], q.get("op", "")
+    errors_only = q.get("errors") == "only"
+    log = request.app.state.decisions
+    found = log.ring.recent(SHOWN_DECISIONS, vm=vm or None, host=host or None,
+                            op=op if op in ("filter", "score", "balance") else None, errors_only=errors_only)
+    options = "".join(f'<option value="{o}"{" selected" if o == op else ""}>{o or "any"}</option>'
+                      for o in ("", "filter", "score", "balance"))
+    form = ('<form method="get" action="/" class="search">'
+            f'<label>VM <input name="vm" value="{e(vm)}"></label>'
+            f'<label>host <input name="host" value="{e(host)}"></label>'
+            f'<label>operation <select name="op">{options}</select></label>'
+            f'<label><input type="checkbox" name="errors" value="only"{" checked" if errors_only else ""}> '
+            'errors only</label><button type="submit">Search</button></form>')
+    rows = "".join(
+        f'<tr class="{"problem" if d["fallback"] or d["result_code"] else ""}">'
+        f'<td>{_when(d["time"])}</td><td>{e(d["op"])}</td><td>{e(d["vm"])}</td>'
+        f'<td><a href="/console/decisions/{e(d["id"])}">{e(d["summary"])}</a></td>'
+        f'<td>{"yes" if d["fallback"] else ""}</td><td>{e(d["gateway"])}</td></tr>' for d in found)
+    table = ('<table id="decisions-table"><thead><tr><th>time</th><th>op</th><th>VM</th><th>summary</th>'
+             f'<th>fallback</th><th>gateway</th></tr></thead><tbody>{rows}</tbody></table>' if found
+             else '<p>No decision matches.</p>')
+    return (f'<section id="decisions"><h2>Recent decisions</h2>{form}{table}'
+            f'<p class="note">Newest {SHOWN_DECISIONS} at most; each gateway keeps {log.ring.size} per operation. '
+            f'JSON: <code>/v1/decisions?{e(urlencode({k: v for k, v in q.items() if v}))}</code></p></section>')
+
+
+def _facts_section(request: Request) -> str:
+    cache = request.app.state.facts
+    if cache is None:
+        return '<section id="facts"><h2>Host facts</h2><p>This gateway keeps no facts cache (--facts is off).</p></section>'
+    views = cache.views()
+    if not views:
+        return '<section id="facts"><h2>Host facts</h2><p>No agent has sent host facts yet.</p></section>'
+    rows = "".join(
+        f'<tr class="{"problem" if v["stale"] else ""}"><td>{e(v["host_id"])}</td><td>{e(_age(v["age"]))}'
+        f'{" (stale)" if v["stale"] else ""}</td><td>{e(v["source"])}</td>'
+        f'<td><details><summary>{len(v["guests"])} guests</summary><pre>{e(_facts_text(v["host"]))}</pre>'
+        f'</details></td></tr>' for v in views)
+    return ('<section id="facts"><h2>Host facts</h2><table id="facts-table"><thead><tr><th>host</th><th>age</th>'
+            f'<th>source</th><th>facts</th></tr></thead><tbody>{rows}</tbody></table></section>')
+
+
+def _facts_text(host: dict[str, Any]) -> str:
+    return "\n".join(f"{k}: {v}" for k, v in host.items() if not isinstance(v, (list, dict)))
+
+
+@router.get("/")
+async def overview(request: Request) -> HTMLResponse:
+    units = await _units_section(request)
+    return page("vmsched console", units + _decisions_section(request) + _facts_section(request))
+
+
+# --- one decision --------------------------------------------------------------------------------
+def _cell(op: str, unit: dict[str, Any], host: str) -> str:
+    reason = (unit.get("reasons") or {}).get(host)
+    why = f'<div class="reason">{e(reason)}</div>' if reason else ""
+    if not unit["ok"]:
+        return '<td class="failed">ignored</td>'
+    if op == "filter":
+        if host in unit.get("dropped", []):
+            return f'<td class="dropped">dropped{why}</td>'
+        return f'<td class="kept">kept{why}</td>'
+    if op == "score":
+        score = unit.get("scores", {}).get(host)
+        return f"<td>{e(score) if score is not None else 'no score'}{why}</td>"
+    return f'<td>{"proposed" if host in unit.get("hosts", []) else ""}{why}</td>'
+
+
+@router.get("/console/decisions/{decision_id}")
+async def decision_page(request: Request, decision_id: str) -> HTMLResponse:
+    d = request.app.state.decisions.ring.get(decision_id)
+    if d is None:
+        return page("decision not found", "<h1>Decision not found</h1><p>It may have left the ring.</p>", 404)
+    units = d["units"]
+    head = "".join(f'<th>{e(u["unit"])}' + (f' <span class="factor">x{e(u["factor"])}</span>' if "factor" in u else "")
+                   + "</th>" for u in units)
+    result = d["result"]
+    chosen = set(result) if d["op"] == "filter" and isinstance(result, list) else set()
+    rows = "".join(
+        f'<tr><td>{e(h)}</td>{"".join(_cell(d["op"], u, h) for u in units)}'
+        f'<td>{"kept" if h in chosen else ""}</td><td>{e(_age(d["facts_age"].get(h)))}</td></tr>'
+        for h in d["hosts"])
+    unit_rows = "".join(
+        f'<tr class="{"" if u["ok"] else "problem"}"><td>{e(u["unit"])}</td><td>{"ok" if u["ok"] else "failed"}'
+        f'{" (timed out)" if u["timed_out"] else ""}</td><td>{u["duration"] * 1000:.1f} ms</td>'
+        f'<td><pre>{e(u["error"] or "")}</pre></td></tr>' for u in units)
+    errors = "".join(f"<li>{e(x)}</li>" for x in d["errors"])
+    body = (f'<h1>{e(d["op"])} decision</h1><p class="summary" id="summary">{e(d["summary"])}</p>'
+            f'<dl><dt>time</dt><dd>{_when(d["time"])}</dd><dt>VM</dt><dd>{e(d["vm"]) or "-"}</dd>'
+            f'<dt>gateway</dt><dd>{e(d["gateway"])}</dd><dt>fallback</dt><dd>{"yes" if d["fallback"] else "no"}</dd>'
+            f'<dt>sent to the engine</dt><dd><code>{e(result)}</code></dd>'
+            f'<dt>duration</dt><dd>{d["duration"] * 1000:.1f} ms</dd></dl>'
+            + (f'<h2>Errors</h2><ul>{errors}</ul>' if errors else "")
+            + f'<h2>Per unit, per host</h2><table id="verdicts"><thead><tr><th>host</th>{head}<th>result</th>'
+              f'<th>facts age</th></tr></thead><tbody>{rows}</tbody></table>'
+              f'<h2>Units</h2><table id="units-detail"><thead><tr><th>unit</th><th>outcome</th><th>duration</th>'
+              f'<th>error</th></tr></thead><tbody>{unit_rows}</tbody></table>'
+              f'<p class="note">JSON: <code>/v1/decisions/{e(d["id"])}</code></p>')
+    return page(f"vmsched decision {decision_id}", body)
