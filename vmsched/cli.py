@@ -19,6 +19,7 @@ from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService
 from vmsched.services.policy_agent.surfaces.cli import register as register_agent_commands
 from vmsched.services.scoring import ScoringService
+from vmsched.plugin_cli import register as register_plugin_commands
 from vmsched.token_cli import register as register_token_commands
 
 Command = Callable[[argparse.Namespace], int]
@@ -204,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _register_agent(sub)
     register_token_commands(sub)
+    register_plugin_commands(sub)
     return parser
 
 

@@ -47,6 +47,26 @@ def default_plugin_user() -> str:
     return "vmsched-plugin"
 
 
+def plugin_sandbox(settings: Settings) -> tuple[Limits, Confinement]:
+    """The resource limits and confinement of plugin workers, from the settings (services and ``vmsched plugin``)."""
+    limits = Limits(
+        memory_mb=settings.plugin_memory_mb,
+        cpu_seconds=settings.plugin_cpu_seconds,
+        max_output=settings.plugin_max_output,
+        max_procs=settings.plugin_max_procs,
+        max_files=settings.plugin_max_files,
+        max_file_mb=settings.plugin_max_file_mb,
+    )
+    confinement = Confinement(
+        user=settings.plugin_user or default_plugin_user(),
+        allow_root=settings.allow_root_plugins,
+        network=settings.plugin_network,
+        env=_items(settings.plugin_env),
+        write_dirs=_items(settings.plugin_write_dirs),
+    )
+    return limits, confinement
+
+
 @dataclass
 class UnitRun:
     """One unit of a request: its name and what happened when it ran."""
@@ -66,21 +86,7 @@ class PluginService:
 
     def __init__(self, settings: Settings, pool_size: int | None = None) -> None:
         self.settings = settings
-        limits = Limits(
-            memory_mb=settings.plugin_memory_mb,
-            cpu_seconds=settings.plugin_cpu_seconds,
-            max_output=settings.plugin_max_output,
-            max_procs=settings.plugin_max_procs,
-            max_files=settings.plugin_max_files,
-            max_file_mb=settings.plugin_max_file_mb,
-        )
-        confinement = Confinement(
-            user=settings.plugin_user or default_plugin_user(),
-            allow_root=settings.allow_root_plugins,
-            network=settings.plugin_network,
-            env=_items(settings.plugin_env),
-            write_dirs=_items(settings.plugin_write_dirs),
-        )
+        limits, confinement = plugin_sandbox(settings)
         self.pool = PluginPool(
             settings.plugins_dir, size=pool_size or settings.pool_size, limits=limits, name=self.name, confinement=confinement
         )
