@@ -43,7 +43,7 @@ def page(title: str, body: str, status: int = 200, nav: bool = True) -> HTMLResp
               if nav else "")
     html = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<link rel="stylesheet" href="/static/console.css"><script src="/static/console.js" defer></script>'
+            f'<link rel="icon" href="/static/favicon.svg" type="image/svg+xml"><link rel="stylesheet" href="/static/console.css"><script src="/static/console.js" defer></script>'
             f'</head><body><header><a href="/" class="brand">vmsched console</a>{logout}</header>'
             f'<main>{body}</main></body></html>')
     return HTMLResponse(html, status_code=status, headers=HEADERS)
@@ -148,7 +148,12 @@ def _decisions_section(request: Request) -> str:
              else '<p>No decision matches.</p>')
     return (f'<section id="decisions"><h2>Recent decisions</h2>{form}{table}'
             f'<p class="note">Newest {SHOWN_DECISIONS} at most; each gateway keeps {log.ring.size} per operation. '
-            f'JSON: <code>/v1/decisions?{e(urlencode({k: v for k, v in q.items() if v}))}</code></p></section>')
+            f'JSON: <code>/v1/decisions{e(_query(q))}</code></p></section>')
+
+
+def _query(params: Any) -> str:
+    given = urlencode({k: v for k, v in params.items() if v})
+    return f"?{given}" if given else ""
 
 
 def _facts_section(request: Request) -> str:
@@ -174,7 +179,7 @@ def _facts_text(host: dict[str, Any]) -> str:
 @router.get("/")
 async def overview(request: Request) -> HTMLResponse:
     units = await _units_section(request)
-    return page("vmsched console", units + _decisions_section(request) + _facts_section(request))
+    return page("vmsched console", _decisions_section(request) + units + _facts_section(request))
 
 
 # --- one decision --------------------------------------------------------------------------------

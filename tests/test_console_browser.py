@@ -1,0 +1,163 @@
+"""The console and /docs in a real headless browser (Debian's chromium + chromedriver, selenium), offline.
+
+Every network request the browser makes is recorded from the DevTools
+performance log; any request that does not go to the gateway on 127.0.0.1
+fails the test. The browser's own background traffic is switched off
+(background networking, component updates, sync, first-run), so what is left
+is the page's. ``VMSCHED_CONSOLE_SCREENSHOT=docs/console.png`` also saves a
+screenshot of the console (the one in README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.conftest import ROOT, TEST_TOKEN, Stack, start_all_in_one
+
+pytestmark = pytest.mark.slow
+
+H = [f"cccccccc-0000-0000-0000-00000000000{i}" for i in range(5)]
+LOCAL_SCHEMES = {"data", "blob", "about", "chrome", "chrome-extension", "devtools"}
+WAIT = 30
+
+
+def _install_browser() -> str | None:
+    """Why a browser cannot run here, or None (installs Debian's chromium and chromedriver when missing)."""
+    if shutil.which("chromium") and shutil.which("chromedriver"):
+        return None
+    try:
+        out = subprocess.run([str(ROOT / "scripts" / "apt-install"), "chromium", "chromium-driver"],
+                             capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return "installing chromium and chromium-driver took over 10 minutes"
+    if out.returncode != 0 or not (shutil.which("chromium") and shutil.which("chromedriver")):
+        return f"chromium/chromedriver not installable here: {out.stderr.strip()[-300:]}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium comes with the [test] extra")
+    why = _install_browser()
+    if why:
+        pytest.skip(why)
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    for arg in ("--headless=new", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-default-apps",
+                "--disable-extensions", "--no-default-browser-check", "--disable-domain-reliability",
+                "--window-size=1280,900", f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(arg)
+    if os.geteuid() == 0:
+        options.add_argument("--no-sandbox")  # Chromium refuses to run as root with its sandbox
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"))
+    driver.set_page_load_timeout(WAIT)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = start_all_in_one(tmp_path_factory.mktemp("browser"), "memory://")
+    yield stack
+    stack.stop()
+
+
+def _requests(driver: Any) -> list[str]:
+    """URLs the browser requested since the last call (DevTools Network.requestWillBeSent)."""
+    urls = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message.get("method") == "Network.requestWillBeSent":
+            urls.append(message["params"]["request"]["url"])
+    return urls
+
+
+def _assert_local(driver: Any, gateway: Stack) -> list[str]:
+    urls = _requests(driver)
+    foreign = [u for u in urls if urlsplit(u).scheme not in LOCAL_SCHEMES
+               and urlsplit(u).hostname not in ("127.0.0.1", "localhost")]
+    assert urls, "the performance log recorded no request at all: the check would prove nothing"
+    assert not foreign, f"requests leaving the machine: {foreign}"
+    problems = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not problems, f"browser errors (CSP violations, failed loads): {problems}"
+    return urls
+
+
+def _wait(driver: Any, css: str) -> Any:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
+
+
+def test_console_offline_units_decisions_and_docs(browser: Any, gateway: Stack) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.get(gateway.url + "/")  # not logged in: the login form
+    _wait(driver, "input#token").send_keys(TEST_TOKEN)
+    driver.find_element(By.CSS_SELECTOR, "form.login button").click()
+    units = _wait(driver, "#units-table")
+    assert "KeepEven" in units.text and "FirstHostBalance" in units.text
+    assert "module_that_does_not_exist" in driver.find_element(By.ID, "load-errors").text
+    urls = _assert_local(driver, gateway)
+    assert any(u.endswith("/static/console.js") for u in urls) and any(u.endswith("/static/console.css") for u in urls)
+
+    vm = str(uuid.uuid4())
+    gateway.xmlrpc("runFilters", ["KeepEven", "KeepAllButLast"], H, vm, {})
+    for _ in range(20):  # the log records off the request path, within 0.2 s
+        driver.get(f"{gateway.url}/?vm={vm}")
+        links = driver.find_elements(By.CSS_SELECTOR, "#decisions-table a")
+        if links:
+            break
+    assert len(links) == 1 and "KeepEven dropped 2" in links[0].text
+    shot = os.environ.get("VMSCHED_CONSOLE_SCREENSHOT")
+    if shot:
+        gateway.xmlrpc("runCostFunctions", [["FloatScore", 2], ["Exits", 1]], H[:3], vm, {})
+        gateway.xmlrpc("runFilters", ["KeepAllButLast", "Hangs"], H[:3], str(uuid.uuid4()), {})
+        time.sleep(0.5)  # the log lags by up to 0.2 s
+        driver.set_window_size(1280, 1000)
+        driver.get(gateway.url + "/")
+        _wait(driver, "#decisions-table")
+        driver.save_screenshot(str(Path(shot).resolve()))
+        driver.get(f"{gateway.url}/?vm={vm}&op=filter")
+        links = driver.find_elements(By.CSS_SELECTOR, "#decisions-table a")
+    links[0].click()
+    verdicts = _wait(driver, "#verdicts")
+    rows = {r.find_elements(By.TAG_NAME, "td")[0].text: r for r in verdicts.find_elements(By.CSS_SELECTOR, "tbody tr")}
+    assert set(rows) == set(H)
+    dropped = {h: [c.text for c in r.find_elements(By.CSS_SELECTOR, "td.dropped")] for h, r in rows.items()}
+    assert dropped[H[1]] == ["dropped"] and dropped[H[4]] == ["dropped"] and dropped[H[0]] == []
+    header = [th.text for th in verdicts.find_elements(By.CSS_SELECTOR, "thead th")]
+    col = {name: i for i, name in enumerate(header)}
+    cells = rows[H[3]].find_elements(By.TAG_NAME, "td")
+    assert cells[col["KeepEven"]].text == "dropped" and cells[col["KeepAllButLast"]].text == "kept"
+    assert "kept 2 of 5 hosts: KeepEven dropped 2" in driver.find_element(By.ID, "summary").text
+    _assert_local(driver, gateway)
+
+    driver.get(gateway.url + "/docs")
+    try:
+        _wait(driver, ".opblock")  # Swagger UI rendered the operations from /openapi.json
+    except Exception:
+        raise AssertionError(f"Swagger UI did not render: {driver.get_log('browser')} {driver.page_source[:2000]}")
+    ops = driver.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")
+    assert any("/v1/decisions" in op.text for op in ops) and len(ops) >= 10
+    urls = _assert_local(driver, gateway)
+    assert any("/docs/assets/swagger-ui-bundle.js" in u for u in urls)
