@@ -10,3 +10,24 @@ def id_list(value):
         return []
     parts = (part.strip().lower() for part in value.replace(";", ",").split(","))
     return list(dict.fromkeys(part for part in parts if part))
+
+
+def number(args, name, default):
+    """The property ``name`` as a number (int when it looks like one), or ``default`` when absent or empty."""
+    value = (args.get(name) or "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        return float(value)
+
+
+def fresh(facts, hosts):
+    """``{host: facts}`` for the hosts with facts that are not stale, in the given order."""
+    found = {}
+    for h in hosts:
+        f = facts.host(h)
+        if f is not None and not f.stale:
+            found[h] = f
+    return found

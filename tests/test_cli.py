@@ -30,9 +30,10 @@ def test_vmsched_run_starts_and_answers_with_stock_plugins(tmp_path: Path):
     try:
         stack.wait_ready()
         found = stack.xmlrpc("discover")
-        assert set(found["filters"]) == {"HostAllowDeny"}
-        assert set(found["scores"]) == {"PreferredHosts"}
-        assert set(found["balance"]) == {"DrainHosts"}
+        assert set(found["filters"]) == {"HostAllowDeny", "vmsched_Memory", "vmsched_CpuOverloaded", "vmsched_Swap",
+                                         "vmsched_MaxVms"}
+        assert set(found["scores"]) == {"PreferredHosts", "vmsched_EvenGuestDistribution"}
+        assert set(found["balance"]) == {"DrainHosts", "vmsched_EvenGuestDistribution"}
         assert stack.xmlrpc("runFilters", ["HostAllowDeny"], H, VM, {"denied_hosts": H[1]})["result"] == [H[0], H[2]]
         assert stack.xmlrpc("runFilters", ["HostAllowDeny"], H, VM,
                             {"allowed_hosts": f"{H[2]}, {H[0]}"})["result"] == [H[0], H[2]]

@@ -11,6 +11,8 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, TEST_PLUGINS, free_port
 
 H1, H2, H3 = (f"aaaaaaaa-0000-0000-0000-00000000000{i}" for i in range(1, 4))
@@ -134,3 +136,37 @@ def test_scripts_run_relative_plugins_from_the_callers_directory(tmp_path: Path)
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+def test_the_ported_samples_in_the_docs_run(tmp_path: Path):
+    text = (ROOT / "docs" / "plugins.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    ported = [b for b in blocks if b.startswith("# after\n")]
+    assert len(ported) == 2
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    for i, block in enumerate(ported):
+        (folder / f"ported{i}.py").write_text(block)
+    check = vmsched("check", str(folder))
+    assert check.returncode == 0 and "filter   max_vms" in check.stdout and "score    even_vm_distribution" in check.stdout
+    (tmp_path / "facts.yaml").write_text(f"hosts:\n  {H1}: {{guests_running: 100}}\n  {H2}: {{guests_running: 3}}\n")
+    done = vmsched("run", "max_vms", "--plugins", str(folder), "--facts", str(tmp_path / "facts.yaml"),
+                   "--hosts", f"{H1},{H2},{H3}")
+    assert done.returncode == 0 and json.loads(done.stdout) == [H2, H3]
+    done = vmsched("run", "even_vm_distribution", "--plugins", str(folder), "--facts", str(tmp_path / "facts.yaml"))
+    assert done.returncode == 0 and json.loads(done.stdout) == [[H1, 100], [H2, 3]]
+
+
+def test_check_as_root_uses_the_services_confinement(tmp_path: Path):
+    if os.geteuid() != 0:
+        pytest.skip("the switch to the plugin user happens only when vmsched runs as root")
+    folder = good_folder(tmp_path)
+    folder.chmod(0o755)
+    done = subprocess.run([sys.executable, "-P", "-m", "vmsched.cli", "plugin", "check", str(folder)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "VMSCHED_ALLOW_ROOT_PLUGINS": "false"})
+    assert "Traceback" not in done.stderr
+    if done.returncode == 2:  # nobody cannot read this Python (pyenv under /root): refused as the services refuse
+        assert "sandbox: the service runs as root and cannot switch plugin workers to user" in done.stderr
+    else:  # the switch worked: the plugins were loaded as the plugin user
+        assert done.returncode == 0 and "2 unit(s), 0 error(s)" in done.stdout, done.stdout + done.stderr

@@ -34,7 +34,10 @@ def _settings(**given: Any) -> Settings:
 def _pool(folder: Path, settings: Settings) -> Iterator[PluginPool]:
     limits, confinement = plugin_sandbox(settings)
     pool = PluginPool(folder, size=1, limits=limits, name="plugin-cli", confinement=confinement)
-    pool.start()
+    try:
+        pool.start()
+    except RuntimeError as exc:  # the sandbox refused, as it would in the service: say why, no traceback
+        raise ValueError(str(exc)) from None
     try:
         yield pool
     finally:
@@ -70,7 +73,7 @@ def load(path: Path, settings: Settings) -> tuple[list[UnitInfo], list[PluginLoa
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    units, errors = load(args.path, _settings(plugin_timeout=args.timeout))
+    units, errors = load(args.path, _from(args))
     if not units and not errors:
         errors = [PluginLoadError(plugin=str(args.path), error="no units found (a unit is a class with do_filter, "
                                                                "do_score or do_balance)")]
@@ -118,7 +121,7 @@ def read_facts(path: Path | None) -> dict[str, Any] | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    settings = _settings(plugin_timeout=args.timeout)
+    settings = _from(args)
     facts = read_facts(args.facts)
     hosts = [h.strip() for h in (args.hosts or "").split(",") if h.strip()] or list((facts or {}).get("hosts", {}))
     folder = args.plugins.absolute() if args.plugins else settings.plugins_dir
@@ -155,6 +158,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sandbox_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugin-user", metavar="USER", help="as root: the user plugins run as (as the services)")
+    p.add_argument("--allow-root-plugins", action="store_true", default=None,
+                   help="as root: if the switch to --plugin-user is impossible, run plugins as root without "
+                        "capabilities (as the services)")
+    p.add_argument("--timeout", type=float, metavar="S", help="import and call timeout (default: --plugin-timeout, 10)")
+
+
+def _from(args: argparse.Namespace) -> Settings:
+    return _settings(plugin_timeout=args.timeout, plugin_user=args.plugin_user,
+                     allow_root_plugins=args.allow_root_plugins)
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("plugin", help="check or run plugins locally (a test loop without a cluster)",
                        description="Load plugins in the sandbox, as the services do, to check or run them "
@@ -167,7 +183,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                      "so it can run in CI or as a Helm test hook.")
     c.add_argument("path", type=Path, metavar="PATH", help="a plugin *.py file or a plugins folder")
     c.add_argument("--json", action="store_true", help="print the result as JSON")
-    c.add_argument("--timeout", type=float, metavar="S", help="import timeout per file (default: --plugin-timeout, 10)")
+    _sandbox_options(c)
     c.set_defaults(func=cmd_check)
     r = verbs.add_parser("run", help="run one unit locally with the given hosts, VM, properties and facts",
                          description="Run one unit in the sandbox, as a service would, and print what it returned "
@@ -181,5 +197,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--prop", action="append", default=[], metavar="K=V", help="a cluster policy property; repeat")
     r.add_argument("--facts", type=Path, metavar="FILE",
                    help="host facts, YAML or JSON: {hosts: {ID: {memory_free_mib: ..., ...}}, vm: {...}}")
-    r.add_argument("--timeout", type=float, metavar="S", help="call timeout (default: --plugin-timeout, 10)")
+    _sandbox_options(r)
     r.set_defaults(func=cmd_run)

@@ -1,7 +1,10 @@
 """The catalog of plugin units: what the plugins folder offers right now.
 
 Files are analysed in the pool's workers (user code never runs in the
-service process), only when they are added or change. Duplicate unit names
+service process), only when they are added or change; a file whose import
+failed is analysed again when its environment changes: the plugins folder
+(a helper added) or the installed packages (a ``pip install`` of its
+dependency), seen as directory mtimes. Duplicate unit names
 are resolved deterministically: the first file in sorted order wins and the
 later one gets a load error.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import site
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +28,17 @@ from vmsched.runtime.validation import translate_validation
 log = logging.getLogger("vmsched.plugins")
 
 Stamp = tuple[int, int, int, int]  # st_mtime_ns, st_size, st_ino, st_ctime_ns
+
+
+def environment_stamp(plugins_dir: Path) -> tuple[int, ...]:
+    """mtimes of the plugins folder and of the site-packages folders (a package added or removed changes them)."""
+    stamp = []
+    for folder in (str(plugins_dir), *site.getsitepackages(), site.getusersitepackages()):
+        try:
+            stamp.append(os.stat(folder).st_mtime_ns)
+        except OSError:
+            stamp.append(-1)
+    return tuple(stamp)
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,7 @@ class Catalog:
         self._units: dict[tuple[Kind, str], UnitInfo] = {}
         self._errors: list[PluginLoadError] = []
         self._folder_error: str | None = None
+        self._environment: tuple[int, ...] | None = None  # environment_stamp() at the last refresh
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -73,6 +89,11 @@ class Catalog:
         with self._refresh_lock:
             scan = self._scan()
             changed = sorted(name for name, stamp in scan.items() if self._stamp_of(name) != stamp)
+            environment = environment_stamp(self.plugins_dir)
+            if environment != self._environment:  # retry failed imports: a helper or a package may have appeared
+                self._environment = environment
+                changed = sorted({*changed, *(name for name, known in self._files.items()
+                                              if known.analysis.error and name in scan)})
             removed = sorted(name for name in self._files if name not in scan)
             if not changed and not removed:
                 return False
