@@ -32,7 +32,10 @@ def test_vmsched_run_starts_and_answers_with_stock_plugins(tmp_path: Path):
         found = stack.xmlrpc("discover")
         assert set(found["filters"]) == {"HostAllowDeny", "vmsched_Memory", "vmsched_CpuOverloaded", "vmsched_Swap",
                                          "vmsched_MaxVms"}
-        assert set(found["scores"]) == {"PreferredHosts", "vmsched_EvenGuestDistribution"}
+        assert set(found["scores"]) == {"PreferredHosts", "vmsched_EvenGuestDistribution", "vmsched_CpuEvenDistribution",
+                                        "vmsched_CpuPowerSaving", "vmsched_MemoryEvenDistribution",
+                                        "vmsched_MemoryPowerSaving", "vmsched_TargetLoadPacking",
+                                        "vmsched_LoadVariationRisk"}
         assert set(found["balance"]) == {"DrainHosts", "vmsched_EvenGuestDistribution"}
         assert stack.xmlrpc("runFilters", ["HostAllowDeny"], H, VM, {"denied_hosts": H[1]})["result"] == [H[0], H[2]]
         assert stack.xmlrpc("runFilters", ["HostAllowDeny"], H, VM,

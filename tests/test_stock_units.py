@@ -129,3 +129,47 @@ def test_max_vms_drops_hosts_at_the_cap(pool: PluginPool):
     facts = payload({A: {"guests_running": 99}, B: {"guests_running": 100}, C: {"guests_running": 500, "stale": True}})
     assert run(pool, "vmsched_max_vms", "vmsched_MaxVms", "filter", [A, B, C, D], facts) == [A, C, D]
     assert run(pool, "vmsched_max_vms", "vmsched_MaxVms", "filter", [A, B, C, D], facts, {"MaxVmCount": "5"}) == [C, D]
+
+
+# --- more weights (oVirt's CPU and memory ones, the two Trimaran-like ones) ----------------------------
+
+def scores_of(pool: PluginPool, plugin: str, unit: str, facts: dict, props: dict | None = None) -> dict[str, float]:
+    return dict(run(pool, plugin, unit, "score", [A, B, C, D], facts, props))
+
+
+def test_cpu_weights(pool: PluginPool):
+    minute = {"history_interval": 60}
+    facts = payload({A: {**minute, "cpu_history": [0, 0, 10, 30]},  # the last 2 minutes: 20 %
+                     B: {**minute, "cpu_history": [90, 90, 70, 70]},  # 70 %
+                     C: {"cpu_pct": 95.0},  # no history: the last interval
+                     D: {"cpu_pct": 1.0, "stale": True}})
+    assert scores_of(pool, "vmsched_cpu_memory_weights", "vmsched_CpuEvenDistribution", facts) == {A: 20, B: 70, C: 95}
+    saving = scores_of(pool, "vmsched_cpu_memory_weights", "vmsched_CpuPowerSaving", facts)
+    assert saving == {A: 60, B: 10, C: 1095}  # B: busiest under HighUtilization 80 is best; C over it is worst
+
+
+def test_memory_weights(pool: PluginPool):
+    facts = payload({A: {"memory_free_mib": 1000}, B: {"memory_free_mib": 9000}, C: {"memory_free_mib": 200}})
+    assert scores_of(pool, "vmsched_cpu_memory_weights", "vmsched_MemoryEvenDistribution", facts) == {
+        A: -1000, B: -9000, C: -200}
+    saving = scores_of(pool, "vmsched_cpu_memory_weights", "vmsched_MemoryPowerSaving", facts,
+                       {"MaxFreeMemoryForOverUtilized": "500"})
+    assert min(saving, key=saving.get) == A and max(saving, key=saving.get) == C  # C keeps too little free
+
+
+def test_target_load_packing_prefers_hosts_near_the_target(pool: PluginPool):
+    facts = payload({A: {"cpu_pct": 0.0}, B: {"cpu_pct": 40.0}, C: {"cpu_pct": 20.0}, D: {"cpu_pct": 90.0}})
+    weights = scores_of(pool, "vmsched_load_aware", "vmsched_TargetLoadPacking", facts)
+    assert sorted(weights, key=weights.get) == [B, C, A, D]  # at 40 % best, empty next, far over the target last
+    assert weights[B] == 0 and weights[A] == 60
+
+
+def test_load_variation_risk_counts_the_variance(pool: PluginPool):
+    facts = payload({A: {"history_interval": 60, "cpu_history": [10, 50, 10, 50], "memory_total_mib": 100,
+                         "memory_free_mib": 90},  # mean 30, stdev 20
+                     B: {"history_interval": 60, "cpu_history": [35, 35, 35, 35], "memory_total_mib": 100,
+                         "memory_free_mib": 90},
+                     C: {"cpu_pct": 5.0, "memory_total_mib": 100, "memory_free_mib": 20}})  # memory 80 % used
+    weights = scores_of(pool, "vmsched_load_aware", "vmsched_LoadVariationRisk", facts)
+    assert weights == {A: 50, B: 35, C: 80}
+    assert scores_of(pool, "vmsched_load_aware", "vmsched_LoadVariationRisk", facts, {"SafeVarianceMargin": "0"})[A] == 30
