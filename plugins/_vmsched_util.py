@@ -31,3 +31,8 @@ def fresh(facts, hosts):
         if f is not None and not f.stale:
             found[h] = f
     return found
+
+
+def movable(host_facts):
+    """Running guests of a host a balancer may propose: none with dedicated CPUs or a vmsched CPU policy."""
+    return [g for g in host_facts.guests if g.state == "running" and not g.dedicated and not g.has_policy]

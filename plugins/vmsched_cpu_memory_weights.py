@@ -1,6 +1,6 @@
-"""Stock weights from oVirt: CPU and memory, even distribution and power saving (lower is better)."""
+"""Stock weights and balancers from oVirt: CPU and memory, even distribution and power saving."""
 
-from _vmsched_util import fresh, number
+from _vmsched_util import fresh, movable, number
 
 from vmsched.plugin import facts
 
@@ -10,14 +10,56 @@ def _cpu(f, args):
     return f.cpu_avg(60 * number(args, "CpuOverCommitDurationMinutes", 2))
 
 
-class vmsched_CpuEvenDistribution:
-    """Prefer the hosts with the lowest CPU load."""
+def _memory_move(found, args):
+    """(guest, destinations) off the host with the least free memory under MaxFreeMemoryForOverUtilized, or None."""
+    if not (args.get("MaxFreeMemoryForOverUtilized") or "").strip():
+        return None  # as in oVirt: memory balancing only with the threshold set
+    over = number(args, "MaxFreeMemoryForOverUtilized", 0)
+    under = number(args, "MinFreeMemoryForUnderUtilized", over)
+    tight = [h for h, f in found.items() if f.memory_free_mib < over and movable(f)]
+    if not tight:
+        return None
+    source = min(tight, key=lambda h: found[h].memory_free_mib)
+    guest = min(movable(found[source]), key=lambda g: (g.memory_mib, g.uuid))
+    # destinations: under-utilized hosts that keep MaxFreeMemoryForOverUtilized free after the move
+    targets = sorted((h for h, f in found.items() if h != source and f.memory_free_mib >= under
+                      and f.memory_free_mib - guest.memory_mib >= over), key=lambda h: -found[h].memory_free_mib)
+    return (guest, targets) if targets else None
 
-    properties_validation = r"CpuOverCommitDurationMinutes=^([1-9][0-9]*)$"
+
+def _answer(move):
+    return (move[0].uuid, move[1]) if move else ("", [])
+
+
+class vmsched_CpuEvenDistribution:
+    """Prefer the hosts with the lowest CPU load; move guests off overloaded hosts."""
+
+    properties_validation = (r"HighUtilization=^([5-9][0-9])$;CpuOverCommitDurationMinutes=^([1-9][0-9]*)$;"
+                             r"MaxFreeMemoryForOverUtilized=^[0-9]+$;MinFreeMemoryForUnderUtilized=^[0-9]+$")
 
     def do_score(self, hosts, vm, args):
         """Weight = recent CPU use %; the least loaded host is best."""
         return [(h, _cpu(f, args)) for h, f in fresh(facts, hosts).items()]
+
+    def do_balance(self, hosts, args):
+        """Move the busiest guest off a host above HighUtilization (80) for CpuOverCommitDurationMinutes (2)."""
+        # Destinations stay at or under HighUtilization after the move; with no CPU-overloaded host, the
+        # memory rule of vmsched_MemoryEvenDistribution applies when its thresholds are set (fallback).
+        high = number(args, "HighUtilization", 80)
+        seconds = 60 * number(args, "CpuOverCommitDurationMinutes", 2)
+        found = fresh(facts, hosts)
+        hot = [h for h, f in found.items() if f.cpu_above_for(high) >= seconds and movable(f)]
+        if hot:
+            source = max(hot, key=lambda h: _cpu(found[h], args))
+            guest = max(movable(found[source]), key=lambda g: (g.cpu_pct * g.vcpus, g.uuid))
+            targets = []
+            for h, f in found.items():
+                added = guest.cpu_pct * guest.vcpus / f.cpus if f.cpus else 100.0  # the guest's load in host %
+                if h != source and _cpu(f, args) + added <= high:
+                    targets.append(h)
+            if targets:
+                return guest.uuid, sorted(targets, key=lambda h: _cpu(found[h], args))
+        return _answer(_memory_move(found, args))
 
 
 class vmsched_CpuPowerSaving:
@@ -36,11 +78,19 @@ class vmsched_CpuPowerSaving:
 
 
 class vmsched_MemoryEvenDistribution:
-    """Prefer the hosts with the most free memory."""
+    """Prefer the hosts with the most free memory; move guests off hosts short of it."""
+
+    properties_validation = r"MaxFreeMemoryForOverUtilized=^[0-9]+$;MinFreeMemoryForUnderUtilized=^[0-9]+$"
 
     def do_score(self, hosts, vm, args):
         """Weight = -free memory (MiB): the host with the most free memory is best."""
         return [(h, -f.memory_free_mib) for h, f in fresh(facts, hosts).items()]
+
+    def do_balance(self, hosts, args):
+        """Move the smallest guest off the host with least free memory under MaxFreeMemoryForOverUtilized."""
+        # Destinations have MinFreeMemoryForUnderUtilized free and keep MaxFreeMemoryForOverUtilized free after
+        # the move. Without MaxFreeMemoryForOverUtilized set, no migration (as in oVirt).
+        return _answer(_memory_move(fresh(facts, hosts), args))
 
 
 class vmsched_MemoryPowerSaving:

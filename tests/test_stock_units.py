@@ -173,3 +173,34 @@ def test_load_variation_risk_counts_the_variance(pool: PluginPool):
     weights = scores_of(pool, "vmsched_load_aware", "vmsched_LoadVariationRisk", facts)
     assert weights == {A: 50, B: 35, C: 80}
     assert scores_of(pool, "vmsched_load_aware", "vmsched_LoadVariationRisk", facts, {"SafeVarianceMargin": "0"})[A] == 30
+
+
+# --- CPU and memory balancers -------------------------------------------------------------------
+
+def guest(n: int, **extra: Any) -> dict:
+    return {"uuid": f"dddddddd-0000-0000-0000-{n:012d}", "state": "running", "vcpus": 2, "memory_mib": 2048,
+            "cpu_pct": 10.0, **extra}
+
+
+def test_cpu_balancer_moves_the_busiest_guest_off_an_overloaded_host(pool: PluginPool):
+    minute = {"history_interval": 60, "cpus": 8}
+    hot_guests = [guest(1, cpu_pct=80.0), guest(2, cpu_pct=90.0, dedicated=True), guest(3, cpu_pct=5.0)]
+    facts = payload({A: {**minute, "cpu_history": [95, 95, 95], "guests": hot_guests},  # 3 min over 80
+                     B: {**minute, "cpu_history": [30, 30, 30], "guests": []},  # 30 + 80*2/8 = 50: fits
+                     C: {**minute, "cpu_history": [70, 70, 70], "guests": []},  # 70 + 20 = 90: would cross 80
+                     D: {**minute, "cpu_history": [0, 0, 0], "guests": [], "stale": True}})
+    unit = ("vmsched_cpu_memory_weights", "vmsched_CpuEvenDistribution", "balance")
+    assert run(pool, *unit, [A, B, C, D], facts) == (hot_guests[0]["uuid"], [B])  # never the dedicated one
+    assert run(pool, *unit, [A, B, C, D], facts, {"CpuOverCommitDurationMinutes": "4"}) == ("", [])  # not long enough
+
+
+def test_cpu_balancer_falls_back_to_memory_and_memory_balancer(pool: PluginPool):
+    small, big = guest(1, memory_mib=1024), guest(2, memory_mib=8192)
+    facts = payload({A: {"cpu_pct": 10.0, "memory_free_mib": 500, "guests": [big, small]},  # short of memory
+                     B: {"cpu_pct": 10.0, "memory_free_mib": 6000, "guests": []},
+                     C: {"cpu_pct": 10.0, "memory_free_mib": 1400, "guests": []}})  # 1400 - 1024 < 1000 after
+    props = {"MaxFreeMemoryForOverUtilized": "1000", "MinFreeMemoryForUnderUtilized": "4000"}
+    for unit in (("vmsched_cpu_memory_weights", "vmsched_CpuEvenDistribution", "balance"),
+                 ("vmsched_cpu_memory_weights", "vmsched_MemoryEvenDistribution", "balance")):
+        assert run(pool, *unit, [A, B, C], facts, props) == (small["uuid"], [B])
+        assert run(pool, *unit, [A, B, C], facts) == ("", [])  # no memory threshold set: no migration (as oVirt)
