@@ -63,9 +63,27 @@ class vmsched_CpuEvenDistribution:
 
 
 class vmsched_CpuPowerSaving:
-    """Pack VMs on the busiest hosts that stay under HighUtilization."""
+    """Pack VMs on the busiest hosts that stay under HighUtilization; empty the idle ones."""
 
-    properties_validation = r"HighUtilization=^([5-9][0-9])$;CpuOverCommitDurationMinutes=^([1-9][0-9]*)$"
+    properties_validation = (r"HighUtilization=^([5-9][0-9])$;LowUtilization=^([0-9]|[1-4][0-9])$;"
+                             r"CpuOverCommitDurationMinutes=^([1-9][0-9]*)$")
+
+    def do_balance(self, hosts, args):
+        """Move a guest off a host below LowUtilization (20) for CpuOverCommitDurationMinutes (2) to busier ones."""
+        # The idle host with the fewest guests is emptied first (no host power management: the admin or the
+        # engine may then switch it off); destinations are not idle themselves, stay at or under
+        # HighUtilization (80) after the move and keep the guest's memory free.
+        high, low = number(args, "HighUtilization", 80), number(args, "LowUtilization", 20)
+        seconds = 60 * number(args, "CpuOverCommitDurationMinutes", 2)
+        found = fresh(facts, hosts)
+        idle = [h for h, f in found.items() if f.cpu_below_for(low) >= seconds and movable(f)]
+        for source in sorted(idle, key=lambda h: (len(movable(found[h])), h)):
+            guest = min(movable(found[source]), key=lambda g: (g.memory_mib, g.uuid))
+            targets = [h for h, f in found.items() if h not in idle and f.memory_free_mib >= guest.memory_mib
+                       and _cpu(f, args) + (guest.cpu_pct * guest.vcpus / f.cpus if f.cpus else 100.0) <= high]
+            if targets:
+                return guest.uuid, sorted(targets, key=lambda h: -_cpu(found[h], args))  # busiest first
+        return "", []
 
     def do_score(self, hosts, vm, args):
         """Weight = HighUtilization (80) - CPU use %: busiest host under it is best; over it, worst."""

@@ -37,7 +37,7 @@ def test_vmsched_run_starts_and_answers_with_stock_plugins(tmp_path: Path):
                                         "vmsched_MemoryPowerSaving", "vmsched_TargetLoadPacking",
                                         "vmsched_LoadVariationRisk"}
         assert set(found["balance"]) == {"DrainHosts", "vmsched_EvenGuestDistribution", "vmsched_CpuEvenDistribution",
-                                         "vmsched_MemoryEvenDistribution"}
+                                         "vmsched_MemoryEvenDistribution", "vmsched_CpuPowerSaving"}
         assert stack.xmlrpc("runFilters", ["HostAllowDeny"], H, VM, {"denied_hosts": H[1]})["result"] == [H[0], H[2]]
         assert stack.xmlrpc("runFilters", ["HostAllowDeny"], H, VM,
                             {"allowed_hosts": f"{H[2]}, {H[0]}"})["result"] == [H[0], H[2]]

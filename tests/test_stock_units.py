@@ -204,3 +204,15 @@ def test_cpu_balancer_falls_back_to_memory_and_memory_balancer(pool: PluginPool)
                  ("vmsched_cpu_memory_weights", "vmsched_MemoryEvenDistribution", "balance")):
         assert run(pool, *unit, [A, B, C], facts, props) == (small["uuid"], [B])
         assert run(pool, *unit, [A, B, C], facts) == ("", [])  # no memory threshold set: no migration (as oVirt)
+
+
+def test_power_saving_balancer_empties_an_idle_host_into_busier_ones(pool: PluginPool):
+    minute = {"history_interval": 60, "cpus": 8, "memory_free_mib": 50000}
+    idle_guests = [guest(1, memory_mib=4096), guest(2, memory_mib=1024), guest(3, memory_mib=512, has_policy=True)]
+    facts = payload({A: {**minute, "cpu_history": [5, 5, 5], "guests": idle_guests},  # idle for 3 minutes
+                     B: {**minute, "cpu_history": [60, 60, 60], "guests": [guest(4)]},  # 60 + 2.5 <= 80
+                     C: {**minute, "cpu_history": [79, 79, 79], "guests": [guest(5)]},  # 79 + 2.5 > 80
+                     D: {**minute, "cpu_history": [40, 40, 40], "guests": [], "memory_free_mib": 100}})  # no room
+    unit = ("vmsched_cpu_memory_weights", "vmsched_CpuPowerSaving", "balance")
+    assert run(pool, *unit, [A, B, C, D], facts) == (idle_guests[1]["uuid"], [B])  # smallest movable, to B
+    assert run(pool, *unit, [A, B, C, D], facts, {"LowUtilization": "4"}) == ("", [])  # nobody idle
