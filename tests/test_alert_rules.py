@@ -127,6 +127,20 @@ def test_the_chart_ships_the_rules_as_a_prometheus_rule(chart: Any) -> None:
     assert "{{ $labels.instance }}" in yaml.safe_dump(rule["spec"], width=1000)
 
 
+def test_broker_pod_monitor_scrapes_the_queue_metrics(chart: Any) -> None:
+    from tests.test_deploy_chart import render
+
+    assert not [d for d in render(chart, {}) if d["kind"] == "PodMonitor"], "opt-in"
+    docs = render(chart, {"brokerMonitor": {"enabled": True, "namespace": "rabbitmq", "port": "prometheus"}})
+    (pm,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["rabbitmq"]}
+    assert pm["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/name": "rabbitmq"}}
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "prometheus" and endpoint["path"] == "/metrics"
+    assert {"targetLabel": "component", "replacement": "rabbitmq"} in endpoint["relabelings"]
+    assert _seconds(endpoint["scrapeTimeout"]) < _seconds(endpoint["interval"])
+
+
 def test_service_monitor_sets_the_component_label(chart: Any) -> None:
     from tests.test_deploy_chart import render
 

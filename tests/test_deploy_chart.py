@@ -45,6 +45,7 @@ CRD_KINDS = {
     ("keda.sh/v1alpha1", "TriggerAuthentication"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
 }
 WORKERS = ("discovery", "scoring", "balancer")
 
@@ -59,6 +60,7 @@ COMBOS: dict[str, dict[str, Any]] = {
         "autoscaling": {"keda": {"enabled": True}},
         "serviceMonitor": {"enabled": True},
         "prometheusRule": {"enabled": True},
+        "brokerMonitor": {"enabled": True, "namespace": "rabbitmq", "labels": {"release": "kube-prometheus-stack"}},
         "agent": {"enabled": True, "hostIdFrom": "libvirt", "initChown": False},
         "grafanaDashboard": {"enabled": True},
         "plugins": {"files": {"my_filter.py": "class MyFilter:\n    def do_filter(self, *a):\n        pass\n"}},
