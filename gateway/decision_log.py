@@ -183,16 +183,14 @@ class DecisionLog:
             self.publisher.publish(f"gateway.{self.gateway}.decision", {"decisions": batch})
 
     def _received(self, body: bytes, routing_key: str) -> None:
-        if len(body) > MAX_MESSAGE:
-            return
+        parts = routing_key.split(".")
+        if len(parts) != 3 or parts[1] == self.gateway or len(body) > MAX_MESSAGE:
+            return  # our own (already in the ring: not even parsed), or not a decision message
         try:
             message = json.loads(body)
         except ValueError:
             log.warning("decision message on %s is not JSON: ignored", routing_key)
             return
-        parts = routing_key.split(".")
-        if len(parts) != 3 or parts[1] == self.gateway:
-            return  # our own, already in the ring
         for record in message.get("decisions", []) if isinstance(message, dict) else []:
             if isinstance(record, dict) and record.get("gateway") == parts[1] and _well_formed(record):
                 self.ring.add(record)
