@@ -5,7 +5,8 @@ performance log; any request that does not go to the gateway on 127.0.0.1
 fails the test. The browser's own background traffic is switched off
 (background networking, component updates, sync, first-run), so what is left
 is the page's. ``VMSCHED_CONSOLE_SCREENSHOT=docs/console.png`` also saves a
-screenshot of the console (the one in README).
+screenshot of the console (the one in README). Where chromium cannot be
+installed the test skips, saying why; under CI (CI=true) it fails instead.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def _install_browser() -> str | None:
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium comes with the [test] extra")
     why = _install_browser()
+    if why and os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the browser test: {why}")
     if why:
         pytest.skip(why)
     from selenium.webdriver.chrome.service import Service
