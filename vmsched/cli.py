@@ -36,7 +36,7 @@ def _bus(p: argparse.ArgumentParser, default_note: str = f"default {DEFAULT_AMQP
     p.add_argument("--amqp-key", type=Path, metavar="PEM", help="amqps: the client certificate's private key")
     p.add_argument("--delivery-limit", type=int, metavar="N",
                    help="deliveries of a scheduling request at most before it is dead-lettered and answered with an error; "
-                        "the same on the gateway and the services (env VMSCHED_DELIVERY_LIMIT; default 2)")
+                        "the same on the gateway and the services (env VMSCHED_DELIVERY_LIMIT; default 3; keep it above --consumers)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:

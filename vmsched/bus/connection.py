@@ -60,7 +60,7 @@ class BusOptions:
     ca: Path | None = None  # amqps: CA bundle that signed the broker's certificate (default: the system's)
     cert: Path | None = None  # amqps: client certificate chain (optional)
     key: Path | None = None  # amqps: its private key
-    delivery_limit: int = 2  # deliveries of a scheduling request at most (topology.request_queue)
+    delivery_limit: int = 3  # deliveries of a scheduling request at most (topology.request_queue)
 
     def __post_init__(self) -> None:
         tls_files = [f for f in (self.ca, self.cert, self.key) if f is not None]
@@ -110,7 +110,7 @@ class BusOptions:
             ca=getattr(settings, "amqp_ca", None),
             cert=getattr(settings, "amqp_cert", None),
             key=getattr(settings, "amqp_key", None),
-            delivery_limit=getattr(settings, "delivery_limit", 2),
+            delivery_limit=getattr(settings, "delivery_limit", 3),
         )
 
 

@@ -40,8 +40,11 @@ REQUEST_QUEUES: dict[Op, str] = {
 }
 
 #: How many times a request is delivered at most (each delivery whose consumer died counts)
-#: before it is dead-lettered and answered with an error (--delivery-limit).
-DELIVERY_LIMIT = 2
+#: before it is dead-lettered and answered with an error (--delivery-limit). One service death
+#: can count up to its --consumers (2) deliveries: RabbitMQ may hand the returned request to the
+#: dead connection's other channel before closing that one too. 3 lets a request survive one
+#: unrelated crash, and bounds a poisoned request's cost at 3 restarts (usually 2).
+DELIVERY_LIMIT = 3
 
 # Exchanges are declared by whoever may (the gateway, or the broker's definitions:
 # deploy/rabbitmq/setup-users.sh); the others only check that they exist (connection.ensure_exchanges).
