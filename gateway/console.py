@@ -1,7 +1,8 @@
 """The operator console at ``GET /``: plain server-rendered HTML, read-only, offline.
 
-Pages: ``/`` (units with load errors, recent decisions searchable by VM or
-host, host facts and their age) and ``/console/decisions/{id}`` (every unit's
+Pages: ``/`` (recent decisions searchable by VM or host, units with load
+errors, the agents' pools and policies (:mod:`console_agents`), host facts
+and their age) and ``/console/decisions/{id}`` (every unit's
 verdict on every host). ``/login`` takes a token and keeps it in an HttpOnly,
 SameSite=Strict cookie that authorises these GET pages only
 (:mod:`vmsched.gateway.auth`). Everything that comes from plugins, agents or
@@ -21,6 +22,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from vmsched.bus import BusError
+from vmsched.gateway import console_agents
 from vmsched.gateway.auth import CONSOLE_COOKIE, MAX_TOKEN
 from vmsched.tokens import Role
 
@@ -179,7 +181,9 @@ def _facts_text(host: dict[str, Any]) -> str:
 @router.get("/")
 async def overview(request: Request) -> HTMLResponse:
     units = await _units_section(request)
-    return page("vmsched console", _decisions_section(request) + units + _facts_section(request))
+    cache = request.app.state.facts
+    agents = await console_agents.section(request.app.state.bus, cache.hosts() if cache is not None else [])
+    return page("vmsched console", _decisions_section(request) + units + agents + _facts_section(request))
 
 
 # --- one decision --------------------------------------------------------------------------------
