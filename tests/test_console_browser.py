@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.conftest import ROOT, TEST_TOKEN, Stack, start_all_in_one
+from tests.conftest import ROOT, TEST_TOKEN, Stack, plugin_copy, start_all_in_one
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,11 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    stack = start_all_in_one(tmp_path_factory.mktemp("browser"), "memory://")
+    tmp = tmp_path_factory.mktemp("browser")
+    plugins = plugin_copy(tmp)  # the test plugins (a broken one among them) and the stock ones
+    for stock in (ROOT / "plugins").glob("*.py"):
+        shutil.copy(stock, plugins / stock.name)
+    stack = start_all_in_one(tmp, "memory://", plugins=plugins)
     yield stack
     stack.stop()
 
@@ -119,6 +123,7 @@ def test_console_offline_units_decisions_and_docs(browser: Any, gateway: Stack) 
     driver.find_element(By.CSS_SELECTOR, "form.login button").click()
     units = _wait(driver, "#units-table")
     assert "KeepEven" in units.text and "FirstHostBalance" in units.text
+    assert all(stock in units.text for stock in ("HostAllowDeny", "PreferredHosts", "DrainHosts"))
     assert "module_that_does_not_exist" in driver.find_element(By.ID, "load-errors").text
     urls = _assert_local(driver, gateway)
     assert any(u.endswith("/static/console.js") for u in urls) and any(u.endswith("/static/console.css") for u in urls)
