@@ -20,7 +20,7 @@ from vmsched.gateway.auth import Guard, add_security_scheme
 from vmsched.gateway.limits import Limits
 from vmsched.gateway.render import RenderOptions
 from vmsched.gateway.scheduler import Scheduler
-from vmsched.gateway.strict_json import StrictJson, invalid_request
+from vmsched.gateway.strict_json import StrictJson, invalid_request, read_body
 from vmsched import __version__, metrics
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
@@ -127,15 +127,9 @@ class EngineFastPath:
             fault = xmlrpc.Fault(FAULT_NOT_ALLOWED, f"client {peer} is not allowed to call the scheduler "
                                                     "(the gateway's --engine-allow networks)")
             return await self._reply(send, xmlrpc.dump_fault(fault))
-        chunks: list[bytes] = []
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        await self._reply(send, await engine.handle(self.scheduler, b"".join(chunks)))
+        body = await read_body(receive)
+        if body is not None:
+            await self._reply(send, await engine.handle(self.scheduler, body))
 
     @staticmethod
     async def _reply(send: Send, reply: bytes) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.routing import compile_path
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from vmsched.gateway import audit
 from vmsched.tokens import Identity, Role, TokenStore

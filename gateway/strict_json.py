@@ -84,6 +84,19 @@ def refusal(error: str, details: list[str] | None = None, host: str | None = Non
                        "host": host}}
 
 
+async def read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or None when the client went away before sending it."""
+    chunks: list[bytes] = []
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
 def _is_json(scope: Scope) -> bool:
     for name, value in scope["headers"]:
         if name == b"content-type":
@@ -101,15 +114,9 @@ class StrictJson:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS") or not _is_json(scope):
             return await self.app(scope, receive, send)
-        chunks: list[bytes] = []
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
+        body = await read_body(receive)
+        if body is None:
+            return
         if body.strip():
             try:
                 check(body)
