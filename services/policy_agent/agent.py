@@ -26,6 +26,7 @@ from vmsched import metrics as service_metrics
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.facts import SnapshotListener
 from vmsched.tls import server_context
+from vmsched.tokens import Role, TokenStore, bearer_authorizer
 
 from . import metrics
 from .enforce import Enforcer
@@ -438,7 +439,9 @@ def serve(args: argparse.Namespace) -> int:
         return EXIT.get(exc.code, 1)
     try:
         tls = server_context(args.metrics_tls_cert, args.metrics_tls_key, what="metrics TLS")
-        service_metrics.serve(args.metrics_port, args.metrics_host, tls=tls)
+        tokens_file = getattr(args, "metrics_tokens_file", None)
+        authorize = bearer_authorizer(TokenStore(tokens_file).watch(), Role.READ) if tokens_file else None
+        service_metrics.serve(args.metrics_port, args.metrics_host, tls=tls, authorize=authorize)
     except (OSError, ValueError) as exc:
         agent.stop()
         print(f"vmsched agent: error: metrics listener: {exc}", file=sys.stderr)

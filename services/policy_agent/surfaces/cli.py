@@ -99,6 +99,11 @@ def _agent_parser(sub: Any, serve: Callable[[argparse.Namespace], int]) -> None:
                    help="metrics listen address (env VMSCHED_METRICS_HOST; default 127.0.0.1)")
     p.add_argument("--metrics-tls-cert", metavar="PEM", type=Path, help="serve metrics over HTTPS with this certificate")
     p.add_argument("--metrics-tls-key", metavar="PEM", type=Path, help="the metrics certificate's private key")
+    p.add_argument("--metrics-tokens-file", metavar="FILE", type=Path,
+                   default=os.environ.get("VMSCHED_METRICS_TOKENS_FILE") or None,
+                   help="require on /metrics a bearer token with the read role from this tokens file (the "
+                        "gateway's format, docs/api-auth.md; re-read when it changes; env "
+                        "VMSCHED_METRICS_TOKENS_FILE; default: /metrics open, /healthz and /readyz always open)")
     p.add_argument("--log-level", metavar="LEVEL", default=os.environ.get("VMSCHED_LOG_LEVEL", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR")
     p.set_defaults(func=lambda args: _serve_with_bus(serve, args))
