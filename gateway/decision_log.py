@@ -29,7 +29,7 @@ from kombu.message import Message
 
 from vmsched.bus.connection import BusOptions, ensure_exchanges
 from vmsched.bus.events import EventPublisher
-from vmsched.bus.facts import _Loop
+from vmsched.bus.loop import ConsumerLoop, hand_over
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.facts_cache import FactsCache
 from vmsched.gateway import decisions
@@ -202,7 +202,7 @@ def _well_formed(record: dict[str, Any]) -> bool:
             and isinstance(record.get("vm"), str) and all(isinstance(u, dict) for u in record["units"]))
 
 
-class DecisionSubscriber(_Loop):
+class DecisionSubscriber(ConsumerLoop):
     """Every gateway's decisions: an exclusive queue ``vmsched.decisions.gateway.<random>`` on ``gateway.*.decision``."""
 
     def __init__(self, options: BusOptions, gateway: str, on_message: Callable[[bytes, str], None]) -> None:
@@ -218,8 +218,4 @@ class DecisionSubscriber(_Loop):
         self._drain(conn)
 
     def _received(self, message: Message) -> None:
-        try:
-            body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
-            self.on_message(body, str(message.delivery_info.get("routing_key", "")))
-        except Exception:  # noqa: BLE001 - a bad message must not stop the subscription
-            log.exception("handling a decision message failed")
+        hand_over(message, self.on_message, "decision")

@@ -18,16 +18,14 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import socket
-import threading
 from typing import Callable
 
 from kombu import Connection, Consumer, Producer, Queue
 from kombu.message import Message
 
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, open_connection, safe_release
+from vmsched.bus.connection import BusOptions, ensure_exchanges
 from vmsched.bus.topology import EVENTS_EXCHANGE, FACTS_EXCHANGE
-from vmsched.bus.urls import mask
+from vmsched.bus.loop import ConsumerLoop, hand_over
 from vmsched.facts import FACTS_EVENT, SnapshotRequest
 
 log = logging.getLogger("vmsched.bus.facts")
@@ -36,60 +34,7 @@ SNAPSHOT_KEY = "snapshot"
 FACTS_BINDING = f"agent.*.{FACTS_EVENT}"
 
 
-class _Loop:
-    """One consumer thread with its own connection, reconnecting with backoff."""
-
-    def __init__(self, options: BusOptions, name: str) -> None:
-        self.options = options.without_confirms()
-        self.name = name
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.ready = threading.Event()  # subscribed at least once
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        attempt = 0
-        while not self._stop.is_set():
-            conn = None
-            try:
-                conn = open_connection(self.options)
-                attempt = 0
-                self._serve(conn)
-            except CONNECTION_ERRORS as exc:
-                delay = backoff(attempt, self.options.reconnect_max_delay)
-                attempt += 1
-                log.warning("%s: bus connection failed (%s); retrying in %.1f s", self.name, mask(str(exc)), delay)
-                self._stop.wait(delay)
-            except Exception:  # noqa: BLE001 - the thread must survive anything
-                delay = backoff(attempt, self.options.reconnect_max_delay)
-                attempt += 1
-                log.exception("%s: failed; restarting in %.1f s", self.name, delay)
-                self._stop.wait(delay)
-            finally:
-                safe_release(conn)
-
-    def _drain(self, conn: Connection) -> None:
-        self.ready.set()
-        while not self._stop.is_set():
-            try:
-                conn.drain_events(timeout=1.0)
-            except socket.timeout:
-                conn.heartbeat_check()
-
-    def _serve(self, conn: Connection) -> None:
-        raise NotImplementedError
-
-
-class FactsSubscriber(_Loop):
+class FactsSubscriber(ConsumerLoop):
     """Hands every facts message on the bus to ``on_message(raw bytes, routing key)``; asks for a snapshot on connect.
 
     The routing key matters: broker permissions let an agent publish only under its own host's key, so the
@@ -115,14 +60,10 @@ class FactsSubscriber(_Loop):
         self._drain(conn)
 
     def _received(self, message: Message) -> None:
-        try:
-            body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
-            self.on_message(body, str(message.delivery_info.get("routing_key", "")))
-        except Exception:  # noqa: BLE001 - a bad message must not stop the subscription
-            log.exception("%s: handling a facts message failed", self.service)
+        hand_over(message, self.on_message, f"{self.service} facts")
 
 
-class SnapshotListener(_Loop):
+class SnapshotListener(ConsumerLoop):
     """An agent's queue of snapshot requests: calls ``on_request()`` for each."""
 
     def __init__(self, options: BusOptions, host_id: str, on_request: Callable[[], None]) -> None:

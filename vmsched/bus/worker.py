@@ -21,11 +21,10 @@ from pydantic import BaseModel, ValidationError
 
 from vmsched import metrics
 from vmsched.bus import RequestError
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, open_connection, \
-    safe_release
+from vmsched.bus.connection import BusOptions, ensure_exchanges
 from vmsched.bus.topology import DEAD_EXCHANGE, PING, REPLY_EXCHANGE, REPLY_VIA, dead_letter_queue, is_versioned, \
     request_queue, route
-from vmsched.bus.urls import mask
+from vmsched.bus.loop import run_reconnecting
 from vmsched.messages import CONTRACT_VERSION, Envelope, ErrorCode, ReplyEnvelope, request_units
 
 log = logging.getLogger("vmsched.bus")
@@ -81,28 +80,11 @@ class ServiceWorker:
 
     # --- consumer loop -----------------------------------------------------
     def _run(self) -> None:
-        attempt = 0
-        while not self._stop.is_set():
-            conn = None
-            try:
-                conn = open_connection(self.options.without_confirms())
-                if attempt:
-                    metrics.BUS_RECONNECTS.labels(self.service).inc()
-                    log.info("%s: reconnected to the bus", self.service)
-                attempt = 0
-                self._serve(conn)
-            except CONNECTION_ERRORS as exc:
-                delay = backoff(attempt, self.options.reconnect_max_delay)
-                attempt += 1
-                log.warning("%s: bus connection failed (%s); retrying in %.1f s", self.service, mask(str(exc)), delay)
-                self._stop.wait(delay)
-            except Exception:  # noqa: BLE001 - a consumer thread must survive anything
-                delay = backoff(attempt, self.options.reconnect_max_delay)
-                attempt += 1
-                log.exception("%s: consumer failed; restarting in %.1f s", self.service, delay)
-                self._stop.wait(delay)
-            finally:
-                safe_release(conn)
+        run_reconnecting(self.options.without_confirms(), self.service, self._stop, self._serve, self._reconnected)
+
+    def _reconnected(self) -> None:
+        metrics.BUS_RECONNECTS.labels(self.service).inc()
+        log.info("%s: reconnected to the bus", self.service)
 
     def _serve(self, conn: Connection) -> None:
         ensure_exchanges(conn, {route(name)[0].name: route(name)[0] for name in self.routes}.values())
