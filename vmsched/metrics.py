@@ -61,6 +61,17 @@ BUS_EXPIRED = Counter(
     registry=REGISTRY,
 )
 BUS_UP = Gauge("vmsched_bus_connected", "1 while the process holds a broker connection", ["service"], registry=REGISTRY)
+BUS_RESENT = Counter(
+    "vmsched_bus_resent_total",
+    "Requests sent again because their connection, reply queue or publisher confirm failed before the reply "
+    "(reconnect, nack, confirm_timeout); scheduling requests only, they have no side effects",
+    ["service", "reason"],
+    registry=REGISTRY,
+)
+BUS_DUPLICATE_REPLIES = Counter(
+    "vmsched_bus_duplicate_replies_total",
+    "Replies dropped because a re-sent request was answered already", ["service"], registry=REGISTRY
+)
 
 # --- plugins ---------------------------------------------------------------
 PLUGIN_CALLS = Counter(
