@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import Counter, Gauge, Histogram
 
+from vmsched.facts import HostFacts
 from vmsched.metrics import REGISTRY
 
 #: An event is applied in milliseconds; a sweep of many guests or a slow libvirtd takes seconds.
@@ -91,3 +94,42 @@ for _kind in ERROR_KINDS:
     ERRORS.labels(_kind)
 for _state in ("allocated", "free"):
     DEDICATED_CPUS.labels(_state)
+
+
+# --- this host, from the agent's own facts collections (reporter.py) -------------------------------
+# The agent is the one exporter of its host's figures (the services' facts caches export only the age of
+# each host's facts: vmsched_facts_age_seconds). Registered at the first collection, so an agent that
+# collects no facts (no bus, or --facts-interval 0) exports none rather than zeros that read as an idle,
+# empty host. Labelled by Prometheus's `instance` (the agent), never by a host ID.
+HOST_CPU = Gauge(
+    "vmsched_agent_host_cpu_ratio", "Host CPU use (user + system) over the last facts interval, 0-1 of all online CPUs",
+    registry=None,
+)
+HOST_CPUS = Gauge("vmsched_agent_host_cpus", "Online CPUs of the host", registry=None)
+HOST_MEMORY = Gauge(
+    "vmsched_agent_host_memory_bytes",
+    "Host memory, by kind (total; free: MemFree + Cached + Buffers + SReclaimable, oVirt's free; available: MemAvailable)",
+    ["kind"], registry=None,
+)
+HOST_GUESTS = Gauge("vmsched_agent_host_guests", "Guests on the host, by state (running, total)", ["state"], registry=None)
+_HOST_GAUGES = (HOST_CPU, HOST_CPUS, HOST_MEMORY, HOST_GUESTS)
+_host_lock = threading.Lock()
+_host_registered = False
+_MIB = 1024 * 1024
+
+
+def observe_host(host: HostFacts) -> None:
+    """Set this host's gauges from one facts collection."""
+    global _host_registered
+    with _host_lock:
+        if not _host_registered:
+            for gauge in _HOST_GAUGES:
+                REGISTRY.register(gauge)
+            _host_registered = True
+    HOST_CPU.set(host.cpu_pct / 100)
+    HOST_CPUS.set(host.cpus)
+    HOST_MEMORY.labels("total").set(host.memory_total_mib * _MIB)
+    HOST_MEMORY.labels("free").set(host.memory_free_mib * _MIB)
+    HOST_MEMORY.labels("available").set(host.memory_available_mib * _MIB)
+    HOST_GUESTS.labels("running").set(host.guests_running)
+    HOST_GUESTS.labels("total").set(host.guests_total)

@@ -116,6 +116,7 @@ class FactsReporter:
                                interval=self.interval, reason=reason, host=HostFacts.model_validate(host),
                                guests=guests if send else None, guests_digest=digest)
         metrics.FACTS_COLLECT_CPU.observe(time.process_time() - started)
+        metrics.observe_host(message.host)  # this host's gauges: the agent is their one exporter
         return message
 
     def _annotate(self, guests: list[GuestFacts]) -> list[GuestFacts]:
