@@ -203,10 +203,11 @@ def test_checked_in_configs_come_from_the_template(form: str, path: str, promtoo
 
 def test_local_config_with_token_and_tls(promtool: str, tmp_path: Path) -> None:
     text = prometheus_config("local", "--target", "gateway=127.0.0.1:9100", "--target", "scoring=127.0.0.1:9102",
+                             "--agents-dir", "/etc/prometheus/agents",
                              "--token-file", "/etc/prometheus/vmsched-metrics.token", "--ca-file", "/etc/ca.pem")
     config = yaml.safe_load(text)
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert set(jobs) == {"vmsched-gateway", "vmsched-scoring"}
+    assert set(jobs) == {"vmsched-gateway", "vmsched-scoring", "vmsched-agent"}  # agents: --metrics-tokens-file
     for job in jobs.values():
         assert job["scheme"] == "https" and job["tls_config"] == {"ca_file": "/etc/ca.pem"}
         assert job["authorization"] == {"credentials_file": "/etc/prometheus/vmsched-metrics.token"}
