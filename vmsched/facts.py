@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from vmsched.messages import CONTRACT_VERSION, _Versioned
 
@@ -59,6 +59,11 @@ class HugePages(_Model):
     free: int = Field(0, ge=0, description="pages not in use")
 
 
+class DedicatedGuest(_Model):
+    wanted: int = Field(0, ge=0, description="dedicated CPUs the guest's vmsched policy asks for")
+    held: int = Field(0, ge=0, description="dedicated CPUs it holds on this host now")
+
+
 class HostFacts(_Model):
     """The host summary, sent with every message."""
 
@@ -82,12 +87,32 @@ class HostFacts(_Model):
     dedicated_pool: str = Field("", description="the agent's dedicated CPU pool (CPU set)")
     shared_cpus: str = Field("", description="CPUs shared by guests without dedicated CPUs (CPU set)")
     allocations: dict[str, str] = Field(default_factory=dict, description="guest UUID -> its dedicated CPUs")
+    dedicated_pool_cpus: int | None = Field(None, ge=0, description="CPUs in the dedicated pool (read: derived "
+                                            "from dedicated_pool for an older agent)")
+    dedicated_free_cpus: int | None = Field(None, ge=0, description="CPUs of the pool no guest holds (read: "
+                                            "derived from dedicated_pool and allocations for an older agent)")
+    dedicated_guests: dict[str, DedicatedGuest] = Field(
+        default_factory=dict, description="guest UUID -> dedicated CPUs wanted and held, for every guest whose "
+                                          "policy this agent knows (running, defined or stored)")
     guests_running: int = Field(0, ge=0)
     guests_total: int = Field(0, ge=0)
     guest_memory_mib: int = Field(0, ge=0, description="sum of running guests' current balloon, MiB")
     guest_vcpus: int = Field(0, ge=0, description="sum of running guests' vCPUs")
     history_interval: float = Field(0.0, ge=0, description="seconds between two cpu_history samples")
     cpu_history: list[float] = Field(default_factory=list, description="host cpu_pct samples, oldest first")
+
+    @model_validator(mode="after")
+    def _older_agent(self) -> "HostFacts":
+        """An agent one version older sends the pool and allocations only: derive the counts."""
+        if self.dedicated_pool_cpus is None:
+            self.dedicated_pool_cpus = cpu_count(self.dedicated_pool)
+        held = {u: cpu_count(c) for u, c in self.allocations.items()}
+        if self.dedicated_free_cpus is None and self.dedicated_pool_cpus is not None and None not in held.values():
+            self.dedicated_free_cpus = max(0, self.dedicated_pool_cpus - sum(held.values()))  # type: ignore[arg-type]
+        for uuid, n in held.items():
+            if n and uuid not in self.dedicated_guests:
+                self.dedicated_guests[uuid] = DedicatedGuest(wanted=n, held=n)
+        return self
 
 
 class GuestFacts(_Model):
@@ -100,6 +125,8 @@ class GuestFacts(_Model):
     cpu_pct: float = Field(0.0, ge=0, description="CPU time over the last interval, % of the guest's vCPUs")
     has_policy: bool = False
     dedicated: bool = Field(False, description="the guest has dedicated pCPUs")
+    dedicated_cpus: int = Field(0, ge=0, description="dedicated pCPUs it holds (0 from an older agent: see dedicated)")
+    pinned: bool = Field(False, description="its vmsched policy pins vCPUs or the emulator to given pCPUs")
 
 
 class FactsMessage(_Versioned):
@@ -130,6 +157,21 @@ class Rejected(ValueError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+def cpu_count(text: str) -> int | None:
+    """CPUs in a libvirt CPU set (``"0-3,^2,6"`` -> 4); None when it is not one."""
+    include: set[int] = set()
+    try:
+        for item in (i.strip() for i in text.split(",") if i.strip()):
+            low, _, high = item.lstrip("^").partition("-")
+            cpus = range(int(low), int(high or low) + 1)
+            if len(cpus) > 16384:
+                return None
+            (include.difference_update if item.startswith("^") else include.update)(cpus)
+    except ValueError:
+        return None
+    return len(include)
 
 
 def read(raw: bytes | str) -> FactsMessage:

@@ -196,11 +196,13 @@ class Agent:
         self._snapshots = SnapshotListener(options, self.host_id or "", self._facts.trigger_snapshot)
         self._snapshots.start()
 
-    def _layout(self) -> tuple[frozenset[int], frozenset[int], dict[str, frozenset[int]], set[str]]:
+    def _layout(self) -> tuple[frozenset[int], frozenset[int], dict[str, frozenset[int]], dict[str, Any]]:
         assert self.enforcer is not None
         with self.enforcer.lock:
             pools = self.enforcer.pools
-            policies = {g.uuid for g in self.inventory.all() if g.policy is not None}
+            stored = self.enforcer.transient.store.all() if self.enforcer.transient is not None else []
+            policies = {**{e.uuid: e.policy for e in stored}, **{g.uuid: g.policy for g in self.inventory.all()
+                                                                  if g.policy is not None}}
             return frozenset(pools.pool), frozenset(pools.shared), dict(pools.allocations), policies
 
     def stop(self) -> None:

@@ -18,12 +18,13 @@ from vmsched.facts import FACTS_EVENT, FactsMessage, GuestFacts, HostFacts
 
 from . import metrics
 from .policy import cpuset
-from .policy.facts import History, guests_digest
+from .policy.facts import History, dedicated_summary, guests_digest, pinned
+from .policy.model import GuestPolicy
 
 log = logging.getLogger("vmsched.agent.facts")
 
-#: (dedicated pool, shared set, allocations uuid -> CPUs, UUIDs of guests with a policy)
-Layout = tuple[frozenset[int], frozenset[int], dict[str, frozenset[int]], set[str]]
+#: (dedicated pool, shared set, allocations uuid -> CPUs, guests' policies by UUID: defined guests' and stored ones)
+Layout = tuple[frozenset[int], frozenset[int], dict[str, frozenset[int]], dict[str, GuestPolicy | None]]
 
 
 class FactsReporter:
@@ -97,10 +98,11 @@ class FactsReporter:
         if "interval" in reasons:
             self.history.add(host.cpu_pct)
         running = [g for g in guests if g.state in ("running", "blocked")]
-        pool, shared, allocations, _ = self.layout()
+        pool, shared, allocations, policies = self._layout()
         host = host.model_copy(update={
             "dedicated_pool": cpuset.fmt(pool), "shared_cpus": cpuset.fmt(shared),
             "allocations": {u: cpuset.fmt(c) for u, c in allocations.items()},
+            **dedicated_summary(pool, allocations, policies),
             "guests_running": len(running), "guests_total": len(guests),
             "guest_memory_mib": sum(g.memory_mib for g in running), "guest_vcpus": sum(g.vcpus for g in running),
             "history_interval": self.interval, "cpu_history": self.history.cpu(),
@@ -119,7 +121,15 @@ class FactsReporter:
         metrics.observe_host(message.host)  # this host's gauges: the agent is their one exporter
         return message
 
+    def _layout(self) -> Layout:
+        pool, shared, allocations, policies = self.layout()
+        return pool, shared, allocations, policies if isinstance(policies, dict) else dict.fromkeys(policies)
+
     def _annotate(self, guests: list[GuestFacts]) -> list[GuestFacts]:
-        _, _, allocations, policies = self.layout()
-        return [g.model_copy(update={"has_policy": g.uuid in policies, "dedicated": bool(allocations.get(g.uuid))})
+        _, _, allocations, policies = self._layout()
+        running = {g.uuid for g in guests}
+        policies = {u: p for u, p in policies.items() if u in running}  # stored ones of absent guests: host-level
+        return [g.model_copy(update={"has_policy": g.uuid in policies, "dedicated": bool(allocations.get(g.uuid)),
+                                     "dedicated_cpus": len(allocations.get(g.uuid, ())),
+                                     "pinned": pinned(policies.get(g.uuid))})
                 if g.uuid in policies or g.uuid in allocations else g for g in guests]

@@ -41,6 +41,8 @@ class Guest:
     cpu_pct: float = 0.0  # CPU time over the agent's last interval, % of the guest's vCPUs
     has_policy: bool = False  # a vmsched CPU policy is set
     dedicated: bool = False  # the guest has dedicated pCPUs
+    dedicated_cpus: int = 0  # dedicated pCPUs it holds (0 from an older agent: see dedicated)
+    pinned: bool = False  # its vmsched policy pins vCPUs or the emulator to given pCPUs
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,10 @@ class Host:
     swap_used_mib: int = 0
     dedicated_pool: str = ""  # CPU set
     shared_cpus: str = ""  # CPU set
+    dedicated_pool_cpus: int | None = None  # CPUs in the dedicated pool (None: not known)
+    dedicated_free_cpus: int | None = None  # CPUs of the pool no guest holds (None: not known)
+    dedicated_guests: dict = field(default_factory=dict)  # guest UUID -> {"wanted", "held"} dedicated CPUs,
+    # for every guest whose vmsched policy this host's agent knows (running, defined, or stored for a transient guest)
     guests_running: int = 0
     guests_total: int = 0
     guest_memory_mib: int = 0  # sum of running guests' current balloon, MiB
@@ -121,6 +127,7 @@ class VM:
     vcpus: int = 0
     host_id: str = ""  # the host it runs on, when running
     source: str = ""  # "host facts" (a running VM) or "engine" (the engine link)
+    cpu_pinning_policy: str = ""  # the engine's (none, manual, dedicated, isolate_threads, ...); "": unknown
 
 
 def run_length(samples: Any, interval: float, test: Any) -> float:

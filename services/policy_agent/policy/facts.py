@@ -10,7 +10,10 @@ import collections
 import hashlib
 from dataclasses import dataclass
 
-from vmsched.facts import GuestFacts
+from vmsched.facts import DedicatedGuest, GuestFacts
+
+from . import cpuset
+from .model import GuestPolicy
 
 KIB_PER_MIB = 1024
 #: History length, seconds (the last 10 minutes).
@@ -107,5 +110,31 @@ def guests_digest(guests: list[GuestFacts]) -> str:
     h = hashlib.blake2b(digest_size=12)
     for g in sorted(guests, key=lambda g: g.uuid):
         h.update(f"{g.uuid}|{g.name}|{g.state}|{g.vcpus}|{g.memory_mib}|{g.max_memory_mib}|{g.has_policy}|"
-                 f"{g.dedicated}\n".encode())
+                 f"{g.dedicated}|{g.dedicated_cpus}|{g.pinned}\n".encode())
     return h.hexdigest()
+
+
+def wanted_cpus(policy: GuestPolicy | None) -> int:
+    """Dedicated CPUs a policy asks for: its count, or the size of its explicit set."""
+    if policy is None or policy.dedicated is None:
+        return 0
+    return policy.dedicated if isinstance(policy.dedicated, int) else len(cpuset.parse(policy.dedicated))
+
+
+def pinned(policy: GuestPolicy | None) -> bool:
+    """The policy pins vCPUs or the emulator to given pCPUs (a balancer must not move the guest)."""
+    return policy is not None and bool(policy.vcpu_pins or policy.emulator_pin)
+
+
+def dedicated_summary(pool: frozenset[int], allocations: dict[str, frozenset[int]],
+                      policies: dict[str, GuestPolicy | None]) -> dict:
+    """The host's dedicated-CPU fields: pool size, free CPUs, and per known guest what it wants and holds."""
+    allocated: set[int] = set()
+    for cpus in allocations.values():
+        allocated |= cpus
+    guests = {u: DedicatedGuest(wanted=wanted_cpus(p), held=len(allocations.get(u, ())))
+              for u, p in policies.items() if wanted_cpus(p)}
+    for uuid, cpus in allocations.items():
+        guests.setdefault(uuid, DedicatedGuest(wanted=len(cpus), held=len(cpus)))
+    return {"dedicated_pool_cpus": len(pool), "dedicated_free_cpus": len(pool - allocated),
+            "dedicated_guests": guests}
