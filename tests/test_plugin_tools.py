@@ -170,3 +170,53 @@ def test_check_as_root_uses_the_services_confinement(tmp_path: Path):
         assert "sandbox: the service runs as root and cannot switch plugin workers to user" in done.stderr
     else:  # the switch worked: the plugins were loaded as the plugin user
         assert done.returncode == 0 and "2 unit(s), 0 error(s)" in done.stdout, done.stdout + done.stderr
+
+
+def _hook(values: dict) -> dict | None:
+    """The chart's `helm test` pod that checks the plugins folder, or None (rendered by the real Helm engine)."""
+    pytest.importorskip("helm_python", reason="helm-python-sdk is installed by scripts/bootstrap --test")
+    from tests.test_deploy_chart import CHART, render
+
+    import helm_python as helm
+
+    with helm.Chart.load(CHART) as chart:
+        docs = render(chart, values)
+    pods = [d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"].endswith("-test-plugins")]
+    assert len(pods) <= 1
+    return {"pod": pods[0], "configmaps": [d for d in docs if d["kind"] == "ConfigMap"]} if pods else None
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_helm_test_hook_runs_plugin_check_on_the_plugins_folder(tmp_path: Path, broken: bool):
+    files = {"mine.py": textwrap.dedent(GOOD)}
+    if broken:
+        files["broken.py"] = "import not_installed_anywhere\n"
+    hook = _hook({"plugins": {"files": files, "mountPath": "/srv/plugins"}})
+    assert hook is not None
+    pod = hook["pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    (container,) = pod["spec"]["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "plugins")
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "plugins")
+    (configmap,) = hook["configmaps"]
+    assert mount == {"name": "plugins", "mountPath": "/srv/plugins", "readOnly": True}
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    assert container["args"] == ["plugin", "check", "/srv/plugins"]
+    # run the hook's command as the image's entrypoint (vmsched) would, on the ConfigMap's files
+    folder = tmp_path / "srv-plugins"
+    folder.mkdir()
+    for name, text in configmap["data"].items():
+        (folder / name).write_text(text)
+    env = {**os.environ, **{e["name"]: e["value"] for e in container["env"]}}
+    args = [folder.as_posix() if a == mount["mountPath"] else a for a in container["args"]]
+    done = subprocess.run([sys.executable, "-P", "-m", "vmsched.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    if broken:
+        assert done.returncode != 0 and "broken.py" in done.stdout + done.stderr
+    else:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "FewestGuests" in done.stdout
+
+
+def test_no_plugin_check_hook_without_a_plugins_folder():
+    assert _hook({}) is None  # the image's stock plugins are checked by the project's own tests
