@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vmsched.messages import Kind
-from vmsched.runtime.contract import KIND, KINDS, BadResult
+from vmsched.runtime.contract import KIND, KINDS, MAX_REASON, MAX_REASONS, BadResult
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "plugins.md"
 
@@ -56,11 +56,45 @@ def test_checks_accept_the_contract_shapes(kind: str, value: object, expected: o
         ("balance", ["vm"], "expected (vm_id, [host_ids])"),
         ("balance", [3, []], "expected a VM ID string"),
         ("balance", ["vm", "a"], "expected a list of host IDs"),
+        ("filter", {"a": 3}, "the reason must be a string"),
+        ("score", [["a", 1, ["why"]]], "the reason must be a string"),
+        ("score", [["a", 1, "why", "more"]], "bad score entry"),
+        ("balance", ["vm", ["a"], 7], "the reason must be a string"),
+        ("balance", ["vm", ["a"], "why", "more"], "expected (vm_id, [host_ids])"),
     ],
 )
 def test_checks_refuse_other_shapes(kind: str, value: object, reason: str) -> None:
     with pytest.raises(BadResult, match=re.escape(reason)):
-        KIND[kind].check(value)
+        KIND[kind].check(value, ["a", "b"])
+
+
+# --- reasons (issue 15): optional, compatible, bounded ----------------------------------------------
+def test_a_filter_may_return_reasons_for_the_hosts_it_drops() -> None:
+    verdict = KIND["filter"].read({"b": "free 1.2 GiB < 4 GiB needed", "d": None, "zz": "not requested"},
+                                  ["a", "b", "c", "d"])
+    assert verdict.value == ["a", "c"]  # kept = requested - dropped, in the request's order
+    assert verdict.reasons == {"b": "free 1.2 GiB < 4 GiB needed"}  # no text for d, nothing for a foreign ID
+    assert KIND["filter"].read(["a"], ["a", "b"]).reasons == {}  # the old list: no reasons
+    with pytest.raises(BadResult, match="the requested hosts are needed"):
+        KIND["filter"].check({"b": "x"})
+
+
+def test_score_triples_and_balance_third_element_carry_reasons() -> None:
+    score = KIND["score"].read([["a", 1, "2 guests"], ["b", 2], ["x", 3, "not requested"]], ["a", "b"])
+    assert score.value == [("a", 1.0), ("b", 2.0), ("x", 3.0)] and score.reasons == {"a": "2 guests"}
+    text = KIND["balance"].read(["vm", ["a"], "host b is at 95 % CPU"], ["a", "b"])
+    assert text.value == ("vm", ["a"]) and text.reason == "host b is at 95 % CPU" and text.reasons == {}
+    per_host = KIND["balance"].read([None, [], {"a": "too busy"}], ["a"])
+    assert per_host.value == ("", []) and per_host.reasons == {"a": "too busy"} and per_host.reason == ""
+
+
+def test_reasons_are_bounded_and_one_line() -> None:
+    hosts = [f"h{i}" for i in range(MAX_REASONS + 50)]
+    verdict = KIND["filter"].read({h: "x" * 10 * MAX_REASON for h in hosts}, hosts)
+    assert verdict.value == [] and len(verdict.reasons) == MAX_REASONS
+    assert all(len(r) == MAX_REASON and r.endswith("...") for r in verdict.reasons.values())
+    odd = KIND["filter"].read({"a": "line one\n\x1b[31mred\u2028\ud800 end"}, ["a"]).reasons["a"]
+    assert odd == "line one [31mred ? end" and odd.encode("utf-8")
 
 
 def test_contract_imports_only_the_standard_library() -> None:

@@ -208,6 +208,9 @@ class UnitOutcome(BaseModel):
     timed_out: bool = False
     duration: float = 0.0
     stderr: str = ""
+    reasons: dict[str, str] = Field(default_factory=dict, description=(
+        "host ID -> why, as the unit gave it (vmsched.runtime.contract: bounded, plugin-supplied text; "
+        "escape it when shown; never sent to the engine); absent from an older service"))
 
 
 class FilterOutcome(UnitOutcome):
@@ -225,6 +228,7 @@ class BalanceOutcome(UnitOutcome):
     kind: Literal["balance"] = "balance"
     vm: str = ""
     hosts: list[str] = Field(default_factory=list)
+    reason: str = Field("", description="the unit's reason for its proposal (plugin-supplied, as ``reasons``)")
 
 
 class FilterReply(BaseModel):

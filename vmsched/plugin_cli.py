@@ -148,7 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"vmsched plugin run: {unit.name} failed: {result.error}", file=sys.stderr)
         return 1
     try:
-        kind.check(result.value)
+        kind.check(result.value, hosts)
     except BadResult as exc:
         print(json.dumps(result.value))
         print(f"vmsched plugin run: {unit.name}: {exc} (the service would report this as an error)", file=sys.stderr)

@@ -27,7 +27,9 @@ class BalancerService(PluginService):
                                  duration=r.duration, stderr=r.stderr)
         if r.ok:
             try:
-                outcome.vm, outcome.hosts = _BALANCE.check(r.value)
+                verdict = _BALANCE.read(r.value, req.hosts)
+                outcome.vm, outcome.hosts = verdict.value
+                outcome.reasons, outcome.reason = verdict.reasons, verdict.reason
             except BadResult as exc:
                 outcome.ok, outcome.error = False, str(exc)
         return BalanceReply(outcome=outcome)

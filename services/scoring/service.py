@@ -18,6 +18,7 @@ from vmsched.messages import (
     ScoreReply,
     ScoreRequest,
 )
+from vmsched.pending import PendingBook, attach
 from vmsched.runtime.contract import KIND, BadResult
 from vmsched.service import PluginService, UnitRun
 
@@ -29,20 +30,31 @@ class ScoringService(PluginService):
     QUEUES = {REQUEST_QUEUES[Op.FILTER]: "filter", REQUEST_QUEUES[Op.SCORE]: "score"}
     uses_facts = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pending = PendingBook()  # VMs ranked first moments ago (vmsched/pending.py)
+
+    def _call_facts(self, hosts: list[str], vm: str) -> Any:
+        """The call's facts with the placements still pending elsewhere (the stock memory filter counts them)."""
+        found = self.facts_for(hosts, vm)
+        return attach(found, self.pending.view(self.facts, exclude=vm)) if self.facts is not None else found
+
     def filter(self, env: Envelope) -> BaseModel:
         req = FilterRequest.model_validate(env.body)
         args = _FILTER.args(req.hosts, req.vm, req.properties)
         runs = self.run_units(Kind.FILTER, req.units, args, env.deadline, req.timeout,
-                              lambda: self.facts_for(req.hosts, req.vm))
-        return FilterReply(outcomes=[_filter_outcome(run) for run in runs])
+                              lambda: self._call_facts(req.hosts, req.vm))
+        return FilterReply(outcomes=[_filter_outcome(run, req.hosts) for run in runs])
 
     def score(self, env: Envelope) -> BaseModel:
         req = ScoreRequest.model_validate(env.body)
         names = [u.name for u in req.units]
         args = _SCORE.args(req.hosts, req.vm, req.properties)
         runs = self.run_units(Kind.SCORE, names, args, env.deadline, req.timeout,
-                              lambda: self.facts_for(req.hosts, req.vm))
-        outcomes = [_score_outcome(run, unit.factor) for run, unit in zip(runs, req.units)]
+                              lambda: self._call_facts(req.hosts, req.vm))
+        outcomes = [_score_outcome(run, unit.factor, req.hosts) for run, unit in zip(runs, req.units)]
+        if self.facts is not None:
+            self.pending.placed(self.facts, req.vm, req.hosts, [(o.factor, o.scores) for o in outcomes if o.ok])
         return ScoreReply(outcomes=outcomes)
 
 
@@ -52,21 +64,23 @@ def _common(run: UnitRun) -> dict[str, Any]:
             "duration": r.duration, "stderr": r.stderr}
 
 
-def _filter_outcome(run: UnitRun) -> FilterOutcome:
+def _filter_outcome(run: UnitRun, hosts: list[str]) -> FilterOutcome:
     outcome = FilterOutcome(**_common(run))
     if run.result.ok:
         try:
-            outcome.hosts = _FILTER.check(run.result.value)
+            verdict = _FILTER.read(run.result.value, hosts)
+            outcome.hosts, outcome.reasons = verdict.value, verdict.reasons
         except BadResult as exc:
             outcome.ok, outcome.error = False, str(exc)
     return outcome
 
 
-def _score_outcome(run: UnitRun, factor: int) -> ScoreOutcome:
+def _score_outcome(run: UnitRun, factor: int, hosts: list[str]) -> ScoreOutcome:
     outcome = ScoreOutcome(**_common(run), factor=factor)
     if run.result.ok:
         try:
-            outcome.scores = _SCORE.check(run.result.value)
+            verdict = _SCORE.read(run.result.value, hosts)
+            outcome.scores, outcome.reasons = verdict.value, verdict.reasons
         except BadResult as exc:
             outcome.ok, outcome.error = False, str(exc)
     return outcome

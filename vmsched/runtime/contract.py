@@ -2,8 +2,16 @@
 
 The one place that says what a plugin unit is. The worker process lists a
 class's units with :data:`KINDS`; the services call ``KIND[kind].method`` with
-``KIND[kind].args(...)`` and check what came back with ``KIND[kind].check``;
+``KIND[kind].args(...)`` and read what came back with ``KIND[kind].read``
+(the checked value and the reasons the unit gave per host);
 docs/plugins.md's contract table is checked against :data:`KINDS` by the tests.
+
+Reasons are optional and plugin-supplied: a filter may return ``{host: reason}``
+for the hosts it drops instead of the list it keeps, a score unit
+``(host, score, reason)`` triples, a balance unit a third element (a reason, or
+``{host: reason}``). They are bounded here (:data:`MAX_REASON` characters,
+:data:`MAX_REASONS` hosts, control characters blanked); whoever shows them
+must still escape them, and they never go to the engine.
 
 This module imports only the standard library: the worker process imports it.
 """
@@ -11,13 +19,30 @@ This module imports only the standard library: the worker process imports it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+#: characters of one reason kept (longer ones end with "...")
+MAX_REASON = 160
+#: reasons kept per unit and call
+MAX_REASONS = 1000
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 
 
 class BadResult(ValueError):
     """The unit ran but its result does not have the contract's shape."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A unit's checked result: the value in the old shape, and the unit's reasons."""
+
+    value: Any  # kept host IDs | [(host ID, score)] | (vm, [host IDs])
+    reasons: dict[str, str] = field(default_factory=dict)  # host ID -> why (only hosts of the request)
+    reason: str = ""  # a balance unit's reason for its proposal
 
 
 def host_list(value: Any, what: str) -> list[str]:
@@ -30,33 +55,80 @@ def host_list(value: Any, what: str) -> list[str]:
     return value
 
 
-def score_pairs(value: Any) -> list[tuple[str, float]]:
-    """``[(host ID, number), ...]`` as a score unit returns it (numbers become floats)."""
+def reason_text(value: Any, where: str) -> str:
+    """A plugin's reason as kept: a string, one line, at most :data:`MAX_REASON` characters."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadResult(f"{where}: the reason must be a string, not {_kind(value)}")
+    text = _CONTROL.sub(" ", value[: 4 * MAX_REASON]).strip()
+    if not text.isascii():  # no lone surrogates: no JSON or XML encoder could send them
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+def reason_map(value: Any, hosts: Sequence[str] | None, where: str) -> dict[str, str]:
+    """``{host ID: reason}`` kept for the requested hosts only, at most :data:`MAX_REASONS`."""
+    if not isinstance(value, dict):
+        raise BadResult(f"{where} returned {_kind(value)}, expected {{host ID: reason}}")
+    wanted = None if hosts is None else set(hosts)
+    reasons: dict[str, str] = {}
+    for host, why in value.items():
+        if not isinstance(host, str):
+            raise BadResult(f"{where} returned a non-string host ID: {host!r}")
+        text = reason_text(why, f"{where}, host {host[:64]}")
+        if text and len(reasons) < MAX_REASONS and (wanted is None or host in wanted):
+            reasons[host] = text
+    return reasons
+
+
+def filter_result(value: Any, hosts: Sequence[str] | None = None) -> Verdict:
+    """Kept host IDs, or ``{host ID: reason}`` for the dropped ones (kept = requested - dropped)."""
+    if not isinstance(value, dict):
+        return Verdict(host_list(value, "filter"))
+    if hosts is None:
+        raise BadResult("filter returned {host ID: reason} for dropped hosts: the requested hosts are needed")
+    reasons = reason_map(value, hosts, "filter")
+    return Verdict([h for h in hosts if h not in value], reasons)
+
+
+def score_result(value: Any, hosts: Sequence[str] | None = None) -> Verdict:
+    """``[(host ID, number), ...]`` or ``(host ID, number, reason)`` triples; numbers become floats."""
     if not isinstance(value, list):
         raise BadResult(f"score returned {_kind(value)}, expected a list of (host, score) pairs")
+    wanted = None if hosts is None else set(hosts)
     pairs: list[tuple[str, float]] = []
+    reasons: dict[str, str] = {}
     for entry in value:
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
-            raise BadResult(f"bad score entry {entry!r}: expected (host ID, number)")
+        if not (isinstance(entry, list) and len(entry) in (2, 3) and isinstance(entry[0], str)):
+            raise BadResult(f"bad score entry {entry!r:.200}: expected (host ID, number) or (host ID, number, reason)")
         score = entry[1]
         if isinstance(score, bool) or not isinstance(score, (int, float)):
             raise BadResult(f"bad score for host {entry[0]}: {score!r} is not a number")
         if isinstance(score, float) and math.isnan(score):
             raise BadResult(f"bad score for host {entry[0]}: NaN")
         pairs.append((entry[0], float(score)))
-    return pairs
+        if len(entry) == 3:
+            why = reason_text(entry[2], f"score for host {entry[0][:64]}")
+            if why and len(reasons) < MAX_REASONS and (wanted is None or entry[0] in wanted):
+                reasons[entry[0]] = why
+    return Verdict(pairs, reasons)
 
 
-def proposal(value: Any) -> tuple[str, list[str]]:
-    """``(vm_id or None/"", [host_ids])`` -> ``(vm, hosts)``; anything else is refused."""
-    if not (isinstance(value, list) and len(value) == 2):
+def balance_result(value: Any, hosts: Sequence[str] | None = None) -> Verdict:
+    """``(vm_id or None/"", [host_ids])``, optionally a third element: a reason or ``{host ID: reason}``."""
+    if not (isinstance(value, list) and len(value) in (2, 3)):
         raise BadResult(f"balance returned {value!r:.100}, expected (vm_id, [host_ids])")
-    vm, hosts = value
+    vm, targets = value[0], value[1]
     if vm is None:
         vm = ""
     if not isinstance(vm, str):
         raise BadResult(f"balance returned VM {vm!r}, expected a VM ID string or None")
-    return vm, host_list(hosts, "balance")
+    proposal = (vm, host_list(targets, "balance"))
+    extra = value[2] if len(value) == 3 else None
+    if isinstance(extra, dict):
+        return Verdict(proposal, reason_map(extra, hosts, "balance"))
+    return Verdict(proposal, reason=reason_text(extra, "balance"))
 
 
 def _kind(value: Any) -> str:
@@ -71,12 +143,16 @@ class UnitKind:
     method: str  # do_filter | do_score | do_balance
     params: tuple[str, ...]  # the method's parameters after self, in order
     operation: str  # the engine's XML-RPC method that runs it
-    check: Callable[[Any], Any]  # the unit's raw result -> the checked value, or BadResult
+    read: Callable[[Any, Sequence[str] | None], Verdict]  # raw result, requested hosts -> Verdict, or BadResult
 
     def args(self, hosts: list[str], vm: str, properties: dict[str, str]) -> tuple[Any, ...]:
         """The positional arguments of ``method`` for one request."""
         values = {"hosts": hosts, "vm": vm, "args": properties}
         return tuple(values[name] for name in self.params)
+
+    def check(self, value: Any, hosts: Sequence[str] | None = None) -> Any:
+        """The unit's raw result -> the checked value in the old shape (reasons left out), or BadResult."""
+        return self.read(value, hosts).value
 
     @property
     def signature(self) -> str:
@@ -84,9 +160,9 @@ class UnitKind:
 
 
 KINDS: tuple[UnitKind, ...] = (
-    UnitKind("filter", "do_filter", ("hosts", "vm", "args"), "runFilters", lambda v: host_list(v, "filter")),
-    UnitKind("score", "do_score", ("hosts", "vm", "args"), "runCostFunctions", score_pairs),
-    UnitKind("balance", "do_balance", ("hosts", "args"), "runLoadBalancing", proposal),
+    UnitKind("filter", "do_filter", ("hosts", "vm", "args"), "runFilters", filter_result),
+    UnitKind("score", "do_score", ("hosts", "vm", "args"), "runCostFunctions", score_result),
+    UnitKind("balance", "do_balance", ("hosts", "args"), "runLoadBalancing", balance_result),
 )
 
 #: The same, by kind name.
