@@ -37,7 +37,7 @@ def run(pool: PluginPool, plugin: str, unit: str, kind: str, hosts: list[str], f
     k = KIND[kind]
     (result,) = pool.run([Call(plugin, unit, k.method, k.args(hosts, VM, props or {}), 10.0, facts)])
     assert result.ok, result.error
-    return k.check(result.value)
+    return k.check(result.value, hosts)
 
 
 def payload(hosts: dict[str, dict], vm: dict | None = None) -> dict[str, Any]:
@@ -53,6 +53,9 @@ def test_memory_keeps_hosts_whose_free_memory_minus_reserve_covers_vm_plus_overh
                     vm={"id": VM, "memory_mib": 4096, "host_id": E})
     hosts = [A, B, C, D, E]
     assert run(pool, "vmsched_memory", "vmsched_Memory", "filter", hosts, facts) == [A, C, D, E]
+    k = KIND["filter"]  # and it says why it dropped B (issue 15)
+    (result,) = pool.run([Call("vmsched_memory", "vmsched_Memory", k.method, k.args(hosts, VM, {}), 10.0, facts)])
+    assert k.read(result.value, hosts).reasons == {B: "free 4160 MiB < 4161 MiB needed"}
     assert run(pool, "vmsched_memory", "vmsched_Memory", "filter", hosts, facts,
                {"HostReservedMemoryMiB": "0", "GuestOverheadMiB": "0"}) == hosts
     unknown_vm = payload({B: {"memory_free_mib": 1}})
