@@ -27,7 +27,7 @@ from vmsched.bus.connection import BusOptions
 from vmsched.bus.facts import FactsSubscriber
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.config import Settings
-from vmsched.facts_cache import FactsCache, load_host_map
+from vmsched.engine_link import facts_cache
 from vmsched.tokens import TokenStore
 
 log = logging.getLogger("vmsched.gateway")
@@ -154,9 +154,11 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None, tokens: To
         decision_log.stop()
         if facts_sub is not None:
             facts_sub.stop()
+        if facts is not None and facts.link is not None:
+            facts.link.stop()
         await bus.close()
 
-    facts = FactsCache("gateway", settings.facts_max_age, load_host_map(settings.facts_host_map)) if settings.facts else None
+    facts = facts_cache(settings, "gateway")
     facts_sub = FactsSubscriber(BusOptions.from_settings(settings), "gateway", facts.ingest) if facts else None
 
     app = FastAPI(title="vmsched gateway", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,

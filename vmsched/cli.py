@@ -106,6 +106,13 @@ def _facts(p: argparse.ArgumentParser) -> None:
                    help="host facts older than this are stale (env VMSCHED_FACTS_MAX_AGE; default 3 agent intervals)")
     p.add_argument("--facts-host-map", type=Path, metavar="FILE",
                    help="engine host ID = agent host ID lines, for agents not started with the engine's ID (docs/facts.md)")
+    p.add_argument("--engine-link-file", type=Path, metavar="YAML",
+                   help="the optional, read-only engine link: a file with url, username and password of the engine's "
+                        "REST API, to map engine host IDs by hw_id and to learn a starting VM's memory and vCPUs "
+                        "(env VMSCHED_ENGINE_LINK_FILE; docs/facts.md)")
+    p.add_argument("--engine-link-ca", type=Path, metavar="PEM", help="CA of the engine's HTTPS certificate (default: the system's)")
+    p.add_argument("--engine-link-timeout", type=float, metavar="S", help="timeout of one engine REST call (default 5)")
+    p.add_argument("--engine-link-ttl", type=float, metavar="S", help="how long the engine link keeps an answer (default 300)")
 
 
 def _metrics(p: argparse.ArgumentParser, default: str = "off") -> None:

@@ -126,6 +126,11 @@ class Settings(BaseSettings):
     facts: bool = Field(True, description="keep a host facts cache fed by the agents (scoring, balancer, gateway)")
     facts_max_age: float | None = Field(None, gt=0, description="host facts older than this are stale, seconds; default 3 agent intervals")
     facts_host_map: Path | None = Field(None, description="file of 'engine host ID = agent host ID' lines")
+    engine_link_file: Path | None = Field(None, description="YAML file of the optional, read-only engine link: url, "
+                                          "username, password (docs/facts.md); unset: no engine link")
+    engine_link_ca: Path | None = Field(None, description="CA of the engine's HTTPS certificate (default: the system's)")
+    engine_link_timeout: float = Field(5.0, gt=0, le=60, description="timeout of one engine REST call, seconds")
+    engine_link_ttl: float = Field(300.0, ge=1, description="how long the engine link keeps an answer, seconds")
 
     # observability
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port of a worker service")

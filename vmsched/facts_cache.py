@@ -9,8 +9,9 @@ previous instance); nothing a message holds can break the cache.
 
 Host identity (docs/facts.md): the engine sends its own host IDs. A host ID
 resolves, in order, to an agent reporting that ``--host-id``, to the agent
-named for it in the host map (``--facts-host-map``), else to nothing: "no
-facts", with the reason, never a guess. A host is stale when its newest facts
+named for it in the host map (``--facts-host-map``), then to the agent the
+optional engine link found for it (``link``, :mod:`vmsched.engine_link`),
+else to nothing: "no facts", with the reason, never a guess. A host is stale when its newest facts
 are older than ``max_age`` (default: 3 of the agent's intervals).
 """
 
@@ -23,7 +24,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client import Counter
@@ -59,12 +60,23 @@ class Entry:
         self.plugin_view = view
 
 
+class Resolver(Protocol):
+    """What the cache asks the engine link (:class:`vmsched.engine_link.EngineLink`); answers never block."""
+
+    def host(self, engine_id: str) -> tuple[str | None, str]: ...
+
+    def vm(self, vm_id: str) -> tuple[dict[str, Any] | None, str]: ...
+
+    def stop(self) -> None: ...
+
+
 class FactsCache:
     def __init__(self, service: str = "service", max_age: float | None = None,
-                 host_map: dict[str, str] | None = None) -> None:
+                 host_map: dict[str, str] | None = None, link: Resolver | None = None) -> None:
         self.service = service
         self.max_age = max_age
         self.host_map = dict(host_map or {})
+        self.link = link
         self._hosts: dict[str, Entry] = {}
         self._vms: dict[str, tuple[str, GuestFacts]] = {}  # guest UUID -> (agent host ID, its facts)
         self._lock = threading.Lock()
@@ -128,6 +140,13 @@ class FactsCache:
                 if entry is not None:
                     return entry, mapped
                 return None, f"no facts: host {host_id!r} is mapped to agent {mapped!r}, which has sent none"
+        if self.link is not None:
+            agent, why = self.link.host(host_id)
+            with self._lock:
+                entry = self._hosts.get(agent) if agent is not None else None
+            if entry is not None:
+                return entry, agent  # type: ignore[return-value]
+            return None, f"no facts: no agent reports host {host_id!r}, it is not in --facts-host-map, and {why}"
         return None, (f"no facts: no agent reports host {host_id!r} (set the agent's --host-id to the engine's "
                       "host ID, or map it in --facts-host-map)")
 
@@ -172,6 +191,9 @@ class FactsCache:
             host_id, guest = found
             return {"id": vm, "memory_mib": guest.memory_mib, "vcpus": guest.vcpus,
                     "host_id": host_id, "source": "host facts"}, None
+        if self.link is not None:
+            view, problem = self.link.vm(vm)
+            return (view, None) if view is not None else (None, f"VM {vm!r} runs on no host with facts; {problem}")
         return None, (f"VM {vm!r} runs on no host with facts, and no engine link is configured to ask the "
                       "engine for its memory and vCPUs")
 
@@ -182,14 +204,20 @@ class FactsCache:
             return None
         now = time.time() if now is None else now
         m = entry.message
+        how = "" if resolved == host_id else "; host map" if host_id in self.host_map else "; mapped by the engine link"
         return {"host_id": host_id, "agent_host_id": resolved, "stale": self.is_stale(entry, now),
-                "age": round(self.age(entry, now), 3), "source": f"agent {resolved} (instance {m.instance})",
+                "age": round(self.age(entry, now), 3), "source": f"agent {resolved} (instance {m.instance}){how}",
                 "time": m.time, "seq": m.seq, "interval": m.interval, "version": m.v,
                 "host": m.host.model_dump(), "guests": [g.model_dump() for g in entry.guests]}
 
     def views(self) -> list[dict[str, Any]]:
         now = time.time()
         return [v for v in (self.view(h, now) for h in self.hosts()) if v is not None]
+
+    def identities(self) -> dict[str, tuple[str, str]]:
+        """Agent host ID -> (vdsm ID, libvirt host UUID), what the engine link searches the engine by."""
+        with self._lock:
+            return {h: (e.message.host.vdsm_id, e.message.host.libvirt_uuid) for h, e in self._hosts.items()}
 
     def problem(self, host_id: str) -> str:
         return self.resolve(host_id)[1]

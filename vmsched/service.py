@@ -19,7 +19,8 @@ from vmsched.bus.worker import Handler, ServiceWorker
 from vmsched.bus.facts import FactsSubscriber
 from vmsched.bus.topology import REQUEST_QUEUES, legacy_name
 from vmsched.config import Settings
-from vmsched.facts_cache import FactsCache, load_host_map
+from vmsched.engine_link import facts_cache
+from vmsched.facts_cache import FactsCache
 from vmsched.messages import Kind
 from vmsched.runtime import Call, CallResult, Catalog, Limits, PluginPool
 from vmsched.runtime.contract import KIND
@@ -94,10 +95,8 @@ class PluginService:
         self.worker: ServiceWorker | None = None
         metrics.init_requests(self.name, [op.value for op, queue in REQUEST_QUEUES.items() if queue in self.QUEUES],
                               worker=True)
-        self.facts: FactsCache | None = None
+        self.facts: FactsCache | None = facts_cache(settings, self.name) if self.uses_facts else None
         self._facts_sub: FactsSubscriber | None = None
-        if self.uses_facts and settings.facts:
-            self.facts = FactsCache(self.name, settings.facts_max_age, load_host_map(settings.facts_host_map))
 
     # --- lifecycle ---------------------------------------------------------
     def routes(self) -> dict[str, Handler]:
@@ -131,6 +130,8 @@ class PluginService:
             self.worker.stop()
         if self._facts_sub is not None:
             self._facts_sub.stop()
+        if self.facts is not None and self.facts.link is not None:
+            self.facts.link.stop()
         self.catalog.stop()
         self.pool.close()
 
