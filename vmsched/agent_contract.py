@@ -34,6 +34,7 @@ class AgentOp(str, Enum):
     CHECK_START = "check_start"
     START_DOMAIN = "start_domain"
     STOP_DOMAIN = "stop_domain"
+    EXPLAIN_POLICY = "explain_policy"
 
 
 # --- guest names --------------------------------------------------------------------
@@ -57,6 +58,25 @@ GuestName = Annotated[str, AfterValidator(check_guest_name)]
 
 
 # --- the policy on the wire ------------------------------------------------------------
+class AdaptiveDocument(BaseModel):
+    """Bounds within which the agent's tuners may change a guest while it runs (docs/policy-agent.md,
+    "Adaptive policy"). Checked against the static policy by the agent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight: tuple[int, int] | None = Field(None, description="[min, max] cpu_shares the tuners may set")
+    cap_percent: tuple[float, float] | None = Field(
+        None, description="[min, max] cap (percent of one CPU per vCPU) the tuners may set"
+    )
+    may_move: bool = Field(False, description="the tuners may move the vCPUs within the shared CPU set")
+    target_wait_percent: float | None = Field(
+        None, description="keep the vCPUs' wait for a CPU below this percent of the interval (default 10)"
+    )
+    keep_on_restart: bool = Field(
+        False, description="tuned values also go to the persistent definition and survive a guest restart"
+    )
+
+
 class PolicyDocument(BaseModel):
     """CPU policy of one guest, as sent and stored; every field is optional.
 
@@ -77,6 +97,7 @@ class PolicyDocument(BaseModel):
     quota: int | None = Field(None, description="vcpu_quota in us, -1 or 1000-17592186044415")
     period: int | None = Field(None, description="vcpu_period in us, 1000-1000000 (with cap_percent or quota)")
     requires: list[GuestName] = Field(default_factory=list, description="guests that must run before this one starts")
+    adaptive: AdaptiveDocument | None = Field(None, description="bounds for the agent's tuners (none: not tuned)")
 
 
 # --- requests ----------------------------------------------------------------------------
@@ -200,6 +221,26 @@ class Stopped(Reply):
     already_stopped: list[str] = Field(default_factory=list)
 
 
+class TunerDecision(Reply):
+    time: float
+    tuner: str
+    field: str = Field(description="cpu_shares, vcpu_quota or vcpus")
+    before: Any = None
+    after: Any = None
+    reason: str
+    outcome: str = Field(description="applied, dry_run, refused or error")
+
+
+class PolicyExplain(Reply):
+    guest: str
+    uuid: str
+    policy: dict[str, Any] | None = Field(None, description="the static policy (PolicyDocument)")
+    desired: Desired | None = Field(None, description="what the static policy puts in force")
+    tuned: dict[str, Any] = Field(default_factory=dict, description="values a tuner set live, over the static ones")
+    decisions: list[TunerDecision] = Field(default_factory=list, description="the last decisions about this guest")
+    tuner: dict[str, Any] = Field(default_factory=dict, description="the host's tuner configuration")
+
+
 class Operation(NamedTuple):
     request: type[Request]
     reply: type[Reply]
@@ -218,6 +259,7 @@ OPERATIONS: dict[AgentOp, Operation] = {
     AgentOp.CHECK_START: Operation(CheckStartRequest, StartVerdict),
     AgentOp.START_DOMAIN: Operation(StartDomainRequest, Started),
     AgentOp.STOP_DOMAIN: Operation(StopDomainRequest, Stopped),
+    AgentOp.EXPLAIN_POLICY: Operation(GuestRequest, PolicyExplain),
 }
 
 
@@ -251,8 +293,18 @@ class ErrorEvent(AgentEvent):
     error: str
 
 
+class TunedEvent(AgentEvent):
+    tuner: str
+    field: str
+    before: Any = None
+    after: Any = None
+    reason: str
+    outcome: str = Field(description="applied, dry_run, refused or error")
+
+
 EVENTS: dict[str, type[AgentEvent]] = {
     "lifecycle": LifecycleEvent, "applied": AppliedEvent, "drift": DriftEvent, "error": ErrorEvent,
+    "tuned": TunedEvent,
 }
 
 __all__ = [

@@ -41,6 +41,7 @@ from .surfaces.bus import BusLink
 from .surfaces.cli import EXIT
 from .surfaces.socket import SocketServer
 from .transient import TransientPolicies
+from .tuner import TunerConfig, TunerLoop, config_from_args, explain
 from .virt import hostlock, metadata
 from .virt.apply import Applier, Caps
 from .virt.collector import Collector
@@ -84,6 +85,7 @@ class Agent:
         tunable_debounce: float = 0.05,
         lock_dir: Path | None = None,
         facts_interval: float = 5.0,
+        tuner: TunerConfig | None = None,
     ):
         self.uri = uri
         self.host_id = host_id
@@ -114,6 +116,7 @@ class Agent:
         self._facts: FactsReporter | None = None
         self._snapshots: SnapshotListener | None = None
         self.started = False
+        self.tuner_config, self._tuner = tuner or TunerConfig(), None  # type: TunerConfig, TunerLoop | None
 
     # --- lifecycle ---------------------------------------------------------------
     def start(self) -> "Agent":
@@ -175,6 +178,7 @@ class Agent:
                  self.uri, summary["checked"], self.inventory.managed(), cpuset.fmt(pools.pool), summary["repaired"])
         self._spawn(self._work_loop, "agent-worker")
         self._spawn(self._sweep_loop, "agent-sweeper")
+        self._tuner = TunerLoop(self.tuner_config, self.enforcer, lambda: self.conn, self._publish).start()
         self._server = SocketServer(self.socket_path, self)
         self._server.start()
         if self.amqp_url:
@@ -208,6 +212,8 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
         self.jobs.close()
+        if self._tuner is not None:
+            self._tuner.stop()
         if self._snapshots is not None:
             self._snapshots.stop()
         if self._facts is not None:
@@ -334,6 +340,10 @@ class Agent:
             g = self.enforcer.observe(self.enforcer.read(dom))
             return self.enforcer.view(g)
 
+    def explain_policy(self, guest: str) -> dict:
+        view = self.get_policy(guest)
+        return explain(self._tuner, self.inventory.get(view["uuid"]), view)
+
     @_libvirt_errors
     def delete_policy(self, guest: str) -> dict:
         assert self.enforcer is not None
@@ -430,7 +440,8 @@ def serve(args: argparse.Namespace) -> int:
     agent = Agent(args.libvirt, args.host_id, args.state_dir, dedicated_pool=args.dedicated_pool,
                   amqp_url=args.agent_amqp, socket_path=args.socket, reconcile_interval=args.reconcile_interval,
                   release_on_stop=args.release_on_stop, connect_timeout=args.connect_timeout,
-                  lock_dir=getattr(args, "lock_dir", None), facts_interval=getattr(args, "facts_interval", 5.0))
+                  lock_dir=getattr(args, "lock_dir", None), facts_interval=getattr(args, "facts_interval", 5.0),
+                  tuner=config_from_args(args))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

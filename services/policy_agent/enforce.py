@@ -15,7 +15,7 @@ from typing import Callable
 
 import libvirt
 
-from . import metrics
+from . import metrics, tuned_sync
 from .overlaps import OverlapReporter, manager_pinned
 from .policy import cpuset
 from .policy.allocation import Pools, pin_conflicts, plan_pool
@@ -23,6 +23,7 @@ from .policy.cpuset import CpuSet
 from .policy.errors import ApplyError, GuestNotFound, PolicyError
 from .policy.inventory import Guest, Inventory
 from .policy.model import DEFAULT_SHARES, GuestPolicy
+from .policy.tuning.state import TunedState
 from .policy.validation import Desired, GuestInfo, check_policy, desired_for
 from .transient import TransientPolicies
 from .virt import metadata, snapshot
@@ -53,6 +54,7 @@ class Enforcer:
         self._drift_times: dict[str, collections.deque[float]] = {}
         self._foreign: set[str] = set()  # guests left to their manager's own pinning (logged once)
         self._overlaps = OverlapReporter(publish)
+        self.tuned: TunedState | None = None  # the tuners' live values: part of the desired state (tuner.py)
 
     # --- reading -----------------------------------------------------------------
     def lookup(self, conn: "libvirt.virConnect", key: str) -> "libvirt.virDomain":
@@ -100,8 +102,7 @@ class Enforcer:
                 # safe fallback: keep the guest on the shared set, off every dedicated CPU
                 desired = desired_for(None, info, self.pools, None, confine=True)
             try:
-                result = self.applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent,
-                                                        snap.cfg, snap.live)
+                result = tuned_sync.verify(self.applier, snap, g, desired, self.tuned, self.pools.shared)
             except (ApplyError, libvirt.libvirtError) as exc:
                 if isinstance(exc, libvirt.libvirtError) and snapshot.gone(exc):
                     return None
@@ -319,6 +320,8 @@ class Enforcer:
                 checked.allocation = None
                 stopped = policy.model_copy(update={"dedicated": None, "vcpu_pins": {}})
                 checked.desired = desired_for(stopped, info, self.pools, None)
+            if self.tuned is not None:
+                self.tuned.drop(snap.uuid)  # a new static policy: the tuners start again from it
             old_alloc = self.pools.allocations.get(snap.uuid)
             hint = metadata.AllocationHint(self.host_id, checked.allocation, self.pools.pool) if checked.allocation else None
             store = self.transient if not snap.persistent else None

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError, field_validator, model_validator
 
-from vmsched.agent_contract import PolicyDocument
+from vmsched.agent_contract import AdaptiveDocument, PolicyDocument
 
 from . import cpuset
 from .errors import PolicyError
@@ -103,6 +103,16 @@ class GuestPolicy(PolicyDocument):
                 out.append(name)
         return out
 
+    @field_validator("adaptive")
+    @classmethod
+    def _adaptive(cls, value: AdaptiveDocument | None) -> AdaptiveDocument | None:
+        if value is None:
+            return None
+        problems = adaptive_range_problems(value)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
     @model_validator(mode="after")
     def _cap_forms(self) -> "GuestPolicy":
         problems = self.form_problems()
@@ -124,7 +134,20 @@ class GuestPolicy(PolicyDocument):
                     f"cap {self.cap_percent}% of a {self.effective_period()} us period is a quota of {quota} us,"
                     f" below libvirt's minimum {QUOTA_MIN} us"
                 )
+        if self.adaptive is not None:
+            problems.extend(adaptive_static_problems(self))
         return problems
+
+    # --- the tuners' starting point -----------------------------------------------
+    def base_weight(self) -> int:
+        return self.weight if self.weight is not None else DEFAULT_SHARES
+
+    def base_cap(self) -> float | None:
+        """The cap the elastic-cap tuner starts from: the static one, else the top of the cap range."""
+        if self.cap_percent is not None:
+            return self.cap_percent
+        a = self.adaptive
+        return a.cap_percent[1] if a is not None and a.cap_percent is not None else None
 
     # --- derived values ----------------------------------------------------
     def effective_period(self) -> int | None:
@@ -167,6 +190,52 @@ class GuestPolicy(PolicyDocument):
         return data
 
 
+def adaptive_range_problems(a: AdaptiveDocument) -> list[str]:
+    """What is wrong with an adaptive block on its own (ranges, libvirt's limits)."""
+    problems: list[str] = []
+    if a.weight is not None:
+        lo, hi = a.weight
+        if lo > hi:
+            problems.append(f"weight [{lo}, {hi}]: min above max")
+        if lo < SHARES_MIN or hi > SHARES_MAX:
+            problems.append(f"weight [{lo}, {hi}] outside libvirt's range {SHARES_MIN}-{SHARES_MAX}")
+    if a.cap_percent is not None:
+        lo, hi = a.cap_percent
+        if lo > hi:
+            problems.append(f"cap_percent [{lo:g}, {hi:g}]: min above max")
+        if lo <= 0 or hi > 100:
+            problems.append(f"cap_percent [{lo:g}, {hi:g}] outside (0, 100]")
+        elif lo * DEFAULT_PERIOD / 100.0 < QUOTA_MIN:
+            problems.append(f"cap_percent min {lo:g}% is below libvirt's minimum quota {QUOTA_MIN} us"
+                            f" of a {DEFAULT_PERIOD} us period")
+    t = a.target_wait_percent
+    if t is not None and not 0 < t < 100:
+        problems.append(f"target_wait_percent {t:g} outside (0, 100)")
+    if a.weight is None and a.cap_percent is None and not a.may_move:
+        problems.append("give at least one of weight, cap_percent or may_move")
+    return problems
+
+
+def adaptive_static_problems(p: "GuestPolicy") -> list[str]:
+    """Where the adaptive bounds contradict the static policy."""
+    a = p.adaptive
+    problems: list[str] = []
+    if a is None:
+        return problems
+    if a.may_move and p.dedicated is not None:
+        problems.append("adaptive.may_move: a guest with dedicated CPUs cannot move (its vCPUs own their CPUs)")
+    if a.weight is not None and a.weight[0] <= a.weight[1] and not a.weight[0] <= p.base_weight() <= a.weight[1]:
+        what = f"weight {p.weight}" if p.weight is not None else f"the default weight {DEFAULT_SHARES}"
+        problems.append(f"adaptive.weight [{a.weight[0]}, {a.weight[1]}] does not contain {what}")
+    if a.cap_percent is not None:
+        lo, hi = a.cap_percent
+        if p.quota is not None:
+            problems.append("adaptive.cap_percent: give the static cap as cap_percent, not as quota")
+        elif p.cap_percent is not None and lo <= hi and not lo <= p.cap_percent <= hi:
+            problems.append(f"adaptive.cap_percent [{lo:g}, {hi:g}] does not contain cap {p.cap_percent:g}%")
+    return problems
+
+
 def parse_policy(data: Any) -> GuestPolicy:
     """Build a policy from untrusted data, turning pydantic errors into a PolicyError with every problem."""
     policy, problems = parse_policy_partial(data)
@@ -176,7 +245,7 @@ def parse_policy(data: Any) -> GuestPolicy:
 
 
 #: fields the model-level rules (:meth:`GuestPolicy.form_problems`) look at
-_CAP_FIELDS = ("cap_percent", "quota", "period")
+_CAP_FIELDS = ("cap_percent", "quota", "period", "adaptive")
 
 
 def parse_policy_partial(data: Any) -> tuple[GuestPolicy, list[str]]:

@@ -22,6 +22,7 @@ from vmsched.messages import ErrorCode
 from ..policy import cpuset
 from ..policy.errors import AgentError, GuestNotFound, PolicyError
 from ..policy.model import load_policy_file, policy_document
+from . import adaptive_cli
 from .client import SocketClient, call_bus
 
 DEFAULT_SOCKET = "/run/vmsched/agent.sock"
@@ -106,6 +107,7 @@ def _agent_parser(sub: Any, serve: Callable[[argparse.Namespace], int]) -> None:
                         "VMSCHED_METRICS_TOKENS_FILE; default: /metrics open, /healthz and /readyz always open)")
     p.add_argument("--log-level", metavar="LEVEL", default=os.environ.get("VMSCHED_LOG_LEVEL", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR")
+    adaptive_cli.add_agent_options(p)
     p.set_defaults(func=lambda args: _serve_with_bus(serve, args))
 
 
@@ -202,13 +204,16 @@ def _policy_parser(sub: Any) -> None:
     s.add_argument("--file", metavar="POLICY.yaml", type=Path,
                    help="read the policy from a YAML or JSON file (options given here override its fields)")
     s.add_argument("--merge", action="store_true", help="start from the guest's stored policy instead of an empty one")
+    adaptive_cli.add_policy_options(s)
     _client_options(s)
     s.set_defaults(func=cmd_policy_set)
 
     for name, op, text in (("get", AgentOp.GET_POLICY, "show a guest's policy, allocation, desired pins and status"),
                            ("delete", AgentOp.DELETE_POLICY, "remove a guest's policy, release its CPUs, unpin it"),
                            ("check-start", AgentOp.CHECK_START, "ask whether a guest may start now (what the QEMU "
-                                                          "hook asks); exit 1 when it may not")):
+                                                          "hook asks); exit 1 when it may not"),
+                           ("explain", AgentOp.EXPLAIN_POLICY, "show a guest's static policy, the values the tuners "
+                                                               "set and their last decisions with reasons")):
         c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=_Formatter)
         c.add_argument("guest", metavar="GUEST", help="guest name or UUID")
         _client_options(c)
@@ -333,6 +338,7 @@ def build_policy(args: argparse.Namespace, stored: dict | None = None) -> dict:
         data["period"] = args.period
     if args.requires:
         data["requires"] = list(dict.fromkeys([*data.get("requires", []), *args.requires]))
+    adaptive_cli.merge_adaptive(args, data)
     return policy_document(data)  # an invalid one goes to the agent, which reports every problem at once
 
 

@@ -30,6 +30,7 @@ class Agent(Protocol):
     def check_start_detail(self, guest: str, xml: str | None = None) -> tuple[bool, str, list[str]]: ...
     def start_domain(self, guest: str, wait: float = 60.0) -> dict: ...
     def stop_domain(self, guest: str, wait: float = 60.0, force: bool = False) -> dict: ...
+    def explain_policy(self, guest: str) -> dict: ...
 
 
 def _set_policy(agent: Agent, r: SetPolicyRequest) -> dict:
@@ -53,6 +54,7 @@ HANDLERS: dict[AgentOp, Callable[[Agent, Any], dict]] = {
     AgentOp.CHECK_START: _check_start,
     AgentOp.START_DOMAIN: lambda a, r: a.start_domain(r.guest, r.wait),
     AgentOp.STOP_DOMAIN: lambda a, r: a.stop_domain(r.guest, r.wait, r.force),
+    AgentOp.EXPLAIN_POLICY: lambda a, r: a.explain_policy(r.guest),
 }
 assert set(HANDLERS) == set(OPERATIONS), "every operation of the contract has a handler"
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import libvirt
 
+from vmsched.agent_contract import AdaptiveDocument
+
 from ..policy import cpuset
 from ..policy.allocation import AllocationHint
 from ..policy.errors import PolicyError
@@ -48,9 +50,37 @@ def to_xml(policy: GuestPolicy, hint: AllocationHint | None = None) -> str:
         ET.SubElement(root, "cap", attrs)
     for req in policy.requires:
         ET.SubElement(root, "requires").text = req
+    if policy.adaptive is not None:
+        ET.SubElement(root, "adaptive", adaptive_attrs(policy.adaptive))
     if hint is not None:
         ET.SubElement(root, "allocation", host=hint.host, cpus=cpuset.fmt(hint.cpus), pool=cpuset.fmt(hint.pool))
     return ET.tostring(root, encoding="unicode")
+
+
+def adaptive_attrs(a: AdaptiveDocument) -> dict[str, str]:
+    attrs: dict[str, str] = {}
+    if a.weight is not None:
+        attrs.update(weight_min=str(a.weight[0]), weight_max=str(a.weight[1]))
+    if a.cap_percent is not None:
+        attrs.update(cap_min=_num(a.cap_percent[0]), cap_max=_num(a.cap_percent[1]))
+    if a.may_move:
+        attrs["may_move"] = "yes"
+    if a.target_wait_percent is not None:
+        attrs["target_wait"] = _num(a.target_wait_percent)
+    if a.keep_on_restart:
+        attrs["keep_on_restart"] = "yes"
+    return attrs
+
+
+def adaptive_data(a: dict[str, str]) -> dict[str, Any]:
+    data: dict[str, Any] = {"may_move": a.get("may_move") == "yes", "keep_on_restart": a.get("keep_on_restart") == "yes"}
+    if "weight_min" in a:
+        data["weight"] = (int(a["weight_min"]), int(a["weight_max"]))
+    if "cap_min" in a:
+        data["cap_percent"] = (float(a["cap_min"]), float(a["cap_max"]))
+    if "target_wait" in a:
+        data["target_wait_percent"] = float(a["target_wait"])
+    return data
 
 
 def _num(value: float) -> str:
@@ -85,6 +115,8 @@ def from_element(root: ET.Element) -> tuple[GuestPolicy, AllocationHint | None]:
                     data["period"] = int(a["period"])
             elif tag == "requires":
                 data.setdefault("requires", []).append((child.text or "").strip())
+            elif tag == "adaptive":
+                data["adaptive"] = adaptive_data(a)
             elif tag == "allocation":
                 hint = AllocationHint(a.get("host", ""), cpuset.parse(a["cpus"]), cpuset.parse(a.get("pool") or a["cpus"]))
             else:

@@ -1,0 +1,36 @@
+"""Verify a guest against its desired state with the tuners' values in force (policy/tuning/state.py):
+the persistent config gets the static policy, the live domain the static policy with the tuned overlay.
+Used by the enforcer's sync (events, sweeps, drift repair) and by the tuner to apply a change."""
+
+from __future__ import annotations
+
+import libvirt
+
+from .policy.cpuset import CpuSet
+from .policy.inventory import Guest
+from .policy.tuning.state import TunedState
+from .policy.validation import Desired
+from .virt.apply import Applier, Result
+from .virt.snapshot import Snapshot
+
+
+def run_of(snap: Snapshot) -> int | None:
+    """The guest's run: its domain ID (cached in the domain object, no call to libvirtd), None when stopped."""
+    if not snap.active:
+        return None
+    try:
+        return int(snap.dom.ID())
+    except libvirt.libvirtError:
+        return None
+
+
+def verify(applier: Applier, snap: Snapshot, g: Guest, desired: Desired, tuned: TunedState | None,
+           shared: CpuSet) -> Result:
+    if tuned is None:
+        return applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent, snap.cfg, snap.live)
+    cfg_d, live_d = tuned.split(snap.uuid, desired, run_of(snap), g.policy, shared)
+    if cfg_d is live_d:
+        return applier.verify_and_repair(snap.dom, live_d, snap.active, snap.persistent, snap.cfg, snap.live)
+    cfg = applier.verify_and_repair(snap.dom, cfg_d, False, snap.persistent, snap.cfg, None)
+    live = applier.verify_and_repair(snap.dom, live_d, snap.active, False, None, snap.live)
+    return Result(cfg.config, live.live)
