@@ -26,9 +26,11 @@ class vmsched_Memory:
         dropped = {}  # {host: reason} for the hosts dropped: the others are kept (docs/plugins.md)
         for h in hosts:
             f = facts.host(h)
-            if f is None or f.stale or h == the_vm.host_id or f.memory_free_mib - _taken(h, reserve, overhead) >= need:
+            if f is None or f.stale or h == the_vm.host_id:
                 continue
-            dropped[h] = "free %s < %s needed" % _sizes(f.memory_free_mib - reserve, need)
+            free = f.memory_free_mib - _taken(h, reserve, overhead)
+            if free < need:
+                dropped[h] = "free %s < %s needed" % _sizes(free, need)
         return dropped
 
 
