@@ -25,6 +25,7 @@ from vmsched.agent_contract import (
     GuestName,
     GuestView,
     PolicyDocument,
+    PolicyExplain,
     PolicyList,
     Reconciled,
     Started,
@@ -122,6 +123,12 @@ async def list_policies(request: Request, host: Host) -> dict:
             response_model=None, responses={200: {"model": GuestView}})
 async def get_policy(request: Request, host: Host, guest: Guest) -> dict:
     return await _call(request, host, AgentOp.GET_POLICY, {"guest": guest})
+
+
+@router.get("/{host}/policies/{guest}/explain", response_model=None, responses={200: {"model": PolicyExplain}},
+            summary="A guest's static policy, the values the agent's tuners set live, and their last decisions")
+async def explain_policy(request: Request, host: Host, guest: Guest) -> dict:
+    return await _call(request, host, AgentOp.EXPLAIN_POLICY, {"guest": guest})
 
 
 @router.put("/{host}/policies/{guest}", summary="Set (replace) a guest's policy; refused whole when invalid",

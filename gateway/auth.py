@@ -45,6 +45,7 @@ ROUTE_ROLES: dict[tuple[str, str], Role] = {
     ("POST", "/v1/balance"): Role.SCHEDULE,
     ("GET", "/v1/hosts/{host}/policies"): Role.READ,
     ("GET", "/v1/hosts/{host}/policies/{guest}"): Role.READ,
+    ("GET", "/v1/hosts/{host}/policies/{guest}/explain"): Role.READ,
     ("GET", "/v1/hosts/{host}/cpus"): Role.READ,
     ("GET", "/v1/facts"): Role.READ,
     ("GET", "/v1/hosts/{host}/facts"): Role.READ,

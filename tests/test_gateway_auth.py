@@ -38,6 +38,7 @@ EXAMPLES: dict[tuple[str, str], tuple[str, Any]] = {
     ("POST", "/v1/balance"): ("/v1/balance", {"unit": "DrainHosts", "hosts": ["h1", "h2"]}),
     ("GET", "/v1/hosts/{host}/policies"): ("/v1/hosts/hv1/policies", None),
     ("GET", "/v1/hosts/{host}/policies/{guest}"): ("/v1/hosts/hv1/policies/db", None),
+    ("GET", "/v1/hosts/{host}/policies/{guest}/explain"): ("/v1/hosts/hv1/policies/db/explain", None),
     ("GET", "/v1/hosts/{host}/cpus"): ("/v1/hosts/hv1/cpus", None),
     ("PUT", "/v1/hosts/{host}/policies/{guest}"): ("/v1/hosts/hv1/policies/db", {"dedicated": 2}),
     ("DELETE", "/v1/hosts/{host}/policies/{guest}"): ("/v1/hosts/hv1/policies/db", None),
