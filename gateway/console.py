@@ -219,7 +219,8 @@ async def decision_page(request: Request, decision_id: str) -> HTMLResponse:
     unit_rows = "".join(
         f'<tr class="{"" if u["ok"] else "problem"}"><td>{e(u["unit"])}</td><td>{"ok" if u["ok"] else "failed"}'
         f'{" (timed out)" if u["timed_out"] else ""}</td><td>{u["duration"] * 1000:.1f} ms</td>'
-        f'<td><pre>{e(u["error"] or "")}</pre></td></tr>' for u in units)
+        f'<td><pre>{e(u["error"] or "")}</pre></td><td class="reason">{e(u.get("reason") or "")}</td></tr>'
+        for u in units)
     errors = "".join(f"<li>{e(x)}</li>" for x in d["errors"])
     body = (f'<h1>{e(d["op"])} decision</h1><p class="summary" id="summary">{e(d["summary"])}</p>'
             f'<dl><dt>time</dt><dd>{_when(d["time"])}</dd><dt>VM</dt><dd>{e(d["vm"]) or "-"}</dd>'
@@ -230,6 +231,6 @@ async def decision_page(request: Request, decision_id: str) -> HTMLResponse:
             + f'<h2>Per unit, per host</h2><table id="verdicts"><thead><tr><th>host</th>{head}<th>result</th>'
               f'<th>facts age</th></tr></thead><tbody>{rows}</tbody></table>'
               f'<h2>Units</h2><table id="units-detail"><thead><tr><th>unit</th><th>outcome</th><th>duration</th>'
-              f'<th>error</th></tr></thead><tbody>{unit_rows}</tbody></table>'
+              f'<th>error</th><th>reason</th></tr></thead><tbody>{unit_rows}</tbody></table>'
               f'<p class="note">JSON: <code>/v1/decisions/{e(d["id"])}</code></p>')
     return page(f"vmsched decision {decision_id}", body)

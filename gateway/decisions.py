@@ -2,7 +2,8 @@
 
 Pure functions: :func:`build` turns one request, the units' full outcomes and
 the engine's decision into a JSON-able record with a plain-language
-``summary`` ("kept 3 of 5 hosts: KeepEven dropped 2 (h1, h3)"), and
+``summary`` ("kept 3 of 5 hosts: vmsched_Memory dropped 2 (h1: free 1.2 GiB < 4.1 GiB
+needed; h3: ...)", with the reasons units gave, :mod:`vmsched.runtime.contract`), and
 :func:`matches` answers the ``GET /v1/decisions`` filters. Everything a
 plugin supplied (errors, host IDs it returned) is kept as data; whoever
 renders it must escape it.
@@ -36,7 +37,7 @@ def _failure(o: Any) -> str:
 
 def _base(o: Any) -> dict[str, Any]:
     return {"unit": o.unit, "kind": o.kind, "ok": o.ok, "error": o.error, "timed_out": o.timed_out,
-            "duration": round(o.duration, 6), "reasons": dict(getattr(o, "reasons", None) or {})}
+            "duration": round(o.duration, 6), "reasons": dict(o.reasons)}
 
 
 def _filter_units(hosts: list[str], outcomes: list[FilterOutcome]) -> list[dict[str, Any]]:
@@ -67,7 +68,7 @@ def _balance_units(outcome: BalanceOutcome | None) -> list[dict[str, Any]]:
     if outcome is None:
         return []
     unit = _base(outcome)
-    unit["vm"], unit["hosts"] = outcome.vm, list(outcome.hosts)
+    unit["vm"], unit["hosts"], unit["reason"] = outcome.vm, list(outcome.hosts), outcome.reason
     return [unit]
 
 
@@ -86,9 +87,16 @@ def _failure_text(u: dict[str, Any]) -> str:
 
 
 def _reason_text(u: dict[str, Any], hosts: list[str]) -> str:
+    """``h1, h2: why; h3: other`` (hosts grouped by the unit's reason), or just the hosts without reasons."""
     reasons = u.get("reasons") or {}
-    given = [f"{h}: {reasons[h]}" for h in hosts if h in reasons]
-    return "; ".join(given[:SHOWN]) if given else _short(hosts)
+    if not any(h in reasons for h in hosts):
+        return _short(hosts)
+    groups: dict[str, list[str]] = {}
+    for h in hosts:
+        groups.setdefault(reasons.get(h, ""), []).append(h)
+    parts = [f"{_short(hs)}: {why}" if why else _short(hs) for why, hs in groups.items()]
+    more = f"; {len(parts) - SHOWN} more reasons" if len(parts) > SHOWN else ""
+    return "; ".join(parts[:SHOWN]) + more
 
 
 def filter_summary(record: dict[str, Any]) -> str:
@@ -103,14 +111,16 @@ def filter_summary(record: dict[str, Any]) -> str:
 
 def score_summary(record: dict[str, Any]) -> str:
     result = record["result"] if isinstance(record["result"], list) else []
-    ranked = sorted(result, key=lambda pair: -pair[1])
-    head = (f"best {ranked[0][0]} ({ranked[0][1]}) of {len(result)} scored hosts" if ranked
+    ranked = sorted(result, key=lambda pair: pair[1])  # the engine's weights: lower is better
+    head = (f"best {ranked[0][0]} (weight {ranked[0][1]}, lowest) of {len(result)} scored hosts" if ranked
             else "no host scored")
     ok = [u for u in record["units"] if u["ok"]]
     clauses = [f"{len(ok)} of {len(record['units'])} units scored"] if record["units"] else []
     unscored = [h for h in record["hosts"] if h not in {pair[0] for pair in result}]
     if unscored and result:
         clauses.append(f"no score for {_short(unscored)}")
+    best = ranked[0][0] if ranked else None
+    clauses += [f"{u['unit']} on {best}: {u['reasons'][best]}" for u in ok if best in u.get("reasons", {})][:SHOWN]
     clauses += _failed_clauses(record["units"])
     return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
 
@@ -121,7 +131,8 @@ def balance_summary(record: dict[str, Any]) -> str:
     name = record["units"][0]["unit"] if record["units"] else record.get("unit", "the balancer")
     head = (f"{name} proposes migrating VM {vm} to one of {len(hosts)} hosts ({_short(hosts)})" if vm
             else f"{name}: no migration")
-    clauses = _failed_clauses(record["units"])
+    clauses = [u["reason"] for u in record["units"] if u["ok"] and u.get("reason")]
+    clauses += _failed_clauses(record["units"])
     return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
 
 

@@ -53,11 +53,35 @@ def test_filter_record_says_which_unit_dropped_which_host() -> None:
 
 
 def test_reasons_a_unit_gives_are_in_the_summary() -> None:
-    outcome = FilterOutcome(unit="Memory", ok=True, hosts=H[:1])
-    object.__setattr__(outcome, "reasons", {H[1]: "free 1.2 GiB < 4 GiB needed"})  # a unit that gives reasons
+    outcome = FilterOutcome(unit="Memory", ok=True, hosts=H[:1], reasons={H[1]: "free 1.2 GiB < 4 GiB needed"})
     record = _filter_record([outcome], hosts=H[:2])
     assert record["units"][0]["reasons"] == {H[1]: "free 1.2 GiB < 4 GiB needed"}
     assert record["summary"] == f"kept 1 of 2 hosts: Memory dropped 1 ({H[1]}: free 1.2 GiB < 4 GiB needed)"
+
+
+def test_hosts_dropped_for_the_same_reason_are_grouped() -> None:
+    same = "no fresh facts"
+    outcome = FilterOutcome(unit="Fresh", ok=True, hosts=[H[0]],
+                            reasons={H[1]: same, H[2]: "too busy", H[3]: same, H[4]: "x"})
+    summary = _filter_record([outcome], hosts=H[:6])["summary"]
+    assert summary == (f"kept 1 of 6 hosts: Fresh dropped 5 ({H[1]}, {H[3]}: {same}; {H[2]}: too busy; "
+                       f"{H[4]}: x; 1 more reasons)")  # H[5]: dropped without a reason
+
+
+def test_score_and_balance_summaries_carry_reasons() -> None:
+    outcomes = [ScoreOutcome(unit="Guests", ok=True, scores=[(H[0], 3.0), (H[1], 1.0)],
+                             reasons={H[0]: "3 guests", H[1]: "1 guest"})]
+    req = ScoreRequest.model_validate({"units": [{"name": "Guests"}], "hosts": H[:2], "vm": VM})
+    record = decisions.build("score", req, score_decision(H[:2], outcomes), outcomes, bus_failed=False,
+                             gateway="gw-a", duration=0.1)
+    assert record["summary"].startswith(f"best {H[1]} (weight ") and record["summary"].endswith(
+        f"1 of 1 units scored; Guests on {H[1]}: 1 guest")
+    breq = BalanceRequest(unit="Even", hosts=H[:2])
+    move = BalanceOutcome(unit="Even", ok=True, vm=VM, hosts=[H[1]], reason="source host has 12 guests")
+    record = decisions.build("balance", breq, balance_decision(H[:2], move), move, bus_failed=False,
+                             gateway="gw-a", duration=0.1)
+    assert record["units"][0]["reason"] == "source host has 12 guests"
+    assert record["summary"] == f"Even proposes migrating VM {VM} to one of 1 hosts ({H[1]}): source host has 12 guests"
 
 
 def test_fallbacks_are_marked_and_explained() -> None:
@@ -80,8 +104,8 @@ def test_score_record_keeps_raw_scores_and_factor() -> None:
     load = record["units"][0]
     assert load["factor"] == 2 and load["scores"] == {H[0]: 0.5, H[1]: 10.0}
     assert record["result"] == decision.result  # what the engine got, whatever the weighting rules
-    best = max(decision.result, key=lambda pair: pair[1])
-    assert record["summary"].startswith(f"best {best[0]} ({best[1]}) of ")
+    best = min(decision.result, key=lambda pair: pair[1])  # lower is better for the engine
+    assert best[0] == H[0] and record["summary"].startswith(f"best {H[0]} (weight {best[1]}, lowest) of 3 ")
     assert "1 of 2 units scored" in record["summary"]
     assert record["summary"].endswith("Exits failed (plugin called sys.exit(1)), ignored")
     assert not record["fallback"]
