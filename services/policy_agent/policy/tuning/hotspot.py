@@ -3,7 +3,7 @@
 A vCPU confined to CPUs that were all at least ``hot_percent`` busy for K intervals, of a guest whose vCPUs
 waited for a CPU more than its target (or, where libvirt reports no wait, with another busy vCPU confined to
 the same CPUs), is moved to as many of the least busy shared CPUs, each at least ``cool_margin`` points less
-busy. One guest per hot set per interval: the one that waited most.
+busy on average over those intervals. One guest per hot set per interval: the one that waited most.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
     if host is None:
         return []
     util = {c: min(s.pcpu_pct.get(c, 0.0) for s in host) for c in inp.shared}  # held for all K intervals
-    peak = {c: max(s.pcpu_pct.get(c, 0.0) for s in host) for c in inp.shared}
+    avg = {c: mean(s.pcpu_pct.get(c, 0.0) for s in host) for c in inp.shared}
     hot = {c for c, u in util.items() if u >= cfg.hot_percent}
     if not hot:
         return []
@@ -54,8 +54,8 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
                     continue
             elif min(waits) < target:  # type: ignore[type-var]
                 continue
-            ceiling = max(peak[c] for c in cpus) - cfg.cool_margin
-            cool = sorted((c for c in inp.shared - hot if peak[c] <= ceiling), key=lambda c: (peak[c], c))
+            ceiling = min(avg[c] for c in cpus) - cfg.cool_margin
+            cool = sorted((c for c in inp.shared - hot if avg[c] <= ceiling), key=lambda c: (avg[c], c))
             if len(cool) < len(cpus):
                 continue
             moves[vcpu] = frozenset(cool[: len(cpus)])
