@@ -196,6 +196,7 @@ def test_every_dashboard_expression_parses_and_core_panels_have_data(stack: dict
     errors = prom.query('sum(vmsched_plugin_errors_total{unit="Raises"})')
     timeouts = prom.query('sum(vmsched_plugin_timeouts_total{unit="Hangs"})')
     assert float(errors[0]["value"][1]) >= 10 and float(timeouts[0]["value"][1]) >= 2
+    assert not prom.query("vmsched_agent_host_cpus"), "an agent without a bus collects no host facts: no gauges, not zeros"
 
 
 def test_overview_counts_what_the_gateway_counts(stack: dict[str, Any], traffic: dict[str, Any]) -> None:
