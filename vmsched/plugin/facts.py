@@ -128,6 +128,7 @@ class VM:
     host_id: str = ""  # the host it runs on, when running
     source: str = ""  # "host facts" (a running VM) or "engine" (the engine link)
     cpu_pinning_policy: str = ""  # the engine's (none, manual, dedicated, isolate_threads, ...); "": unknown
+    pending: dict = field(default_factory=dict)  # host ID -> MiB of each other VM placed there moments ago (pending())
 
 
 def run_length(samples: Any, interval: float, test: Any) -> float:
@@ -193,6 +194,14 @@ def vm() -> VM | None:
 
 def vm_problem() -> str | None:
     return _vm_problem
+
+
+def pending(host_id: str) -> tuple[int, ...]:
+    """Memory (MiB) of each VM vmsched ranked first on ``host_id`` moments ago that its facts may not show yet.
+
+    Filled on calls about a VM of known size (:func:`vm`); see docs/stock-units.md, "Pending placements".
+    """
+    return tuple(_vm.pending.get(host_id, ())) if _vm is not None and isinstance(_vm.pending, dict) else ()
 
 
 def _build(cls: type, data: dict) -> Any:

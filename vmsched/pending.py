@@ -1,0 +1,137 @@
+"""Pending placements: VMs vmsched ranked first moments ago, whose memory the host facts do not show yet.
+
+Like oVirt's pending resources, so that a burst of starts does not double-book
+one host. vmsched never learns the engine's choice, so this is an
+approximation (docs/stock-units.md, "Pending placements"):
+
+* **which host:** when a runCostFunctions call for a VM of known memory has one
+  best-ranked host (lowest ``factor x score`` total, a host a unit did not
+  score counting as that unit's worst, as the engine gets it), that host is
+  taken as the engine's choice; a tie records nothing (the engine's own
+  units break it, and counting the VM on every tied host would wrongly fill
+  them all);
+* **until when:** until the VM shows up in some host's facts other than the
+  host it ran on when it was ranked (a start or a finished migration), or
+  ``TTL`` seconds; ranking the VM again replaces its entry;
+* **where it is known:** per service replica (each scoring replica records the
+  calls it served).
+
+The scoring service records (:meth:`PendingBook.placed`) and attaches the
+view to each call's VM facts (:func:`attach`); ``vmsched.plugin.facts.pending``
+reads it in a unit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+#: Seconds a placement stays pending at most (the agent sees a start within its event-driven collection).
+TTL = 60.0
+#: Most placements kept (the oldest go first).
+MAX_ENTRIES = 10000
+
+
+class VmFacts(Protocol):
+    def payload(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Placement:
+    host: str  # the engine host ID taken as the engine's choice
+    memory_mib: int
+    since: float  # time.time() of the ranking
+    was_on: str  # the host the VM ran on then ("" when not running on a host with facts)
+
+
+def best_host(hosts: Sequence[str], units: Sequence[tuple[int, Sequence[tuple[str, float]]]]) -> str | None:
+    """The one host with the lowest total of ``factor x score`` over the units, or None (no units, a tie)."""
+    totals = dict.fromkeys(hosts, 0.0)
+    used = False
+    for factor, scores in units:
+        scored = {h: float(s) for h, s in scores if h in totals}
+        if not scored:
+            continue
+        used = True
+        worst = max(factor * s for s in scored.values()) if factor >= 0 else min(factor * s for s in scored.values())
+        for h in totals:
+            totals[h] += factor * scored[h] if h in scored else worst
+    if not used or not totals:
+        return None
+    low = min(totals.values())
+    best = [h for h, t in totals.items() if t == low]
+    return best[0] if len(best) == 1 else None
+
+
+class PendingBook:
+    def __init__(self, ttl: float = TTL) -> None:
+        self.ttl = ttl
+        self._entries: OrderedDict[str, Placement] = OrderedDict()  # VM ID -> its placement
+        self._lock = threading.Lock()
+
+    def record(self, vm: str, host: str, memory_mib: int, was_on: str = "", now: float | None = None) -> None:
+        with self._lock:
+            self._entries.pop(vm, None)
+            self._entries[vm] = Placement(host, memory_mib, time.time() if now is None else now, was_on)
+            while len(self._entries) > MAX_ENTRIES:
+                self._entries.popitem(last=False)
+
+    def placed(self, facts: VmFacts, vm: str, hosts: Sequence[str],
+               units: Sequence[tuple[int, Sequence[tuple[str, float]]]]) -> str | None:
+        """Record a ranking's best host for ``vm`` when its memory is known; the host, or None."""
+        if not vm:
+            return None
+        host = best_host(hosts, units)
+        view = facts.payload([], vm).get("vm")
+        if host is None or not isinstance(view, dict) or int(view.get("memory_mib") or 0) <= 0:
+            return None
+        was_on = str(view.get("host_id") or "") if view.get("source") == "host facts" else ""
+        if host == was_on:
+            return None  # it stays where it runs
+        self.record(vm, host, int(view["memory_mib"]), was_on)
+        return host
+
+    def view(self, facts: VmFacts, exclude: str = "", now: float | None = None) -> dict[str, list[int]]:
+        """Host -> memory (MiB) of each VM pending there, without ``exclude``; expired or arrived ones dropped."""
+        now = time.time() if now is None else now
+        with self._lock:
+            entries = list(self._entries.items())
+        out: dict[str, list[int]] = {}
+        done = []
+        for vm, p in entries:
+            if now - p.since > self.ttl or _arrived(facts, vm, p):
+                done.append((vm, p))
+            elif vm != exclude:
+                out.setdefault(p.host, []).append(p.memory_mib)
+        if done:
+            with self._lock:
+                for vm, p in done:
+                    if self._entries.get(vm) is p:
+                        del self._entries[vm]
+        return out
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _arrived(facts: VmFacts, vm: str, placement: Placement) -> bool:
+    """The VM runs on a host with facts other than the one it ran on when it was ranked."""
+    view = facts.payload([], vm).get("vm")
+    return (isinstance(view, dict) and view.get("source") == "host facts"
+            and str(view.get("host_id") or "") != placement.was_on)
+
+
+def attach(call_facts: Any, pending: dict[str, list[int]]) -> Any:
+    """Add the pending view to a call's VM facts (a payload dict, or an object with a ``vm`` dict)."""
+    if not pending or call_facts is None:
+        return call_facts
+    if isinstance(call_facts, dict):
+        vm = call_facts.get("vm")
+        if isinstance(vm, dict):
+            call_facts["vm"] = {**vm, "pending": pending}
+    elif isinstance(getattr(call_facts, "vm", None), dict):
+        call_facts.vm = {**call_facts.vm, "pending": pending}
+    return call_facts
