@@ -17,6 +17,7 @@ are older than ``max_age`` (default: 3 of the agent's intervals).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -32,6 +33,7 @@ from prometheus_client import Counter
 from vmsched.facts import FactsMessage, GuestFacts, Rejected, facts_key, read
 from vmsched.metrics import REGISTRY
 from vmsched.plugin.facts import pack_floats
+from vmsched.runtime.facts_wire import CallFacts
 
 log = logging.getLogger("vmsched.facts")
 
@@ -45,12 +47,24 @@ DROPPED = Counter("vmsched_facts_dropped_total",
 STALE_INTERVALS = 3
 
 
+#: Generation numbers of stored host messages and guest lists, unique in the process (vmsched.runtime.facts_wire).
+_GENERATIONS = itertools.count(1)
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 @dataclass
 class Entry:
     message: FactsMessage
     guests: list[GuestFacts] = field(default_factory=list)
     received: float = 0.0
+    stale_after: float = 0.0  # seconds after its collection at which this host turns stale
+    guests_gen: int = 0  # generation of the guest list (kept while summaries without guests follow)
     plugin_view: dict[str, Any] = field(default_factory=dict)  # what a plugin call gets, built once per message
+    gen: int = field(default_factory=lambda: next(_GENERATIONS))  # generation of this message
+    fragment: str = ""  # plugin_view as JSON, made at ingest (the pool sends it as is)
+    stale_at: float = 0.0  # UNIX time from which this message is stale
+    ref: str = ""  # '"host ID":gen' as JSON, for a call's refs
+    _guests_json: str | None = None
 
     def __post_init__(self) -> None:
         host = self.message.host
@@ -58,6 +72,16 @@ class Entry:
         view["pcpu_text"], view["history_text"] = pack_floats(host.pcpu_pct), pack_floats(host.cpu_history)
         view.update(time=self.message.time, interval=self.message.interval)
         self.plugin_view = view
+        self.fragment = _compact(view)
+        self.guests_gen = self.guests_gen or self.gen
+        self.ref = f"{_compact(self.message.host_id)}:{self.gen}"
+        self.stale_at = self.message.time + self.stale_after
+
+    def guests_json(self) -> str:
+        """The guest list as JSON (balance calls; made on first use, shared while the list stays)."""
+        if self._guests_json is None:
+            self._guests_json = _compact([g.model_dump() for g in self.guests])
+        return self._guests_json
 
 
 class Resolver(Protocol):
@@ -125,7 +149,13 @@ class FactsCache:
                         del self._vms[guest.uuid]
                 for guest in guests:
                     self._vms[guest.uuid] = (message.host_id, guest)
-            self._hosts[message.host_id] = Entry(message.model_copy(update={"guests": None}), guests, time.time())
+            kept = old is not None and guests is old.guests
+            limit = self.max_age if self.max_age is not None else STALE_INTERVALS * message.interval
+            entry = Entry(message.model_copy(update={"guests": None}), guests, time.time(), limit,
+                          old.guests_gen if kept else 0)  # type: ignore[union-attr]
+            if kept:
+                entry._guests_json = old._guests_json  # type: ignore[union-attr]
+            self._hosts[message.host_id] = entry
 
     # --- reading -----------------------------------------------------------------
     def resolve(self, host_id: str) -> tuple[Entry | None, str]:
@@ -174,6 +204,26 @@ class FactsCache:
             found[host_id] = self._plugin_host(entry, resolved, now, with_guests)
         vm_view, problem = self._vm(vm)
         return {"hosts": found, "missing": missing, "vm": vm_view, "vm_problem": problem}
+
+    def prepared(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> CallFacts:
+        """The facts of one request's plugin calls, for the pool to send each worker what it lacks.
+
+        The same facts as :meth:`payload`, by reference: each host's stored message with its generation.
+        """
+        refs: dict[str, tuple[str, Entry]] = {}
+        missing: dict[str, str] = {}
+        with self._lock:  # an agent reporting the engine's ID: the common case, one lock for all
+            direct = {host_id: self._hosts.get(host_id) for host_id in hosts}
+        for host_id, entry in direct.items():
+            resolved = host_id
+            if entry is None:
+                entry, resolved = self.resolve(host_id)
+            if entry is None:
+                missing[host_id] = resolved
+            else:
+                refs[host_id] = (resolved, entry)
+        vm_view, problem = self._vm(vm)
+        return CallFacts(time.time(), refs, missing, vm_view, problem, with_guests)  # type: ignore[arg-type]
 
     def _plugin_host(self, entry: Entry, agent_id: str, now: float, with_guests: bool) -> dict[str, Any]:
         view = {**entry.plugin_view, "agent_host_id": agent_id, "stale": self.is_stale(entry, now),

@@ -161,6 +161,8 @@ def _window(samples: tuple[float, ...], interval: float, seconds: float | None) 
 
 _raw_hosts: dict[str, Any] = {}  # as sent; a Host is built on first use (most units read a few fields)
 _hosts: dict[str, Host] = {}
+#: The worker's held facts (vmsched.plugin._held): host ID, generation -> that Host for this call, or None.
+_held_host: Any = None
 _missing: dict[str, str] = {}
 _vm: VM | None = None
 _vm_problem: str | None = "no facts were attached to this call"
@@ -171,9 +173,10 @@ def host(host_id: str) -> Host | None:
     found = _hosts.get(host_id)
     if found is None:
         data = _raw_hosts.get(host_id)
-        if not isinstance(data, dict):
-            return None
-        found = _hosts[host_id] = _build(Host, {**data, "host_id": host_id})
+        if isinstance(data, dict):
+            found = _hosts[host_id] = _build(Host, {**data, "host_id": host_id})
+        elif data is not None and _held_host is not None:  # a generation: the worker holds this host
+            found = _held_host(host_id, data)
     return found
 
 

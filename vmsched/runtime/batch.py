@@ -76,6 +76,10 @@ class Job:
     def done(self) -> bool:
         return self.reply is not None or self.error is not None
 
+    def frame_for(self, worker: Worker) -> bytes:
+        """The frame to send ``worker`` (a call with host facts sends each worker what it lacks)."""
+        return self.frame
+
     def fail(self, error: str, now: float, timed_out: bool = False) -> None:
         self.error = error
         self.timed_out = timed_out
@@ -165,7 +169,7 @@ class Batch:
         job.started = now
         job.end = min(now + job.budget, job.hard_end)
         try:
-            worker.send(job.frame)
+            worker.send(job.frame_for(worker))
         except OSError:  # it died while idle: the job never ran, try another worker
             job.started = 0.0
             self._pending.appendleft(job)

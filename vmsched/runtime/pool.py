@@ -32,8 +32,9 @@ from pathlib import Path
 from vmsched.metrics import PLUGIN_CONFINEMENT, PLUGIN_WORKER_RESTARTS
 from vmsched.runtime.batch import Batch, Job, PoolClosed, Waiter
 from vmsched.runtime.drain import OutputDrain
+from vmsched.runtime.facts_wire import CallFacts, FactsJob, FactsWire
 from vmsched.runtime.process import Worker, WorkerGone
-from vmsched.runtime.protocol import encode_frame
+from vmsched.runtime.protocol import _ENCODER, encode_frame
 from vmsched.runtime.sandbox import FEATURES, make_non_dumpable
 from vmsched.runtime.types import Analysis, AnalyzedUnit, Call, CallResult, Confinement, Limits
 
@@ -80,6 +81,7 @@ class PluginPool:
         self._waiters: deque[Waiter] = deque()
         self._started = False
         self._closed = threading.Event()
+        self._wire = FactsWire()  # which host facts each worker holds
         self._restarts = {reason: PLUGIN_WORKER_RESTARTS.labels(pool=name, reason=reason) for reason in _REASONS}
 
     # -- lifecycle
@@ -203,18 +205,26 @@ class PluginPool:
         wait_until = hard_end if hard_end < _INF else now + call.timeout
         job = Job(b"", label, call.timeout, wait_until, hard_end, now)
         message = {"op": "call", "plugin": call.plugin, "cls": call.cls, "method": call.method, "args": list(call.args)}
-        if call.facts is not None:
-            message["facts"] = call.facts  # host facts for vmsched.plugin.facts in the worker
-        try:
-            job.frame = encode_frame(message)
-        except (TypeError, ValueError, RecursionError) as exc:
-            job.fail(f"arguments are not JSON-serializable: {exc}", now)
+        if isinstance(call.facts, CallFacts):  # each worker gets the facts it lacks (vmsched.runtime.facts_wire)
+            try:
+                job = FactsJob(job, _ENCODER.encode(message)[:-1], call.facts, self._wire)
+            except (TypeError, ValueError, RecursionError) as exc:
+                job.fail(f"arguments are not JSON-serializable: {exc}", now)
+        else:
+            if call.facts is not None:
+                message["facts"] = call.facts  # host facts for vmsched.plugin.facts in the worker, in full
+            try:
+                job.frame = encode_frame(message)
+            except (TypeError, ValueError, RecursionError) as exc:
+                job.fail(f"arguments are not JSON-serializable: {exc}", now)
         if not job.done and wait_until <= now:
             job.fail("the request deadline passed before the call could start", now, timed_out=True)
         return job
 
     @staticmethod
     def _call_result(job: Job) -> CallResult:
+        if isinstance(job, FactsJob):
+            job.check_reply()
         reply = job.reply
         if reply is None:
             return CallResult(ok=False, error=job.error, timed_out=job.timed_out, duration=job.duration)

@@ -43,7 +43,7 @@ from vmsched.runtime import children, sandbox
 from vmsched.runtime.capture import Capture, OutputLimitExceeded, _Redirect
 from vmsched.runtime.contract import KINDS
 from vmsched.runtime.protocol import Channel, encode_frame
-from vmsched.plugin import facts as plugin_facts
+from vmsched.plugin import _held as held_facts
 
 _MAX_MESSAGE = 2000  # characters of an exception message kept in an error
 
@@ -267,8 +267,9 @@ class Runner:
     def _dispatch(self, request: dict[str, Any], stderr: Capture) -> dict[str, Any]:
         op = request.get("op")
         if op == "call":
-            plugin_facts._install(request.get("facts"))  # this call's host facts (vmsched.plugin.facts)
-            return self.call(request["plugin"], request["cls"], request["method"], request["args"], stderr)
+            held_facts.install(request.get("facts"))  # this call's host facts (vmsched.plugin.facts)
+            reply = self.call(request["plugin"], request["cls"], request["method"], request["args"], stderr)
+            return {**reply, "facts_resync": True} if held_facts.lost() else reply  # it lacked some: resend all
         if op == "analyze":
             return self.analyze(request["path"], stderr)
         if op == "warm":

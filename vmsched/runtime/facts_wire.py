@@ -1,0 +1,159 @@
+"""Host facts on the worker pipe, proportional to change (docs/facts.md, "What a call carries").
+
+A service's facts cache gives every stored host message a *generation*
+number, unique in the process, and its plugin view as a JSON fragment made at
+ingest (off the request path). A call's facts (:class:`CallFacts`) name, per
+requested host, the generation it has now. :class:`FactsWire` remembers which
+generation of each host every worker process already holds and writes into a
+call frame only the hosts (and guest lists) that worker lacks: a steady-state
+call carries host IDs and generation numbers, not the facts.
+
+The worker (:mod:`vmsched.plugin.facts`) keeps what it was sent and answers
+``facts_resync`` when a call names a generation it lacks; the pool then
+forgets what that worker holds, so the next call sends it everything again. A
+new worker (started, restarted or recycled) is a new :class:`Worker` object
+that holds nothing: its first call carries the full facts.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from vmsched.runtime.batch import Job
+from vmsched.runtime.process import Worker
+from vmsched.runtime.protocol import HEADER
+
+#: A worker that holds more hosts than this is told to drop them all (``reset``) and sent what it needs.
+MAX_HELD = 20000
+
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+class HostPart(Protocol):
+    """One stored host message, as the cache gives it to a call (``vmsched.facts_cache.Entry``)."""
+
+    gen: int  # generation of this message's host view
+    guests_gen: int  # generation of its guest list (changes only when the list does)
+    fragment: str  # JSON object text: the host's plugin view
+    ref: str  # JSON member text "agent host ID":gen (a call's ref to it under the agent's own ID)
+    stale_at: float  # UNIX time from which this message is stale
+
+    def guests_json(self) -> str:
+        """JSON array text of the guest list (built on first use)."""
+        ...
+
+
+@dataclass
+class CallFacts:
+    """The facts of one request's plugin calls, shared by all its calls (each worker gets its own delta)."""
+
+    now: float  # the service's time of the request: ages and staleness are counted from it
+    refs: dict[str, tuple[str, HostPart]]  # engine host ID -> (agent host ID, its stored message)
+    missing: dict[str, str]  # engine host ID -> why it has no facts
+    vm: dict[str, Any] | None
+    vm_problem: str | None
+    with_guests: bool = False
+    _common: str = field(default="", repr=False)  # JSON members every worker gets (refs, missing, vm)
+
+    def common(self) -> str:
+        if not self._common:
+            refs = ",".join(part.ref if agent == h else f"{_dumps(h)}:{part.gen}"
+                            for h, (agent, part) in self.refs.items())
+            now = self.now
+            stale = [h for h, (_agent, part) in self.refs.items() if part.stale_at < now]
+            text = (f'"now":{_dumps(now)},"refs":{{{refs}}},"stale":{_dumps(stale)},"missing":{_dumps(self.missing)},'
+                    f'"vm":{_dumps(self.vm)},"vm_problem":{_dumps(self.vm_problem)}')
+            if self.with_guests:
+                grefs = ",".join(f"{_dumps(h)}:{part.guests_gen}" for h, (_agent, part) in self.refs.items())
+                text += f',"with_guests":true,"grefs":{{{grefs}}}'
+            self._common = text
+        return self._common
+
+
+class _Held:
+    __slots__ = ("hosts", "guests", "sent", "__weakref__")
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, int] = {}  # engine host ID -> generation the worker holds
+        self.guests: dict[str, int] = {}  # engine host ID -> guest-list generation it holds
+        self.sent = -1  # hosts and guest lists sent since the last reset; -1: the next frame resets
+
+
+class FactsWire:
+    """Per worker, which facts it holds; the ``facts`` member of a call frame for one worker."""
+
+    def __init__(self, max_held: int = MAX_HELD) -> None:
+        self.max_held = max_held
+        self._held: weakref.WeakKeyDictionary[Any, _Held] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def encode(self, worker: Any, facts: CallFacts) -> str:
+        """JSON text of the call's facts for ``worker``: the hosts it lacks, and the refs.
+
+        Called by the one thread that has ``worker`` checked out, right before the frame is sent.
+        """
+        with self._lock:
+            held = self._held.get(worker)
+            if held is None:
+                held = self._held[worker] = _Held()
+        reset = held.sent < 0 or len(held.hosts) + len(facts.refs) > self.max_held
+        if reset:
+            held.hosts.clear()
+            held.guests.clear()
+            held.sent = 0
+        data: list[str] = []
+        guests: list[str] = []
+        hosts_held, guests_held = held.hosts, held.guests
+        for host_id, (agent_id, part) in facts.refs.items():
+            if hosts_held.get(host_id) != part.gen:
+                data.append(f"{_dumps(host_id)}:[{part.gen},{_dumps(agent_id)},{part.fragment}]")
+                hosts_held[host_id] = part.gen
+            if facts.with_guests and guests_held.get(host_id) != part.guests_gen:
+                guests.append(f"{_dumps(host_id)}:[{part.guests_gen},{part.guests_json()}]")
+                guests_held[host_id] = part.guests_gen
+        held.sent += len(data) + len(guests)
+        text = "{" + facts.common() + f',"count":{held.sent}'
+        if data:
+            text += ',"data":{' + ",".join(data) + "}"
+        if guests:
+            text += ',"guests":{' + ",".join(guests) + "}"
+        return text + (',"reset":true}' if reset else "}")
+
+    def forget(self, worker: Any) -> None:
+        """``worker`` lost track (it answered ``facts_resync``): send it everything next time."""
+        with self._lock:
+            held = self._held.pop(worker, None)
+        if held is not None:
+            held.hosts.clear()
+            held.guests.clear()
+
+    def held(self, worker: Any) -> int:
+        """Hosts ``worker`` holds as far as the pool knows (tests, diagnostics)."""
+        with self._lock:
+            found = self._held.get(worker)
+        return 0 if found is None else len(found.hosts)
+
+
+class FactsJob(Job):
+    """A call whose frame carries host facts: made for the worker that takes it."""
+
+    def __init__(self, job: Job, head: str, facts: CallFacts, wire: FactsWire) -> None:
+        super().__init__(job.frame, job.label, job.budget, job.wait_until, job.hard_end, job.created)
+        self.head = head  # the call message as JSON text, without its closing brace
+        self.facts = facts
+        self.wire = wire
+        self.worker: Worker | None = None  # the worker the frame was last made for
+
+    def frame_for(self, worker: Worker) -> bytes:
+        self.worker = worker
+        payload = f'{self.head},"facts":{self.wire.encode(worker, self.facts)}}}'.encode()
+        return HEADER.pack(len(payload)) + payload
+
+    def check_reply(self) -> None:
+        """The worker said it lacked facts it was told it holds: next time it gets everything."""
+        if self.reply is not None and self.reply.get("facts_resync") and self.worker is not None:
+            self.wire.forget(self.worker)
