@@ -30,6 +30,14 @@ pytestmark = pytest.mark.slow
 H = [f"cccccccc-0000-0000-0000-00000000000{i}" for i in range(5)]
 LOCAL_SCHEMES = {"data", "blob", "about", "chrome", "chrome-extension", "devtools"}
 WAIT = 30
+MARKUP = '<b id="injected">markup</b> stays text'
+SAYS_WHY = f'''
+class SaysWhy:
+    """Drops the third host for memory and the last one with markup in its reason."""
+
+    def do_filter(self, hosts, vm, args):
+        return {{hosts[2]: "free 1.2 GiB < 4 GiB needed", hosts[-1]: {MARKUP!r}}}
+'''
 
 
 def _install_browser() -> str | None:
@@ -80,6 +88,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     plugins = plugin_copy(tmp)  # the test plugins (a broken one among them) and the stock ones
     for stock in (ROOT / "plugins").glob("*.py"):
         shutil.copy(stock, plugins / stock.name)
+    (plugins / "says_why.py").write_text(SAYS_WHY)  # a unit that gives reasons (issue 15)
     stack = start_all_in_one(tmp, "memory://", plugins=plugins)
     yield stack
     stack.stop()
@@ -114,6 +123,23 @@ def _wait(driver: Any, css: str) -> Any:
     return WebDriverWait(driver, WAIT).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
 
 
+def _open_decision(driver: Any, gateway: Stack, vm: str, op: str = "") -> dict[str, Any]:
+    """Open the VM's (only) decision from the console's list; its verdicts table's rows by host and columns by unit."""
+    from selenium.webdriver.common.by import By
+
+    for _ in range(20):  # the log records off the request path, within 0.2 s
+        driver.get(f"{gateway.url}/?vm={vm}&op={op}")
+        links = driver.find_elements(By.CSS_SELECTOR, "#decisions-table a")
+        if links:
+            break
+    assert len(links) == 1
+    links[0].click()
+    verdicts = _wait(driver, "#verdicts")
+    rows = {r.find_elements(By.TAG_NAME, "td")[0].text: r for r in verdicts.find_elements(By.CSS_SELECTOR, "tbody tr")}
+    header = [th.text for th in verdicts.find_elements(By.CSS_SELECTOR, "thead th")]
+    return {"rows": rows, "col": {name: i for i, name in enumerate(header)}}
+
+
 def test_console_offline_units_decisions_and_docs(browser: Any, gateway: Stack) -> None:
     from selenium.webdriver.common.by import By
 
@@ -136,6 +162,20 @@ def test_console_offline_units_decisions_and_docs(browser: Any, gateway: Stack) 
         if links:
             break
     assert len(links) == 1 and "KeepEven dropped 2" in links[0].text
+
+    why_vm = str(uuid.uuid4())  # which unit dropped which host, and why
+    gateway.xmlrpc("runFilters", ["KeepAllButLast", "SaysWhy"], H, why_vm, {})
+    table = _open_decision(driver, gateway, why_vm)
+    cells = {h: r.find_elements(By.TAG_NAME, "td") for h, r in table["rows"].items()}
+    says, last = table["col"]["SaysWhy"], table["col"]["KeepAllButLast"]
+    assert cells[H[2]][says].text.splitlines() == ["dropped", "free 1.2 GiB < 4 GiB needed"]
+    assert cells[H[2]][last].text == "kept" and cells[H[0]][says].text == "kept"
+    assert cells[H[4]][says].text.splitlines() == ["dropped", MARKUP]  # shown as text: the markup did nothing
+    assert not driver.find_elements(By.ID, "injected")
+    summary = driver.find_element(By.ID, "summary").text
+    assert f"SaysWhy dropped 2 ({H[2]}: free 1.2 GiB < 4 GiB needed; {H[4]}: {MARKUP})" in summary
+    assert f"KeepAllButLast dropped 1 ({H[4]})" in summary
+    _assert_local(driver, gateway)
     shot = os.environ.get("VMSCHED_CONSOLE_SCREENSHOT")
     if shot:
         gateway.xmlrpc("runCostFunctions", [["FloatScore", 2], ["Exits", 1]], H[:3], vm, {})
@@ -145,16 +185,11 @@ def test_console_offline_units_decisions_and_docs(browser: Any, gateway: Stack) 
         driver.get(gateway.url + "/")
         _wait(driver, "#decisions-table")
         driver.save_screenshot(str(Path(shot).resolve()))
-        driver.get(f"{gateway.url}/?vm={vm}&op=filter")
-        links = driver.find_elements(By.CSS_SELECTOR, "#decisions-table a")
-    links[0].click()
-    verdicts = _wait(driver, "#verdicts")
-    rows = {r.find_elements(By.TAG_NAME, "td")[0].text: r for r in verdicts.find_elements(By.CSS_SELECTOR, "tbody tr")}
+    table = _open_decision(driver, gateway, vm, "filter")
+    rows, col = table["rows"], table["col"]
     assert set(rows) == set(H)
     dropped = {h: [c.text for c in r.find_elements(By.CSS_SELECTOR, "td.dropped")] for h, r in rows.items()}
     assert dropped[H[1]] == ["dropped"] and dropped[H[4]] == ["dropped"] and dropped[H[0]] == []
-    header = [th.text for th in verdicts.find_elements(By.CSS_SELECTOR, "thead th")]
-    col = {name: i for i, name in enumerate(header)}
     cells = rows[H[3]].find_elements(By.TAG_NAME, "td")
     assert cells[col["KeepEven"]].text == "dropped" and cells[col["KeepAllButLast"]].text == "kept"
     assert "kept 2 of 5 hosts: KeepEven dropped 2" in driver.find_element(By.ID, "summary").text
