@@ -138,7 +138,7 @@ class PluginService:
     # --- running units -----------------------------------------------------
     def run_units(
         self, kind: Kind, names: list[str], args: tuple[Any, ...], deadline: float, timeout: float | None,
-        facts: Callable[[], dict[str, Any] | None] | None = None,
+        facts: Callable[[], Any] | None = None,
     ) -> list[UnitRun]:
         """Run every named unit of ``kind`` in parallel; unknown names fail alone.
 
@@ -169,9 +169,9 @@ class PluginService:
                 self._observe(names[i], result)
         return runs
 
-    def facts_for(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> dict[str, Any] | None:
-        """The host facts of one request, as vmsched.plugin.facts reads them (None without a cache)."""
-        return None if self.facts is None else self.facts.payload(hosts, vm, with_guests)
+    def facts_for(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> Any:
+        """The host facts of one request's plugin calls (None without a cache): a facts_wire.CallFacts."""
+        return None if self.facts is None else self.facts.prepared(hosts, vm, with_guests)
 
     def _lookup(self, name: str, kind: Kind):  # type: ignore[no-untyped-def]
         unit = self.catalog.unit(name, kind)
