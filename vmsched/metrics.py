@@ -137,6 +137,8 @@ TLS_RELOADS = Counter(
 GATEWAY_OUTCOMES = ("ok", "error")
 WORKER_OUTCOMES = ("ok", "error", "dead_lettered")
 PLUGIN_OUTCOMES = ("ok", "error", "timeout")
+#: Why the gateway's bus client sends a request again (vmsched/bus/client.py).
+RESEND_REASONS = ("reconnect", "nack", "confirm_timeout")
 
 for _outcome in ("ok", "error"):
     AUTH_RELOADS.labels(outcome=_outcome)
@@ -155,6 +157,10 @@ def init_requests(service: str, ops: Iterable[str], worker: bool = False) -> Non
             BUS_EXPIRED.labels(service, op)
     if worker:
         REQUESTS.labels(service, "invalid", "error")
+    else:  # the gateway's client re-sends scheduling requests
+        for reason in RESEND_REASONS:
+            BUS_RESENT.labels(service, reason)
+        BUS_DUPLICATE_REPLIES.labels(service)
     BUS_RECONNECTS.labels(service)
     BUS_UP.labels(service)
 
