@@ -1,32 +1,42 @@
-"""Poison messages (issue 9): a request whose handling kills its service is delivered at most N times,
-then dead-lettered and answered with an error naming its units; every other request is answered.
+"""Poison messages (issue 9): a request whose handling kills its service runs at most N times (the default
+--delivery-limit, 2), then is dead-lettered and answered with an error naming its units; every other
+request is run and answered, even those a killed replica held; a killed replica that comes back never
+runs it again (its in-flight journal).
 
-Real processes on a private vhost of the shared RabbitMQ: a gateway and two scoring replicas. The
-sandbox stops a plugin from killing its own service, so the death comes from outside, as it does in
-a deployment when the kernel's OOM killer picks the service or native code crashes it: a watcher
-thread (this test playing the kernel) SIGKILLs the whole replica whose plugin worker is running the
-``Poison`` unit, which marks its own thread name while it runs. The test also plays the supervisor
-(systemd ``Restart=``, Kubernetes): it restarts each killed replica.
+Real processes on a private vhost of the shared RabbitMQ: a gateway and two scoring replicas, as the
+test's user (root in CI) and as the unprivileged user nobody. The sandbox stops a plugin from killing
+its own service, so the death comes from outside, as it does in a deployment when the kernel's OOM
+killer picks the service or native code crashes it: a watcher thread (this test playing the kernel)
+SIGKILLs the whole replica whose plugin worker is running the ``Poison`` unit, which marks its own
+thread name while it runs. The test also plays the supervisor (systemd ``Restart=``, Kubernetes): it
+restarts each killed replica with the same runtime directory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import pwd
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
-from tests.conftest import RABBIT_URL, SERVICE_QUEUES, Proc, Stack, bus_args, free_port, rabbit_up, wait_until
+from tests.conftest import RABBIT_URL, ROOT, SERVICE_QUEUES, TEST_ENV, Proc, Stack, bus_args, free_port, rabbit_up, \
+    wait_until
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
+from vmsched.bus.journal import FIRST, SECOND, Journal
 from vmsched.bus.topology import REQUEST_QUEUES, dead_letter_queue, legacy_name
 from vmsched.messages import FilterReply, Op, request_units
 
@@ -83,6 +93,7 @@ class Kernel(threading.Thread):
         super().__init__(daemon=True)
         self.replicas = replicas
         self.kills: list[int] = []
+        self.slots: list[str] = []  # the runtime directory of each killed replica: who came back
         self.errors: list[str] = []
         self.stop = threading.Event()
 
@@ -106,6 +117,7 @@ class Kernel(threading.Thread):
         for proc in list(self.replicas):
             if proc.popen is not None and proc.popen.pid in chain and proc.popen.poll() is None:
                 self.kills.append(proc.popen.pid)
+                self.slots.append(proc.args[-1])
                 proc.kill()  # SIGKILL to the replica's process group, reaped
         try:
             os.kill(worker, signal.SIGKILL)  # in case it is in a process group of its own
@@ -119,41 +131,97 @@ def _consumers(vhost: str, queue: str) -> int:
     return sum(int(line.split()[1]) for line in out.splitlines() if line.split()[:1] == [queue])
 
 
-def test_a_request_that_kills_its_service_gets_at_most_n_deliveries_then_an_error(tmp_path: Path, vhost: str):
-    plugins = tmp_path / "plugins"
+SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+SITE = ROOT / ".venv" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+AS_NOBODY = ["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", str(SYSTEM_PYTHON)]
+
+
+def _users() -> list[Any]:
+    """Who the replicas run as: the test's user (root in CI: plugin workers switch to nobody) and nobody."""
+    why = (f"starting the replicas as nobody needs root, setpriv, {SYSTEM_PYTHON} and the venv at {SITE} "
+           "(a Python and packages nobody can read)")
+    possible = os.geteuid() == 0 and shutil.which("setpriv") and SYSTEM_PYTHON.exists() and SITE.is_dir()
+    return [pytest.param(None, id="test-user"),
+            pytest.param(AS_NOBODY, id="unprivileged-nobody", marks=pytest.mark.skipif(not possible, reason=why))]
+
+
+@dataclass
+class Replica(Proc):
+    """A scoring replica, as the test's user or through ``prefix`` (setpriv: another user)."""
+
+    prefix: list[str] | None = None
+
+    def start(self) -> "Replica":
+        if self.prefix is None:
+            super().start()
+            return self
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": os.pathsep.join([str(ROOT), str(SITE)]), **TEST_ENV, **self.env}  # (plugin workers)
+        env.pop("VMSCHED_TOKENS_FILE", None)  # root's, unreadable by nobody; a replica needs none
+        # the venv's packages through site.addsitedir, so that its .pth files (the editable install) count
+        main = (f"import runpy, site; site.addsitedir({str(SITE)!r}); "
+                "runpy.run_module('vmsched.cli', run_name='__main__', alter_sys=True)")
+        self.popen = subprocess.Popen([*self.prefix, "-P", "-c", main, *self.args], cwd="/", env=env,
+                                      stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+
+def _for(folder: Path, user: list[str] | None) -> None:
+    """Give ``folder`` (and what is in it) to nobody when the replicas run as nobody."""
+    if user is not None:
+        for path in [folder, *folder.rglob("*")]:
+            os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
+
+
+@pytest.mark.parametrize("user", _users())
+def test_a_request_that_kills_its_service_gets_at_most_n_deliveries_then_an_error(vhost: str, user: list[str] | None):
+    base = Path(tempfile.mkdtemp(prefix="vmsched-poison-"))
+    base.chmod(0o755)
+    plugins = base / "plugins"
     plugins.mkdir()
     (plugins / "poison.py").write_text(PLUGIN)
     url = RABBIT_URL + vhost
     port = free_port()
-    common = [*bus_args(tmp_path, url), "--delivery-limit", "2"]
-    gateway = Proc(["gateway", "--port", str(port), "--request-timeout", "60", *common], tmp_path / "gateway.log",
-                   env={"VMSCHED_AMQP_URL": ""}).start()
-    replica_args = ["scoring", "--plugins", str(plugins), "--pool-size", "2", "--no-legacy-queues", *common]
+    gateway = Proc(["gateway", "--port", str(port), "--request-timeout", "60", *bus_args(base, url)],
+                   base / "gateway.log", env={"VMSCHED_AMQP_URL": ""}).start()
+    secrets = base / "replicas"
+    secrets.mkdir(mode=0o700)
+    replica_args = ["scoring", "--plugins", str(plugins), "--pool-size", "2", "--no-legacy-queues",
+                    *bus_args(secrets, url)]  # the default --delivery-limit: 2
+    runtime = [base / "run-0", base / "run-1"]  # each replica's runtime directory, kept across its restarts
+    for path in runtime:
+        path.mkdir(mode=0o700)
+    _for(secrets, user)
+    _for(runtime[0], user)
+    _for(runtime[1], user)
     started = 0
 
-    def replica() -> Proc:
+    def replica(k: int) -> Replica:
         nonlocal started
         started += 1
-        return Proc(replica_args, tmp_path / f"scoring-{started}.log", env={"VMSCHED_AMQP_URL": ""}).start()
+        return Replica([*replica_args, "--runtime-dir", str(runtime[k])], base / f"scoring-{k}-{started}.log",
+                       env={"VMSCHED_AMQP_URL": ""}, prefix=user).start()
 
-    replicas = [replica(), replica()]
+    replicas = [replica(0), replica(1)]
     stack = Stack(port, plugins, [gateway, *replicas])
     kernel = Kernel(replicas)
     filter_queue = REQUEST_QUEUES[Op.FILTER]
     try:
         stack.wait_ready(queues=SERVICE_QUEUES["scoring"])
-        wait_until(lambda: _consumers(vhost, filter_queue) == 4, 60, 0.2, "both replicas consuming (2 threads each)")
+        wait_until(lambda: _consumers(vhost, filter_queue) == 2, 60, 0.2, "both replicas consuming (one channel each)")
+        if user is not None:
+            assert {_uid(p.popen.pid) for p in replicas if p.popen} == {pwd.getpwnam("nobody").pw_uid}
         kernel.start()
         with ThreadPoolExecutor(12) as pool:
             poisoned = pool.submit(stack.xmlrpc, "runFilters", ["Poison"], HOSTS, VM, {})
             others = [pool.submit(stack.xmlrpc, "runFilters", ["KeepAll"], HOSTS[: 1 + i % 4], VM, {})
                       for i in range(10)]
 
-            def supervise() -> None:  # a killed replica comes back (systemd Restart=, Kubernetes)
-                for i, proc in enumerate(replicas):
+            def supervise() -> None:  # a killed replica comes back (systemd Restart=, Kubernetes), same runtime dir
+                for k, proc in enumerate(replicas):
                     if proc.popen is not None and proc.popen.poll() is not None:
-                        replicas[i] = replica()
-                        stack.procs.append(replicas[i])
+                        replicas[k] = replica(k)
+                        stack.procs.append(replicas[k])
 
             while not poisoned.done():
                 supervise()
@@ -163,32 +231,39 @@ def test_a_request_that_kills_its_service_gets_at_most_n_deliveries_then_an_erro
         kernel.stop.set()
         kernel.join(5)
         supervise()  # the last kill may come just before the error reply
-        # at most N deliveries, so at most N replicas killed; then one error reply naming the unit. A single
-        # death may count twice: the broker can hand the returned request to the dead connection's other
-        # consumer channel before it has closed that one too (docs/upgrading.md, "Poison messages")
+        # at most N deliveries that ran it, so at most N replicas killed; then one error reply naming the unit
         assert not kernel.errors and 1 <= len(kernel.kills) <= 2, (kernel.errors, kernel.kills, reply)
+        # the replica that died and came back (same runtime directory) never ran it again
+        assert len(set(kernel.slots)) == len(kernel.slots), kernel.slots
         assert reply["result"] == HOSTS  # the engine's fallback: every host, at once
         (error,) = reply["errors"]
         assert "dead-lettered" in error and "units: Poison" in error, error
-        # every other request was answered: run (the usual case) or, had it waited behind the poison in a
-        # killed replica twice, dead-lettered with its own unit named
+        # every other request was run and answered, even those the killed replicas held
         for i, answer in enumerate(answers):
-            if answer["errors"]:
-                assert "dead-lettered" in answer["errors"][0] and "KeepAll" in answer["errors"][0], answer
-            else:
-                assert answer["result"] == HOSTS[: 1 + i % 4], answer
+            assert answer == {"result_code": 0, "result": HOSTS[: 1 + i % 4], "plugin_errors": {}, "errors": []}, \
+                (i, answer)
         # the replicas serve on: later requests are all run
-        wait_until(lambda: _consumers(vhost, filter_queue) == 4, 60, 0.2, "both replicas consuming again")
+        wait_until(lambda: _consumers(vhost, filter_queue) == 2, 60, 0.2, "both replicas consuming again")
         for n in range(1, 5):
             assert stack.xmlrpc("runFilters", ["KeepAll"], HOSTS[:n], VM, {}) == {
                 "result_code": 0, "result": HOSTS[:n], "plugin_errors": {}, "errors": []}
-        assert _consumers(vhost, dead_letter_queue(filter_queue).name) >= 1
-        assert any("dead-lettered after 2 deliveries" in p.output() for p in stack.procs)
-        print(f"kills {len(kernel.kills)}, others dead-lettered {sum(bool(a['errors']) for a in answers)} of 10")
+        logs = "".join(p.output() for p in stack.procs)
+        assert "dead-lettered on vmsched.filter.v2" in logs
+        print(f"kills {len(kernel.kills)} (slots {kernel.slots}); second chances {logs.count('second chance, alone')}; "
+              f"refused after a restart {logs.count('and was restarted')}; passed on {logs.count('is left to another')}")
+    except BaseException:
+        print(f"logs kept in {base}")
+        raise
+    else:
+        shutil.rmtree(base, ignore_errors=True)
     finally:
         kernel.stop.set()
         for proc in stack.procs:
             proc.kill()
+
+
+def _uid(pid: int) -> int:
+    return os.stat(f"/proc/{pid}").st_uid
 
 
 def test_a_new_service_answers_an_old_gateway_on_the_unversioned_queue(tmp_path: Path, vhost: str):
@@ -229,3 +304,52 @@ def test_the_units_of_a_request_are_named_whatever_its_operation():
     assert request_units({"units": [{"name": "S", "factor": 2}]}) == ["S"]  # score
     assert request_units({"unit": "Bal", "hosts": []}) == ["Bal"]  # balance
     assert request_units({}) == [] and request_units({"units": "not a list", "unit": 5}) == []
+
+
+JOURNAL_CHILD = """
+import os, signal, sys
+from pathlib import Path
+from vmsched.bus.journal import Journal
+journal = Journal(Path(sys.argv[1]), "scoring", 2)
+journal.begin(0, "done-1")
+journal.end(0)
+journal.begin(1, "poisoned-2")
+print(journal.path, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # dies handling poisoned-2
+"""
+
+
+def test_the_journal_tells_a_restarted_process_what_its_killed_predecessor_was_handling(tmp_path: Path):
+    directory = tmp_path / "run" / "journal"
+    child = subprocess.run([sys.executable, "-c", JOURNAL_CHILD, str(directory)], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    journal = Journal(directory, "scoring", 2)  # the restarted process takes the file its predecessor left
+    try:
+        assert str(journal.path) == child.stdout.strip()
+        assert journal.blame("poisoned-2") == (FIRST, True)  # it was handling that one alone
+        assert journal.blame("done-1") is None and journal.blame(None) is None
+        assert (directory.stat().st_mode & 0o777) == 0o700
+    finally:
+        journal.close()
+    assert Journal(directory, "scoring", 2).found == {}  # read once: the next process starts clean
+
+
+def test_journal_records_several_at_a_death_replicas_own_files_and_a_shared_directory_is_refused(tmp_path: Path):
+    directory = tmp_path / "journal"
+    first = Journal(directory, "balancer", 3)
+    first.begin(0, "a")
+    first.begin(2, "b", SECOND)
+    second = Journal(directory, "balancer", 3)  # a replica alive beside it takes another file
+    assert second.path != first.path and second.found == {}
+    first.close()  # as a death does: the lock goes, the records stay
+    third = Journal(directory, "balancer", 3)
+    assert third.path == first.path
+    assert third.found == {"a": (FIRST, False), "b": (SECOND, False)}  # not alone: a bystander may be among them
+    second.close()
+    third.close()
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(OSError, match="writable only by it"):
+        Journal(shared, "balancer", 1)

@@ -36,7 +36,7 @@ def _bus(p: argparse.ArgumentParser, default_note: str = f"default {DEFAULT_AMQP
     p.add_argument("--amqp-key", type=Path, metavar="PEM", help="amqps: the client certificate's private key")
     p.add_argument("--delivery-limit", type=int, metavar="N",
                    help="deliveries of a scheduling request at most before it is dead-lettered and answered with an error; "
-                        "the same on the gateway and the services (env VMSCHED_DELIVERY_LIMIT; default 3; keep it above --consumers)")
+                        "the same on the gateway and the services (env VMSCHED_DELIVERY_LIMIT; default 2)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -66,6 +66,9 @@ def _plugins(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin-env", metavar="NAME,...", help="extra environment variables passed to plugins (default: none beyond PATH, LANG, LC_*, TZ)")
     p.add_argument("--consumers", type=int, metavar="N", help="consumer threads per service (default 2)")
     p.add_argument("--prefetch", type=int, metavar="N", help="unacknowledged requests per consumer (default 2)")
+    p.add_argument("--runtime-dir", type=Path, metavar="DIR",
+                   help="runtime directory kept across restarts, for the in-flight journal (env VMSCHED_RUNTIME_DIR; "
+                        "default: systemd's $RUNTIME_DIRECTORY, else vmsched-<uid> in the temporary directory)")
     p.add_argument("--no-legacy-queues", dest="legacy_queues", action="store_false", default=None,
                    help="do not consume the unversioned request queues of older gateways (docs/upgrading.md)")
 

@@ -64,9 +64,12 @@ class Settings(BaseSettings):
     amqp_key: Path | None = Field(None, description="amqps: the client certificate's private key (PEM)")
     prefetch: int = Field(8, ge=1, description="unacknowledged requests a consumer may hold")
     consumers: int = Field(2, ge=1, description="consumer threads per service")
-    delivery_limit: int = Field(3, ge=1, le=20, description="deliveries of a scheduling request at most (each one "
+    delivery_limit: int = Field(2, ge=1, le=20, description="deliveries of a scheduling request at most (each one "
                                 "whose consumer died counts) before it is dead-lettered and answered with an error; "
                                 "the same on every component (it is an argument of the request queues)")
+    runtime_dir: Path | None = Field(None, description="a service's runtime directory, kept across its restarts, for "
+                                     "its in-flight journal (default: systemd's $RUNTIME_DIRECTORY, else "
+                                     "vmsched-<uid> in the temporary directory)")
     legacy_queues: bool = Field(True, description="services also consume the unversioned request queues of "
                                 "older gateways (vmsched.filter, ...) during a rolling upgrade (docs/upgrading.md)")
     connect_timeout: float = Field(2.0, gt=0, description="broker connect timeout, seconds")

@@ -17,6 +17,7 @@ from vmsched import metrics
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.worker import Handler, ServiceWorker
 from vmsched.bus.facts import FactsSubscriber
+from vmsched.bus.journal import default_dir
 from vmsched.bus.topology import REQUEST_QUEUES, legacy_name
 from vmsched.config import Settings
 from vmsched.engine_link import facts_cache
@@ -118,6 +119,7 @@ class PluginService:
             routes=self.routes(),
             consumers=self.settings.consumers,
             prefetch=self.settings.prefetch,
+            journal_dir=None if self.settings.embedded else (self.settings.runtime_dir or default_dir()) / "journal",
         )
         self.worker.start()
         if self.facts is not None:

@@ -39,12 +39,12 @@ REQUEST_QUEUES: dict[Op, str] = {
     Op.BALANCE: "vmsched.balance" + QUEUE_VERSION,
 }
 
-#: How many times a request is delivered at most (each delivery whose consumer died counts)
-#: before it is dead-lettered and answered with an error (--delivery-limit). One service death
-#: can count up to its --consumers (2) deliveries: RabbitMQ may hand the returned request to the
-#: dead connection's other channel before closing that one too. 3 lets a request survive one
-#: unrelated crash, and bounds a poisoned request's cost at 3 restarts (usually 2).
-DELIVERY_LIMIT = 3
+#: How many times a request is delivered at most (each delivery whose process died counts) before
+#: it is dead-lettered and answered with an error (--delivery-limit). A service process has one
+#: channel (vmsched.bus.worker), so one death counts one delivery; a request held by a process
+#: that died is then run once more apart from other suspects (its dead-letter queue), so an
+#: innocent bystander of a poisoned request's death survives with the default of 2.
+DELIVERY_LIMIT = 2
 
 # Exchanges are declared by whoever may (the gateway, or the broker's definitions:
 # deploy/rabbitmq/setup-users.sh); the others only check that they exist (connection.ensure_exchanges).
@@ -113,8 +113,13 @@ def request_queue(name: str, deliveries: int = DELIVERY_LIMIT) -> Queue:
 
 
 def dead_letter_queue(name: str) -> Queue:
-    """Where the requests of ``name`` past their delivery limit wait for their service to answer them."""
-    return Queue(name + DEAD_SUFFIX, exchange=DEAD_EXCHANGE, routing_key=name, durable=True, auto_delete=False)
+    """Where the requests of ``name`` past their delivery limit wait for their service to answer them.
+
+    A quorum queue like its request queue: a classic durable queue lives on one node, and while that node
+    is down no service could declare it, so none would consume (docs/deploy.md, "A RabbitMQ cluster").
+    """
+    return Queue(name + DEAD_SUFFIX, exchange=DEAD_EXCHANGE, routing_key=name, durable=True, auto_delete=False,
+                 queue_arguments={"x-queue-type": "quorum"})
 
 
 DEAD_SUFFIX = ".dead"

@@ -1,36 +1,57 @@
 """A service worker: consume request queues, call a handler, reply, then ack.
 
-Connection handling, acks, deadlines, reconnects and request metrics live
-here once; a service is a mapping of queue name to handler. Each consumer
-thread owns its connection and channel (kombu objects are not thread-safe).
+Connection handling, acks, deadlines, reconnects and request metrics live here once; a service
+is a mapping of queue name to handler.
+
+On RabbitMQ a worker process has ONE connection and ONE channel for all its consumers: the
+thread that owns them (kombu objects are not thread-safe) moves messages, and ``consumers``
+handler threads run the handlers and hand their replies back through a pipe. When the process
+dies, the broker sees one channel go and returns everything it held at once, so one death counts
+one delivery of each request (with one channel per thread, a returned request could first be
+handed to another channel of the same dead process and be counted twice).
+
+Poison messages (docs/upgrading.md): a request that was held by a process that died (its
+quorum queue's ``x-delivery-count``) is not run among others again: it is rejected to its
+dead-letter queue, whose consumers hold one request each and run it once more (a second chance
+that an innocent bystander of the death survives); a request whose second chance killed its
+process, that reached the queue's delivery limit, or that the in-flight journal
+(:mod:`vmsched.bus.journal`) shows this process's dead predecessor was handling alone, is
+answered with an error naming its units and never run again.
+
+The embedded bus (``memory://``) keeps one connection per handler thread, handling inline.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import queue as queues
+import select
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 from kombu import Connection, Consumer, Producer
 from kombu.message import Message
-import json
-
-from pydantic import BaseModel, ValidationError
 
 from vmsched import metrics
-from vmsched.bus import RequestError
 from vmsched.bus.connection import BusOptions, ensure_exchanges
-from vmsched.bus.topology import DEAD_EXCHANGE, PING, REPLY_EXCHANGE, REPLY_VIA, dead_letter_queue, is_versioned, \
-    request_queue, route
+from vmsched.bus.journal import FIRST, SECOND, Journal
 from vmsched.bus.loop import run_reconnecting
-from vmsched.messages import CONTRACT_VERSION, Envelope, ErrorCode, ReplyEnvelope, request_units
+from vmsched.bus.replies import Handler, Replier
+from vmsched.bus.topology import DEAD_EXCHANGE, REPLY_EXCHANGE, REPLY_VIA, dead_letter_queue, is_versioned, \
+    request_queue, route
+
+__all__ = ["Handler", "ServiceWorker"]
 
 log = logging.getLogger("vmsched.bus")
 
-#: A handler returns the reply body: a typed model (serialized once, directly) or a dict.
-Handler = Callable[[Envelope], "BaseModel | dict"]
+_Item = tuple[str, Message, bytes]  # queue, message, journal kind
+_PASS = b"pass"  # triage: leave the second chance to another replica
+#: Header of a second chance put back by a replica whose predecessor died among several requests.
+PASSED_BY = "x-vmsched-passed-by"
 
 
 class ServiceWorker:
@@ -44,6 +65,7 @@ class ServiceWorker:
         routes: dict[str, Handler] | None = None,
         consumers: int = 1,
         prefetch: int = 2,
+        journal_dir: Path | None = None,
     ) -> None:
         self.options = url if isinstance(url, BusOptions) else BusOptions(url=url)
         self.service = service
@@ -54,111 +76,230 @@ class ServiceWorker:
             raise ValueError("a worker needs at least one queue and handler")
         self.consumers = consumers
         self.prefetch = prefetch
+        self.limit = self.options.delivery_limit
+        self.replier = Replier(service, self.routes, self.limit)
+        self.journal_dir = journal_dir
+        self.journal: Journal | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._connected = 0
         self._lock = threading.Lock()
+        self._work: queues.SimpleQueue[_Item | None] = queues.SimpleQueue()
+        self._done: queues.SimpleQueue[tuple[Message, bytes | None]] = queues.SimpleQueue()
+        self._wake: tuple[int, int] = (-1, -1)
+        self._channel: object = None  # the channel of the live connection (pumped mode)
         self.ready = threading.Event()  # set once every consumer has subscribed at least once
 
     # --- lifecycle ---------------------------------------------------------
     def start(self) -> None:
         self._stop.clear()
+        self._work, self._done = queues.SimpleQueue(), queues.SimpleQueue()
+        if self.journal_dir is not None and self.journal is None:
+            try:
+                self.journal = Journal(self.journal_dir, self.service, self.consumers)
+            except OSError as exc:
+                log.warning("%s: no in-flight journal (%s): a restarted process may run again a request that "
+                            "killed it, within --delivery-limit", self.service, exc)
+        if self.options.embedded:
+            for i in range(self.consumers):
+                self._spawn(lambda slot=i: self._run(slot), f"{self.service}-consumer-{i}")
+            return
+        self._wake = os.pipe()
+        os.set_blocking(self._wake[1], False)
+        self._spawn(self._run, f"{self.service}-bus")
         for i in range(self.consumers):
-            t = threading.Thread(target=self._run, name=f"{self.service}-consumer-{i}", daemon=True)
-            t.start()
-            self._threads.append(t)
+            self._spawn(lambda slot=i: self._handle_loop(slot), f"{self.service}-handler-{i}")
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Let the handlers finish what they run (their replies still go out), then close the connection."""
+        handlers = [t for t in self._threads if "-handler-" in t.name]
+        for _ in handlers:
+            self._work.put(None)
+        for t in handlers:
+            t.join(timeout)
         self._stop.set()
+        self._poke()
         for t in self._threads:
             t.join(timeout)
         self._threads.clear()
+        for fd in self._wake:
+            if fd >= 0:
+                os.close(fd)
+        self._wake = (-1, -1)
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
 
     @property
     def connected(self) -> bool:
         return self._connected > 0
 
-    # --- consumer loop -----------------------------------------------------
-    def _run(self) -> None:
-        run_reconnecting(self.options.without_confirms(), self.service, self._stop, self._serve, self._reconnected)
+    # --- the bus thread ----------------------------------------------------
+    def _run(self, slot: int | None = None) -> None:
+        run_reconnecting(self.options.without_confirms(), self.service, self._stop,
+                         lambda conn: self._serve(conn, slot), self._reconnected)
 
     def _reconnected(self) -> None:
         metrics.BUS_RECONNECTS.labels(self.service).inc()
         log.info("%s: reconnected to the bus", self.service)
 
-    def _serve(self, conn: Connection) -> None:
+    def _serve(self, conn: Connection, slot: int | None) -> None:
         ensure_exchanges(conn, {route(name)[0].name: route(name)[0] for name in self.routes}.values())
         ensure_exchanges(conn, (REPLY_EXCHANGE, DEAD_EXCHANGE))
-        channel = conn.channel()
-        channel.basic_qos(0, self.prefetch, False)
+        channel = self._channel = conn.channel()  # before consuming: deliveries may come while subscribing
         producer = Producer(channel, auto_declare=False)
-        limit = self.options.delivery_limit
-        # a request past its delivery limit is answered from its dead-letter queue (declared first: a
-        # quorum queue drops what it dead-letters to an exchange without a bound queue)
-        consumers = [
-            Consumer(channel, [dead_letter_queue(name)], on_message=self._dead_callback(name, producer), no_ack=False)
-            for name in self.routes if is_versioned(name)
-        ] + [
-            Consumer(channel, [request_queue(name, limit)], on_message=self._callback(name, producer), no_ack=False)
-            for name in self.routes
-        ]
-        for consumer in consumers:
-            consumer.consume()
+        # a dead-letter queue's consumer holds one request: a second chance runs apart from other suspects
+        # (declared first: a quorum queue drops what it dead-letters to an exchange without a bound queue)
+        channel.basic_qos(0, 1, False)
+        for name in self.routes:
+            if is_versioned(name):
+                Consumer(channel, [dead_letter_queue(name)], no_ack=False,
+                         on_message=self._callback(name, True, producer, slot)).consume()
+        channel.basic_qos(0, self.prefetch, False)  # RabbitMQ: per consumer, as it subscribes
+        for name in self.routes:
+            Consumer(channel, [request_queue(name, self.limit)], no_ack=False,
+                     on_message=self._callback(name, False, producer, slot)).consume()
         self._set_connected(+1)
         try:
             self.ready.set()
-            while not self._stop.is_set():
-                try:
-                    conn.drain_events(timeout=1.0)
-                except socket.timeout:
-                    conn.heartbeat_check()
+            if slot is None:
+                self._pump(conn, producer, channel)
+            else:
+                while not self._stop.is_set():
+                    try:
+                        conn.drain_events(timeout=1.0)
+                    except socket.timeout:
+                        conn.heartbeat_check()
         finally:
             self._set_connected(-1)
 
-    def _callback(self, queue: str, producer: Producer) -> Callable[[Message], None]:
-        return lambda message: self._on_message(queue, message, producer)
+    def _pump(self, conn: Connection, producer: Producer, channel: object) -> None:
+        """Read the socket and the handlers' wake-up pipe; send what the handlers finished."""
+        sock = conn.connection.sock
+        buffered = getattr(sock, "pending", lambda: 0)  # TLS: decrypted bytes a select cannot see
+        beat = time.monotonic()
+        while not self._stop.is_set():
+            self._flush(producer, channel)
+            readable = [sock] if buffered() else select.select([sock, self._wake[0]], [], [], 1.0)[0]
+            if self._wake[0] in readable:
+                os.read(self._wake[0], 4096)
+            if sock in readable:
+                try:
+                    conn.drain_events(timeout=0.05)  # one complete message; a partial frame is kept
+                except socket.timeout:
+                    pass
+            if time.monotonic() - beat >= 1.0:
+                conn.heartbeat_check()
+                beat = time.monotonic()
+        self._flush(producer, channel)
 
-    def _dead_callback(self, queue: str, producer: Producer) -> Callable[[Message], None]:
-        return lambda message: self._on_dead(queue, message, producer)
+    def _flush(self, producer: Producer, channel: object) -> None:
+        while True:
+            try:
+                message, reply = self._done.get_nowait()
+            except queues.Empty:
+                return
+            self._send(message, reply, producer)
+            if message.channel is channel:
+                message.ack()  # only after the reply is out: a killed process means redelivery
+            # else: its channel is gone and the broker has returned it; the reply may still be in time
+
+    def _poke(self) -> None:
+        if self._wake[1] >= 0:
+            try:
+                os.write(self._wake[1], b"\0")
+            except BlockingIOError:
+                pass  # a wake-up is already pending
+
+    def _callback(self, name: str, dead: bool, producer: Producer, slot: int | None) -> Callable[[Message], None]:
+        return lambda message: self._on_message(name, dead, message, producer, slot)
 
     def _set_connected(self, delta: int) -> None:
         with self._lock:
             self._connected += delta
             metrics.BUS_UP.labels(self.service).set(1 if self._connected else 0)
 
-    # --- one message -------------------------------------------------------
-    def _on_message(self, queue: str, message: Message, producer: Producer) -> None:
-        failed = (message.headers or {}).get("x-delivery-count")  # quorum queues: earlier deliveries not acked
-        if failed:
-            log.warning("%s: request %s on %s delivered again (delivery %d of at most %d): the consumer of an "
-                        "earlier delivery died handling it", self.service, message.properties.get("correlation_id"),
-                        queue, int(failed) + 1, self.options.delivery_limit)
-        self._send(message, self._handle(queue, message.body), producer)
-        message.ack()  # only after the reply is out: a killed worker means redelivery
+    # --- one message (on the bus thread) -----------------------------------
+    def _on_message(self, name: str, dead: bool, message: Message, producer: Producer, slot: int | None) -> None:
+        verdict = self._triage(name, dead, message)
+        if verdict is None:  # a second chance, from the dead-letter queue
+            message.reject(requeue=False)
+            return
+        if verdict is _PASS:
+            self._pass(name, message, producer)
+            return
+        if isinstance(verdict, str):
+            self._send(message, self.replier.dead(name, message.body, _cid(message), verdict), producer)
+            message.ack()
+            return
+        if slot is None:
+            self._work.put((name, message, verdict))
+        else:  # embedded bus: inline
+            self._send(message, self._handle(slot, name, message, verdict), producer)
+            message.ack()
 
-    def _on_dead(self, queue: str, message: Message, producer: Producer) -> None:
-        """A request past its delivery limit: answered with an error naming its units, never run again."""
-        self._send(message, self._dead_reply(queue, message.body, message.properties.get("correlation_id")), producer)
+    def _triage(self, name: str, dead: bool, message: Message) -> bytes | str | None:
+        """Run it (the journal kind), refuse it (why, str), or None: reject it to its dead-letter queue."""
+        cid = _cid(message)
+        blamed = self.journal.blame(cid) if self.journal is not None else None
+        sure = blamed is not None and (blamed[1] or blamed[0] == SECOND)
+        if sure:
+            return (f"the previous {self.service} process on this host died handling it "
+                    f"{'in its second chance' if blamed[0] == SECOND else 'alone'} and was restarted")
+        if dead:
+            headers = message.headers or {}
+            death = headers.get("x-death") or [{}]
+            if message.delivery_info.get("redelivered"):
+                return f"its second chance also ended with the death of the {self.service} process holding it"
+            if str(death[0].get("reason", "")) != "rejected" or self.limit < 2:
+                return f"each of its deliveries ended with the death of the {self.service} process holding it"
+            if blamed is not None and headers.get(PASSED_BY) != self.journal.identity:  # type: ignore[union-attr]
+                return _PASS  # this process's predecessor died with it among others: another replica runs it
+            log.warning("%s: request %s on %s: second chance, alone", self.service, cid, name)
+            return SECOND
+        failed = int((message.headers or {}).get("x-delivery-count") or 0)  # quorum queues: returned deliveries
+        if is_versioned(name) and (blamed is not None or (self.limit >= 2 and failed >= self.limit - 1)):
+            log.warning("%s: request %s on %s was held by a process that died (%d time(s)): given a second chance "
+                        "apart from other requests", self.service, cid, name, failed)
+            return None
+        return FIRST
+
+    def _pass(self, name: str, message: Message, producer: Producer) -> None:
+        """Put a second chance back on its dead-letter queue for another replica (marked: it comes back once)."""
+        log.warning("%s: request %s on %s was among those the previous process on this host was handling when "
+                    "it died: its second chance is left to another replica", self.service, _cid(message), name)
+        producer.publish(message.body, exchange=DEAD_EXCHANGE, routing_key=name, retry=False,
+                         headers={**(message.headers or {}), PASSED_BY: self.journal.identity},  # type: ignore[union-attr]
+                         content_type=message.content_type, content_encoding=message.content_encoding,
+                         correlation_id=_cid(message), reply_to=message.properties.get("reply_to"))
         message.ack()
 
-    def _dead_reply(self, queue: str, body: bytes | str, cid: str | None) -> bytes | None:
+    # --- handler threads ---------------------------------------------------
+    def _handle_loop(self, slot: int) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            name, message, kind = item
+            if message.channel is not self._channel:
+                continue  # its connection broke: the broker has returned it
+            self._done.put((message, self._handle(slot, name, message, kind)))
+            self._poke()
+
+    def _handle(self, slot: int, name: str, message: Message, kind: bytes) -> bytes | None:
+        journal, cid = self.journal, _cid(message)
+        if journal is not None and cid:
+            journal.begin(slot, cid, kind)
         try:
-            env = Envelope.model_validate_json(body)
-        except ValidationError:
-            return None  # cannot be: a malformed request is answered on its first delivery
-        if env.remaining() <= 0:
-            log.info("%s: dropped a dead-lettered %s request past its deadline", self.service, env.op)
-            return None
-        units = request_units(env.body)
-        metrics.REQUESTS.labels(self.service, env.op, "dead_lettered").inc()
-        log.error("%s: %s request %s dead-lettered after %d deliveries on %s, each of which killed its consumer; "
-                  "units: %s", self.service, env.op, cid, self.options.delivery_limit, queue,
-                  ", ".join(units) or "none")
-        reply = ReplyEnvelope(
-            ok=False, code=ErrorCode.INTERNAL, details=units,
-            error=(f"{self.service}: {env.op} request not run: its {self.options.delivery_limit} deliveries each "
-                   f"killed the {self.service} process handling it (dead-lettered); units: {', '.join(units) or 'none'}"))
-        return _legacy(reply) if env.version == 1 else _dump(reply)
+            return self.replier.handle(name, message.body)
+        finally:
+            if journal is not None and cid:
+                journal.end(slot)
 
     def _send(self, message: Message, reply: bytes | None, producer: Producer) -> None:
         reply_to = message.properties.get("reply_to")
@@ -176,86 +317,6 @@ class ServiceWorker:
                 retry=False,
             )
 
-    def _handle(self, queue: str, body: bytes | str) -> bytes | None:
-        reply = self._reply(queue, body)
-        return _dump(reply) if isinstance(reply, ReplyEnvelope) else reply
 
-    def _reply(self, queue: str, body: bytes | str) -> ReplyEnvelope | bytes | None:
-        try:
-            env = Envelope.model_validate_json(body)
-        except ValidationError as exc:
-            metrics.REQUESTS.labels(self.service, "invalid", "error").inc()
-            return ReplyEnvelope(ok=False, error=f"malformed request: {_first_error(exc)}", code=ErrorCode.INVALID)
-        problem = env.version_problem()
-        if problem is not None:
-            metrics.REQUESTS.labels(self.service, "invalid", "error").inc()
-            return ReplyEnvelope(ok=False, error=f"{self.service}: request of {problem}",
-                                 code=ErrorCode.UNSUPPORTED_VERSION)
-        if env.op == PING:
-            return ReplyEnvelope(ok=True, body={"service": self.service})
-        if env.remaining() <= 0:
-            metrics.BUS_EXPIRED.labels(self.service, env.op).inc()
-            log.info("%s: dropped expired %s request (caller gave up)", self.service, env.op)
-            return None
-        handler = self.routes.get(queue)
-        if handler is None:
-            return ReplyEnvelope(ok=False, error=f"no handler for queue {queue!r}", code=ErrorCode.INTERNAL)
-        reply = self._invoke(handler, env)
-        if isinstance(reply, ReplyEnvelope) and env.version == 1:
-            reply = _legacy(reply)
-        return reply
-
-    def _invoke(self, handler: Handler, env: Envelope) -> ReplyEnvelope | bytes:
-        op = env.op
-        in_flight = metrics.IN_FLIGHT.labels(self.service, op)
-        in_flight.inc()
-        started = time.perf_counter()
-        outcome = "ok"
-        try:
-            return _ok(handler(env))
-        except RequestError as exc:
-            outcome = "error"
-            return ReplyEnvelope(ok=False, error=str(exc), code=exc.code, details=exc.details)
-        except ValidationError as exc:
-            outcome = "error"
-            details = [_describe(err) for err in exc.errors()]
-            return ReplyEnvelope(ok=False, error=f"invalid {op} request: {'; '.join(details)}",
-                                 code=ErrorCode.INVALID, details=details)
-        except Exception as exc:  # noqa: BLE001 - a bug must not kill the consumer
-            outcome = "error"
-            log.exception("%s: %s handler failed", self.service, op)
-            return ReplyEnvelope(ok=False, error=f"internal error in {self.service}: {type(exc).__name__}: {exc}",
-                                 code=ErrorCode.INTERNAL)
-        finally:
-            in_flight.dec()
-            metrics.REQUESTS.labels(self.service, op, outcome).inc()
-            metrics.REQUEST_DURATION.labels(self.service, op).observe(time.perf_counter() - started)
-
-
-def _ok(result: BaseModel | dict) -> bytes:
-    """The success reply, serialized in one pass (same shape as ReplyEnvelope)."""
-    body = result.model_dump_json() if isinstance(result, BaseModel) else json.dumps(result)
-    return _OK_PREFIX + body.encode() + b"}"
-
-
-_OK_PREFIX = b'{"v":%d,"ok":true,"error":null,"body":' % CONTRACT_VERSION
-
-
-def _dump(reply: ReplyEnvelope) -> bytes:
-    """An error reply without an empty body: a typed reader (TypedReply) reads a missing body as none."""
-    return reply.model_dump_json(exclude={"body"} if not reply.body else None).encode()
-
-
-def _legacy(reply: ReplyEnvelope) -> bytes:
-    """The reply to a version-1 sender, in its words: no new fields, the code inside the error text."""
-    error = f"{reply.code}: {reply.error}" if reply.code and not reply.ok else reply.error
-    return json.dumps({"ok": reply.ok, "error": error, "body": reply.body}).encode()
-
-
-def _first_error(exc: ValidationError) -> str:
-    return _describe(exc.errors()[0])
-
-
-def _describe(err: dict) -> str:
-    where = ".".join(str(p) for p in err.get("loc", ()))
-    return f"{where}: {err['msg']}" if where else err["msg"]
+def _cid(message: Message) -> str | None:
+    return message.properties.get("correlation_id")
