@@ -93,11 +93,11 @@ class EngineLink:
     # --- the hot path: dictionary reads, never I/O ------------------------------------------
     def host(self, engine_id: str) -> tuple[str | None, str]:
         """The agent host ID of an engine host ID, or (None, why); a miss asks the engine in the background."""
+        agent = self._hosts.get(engine_id)  # no lock: the thread replaces the whole dict, never edits it
+        if agent is not None:
+            return agent, "engine link"
         now = time.time()
         with self._lock:
-            agent = self._hosts.get(engine_id)
-            if agent is not None:
-                return agent, "engine link"
             problem = self._host_problem.get(engine_id)
             if problem is not None and problem[0] > now:
                 return None, problem[1]
@@ -110,6 +110,9 @@ class EngineLink:
     def vm(self, vm_id: str) -> tuple[dict[str, Any] | None, str]:
         """The VM's requirements from the engine, or (None, why); a miss or an expired answer is fetched again."""
         now = time.time()
+        found = self._vms.get(vm_id)
+        if found is not None and now - found[0] <= self.ttl:
+            return found[1], found[2]  # a fresh answer, read without the lock
         with self._lock:
             found = self._vms.get(vm_id)
             if found is None or now - found[0] > self.ttl:
