@@ -49,6 +49,8 @@ MAX_VMS = 10000
 MAX_PENDING = 1000
 #: Seconds between two passes over the cache's agents (only new or expired ones cost an engine call).
 PASS_SECONDS = 10.0
+#: Longest wait after failures in a row, seconds.
+MAX_RETRY = 120.0
 
 
 class EngineLink:
@@ -69,6 +71,7 @@ class EngineLink:
         self._vms: OrderedDict[str, tuple[float, dict | None, str]] = OrderedDict()  # id -> (when, answer, problem)
         self._wanted_vms: OrderedDict[str, None] = OrderedDict()
         self._failed_until = 0.0
+        self._failures = 0  # failed passes in a row: the wait doubles, up to MAX_RETRY (no login storm)
         self._last_error = ""
         for resource in ("search", "host", "vm"):
             for outcome in ("ok", "not_found", "auth", "timeout", "error"):
@@ -142,8 +145,12 @@ class EngineLink:
             except EngineError as exc:
                 self._failed(exc)
             except Exception:  # a bug must not end the thread
+                if self._stop.is_set():
+                    break  # the client was closed under a call by stop()
                 log.exception("%s: engine link", self.service)
-                self._failed_until = time.time() + self.retry
+                self._failed(EngineError("error", "internal error (logged)"))
+            else:
+                self._failures = 0
 
     def _call(self, resource: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -158,10 +165,12 @@ class EngineLink:
         return result
 
     def _failed(self, exc: EngineError) -> None:
-        self._failed_until = time.time() + self.retry
+        self._failures += 1
+        wait = min(self.retry * 2 ** min(self._failures - 1, 16), max(self.retry, MAX_RETRY))
+        self._failed_until = time.time() + wait
         message = f"engine link: {exc}"
         if message != self._last_error:  # once per distinct error, not once per retry
-            log.warning("%s: %s (retrying every %g s)", self.service, message, self.retry)
+            log.warning("%s: %s (retrying in %g s, then less often while it lasts)", self.service, message, wait)
             self._last_error = message
 
     def _fetch_vms(self) -> None:
