@@ -198,3 +198,18 @@ def test_applied_decisions_never_leave_the_bounds(w, c, may_move, dedicated, hos
         else:
             assert d.field == "vcpus" and not dedicated and may_move
             assert all(cpus and cpus <= SHARED for cpus in d.after.values())
+
+
+def test_hotspot_on_a_host_busy_everywhere_moves_only_competing_guests_to_a_cpu_without_them():
+    e = Engine(TunerConfig(hysteresis=2))
+    pol = {"adaptive": {"may_move": True}}
+    host = {c: 100.0 for c in SHARED}
+    a, b = view("a", pol, {0: frozenset({1})}), view("b", pol, {0: frozenset({1})})
+    c = view("c", pol, {0: frozenset({0})})  # CPU 0 has a busy tuned vCPU: not a destination
+    ds = run(e, 3, host, {"a": GuestSample(10, 90), "b": GuestSample(10, 80), "c": GuestSample(10, 90)}, [a, b, c])
+    moved = [d for d in ds if d.tuner == "hotspot"]
+    assert [(d.uuid, d.after[0]) for d in moved] == [("a", frozenset({2}))]
+    assert "no busy tuned vCPU confined there" in moved[0].reason
+    e2 = Engine(TunerConfig(hysteresis=2))
+    alone = view("alone", pol, {0: frozenset({1})})  # waits, but only for other work: nowhere better to go
+    assert [d for d in run(e2, 3, host, {"alone": GuestSample(10, 90)}, [alone]) if d.tuner == "hotspot"] == []

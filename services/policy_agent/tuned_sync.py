@@ -29,8 +29,12 @@ def verify(applier: Applier, snap: Snapshot, g: Guest, desired: Desired, tuned: 
     if tuned is None:
         return applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent, snap.cfg, snap.live)
     cfg_d, live_d = tuned.split(snap.uuid, desired, run_of(snap), g.policy, shared)
+    if live_d is desired:  # not tuned
+        return applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent, snap.cfg, snap.live)
+    # tuned: the live XML is read again here, under the enforcer's lock; a snapshot a sweep took before the
+    # tuner's change would otherwise count that change as a repair
     if cfg_d is live_d:
-        return applier.verify_and_repair(snap.dom, live_d, snap.active, snap.persistent, snap.cfg, snap.live)
+        return applier.verify_and_repair(snap.dom, live_d, snap.active, snap.persistent, None, None)
     cfg = applier.verify_and_repair(snap.dom, cfg_d, False, snap.persistent, snap.cfg, None)
-    live = applier.verify_and_repair(snap.dom, live_d, snap.active, False, None, snap.live)
+    live = applier.verify_and_repair(snap.dom, live_d, snap.active, False, None, None)
     return Result(cfg.config, live.live)

@@ -100,6 +100,9 @@ class TunerLoop:
             shared = frozenset(self.enforcer.pools.shared)
             views = [v for g in guests if g.uuid in counters for v in [self._view(g, counters[g.uuid].run, shared)]
                      if v is not None]
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("tuner round: pCPU use %s; guests %s", host.pcpu_pct if host else "(baseline)",
+                      {g.name: samples.get(g.uuid) for g in guests})
         decisions = self.engine.step(self.engine.input(shared, views))
         for d in decisions:
             if d.outcome == "applied":

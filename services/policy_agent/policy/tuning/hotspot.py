@@ -3,7 +3,9 @@
 A vCPU confined to CPUs that were all at least ``hot_percent`` busy for K intervals, of a guest whose vCPUs
 waited for a CPU more than its target (or, where libvirt reports no wait, with another busy vCPU confined to
 the same CPUs), is moved to as many of the least busy shared CPUs, each at least ``cool_margin`` points less
-busy on average over those intervals. One guest per hot set per interval: the one that waited most.
+busy on average over those intervals. When no CPU is that idle (the host is busy with other work too, as on a
+small test machine) and at least two busy vCPUs of tuned guests compete for the hot CPUs with their wait
+above target, the destination is a CPU no busy tuned vCPU is confined to and no busier than the hot one. One guest per hot set per interval: the one that waited most.
 """
 
 from __future__ import annotations
@@ -28,45 +30,54 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
     if not hot:
         return []
     busy_confined: dict[CpuSet, int] = {}
+    occupied: set[int] = set()  # CPUs a busy vCPU of a tuned guest is confined to
     for g in inp.guests.values():
         recent = g.recent(k)
-        if recent and min(s.cpu_pct for s in recent) >= cfg.idle_percent:
+        if recent and min(s.cpu_pct for s in recent) >= cfg.idle_percent / 2:
             for cpus in g.pins.values():
                 busy_confined[cpus] = busy_confined.get(cpus, 0) + 1
+                if cpus < inp.shared:
+                    occupied |= cpus
     out: list[Proposal] = []
     taken: set[CpuSet] = set()
-    candidates = sorted(inp.guests.values(), key=lambda g: -_wait(g, k))
-    for g in candidates:
+    for g in sorted(inp.guests.values(), key=lambda g: -_wait(g, k)):
         a = g.policy.adaptive
-        if a is None or not a.may_move or g.policy.dedicated is not None:
-            continue
         recent = g.recent(k)
-        if recent is None:
+        if a is None or not a.may_move or g.policy.dedicated is not None or recent is None:
             continue
         target = a.target_wait_percent or cfg.target_wait_percent
         waits = [s.wait_pct for s in recent]
+        reported = None not in waits
         moves: dict[int, CpuSet] = {}
+        how = ""
         for vcpu, cpus in sorted(g.pins.items()):
             if not cpus or not cpus <= hot or cpus in taken:
                 continue
-            if None in waits:  # no wait reported: judge by demand on the hot CPUs
-                if busy_confined.get(cpus, 0) < 2:
-                    continue
-            elif min(waits) < target:  # type: ignore[type-var]
+            shared_with = busy_confined.get(cpus, 0)
+            if reported and min(waits) < target:  # type: ignore[type-var]
+                continue
+            if not reported and shared_with < 2:  # no wait reported: judge by demand on the hot CPUs
                 continue
             ceiling = min(avg[c] for c in cpus) - cfg.cool_margin
-            cool = sorted((c for c in inp.shared - hot if avg[c] <= ceiling), key=lambda c: (avg[c], c))
-            if len(cool) < len(cpus):
+            idle = sorted((c for c in inp.shared - hot if avg[c] <= ceiling), key=lambda c: (avg[c], c))
+            # the whole host may be busy with other work: then a CPU no busy tuned vCPU is confined to beats
+            # one where two of them compete, judged by the guests' own wait
+            free = sorted((c for c in inp.shared - cpus - occupied if avg[c] <= min(avg[h] for h in cpus)),
+                          key=lambda c: (avg[c], c)) if reported and shared_with >= 2 else []
+            dest = idle if len(idle) >= len(cpus) else free
+            if len(dest) < len(cpus):
                 continue
-            moves[vcpu] = frozenset(cool[: len(cpus)])
+            how = "idle" if dest is idle else "no busy tuned vCPU confined there"
+            moves[vcpu] = frozenset(dest[: len(cpus)])
+            occupied |= moves[vcpu]
         if moves:
             after = {**g.pins, **moves}
             old = sorted({fmt(g.pins[v]) for v in moves})
             hot_text = ", ".join(f"CPU {c} {mean(s.pcpu_pct.get(c, 0.0) for s in host):.0f}%" for c in sorted(hot))
             why = (f"CPUs {', '.join(old)} saturated for {k} intervals ({hot_text}); vCPU wait "
-                   + (f"{min(waits):.0f}% >= target {target:g}%" if None not in waits else "not reported, "
+                   + (f"{min(waits):.0f}% >= target {target:g}%" if reported else "not reported, "  # type: ignore
                       "other busy vCPUs share them")
-                   + f"; moved to {', '.join(sorted({fmt(c) for c in moves.values()}))}")  # type: ignore[type-var]
+                   + f"; moved to {', '.join(sorted({fmt(c) for c in moves.values()}))} ({how})")
             out.append(Proposal(g.uuid, NAME, "vcpus", after, why))
             taken |= {g.pins[v] for v in moves}
     return out
