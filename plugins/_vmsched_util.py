@@ -36,3 +36,13 @@ def fresh(facts, hosts):
 def movable(host_facts):
     """Running guests of a host a balancer may propose: none with dedicated CPUs or a vmsched CPU policy."""
     return [g for g in host_facts.guests if g.state == "running" and not g.dedicated and not g.has_policy]
+
+
+def guests_with_pending(facts, host, host_facts):
+    """Running guests plus the VMs vmsched placed on the host moments ago (facts.pending)."""
+    return host_facts.guests_running + len(facts.pending(host))
+
+
+def free_with_pending(facts, host, host_facts):
+    """Free memory (MiB) less the VMs vmsched placed on the host moments ago (facts.pending)."""
+    return host_facts.memory_free_mib - sum(facts.pending(host))

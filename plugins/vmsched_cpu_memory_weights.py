@@ -1,6 +1,6 @@
 """Stock weights and balancers from oVirt: CPU and memory, even distribution and power saving."""
 
-from _vmsched_util import fresh, movable, number
+from _vmsched_util import free_with_pending, fresh, movable, number
 
 from vmsched.plugin import facts
 
@@ -101,8 +101,8 @@ class vmsched_MemoryEvenDistribution:
     properties_validation = r"MaxFreeMemoryForOverUtilized=^[0-9]+$;MinFreeMemoryForUnderUtilized=^[0-9]+$"
 
     def do_score(self, hosts, vm, args):
-        """Weight = -free memory (MiB): the host with the most free memory is best."""
-        return [(h, -f.memory_free_mib) for h, f in fresh(facts, hosts).items()]
+        """Weight = -free memory (MiB, less the VMs placed there moments ago): the most free memory is best."""
+        return [(h, -free_with_pending(facts, h, f)) for h, f in fresh(facts, hosts).items()]
 
     def do_balance(self, hosts, args):
         """Move the smallest guest off the host with least free memory under MaxFreeMemoryForOverUtilized."""
@@ -121,6 +121,6 @@ class vmsched_MemoryPowerSaving:
         floor = number(args, "MaxFreeMemoryForOverUtilized", 0)
         out = []
         for h, f in fresh(facts, hosts).items():
-            free = f.memory_free_mib
+            free = free_with_pending(facts, h, f)
             out.append((h, free if free >= floor else 10**9 - free))
         return out

@@ -1,6 +1,6 @@
 """Stock weight and balancer: the same number of guests on every host (oVirt's even guest distribution)."""
 
-from _vmsched_util import fresh, number
+from _vmsched_util import fresh, guests_with_pending, number
 
 from vmsched.plugin import facts
 
@@ -11,9 +11,9 @@ class vmsched_EvenGuestDistribution:
     properties_validation = r"HighVmCount=^([0-9]|[1-9][0-9]+)$;MigrationThreshold=^([2-9]|[1-9][0-9]+)$"
 
     def do_score(self, hosts, vm, args):
-        """Weight = running guests on the host; fewer is better."""
+        """Weight = running guests on the host, with the VMs placed there moments ago; fewer is better."""
         # Hosts without fresh facts are not scored, so they get the call's worst weight (docs/plugins.md).
-        return [(h, f.guests_running) for h, f in fresh(facts, hosts).items()]
+        return [(h, guests_with_pending(facts, h, f)) for h, f in fresh(facts, hosts).items()]
 
     def do_balance(self, hosts, args):
         """Move a guest off a host with over HighVmCount (10) guests to hosts MigrationThreshold (5) emptier."""

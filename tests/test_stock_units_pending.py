@@ -150,3 +150,30 @@ def test_attach_puts_the_view_in_the_calls_vm_facts() -> None:
         vm = {"id": "vm1"}
 
     assert attach(Held(), {"a": [5]}).vm == {"id": "vm1", "pending": {"a": [5]}}
+
+
+def test_the_guest_and_memory_weights_count_pending_placements() -> None:
+    """In a real plugin worker: a host with VMs placed moments ago weighs as if the facts showed them."""
+    from vmsched.runtime import Call, PluginPool
+    from vmsched.runtime.contract import KIND
+    from vmsched.runtime.types import Confinement
+
+    hosts = {A: {"guests_running": 1, "memory_free_mib": 10000}, B: {"guests_running": 2, "memory_free_mib": 9000}}
+    vm = {"id": "vm9", "memory_mib": 1024, "source": "engine"}
+    pool = PluginPool(stock_plugins_dir(), size=1, name=f"pending-w-{uuid.uuid4().hex[:6]}",
+                      confinement=Confinement(allow_root=True))
+    pool.start()
+    try:
+        def weights(unit: tuple[str, str], pending: dict) -> dict[str, float]:
+            facts = {"hosts": hosts, "missing": {}, "vm": {**vm, "pending": pending}, "vm_problem": None}
+            (result,) = pool.run([Call(*unit, "do_score", KIND["score"].args([A, B], "vm9", {}), 10.0, facts)])
+            assert result.ok, result.error
+            return dict(result.value)
+
+        guests = ("vmsched_even_guests", "vmsched_EvenGuestDistribution")
+        memory = ("vmsched_cpu_memory_weights", "vmsched_MemoryEvenDistribution")
+        assert weights(guests, {}) == {A: 1, B: 2} and weights(guests, {A: [2048, 2048]}) == {A: 3, B: 2}
+        assert weights(memory, {}) == {A: -10000, B: -9000}
+        assert weights(memory, {A: [2048]}) == {A: -7952, B: -9000}
+    finally:
+        pool.close()
