@@ -10,10 +10,14 @@ broker on 127.0.0.1:5672 is only ever used through a private vhost.
     with PrivateRabbit.start_new(tmp_path) as node:
         node.ctl("add_user", "gw", "secret")
         url = node.url("gw", "secret")
+
+:class:`PrivateCluster` joins several such nodes (a shared Erlang cookie,
+``rabbitmqctl join_cluster``) into one RabbitMQ cluster on this machine.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -70,6 +74,7 @@ class PrivateRabbit:
     tls_port: int | None = None
     plugins: tuple[str, ...] = ()
     extra_config: tuple[str, ...] = ()
+    cookie: str | None = None  # the Erlang cookie (the same on every node of a cluster); default: a new one
     proc: subprocess.Popen[bytes] | None = None
 
     @classmethod
@@ -126,6 +131,11 @@ class PrivateRabbit:
 
     # --- lifecycle --------------------------------------------------------------
     def start(self, timeout: float = 90.0) -> "PrivateRabbit":
+        self.launch()
+        return self.wait_started(timeout)
+
+    def launch(self) -> None:
+        """Start the node's process (not waiting for it: :meth:`wait_started`)."""
         why = available()
         if why:
             raise RuntimeError(why)
@@ -135,9 +145,18 @@ class PrivateRabbit:
         (self.base / "rabbitmq.conf").write_text(self._config())
         (self.base / "advanced.config").write_text("[].\n")
         (self.base / "rabbitmq-env.conf").write_text("# private test node: nothing from /etc/rabbitmq\n")
+        if self.cookie is not None:
+            cookie = self.base / ".erlang.cookie"
+            if cookie.exists():
+                cookie.chmod(0o600)
+            cookie.write_text(self.cookie)
+            cookie.chmod(0o400)  # Erlang refuses a cookie others may read
         out = (self.base / "server.out").open("ab")
         self.proc = subprocess.Popen([_tool("rabbitmq-server")], env=self.env(), stdout=out, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_started(self, timeout: float = 90.0) -> "PrivateRabbit":
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -198,3 +217,78 @@ class PrivateRabbit:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass
+class PrivateCluster:
+    """Private RabbitMQ nodes joined into one cluster (each its own name, ports, data and plugins)."""
+
+    nodes: list[PrivateRabbit]
+
+    @classmethod
+    def start_new(cls, base: Path, size: int = 3, timeout: float = 120.0, **kwargs: object) -> "PrivateCluster":
+        cookie = uuid.uuid4().hex
+        prefix = f"vmsched-test-{uuid.uuid4().hex[:6]}"
+        nodes = [PrivateRabbit(Path(base) / f"node{i}", name=f"{prefix}-{i}", cookie=cookie, **kwargs)  # type: ignore[arg-type]
+                 for i in range(1, size + 1)]
+        cluster = cls(nodes)
+        try:
+            for node in nodes:  # all at once: a node takes seconds to boot
+                node.launch()
+            for node in nodes:
+                node.wait_started(timeout)
+            for node in nodes[1:]:
+                node.ctl("stop_app")
+                node.ctl("join_cluster", nodes[0].node)
+                node.ctl("start_app")
+            cluster.wait_running(size, timeout)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def urls(self, user: str = "guest", password: str = "guest", vhost: str = "/") -> str:
+        """Every node's URL, as kombu's failover list (``a;b;c``)."""
+        return ";".join(node.url(user, password, vhost) for node in self.nodes)
+
+    def running(self) -> list[str]:
+        """The names of the running nodes, as a live node sees them."""
+        for node in self.nodes:
+            if node.proc is None or node.proc.poll() is not None:
+                continue
+            out = node.ctl("cluster_status", "--formatter", "json", check=False, timeout=30)
+            if out.returncode == 0:
+                return list(json.loads(out.stdout).get("running_nodes", []))
+        return []
+
+    def wait_running(self, count: int, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.running()) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fewer than {count} cluster nodes running after {timeout:g} s: {self.running()}")
+            time.sleep(0.5)
+
+    def leaders(self, vhost: str = "/") -> dict[str, str]:
+        """Quorum queue name -> the node holding its leader, as a live node sees it (``list_queues name leader``)."""
+        for node in self.nodes:
+            if node.proc is None or node.proc.poll() is not None:
+                continue
+            out = node.ctl("list_queues", "-p", vhost, "name", "type", "leader", "--formatter", "json",
+                           check=False, timeout=30)
+            if out.returncode == 0:
+                return {q["name"]: q["leader"] for q in json.loads(out.stdout) if q.get("type") == "quorum" and q.get("leader")}
+        return {}
+
+    def by_name(self, node_name: str) -> PrivateRabbit:
+        return next(node for node in self.nodes if node.node == node_name)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.kill()  # a cluster's nodes wait for each other on a clean stop; the data folders go with the test
+
+    def __enter__(self) -> "PrivateCluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+

@@ -4,9 +4,19 @@ Everything happens on the loop thread, so the connection is never shared
 between threads and no message is handed between threads: the loop watches
 the broker socket (or, embedded, a wake-up pipe of the reply queue) and
 drains it without blocking; publishing is a socket write plus, on RabbitMQ,
-a publisher confirm bounded by ``confirm_timeout``. Replies are matched to
-callers by correlation id. While the broker is down, calls fail at once with
-:class:`BusUnavailable` and a background task reconnects with bounded backoff.
+a publisher confirm awaited asynchronously (:mod:`vmsched.bus.confirms`).
+Replies are matched to callers by correlation id.
+
+When the connection breaks (its node died, a channel error, or the broker
+cancelled the consumer of the exclusive reply queue: the queue was deleted),
+a task reconnects at once, to another node of a cluster first, with a new
+reply queue. Scheduling requests have no side effects: those in flight go out
+again on the new connection, and so does one whose confirm is refused or
+overdue, within the caller's deadline (``vmsched_bus_resent_total``; a second
+reply is dropped: ``vmsched_bus_duplicate_replies_total``). A request to an
+agent is never sent twice: it fails with :class:`BusUnavailable`. Calls made
+while reconnecting wait for it; when no node answers, calls fail at once with
+:class:`BusUnavailable` and reconnection goes on with bounded backoff.
 """
 
 from __future__ import annotations
@@ -18,16 +28,19 @@ import secrets
 import socket
 import time
 import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
-from kombu import Connection, Consumer, Producer
+from kombu import Connection, Consumer, Exchange, Producer
 from kombu.message import Message
 from pydantic import BaseModel, ValidationError
 
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, RequestError, reply_error
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, open_connection, \
-    safe_release
+from vmsched.bus.confirms import Confirms
+from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, note_lost, \
+    open_connection, safe_release
 from vmsched.bus.memory import QueueWatch
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, PING, REPLY_EXCHANGE, REPLY_VIA, reply_queue, request_queue, route
 from vmsched.bus.urls import mask
@@ -39,6 +52,19 @@ R = TypeVar("R", bound=BaseModel)
 log = logging.getLogger("vmsched.bus")
 
 _REPLY_HEADERS = {REPLY_VIA: REPLY_EXCHANGE.name}
+_RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
+
+
+@dataclass
+class _Request:
+    queue: str
+    exchange: Exchange
+    key: str
+    payload: bytes
+    deadline: float  # time.time()
+    resend: bool  # a scheduling request (no side effects) may be sent again
+    sent: int = 0
+    why: str = "reconnect"  # why it goes out again after the next reconnection
 
 
 class AsyncBusClient:
@@ -46,9 +72,11 @@ class AsyncBusClient:
         self.options = options
         self.service = service
         self._declare = declare
-        self._reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
+        self._reply_queue = self._new_reply_queue()
         self._ids = itertools.count()
-        self._pending: dict[str, asyncio.Future[bytes]] = {}
+        self._pending: dict[str, asyncio.Future[bytes]] = {}  # correlation id -> the caller's future
+        self._requests: dict[str, _Request] = {}  # correlation id -> what to (re)send
+        self._resent_answered: OrderedDict[str, None] = OrderedDict()
         self._conn: Connection | None = None
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
@@ -58,10 +86,14 @@ class AsyncBusClient:
         self._reconnect_task: asyncio.Task[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._declared: set[str] = set()
-        self._tag = 0  # last publish delivery tag on the confirm channel
-        self._unconfirmed: dict[int, str] = {}  # delivery tag -> correlation id
+        self._confirms = Confirms(options.confirm_timeout, self._on_nack, self._confirm_overdue)
+        self._recovering = False  # a lost connection is being replaced: calls wait instead of failing
         self.last_error: str = "not connected yet"
         self._closed = False
+
+    @staticmethod
+    def _new_reply_queue() -> str:
+        return f"vmsched.reply.{uuid.uuid4().hex}"
 
     # --- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -69,7 +101,7 @@ class AsyncBusClient:
         try:
             self._attach(await self._loop.run_in_executor(None, self._connect))
         except CONNECTION_ERRORS as exc:
-            self._lost(exc)
+            self._lost(exc, recovering=False)
         self._heartbeat_task = self._loop.create_task(self._heartbeats())
 
     async def close(self) -> None:
@@ -77,7 +109,8 @@ class AsyncBusClient:
         for task in (self._reconnect_task, self._heartbeat_task):
             if task is not None:
                 task.cancel()
-        self._detach(BusUnavailable("gateway shutting down"))
+        self._detach()
+        self._fail_all(BusUnavailable("gateway shutting down"))
 
     @property
     def connected(self) -> bool:
@@ -117,21 +150,31 @@ class AsyncBusClient:
             raise RequestError(f"malformed reply from {queue}: {exc.errors()[0]['msg']}", "internal") from None
 
     async def _roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> bytes:
-        if self._conn is None or self._producer is None:
+        if self._conn is None and not self._recovering:
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
         assert self._loop is not None
         # unguessable, so that no other user of the reply exchange can answer in an agent's place
         cid = f"{secrets.token_hex(8)}-{next(self._ids)}"
         future: asyncio.Future[bytes] = self._loop.create_future()
+        deadline = time.time() + timeout
+        exchange, key = route(queue)
+        request = _Request(queue, exchange, key, Envelope(op=op, deadline=deadline, body=body).model_dump_json().encode(),
+                           deadline, resend=exchange is not AGENT_EXCHANGE)
         self._pending[cid] = future
-        envelope = Envelope(op=op, deadline=time.time() + timeout, body=body)
+        self._requests[cid] = request
         try:
-            self._publish(queue, envelope, cid, timeout)
+            if self._conn is not None:
+                self._send(cid, request)  # else sent once reconnected
             return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
             raise BusTimeout(f"no {op} reply from {queue} within {timeout:g} s") from None
         finally:
             self._pending.pop(cid, None)
+            self._requests.pop(cid, None)
+            if request.sent > 1:
+                self._resent_answered[cid] = None
+                while len(self._resent_answered) > _RESENT_MEMORY:
+                    self._resent_answered.popitem(last=False)
 
     async def ping(self, queue: str, timeout: float = 1.0) -> bool:
         try:
@@ -139,35 +182,69 @@ class AsyncBusClient:
         except (BusTimeout, BusUnavailable):
             return False
 
-    def _publish(self, queue: str, envelope: Envelope, cid: str, timeout: float) -> None:
+    def _send(self, cid: str, request: _Request) -> None:
+        """Publish ``request``; a broken connection is replaced and the request sent again from there."""
         assert self._producer is not None and self._conn is not None
         try:
-            exchange, key = route(queue)
-            if queue not in self._declared and exchange is not AGENT_EXCHANGE:
+            if request.queue not in self._declared and request.exchange is not AGENT_EXCHANGE:
                 # scheduling queues wait for their service; an agent declares its own queue
-                request_queue(queue, self.options.delivery_limit)(self._conn.default_channel).declare()
-                self._declared.add(queue)
+                request_queue(request.queue, self.options.delivery_limit)(self._conn.default_channel).declare()
+                self._declared.add(request.queue)
             self._producer.publish(
-                envelope.model_dump_json().encode(),
-                routing_key=key,
-                exchange=exchange,
+                request.payload,
+                routing_key=request.key,
+                exchange=request.exchange,
                 headers=_REPLY_HEADERS,
                 content_type="application/json",
                 content_encoding="utf-8",
                 correlation_id=cid,
                 reply_to=self._reply_queue,
-                expiration=timeout,
+                expiration=max(0.001, request.deadline - time.time()),
                 retry=False,
                 confirm_timeout=self.options.confirm_timeout,
             )
         except CONNECTION_ERRORS as exc:
-            self._lost(exc)
-            raise BusUnavailable(f"message bus unavailable: {exc}") from None
+            self._lost(exc)  # not sent: goes out again once reconnected
+            return
+        request.sent += 1
         if self.options.confirms and not self.options.embedded:
-            self._tag += 1
-            self._unconfirmed[self._tag] = cid
             assert self._loop is not None
-            self._loop.call_later(self.options.confirm_timeout, self._confirm_overdue, self._tag)
+            self._confirms.published(cid, self._loop)
+
+    def _send_again(self, cid: str, reason: str, error: Exception) -> None:
+        """A request whose confirm failed: sent again if it may be and its deadline allows, else failed."""
+        request, future = self._requests.get(cid), self._pending.get(cid)
+        if request is None or future is None or future.done():
+            return
+        if not request.resend or request.deadline <= time.time():
+            future.set_exception(error)
+        elif self._conn is not None:  # else it goes out again once reconnected
+            metrics.BUS_RESENT.labels(self.service, reason).inc()
+            log.info("%s: request %s to %s sent again (%s)", self.service, cid, request.queue, reason)
+            self._send(cid, request)
+
+    def _send_waiting(self) -> None:
+        """After a reconnection: send what waited for it, and again the scheduling requests sent before."""
+        now = time.time()
+        for cid, request in list(self._requests.items()):
+            future = self._pending.get(cid)
+            if self._conn is None:
+                return  # lost again: the next reconnection sends them
+            if future is None or future.done() or request.deadline <= now or (request.sent and not request.resend):
+                continue
+            if request.sent:
+                metrics.BUS_RESENT.labels(self.service, request.why).inc()
+                request.why = "reconnect"
+            self._send(cid, request)
+
+    def _fail_all(self, error: Exception, only_unrepeatable: bool = False) -> None:
+        """Fail the calls waiting (``only_unrepeatable``: those to agents already sent, never sent twice)."""
+        for cid, future in list(self._pending.items()):
+            request = self._requests.get(cid)
+            if only_unrepeatable and (request is None or request.resend or not request.sent):
+                continue
+            if not future.done():
+                future.set_exception(error)
 
     # --- connection plumbing ----------------------------------------------
     def _connect(self) -> Connection:
@@ -181,8 +258,23 @@ class AsyncBusClient:
         return conn
 
     def _attach(self, conn: Connection) -> None:
+        try:
+            self._subscribe(conn)
+        except BaseException:
+            note_lost(conn)
+            safe_release(conn)
+            raise
+        self._conn = conn
+        self._recovering = False
+        metrics.BUS_UP.labels(self.service).set(1)
+        self.last_error = ""
+        self._send_waiting()
+
+    def _subscribe(self, conn: Connection) -> None:
         assert self._loop is not None
         channel = conn.default_channel
+        # a new name each time: the old queue may outlive its connection on the broker for a moment
+        self._reply_queue = self._new_reply_queue()
         self._consumer = Consumer(channel, [reply_queue(self._reply_queue)], on_message=self._on_reply, no_ack=True)
         self._consumer.consume()
         self._declared = set()
@@ -190,25 +282,16 @@ class AsyncBusClient:
             request_queue(name, self.options.delivery_limit)(channel).declare()
             self._declared.add(name)
         self._producer = Producer(channel, auto_declare=False)
-        self._tag = 0
-        self._unconfirmed.clear()
         if self.options.confirms and not self.options.embedded:
-            # Confirms are awaited asynchronously: the broker's basic.ack or
-            # basic.nack arrives like any frame; a missing one fails the call.
-            channel.confirm_select()
-            channel.events["basic_ack"].add(self._on_ack)
-            channel.events["basic_nack"].add(self._on_nack)
+            self._confirms.reset(channel)  # a refused or missing confirm sends the request again or fails it
         if self.options.embedded:
             self._watch = QueueWatch(self._reply_queue)
             self._fd = self._watch.fd
         else:
             self._fd = conn.connection.sock.fileno()
         self._loop.add_reader(self._fd, self._drain)
-        self._conn = conn
-        metrics.BUS_UP.labels(self.service).set(1)
-        self.last_error = ""
 
-    def _detach(self, error: Exception) -> None:
+    def _detach(self) -> None:
         if self._fd is not None and self._loop is not None:
             self._loop.remove_reader(self._fd)
         self._fd = None
@@ -218,14 +301,18 @@ class AsyncBusClient:
         safe_release(self._conn)
         self._conn = self._producer = self._consumer = None
         metrics.BUS_UP.labels(self.service).set(0)
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(error)
 
-    def _lost(self, exc: BaseException) -> None:
+    def _lost(self, exc: BaseException, recovering: bool = True) -> None:
         self.last_error = f"{type(exc).__name__}: {mask(str(exc))}" if str(exc) else type(exc).__name__
         log.warning("%s: bus connection lost (%s)", self.service, self.last_error)
-        self._detach(BusUnavailable(f"message bus connection lost: {self.last_error}"))
+        note_lost(self._conn)
+        self._detach()
+        error = BusUnavailable(f"message bus connection lost: {self.last_error}")
+        if recovering and not self._closed:
+            self._recovering = True  # scheduling requests wait for the next connection
+            self._fail_all(error, only_unrepeatable=True)  # an agent's request is never sent twice
+        else:
+            self._fail_all(error)
         if not self._closed and (self._reconnect_task is None or self._reconnect_task.done()):
             assert self._loop is not None
             self._reconnect_task = self._loop.create_task(self._reconnect())
@@ -240,10 +327,19 @@ class AsyncBusClient:
                 conn = await self._loop.run_in_executor(None, self._connect)
             except CONNECTION_ERRORS as exc:
                 self.last_error = f"{type(exc).__name__}: {mask(str(exc))}"
+                if self._recovering:  # no node answers: fail fast until one does
+                    self._recovering = False
+                    self._fail_all(BusUnavailable(f"message bus unavailable: {self.last_error}"))
                 continue
-            self._attach(conn)
+            if self._closed:
+                safe_release(conn)
+                return
             metrics.BUS_RECONNECTS.labels(self.service).inc()
-            log.info("%s: reconnected to the bus", self.service)
+            log.info("%s: reconnected to the bus at %s", self.service, mask(getattr(conn, "bus_url", "")))
+            try:
+                self._attach(conn)
+            except CONNECTION_ERRORS as exc:
+                self._lost(exc, recovering=self._recovering)
 
     async def _heartbeats(self) -> None:
         while not self._closed:
@@ -267,35 +363,37 @@ class AsyncBusClient:
             return
         except BlockingIOError:
             return
-        except CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:  # also ConsumerCancelled: the reply queue was deleted (its node died)
             if self._conn is conn:
                 self._lost(exc)
 
-    def _settle(self, tag: int, multiple: bool) -> list[str]:
-        tags = [t for t in self._unconfirmed if t <= tag] if multiple else [tag]
-        return [cid for t in tags if (cid := self._unconfirmed.pop(t, None)) is not None]
+    def _on_nack(self, cids: list[str]) -> None:
+        """A quorum queue nacks while it elects a leader, and RabbitMQ (3.10) then nacks every later publish
+        of that channel to it: the requests go out again on a new connection."""
+        error = BusUnavailable("the broker refused the request (publisher nack)")
+        again = False
+        for cid in cids:
+            request, future = self._requests.get(cid), self._pending.get(cid)
+            if request is None or future is None or future.done():
+                continue
+            if request.resend and request.deadline > time.time():
+                request.why, again = "nack", True
+            else:
+                future.set_exception(error)
+        if again and self._loop is not None:
+            conn = self._conn
+            self._loop.call_soon(lambda: self._conn is conn and conn is not None and self._lost(error))
 
-    def _on_ack(self, tag: int, multiple: bool) -> None:
-        self._settle(tag, multiple)
-
-    def _on_nack(self, tag: int, multiple: bool) -> None:
-        for cid in self._settle(tag, multiple):
-            self._fail(cid, BusUnavailable("the broker refused the request (publisher nack)"))
-
-    def _confirm_overdue(self, tag: int) -> None:
-        cid = self._unconfirmed.pop(tag, None)
-        if cid is not None:
-            self._fail(cid, BusUnavailable(f"no publisher confirm within {self.options.confirm_timeout:g} s"))
-
-    def _fail(self, cid: str, error: Exception) -> None:
-        future = self._pending.get(cid)
-        if future is not None and not future.done():
-            future.set_exception(error)
+    def _confirm_overdue(self, cid: str) -> None:
+        self._send_again(cid, "confirm_timeout",
+                         BusUnavailable(f"no publisher confirm within {self.options.confirm_timeout:g} s"))
 
     def _on_reply(self, message: Message) -> None:
         cid = message.properties.get("correlation_id")
         future = self._pending.get(cid) if cid else None
         if future is None or future.done():
-            return  # the caller gave up already
+            if cid in self._resent_answered or (cid in self._requests and self._requests[cid].sent > 1):
+                metrics.BUS_DUPLICATE_REPLIES.labels(self.service).inc()
+            return  # else the caller gave up already
         body = message.body
         future.set_result(body if isinstance(body, bytes) else str(body).encode())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 import ssl
+import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable
@@ -15,7 +17,7 @@ from kombu import Connection, Exchange
 from kombu.transport import pyamqp
 
 from vmsched.bus import BusUnavailable, memory
-from vmsched.bus.urls import mask
+from vmsched.bus.urls import mask, split
 
 #: Exceptions that mean the connection is unusable and must be reopened.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -51,7 +53,7 @@ _TRANSPORTS = {"amqp": _AmqpTransport, "pyamqp": _AmqpTransport, "amqps": _AmqpS
 
 @dataclass(frozen=True)
 class BusOptions:
-    url: str = field(repr=False)  # may hold a password: shown only through `where`
+    url: str = field(repr=False)  # may hold a password: shown only through `where`; `a;b;c`: a cluster's nodes
     connect_timeout: float = 2.0
     confirm_timeout: float = 2.0
     heartbeat: int = 10
@@ -63,6 +65,11 @@ class BusOptions:
     delivery_limit: int = 3  # deliveries of a scheduling request at most (topology.request_queue)
 
     def __post_init__(self) -> None:
+        schemes = {url.split("://", 1)[0] for url in self.urls}
+        if not schemes:
+            raise ValueError("no broker URL given")
+        if len(self.urls) > 1 and ("memory" in schemes or "amqps" in schemes and len(schemes) > 1):
+            raise ValueError(f"the broker URLs of a cluster must all be amqp:// or all amqps://: {self.where}")
         tls_files = [f for f in (self.ca, self.cert, self.key) if f is not None]
         if tls_files and not self.tls:
             raise ValueError(f"--amqp-ca/--amqp-cert/--amqp-key need an amqps:// broker URL, not {self.where}")
@@ -74,6 +81,11 @@ class BusOptions:
 
     def without_confirms(self) -> "BusOptions":
         return replace(self, confirms=False)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """The broker's nodes, in order of preference (one URL, or kombu's failover list ``a;b;c``)."""
+        return tuple(split(self.url))
 
     @property
     def embedded(self) -> bool:
@@ -88,11 +100,13 @@ class BusOptions:
         """The URL without its password, for logs and messages."""
         return mask(self.url)
 
-    def ssl_options(self) -> dict[str, object] | None:
-        """py-amqp TLS options: the broker's certificate verified, its host name checked."""
+    def ssl_options(self, url: str | None = None) -> dict[str, object] | None:
+        """py-amqp TLS options for ``url`` (default: the first node): the broker's certificate verified, its host
+        name checked."""
         if not self.tls:
             return None
-        opts: dict[str, object] = {"cert_reqs": ssl.CERT_REQUIRED, "server_hostname": urlsplit(self.url).hostname,
+        hostname = urlsplit(url or self.urls[0]).hostname
+        opts: dict[str, object] = {"cert_reqs": ssl.CERT_REQUIRED, "server_hostname": hostname,
                                    "tls_minimum_version": ssl.TLSVersion.TLSv1_2}
         if self.ca is not None:
             opts["ca_certs"] = str(self.ca)
@@ -115,24 +129,73 @@ class BusOptions:
 
 
 def open_connection(options: BusOptions, blocking_confirms: bool = False) -> Connection:
-    """Connect now (raises one of :data:`CONNECTION_ERRORS` on failure).
+    """Connect now to one of the broker's nodes (raises one of :data:`CONNECTION_ERRORS` when none answers).
 
-    ``blocking_confirms``: every publish waits for the broker's confirm (simple
-    callers); the gateway client instead handles confirms asynchronously.
+    The nodes are tried in order, those that failed in the last :data:`FAILED_NODE_PENALTY` seconds last, each
+    for ``connect_timeout`` (kombu's own failover would try only two of them per connect and drop the custom
+    transport and each node's TLS host name on the way). ``blocking_confirms``: every publish waits for the
+    broker's confirm (simple callers); the gateway client instead handles confirms asynchronously.
     """
     if options.embedded:
         conn = Connection("memory://", transport=memory.Transport)
-    else:
-        conn = Connection(
-            options.url,
-            transport=_TRANSPORTS.get(options.url.split("://", 1)[0]),
-            connect_timeout=options.connect_timeout,
-            heartbeat=options.heartbeat,
-            ssl=options.ssl_options() or False,
-            transport_options={"confirm_publish": blocking_confirms and options.confirms},
-        )
-    conn.connect()
+        conn.connect()
+        return conn
+    urls = _by_preference(options.urls)
+    errors: list[str] = []
+    for url in urls:
+        try:
+            return _open(options, url, blocking_confirms)
+        except CONNECTION_ERRORS as exc:
+            _note_failure(url)
+            if len(urls) == 1:
+                raise
+            errors.append(f"{mask(url)}: {type(exc).__name__}: {mask(str(exc))}")
+    raise BusUnavailable(f"no broker node answers ({'; '.join(errors)})")
+
+
+def _open(options: BusOptions, url: str, blocking_confirms: bool) -> Connection:
+    conn = Connection(
+        url,
+        transport=_TRANSPORTS.get(url.split("://", 1)[0]),
+        connect_timeout=options.connect_timeout,
+        heartbeat=options.heartbeat,
+        ssl=options.ssl_options(url) or False,
+        transport_options={"confirm_publish": blocking_confirms and options.confirms},
+    )
+    try:
+        conn.connect()
+    except BaseException:
+        safe_release(conn)
+        raise
+    with _failed_lock:
+        _failed_at.pop(url, None)
+    conn.bus_url = url  # type: ignore[attr-defined]  # which node: note_lost()
     return conn
+
+
+def note_lost(conn: Connection | None) -> None:
+    """``conn`` broke: its node is tried after the others at the next connection."""
+    url = getattr(conn, "bus_url", None)
+    if url is not None:
+        _note_failure(url)
+
+
+#: Seconds a node that refused a connection is tried after the others.
+FAILED_NODE_PENALTY = 30.0
+_failed_at: dict[str, float] = {}
+_failed_lock = threading.Lock()
+
+
+def _note_failure(url: str) -> None:
+    with _failed_lock:
+        _failed_at[url] = time.monotonic()
+
+
+def _by_preference(urls: tuple[str, ...]) -> list[str]:
+    now = time.monotonic()
+    with _failed_lock:
+        recent = {u for u, at in _failed_at.items() if now - at < FAILED_NODE_PENALTY}
+    return sorted(urls, key=lambda u: u in recent)  # stable: the configured order otherwise
 
 
 def ensure_exchanges(conn: Connection, exchanges: Iterable[Exchange]) -> None:

@@ -15,7 +15,7 @@ from typing import Callable
 from kombu import Connection
 from kombu.message import Message
 
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, open_connection, safe_release
+from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, note_lost, open_connection, safe_release
 from vmsched.bus.urls import mask
 
 log = logging.getLogger(__name__)
@@ -25,17 +25,21 @@ def run_reconnecting(options: BusOptions, name: str, stop: threading.Event, serv
                      on_reconnect: Callable[[], None] | None = None) -> None:
     """Open a connection and ``serve(conn)`` until ``stop`` is set; on a broken connection or any other
     failure, release it, wait a bounded backoff and start again (``on_reconnect`` runs after each
-    successful reconnection)."""
+    successful reconnection). With several broker URLs (a cluster) the next connection goes to another
+    node first: one that answers, the lost one last."""
     attempt = 0
     while not stop.is_set():
         conn = None
         try:
             conn = open_connection(options)
-            if attempt and on_reconnect is not None:
-                on_reconnect()
+            if attempt:
+                log.info("%s: connected to %s", name, mask(getattr(conn, "bus_url", options.url)))
+                if on_reconnect is not None:
+                    on_reconnect()
             attempt = 0
             serve(conn)
         except CONNECTION_ERRORS as exc:
+            note_lost(conn)
             delay = backoff(attempt, options.reconnect_max_delay)
             attempt += 1
             log.warning("%s: bus connection failed (%s); retrying in %.1f s", name, mask(str(exc)), delay)

@@ -1,5 +1,11 @@
 """Broker URLs: where a password may come from, and how a URL is shown.
 
+A broker may be a cluster: several URLs, separated by ``;`` as in kombu's
+failover syntax (``amqp://u:p@node1:5672/vmsched;amqp://u:p@node2:5672/vmsched``),
+or one a line in the URL file. A component connects to the first node that
+answers and, when that node goes away, to another one (docs/deploy.md, "A
+RabbitMQ cluster").
+
 A password never comes from the command line (``ps`` shows every process's
 arguments to every user): it comes from a file (``--amqp-url-file``) or the
 environment (``VMSCHED_AMQP_URL``). A URL is only ever shown masked
@@ -25,11 +31,21 @@ def mask(text: str) -> str:
     return _CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
 
 
+def split(text: str) -> list[str]:
+    """The URLs of a failover list (``;`` between them), blanks dropped."""
+    return [part.strip() for part in text.split(";") if part.strip()]
+
+
 def has_password(url: str) -> bool:
-    try:
-        return bool(urlsplit(url.strip()).password)
-    except ValueError:
-        return bool(_CREDENTIALS.search(url))
+    """Whether ``url`` (or any URL of a failover list) holds a password."""
+    for part in split(url) or [url]:
+        try:
+            if urlsplit(part).password:
+                return True
+        except ValueError:
+            if _CREDENTIALS.search(part):
+                return True
+    return False
 
 
 def command_line_url(value: str) -> str:
@@ -49,16 +65,22 @@ def url_argument(value: str) -> str:
 
 
 def read_url_file(path: Path | str) -> str:
-    """The broker URL kept in ``path`` (its first non-empty, non-comment line)."""
+    """The broker URL kept in ``path``: its non-empty, non-comment lines, several of them (a cluster's nodes)
+    joined into one failover list (``;``)."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise ValueError(f"cannot read the broker URL file {path}: {exc.strerror or exc}") from None
+    urls: list[str] = []
     for line in text.splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
-            if "://" not in line:
-                raise ValueError(f"broker URL file {path} does not hold a URL (amqp://USER:PASSWORD@HOST:PORT/VHOST)")
-            return line
-    raise ValueError(f"broker URL file {path} is empty (expected amqp://USER:PASSWORD@HOST:PORT/VHOST)")
+            for url in split(line):
+                if "://" not in url:
+                    raise ValueError(f"broker URL file {path} does not hold a URL "
+                                     "(amqp://USER:PASSWORD@HOST:PORT/VHOST, one a line for a cluster)")
+                urls.append(url)
+    if not urls:
+        raise ValueError(f"broker URL file {path} is empty (expected amqp://USER:PASSWORD@HOST:PORT/VHOST)")
+    return ";".join(urls)

@@ -1,0 +1,119 @@
+"""Several broker URLs (a cluster's nodes), and the gateway client's recovery when its reply queue dies (issue 16).
+
+The 3-node cluster under load is tests/test_cluster.py (slow); here: the URL list
+(masking, the command-line rule, the URL file), connecting past a dead node, and
+a request in flight whose exclusive reply queue is deleted under it (the broker
+cancels the consumer, as when the queue's node dies): the client re-declares a
+reply queue on a new connection and sends the request again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+from vmsched import metrics
+from vmsched.bus.client import AsyncBusClient
+from vmsched.bus.connection import BusOptions, open_connection, safe_release
+from vmsched.bus.urls import command_line_url, has_password, mask, read_url_file
+from vmsched.bus.worker import ServiceWorker
+
+TWO = "amqp://gw:s3cret@node1:5672/vmsched;amqps://gw:other@node2:5671/vmsched"
+
+
+def test_a_url_list_is_masked_and_kept_off_the_command_line(tmp_path: Path):
+    assert mask(TWO) == "amqp://gw:***@node1:5672/vmsched;amqps://gw:***@node2:5671/vmsched"
+    assert has_password("amqp://node1/vmsched;amqp://gw:pw@node2/vmsched")  # the second one's password counts
+    assert not has_password("amqp://gw@node1/vmsched;amqp://gw@node2/vmsched")
+    with pytest.raises(ValueError, match="visible to every user") as exc:
+        command_line_url("amqp://gw@node1/v;amqp://gw:pw@node2/v")
+    assert "pw" not in str(exc.value)
+    assert command_line_url("amqp://gw@node1/v;amqp://gw@node2/v")
+    url_file = tmp_path / "urls"
+    url_file.write_text("# the cluster\namqp://gw:a@node1/v\n\namqp://gw:a@node2/v;amqp://gw:a@node3/v\n")
+    assert read_url_file(url_file) == "amqp://gw:a@node1/v;amqp://gw:a@node2/v;amqp://gw:a@node3/v"
+    url_file.write_text("amqp://gw:a@node1/v\nnode2\n")
+    with pytest.raises(ValueError, match="does not hold a URL"):
+        read_url_file(url_file)
+
+
+def test_the_nodes_of_a_cluster_are_all_plain_or_all_tls():
+    with pytest.raises(ValueError, match="all be amqp:// or all amqps://") as exc:
+        BusOptions(url=TWO)
+    assert "s3cret" not in str(exc.value) and "other" not in str(exc.value)
+    tls = BusOptions(url="amqps://gw:a@node1:5671/v;amqps://gw:a@node2:5671/v")
+    assert tls.urls == ("amqps://gw:a@node1:5671/v", "amqps://gw:a@node2:5671/v")
+    assert tls.ssl_options(tls.urls[1])["server_hostname"] == "node2"  # each node's certificate for its own name
+    assert "a@" not in repr(tls)
+
+
+def test_connecting_skips_a_dead_node_and_tries_it_last(rabbit_vhost: str):
+    dead = f"amqp://guest:guest@127.0.0.1:{free_port()}/x"  # nothing listens there
+    options = BusOptions(url=f"{dead};{rabbit_vhost}", connect_timeout=1)
+    conn = open_connection(options)
+    try:
+        assert conn.bus_url == rabbit_vhost  # type: ignore[attr-defined]
+    finally:
+        safe_release(conn)
+    started = time.monotonic()
+    conn = open_connection(options)  # the dead node is now tried after the live one
+    try:
+        assert conn.bus_url == rabbit_vhost  # type: ignore[attr-defined]
+    finally:
+        safe_release(conn)
+    assert time.monotonic() - started < 5
+    with pytest.raises(Exception, match="no broker node answers") as exc:
+        open_connection(BusOptions(url=f"{dead};{dead.replace('/x', '/y')}", connect_timeout=1))
+    assert "guest:guest" not in str(exc.value)
+
+
+def _resent(reason: str) -> float:
+    return metrics.REGISTRY.get_sample_value("vmsched_bus_resent_total", {"service": "failover-test", "reason": reason}) or 0
+
+
+def test_a_request_whose_reply_queue_died_is_sent_again(rabbit_vhost: str):
+    vhost = rabbit_vhost.rsplit("/", 1)[1]
+    queue = f"test.failover.{time.monotonic_ns()}"
+    started, deleted = threading.Event(), threading.Event()
+    handled: list[float] = []
+
+    def slow(env):  # noqa: ANN001 - the first delivery waits until the test has deleted the reply queue
+        handled.append(time.time())
+        if len(handled) == 1:
+            started.set()
+            deleted.wait(30)  # answers only once its reply queue is gone
+        return {"n": env.body["n"]}
+
+    worker = ServiceWorker(rabbit_vhost, "failover-svc", queue, slow, consumers=2)
+    worker.start()
+
+    async def scenario() -> None:
+        client = AsyncBusClient(BusOptions(url=rabbit_vhost), declare=(queue,), service="failover-test")
+        await client.start()
+        try:
+            assert await asyncio.to_thread(worker.ready.wait, 20)
+            before, old_queue = _resent("reconnect"), client._reply_queue
+            call = asyncio.ensure_future(client.call(queue, "x", {"n": 7}, 15))
+            assert await asyncio.to_thread(started.wait, 10)
+            out = await asyncio.to_thread(subprocess.run, ["rabbitmqctl", "-q", "delete_queue", "-p", vhost, old_queue],
+                                          capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            deleted.set()
+            assert await asyncio.wait_for(call, 15) == {"n": 7}
+            assert client._reply_queue != old_queue and client.connected
+            assert _resent("reconnect") == before + 1
+            assert len(handled) == 2  # the first reply went to the deleted queue; the second one came back
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        deleted.set()
+        worker.stop()
