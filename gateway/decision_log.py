@@ -7,7 +7,12 @@ ring, writes it as one JSON line to stdout when asked (``--decisions-log``),
 and publishes it, batched, on ``vmsched.events`` with the routing key
 ``gateway.<id>.decision``. :class:`DecisionSubscriber` reads that key from
 every gateway, so with several replicas each ring holds all their decisions;
-a gateway skips its own (already in its ring).
+a gateway skips its own (already in its ring). On the embedded bus
+(``memory://``, one process, so one gateway) nothing is published.
+
+The recording thread wakes at most every :data:`PAUSE` seconds, builds the
+records of the batch one by one and yields the GIL between them, so the
+event loop answering the engine waits for at most one record's work.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ BATCH = 200
 #: how long the recording thread waits after the first decision of a batch, seconds
 PAUSE = 0.2
 MAX_MESSAGE = 8 << 20
+#: decisions waiting for the recording thread at most; past it new ones are counted in ``skipped``, not kept
+MAX_PENDING = 5000
 
 
 def gateway_label(configured: str = "") -> str:
@@ -100,12 +107,17 @@ class DecisionLog:
         self.stdout = stdout
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        bus = bus if size else None  # size 0: no decision log at all
+        self.skipped = 0  # decisions not recorded because MAX_PENDING were waiting
+        if not size or (bus is not None and bus.url.startswith("memory://")):
+            bus = None  # size 0: no decision log at all; the embedded bus: no other gateway to share with
         self.publisher = EventPublisher(bus, service=f"gateway-{gateway}") if bus is not None else None
         self.subscriber = DecisionSubscriber(bus, gateway, self._received) if bus is not None else None
 
     # --- the request path -------------------------------------------------------------------------
     def submit(self, op: str, req: Any, decision: Any, outcomes: Any, bus_failed: bool, duration: float) -> None:
+        if self._queue.qsize() >= MAX_PENDING:  # the recorder is starved: never let the backlog grow unbounded
+            self.skipped += 1
+            return
         self._queue.put((op, req, decision, outcomes, bus_failed, duration, time.time()))
 
     # --- the background ---------------------------------------------------------------------------
@@ -136,6 +148,7 @@ class DecisionLog:
             item = self._queue.get()
             if item is not None and len(item) > 1:
                 time.sleep(PAUSE)  # gather a batch: one wake-up per PAUSE, not per request (GIL hand-offs)
+            facts_known = self.facts is not None and bool(self.facts.hosts())  # once per batch
             while True:
                 if item is None:
                     self._publish(batch)
@@ -143,9 +156,10 @@ class DecisionLog:
                 if len(item) == 1:
                     item[0].set()
                 else:
-                    record = self._record(item)
+                    record = self._record(item, facts_known)
                     if record is not None:
                         batch.append(record)
+                    time.sleep(0)  # hand the GIL back to the event loop between records
                 if len(batch) >= BATCH:
                     break
                 try:
@@ -154,11 +168,12 @@ class DecisionLog:
                     break
             self._publish(batch)
 
-    def _record(self, item: tuple[Any, ...]) -> dict[str, Any] | None:
+    def _record(self, item: tuple[Any, ...], facts_known: bool) -> dict[str, Any] | None:
         op, req, decision, outcomes, bus_failed, duration, at = item
         try:
+            ages = self._ages(req) if facts_known else {}
             record = decisions.build(op, req, decision, outcomes, bus_failed=bus_failed, gateway=self.gateway,
-                                     duration=duration, facts_age=self._ages(req), at=at)
+                                     duration=duration, facts_age=ages, at=at)
         except Exception:  # noqa: BLE001 - the log must never take the gateway down
             log.exception("recording a %s decision failed", op)
             return None
@@ -168,14 +183,16 @@ class DecisionLog:
             sys.stdout.flush()
         return record
 
-    def _ages(self, req: Any) -> dict[str, float | None]:
+    def _ages(self, req: Any) -> dict[str, float]:
+        """Seconds since each host's facts were collected; a host without facts is left out."""
         if self.facts is None:
             return {}
         now = time.time()
-        ages: dict[str, float | None] = {}
+        ages: dict[str, float] = {}
         for host in getattr(req, "hosts", []):
             entry, _ = self.facts.resolve(host)
-            ages[host] = round(self.facts.age(entry, now), 3) if entry is not None else None
+            if entry is not None:
+                ages[host] = round(self.facts.age(entry, now), 3)
         return ages
 
     def _publish(self, batch: list[dict[str, Any]]) -> None:

@@ -11,8 +11,9 @@ renders it must escape it.
 
 from __future__ import annotations
 
+import itertools
+import secrets
 import time
-import uuid
 from typing import Any, Callable
 
 from pydantic import BaseModel
@@ -22,6 +23,13 @@ from vmsched.messages import BalanceOutcome, FilterOutcome, ScoreOutcome
 
 #: hosts named in one summary clause at most
 SHOWN = 3
+_ID_PREFIX = secrets.token_hex(8)  # this process's; IDs differ across gateway replicas and restarts
+_ID_COUNTER = itertools.count()
+
+
+def new_id() -> str:
+    """A decision ID: 32 hex digits, a random per-process prefix and a counter (no system call per record)."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def _short(hosts: list[str]) -> str:
@@ -44,14 +52,22 @@ def _filter_units(hosts: list[str], outcomes: list[FilterOutcome]) -> list[dict[
     units = []
     for o in outcomes:
         unit = _base(o)
-        if o.ok:
-            returned = set(o.hosts)
-            unit["kept"] = [h for h in hosts if h in returned]
-            unit["dropped"] = [h for h in hosts if h not in returned]
-        else:
-            unit["kept"], unit["dropped"] = list(hosts), []  # a failing filter drops nothing
+        returned = set(o.hosts)  # kept: the others (readers get them from for_reader; records stay small)
+        unit["dropped"] = [h for h in hosts if h not in returned] if o.ok else []  # a failing filter drops nothing
         units.append(unit)
     return units
+
+
+def for_reader(record: dict[str, Any]) -> dict[str, Any]:
+    """The record as the API shows it: a filter unit's ``kept`` hosts spelled out (the ring keeps only ``dropped``)."""
+    if record.get("op") != "filter":
+        return record
+    hosts = record["hosts"]
+    units = []
+    for u in record["units"]:
+        dropped = set(u.get("dropped", []))
+        units.append({**u, "kept": [h for h in hosts if h not in dropped]})
+    return {**record, "units": units}
 
 
 def _score_units(outcomes: list[ScoreOutcome]) -> list[dict[str, Any]]:
@@ -161,7 +177,7 @@ def build(op: str, req: BaseModel, decision: Decision, outcomes: Any, *, bus_fai
     nothing_ran = not units
     all_failed = bool(units) and not any(u["ok"] for u in units)
     record: dict[str, Any] = {
-        "id": uuid.uuid4().hex,
+        "id": new_id(),
         "time": time.time() if at is None else at,
         "op": op,
         "gateway": gateway,

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
 from vmsched.gateway.decision_log import DecisionLog
+from vmsched.gateway.decisions import for_reader
 
 router = APIRouter(tags=["decision log"])
 
@@ -34,7 +35,8 @@ async def list_decisions(
 ) -> dict[str, Any]:
     log = _log(request)
     found = log.ring.recent(limit, vm=vm, host=host, op=op, errors_only=errors == "only")
-    return {"decisions": found, "count": len(found), "gateway": log.gateway, "ring_size": log.ring.size}
+    return {"decisions": [for_reader(r) for r in found], "count": len(found), "gateway": log.gateway,
+            "ring_size": log.ring.size}
 
 
 @router.get("/v1/decisions/{decision_id}", summary="One decision: every unit's verdict on every host")
@@ -43,4 +45,4 @@ async def get_decision(request: Request, decision_id: DecisionId) -> dict[str, A
     if record is None:
         raise HTTPException(404, {"code": "not_found", "error": f"no decision {decision_id} in this gateway's "
                                                                  "log (it may have left the ring)"})
-    return record
+    return for_reader(record)

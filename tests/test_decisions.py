@@ -42,10 +42,11 @@ def test_filter_record_says_which_unit_dropped_which_host() -> None:
         FilterOutcome(unit="Slow", ok=False, timed_out=True, error="timed out after 1.0 s"),
     ])
     assert record["result"] == [H[0], H[2]] and not record["fallback"]
-    memory, allow, slow = record["units"]
+    memory, allow, slow = decisions.for_reader(record)["units"]  # the API's form: kept spelled out
     assert memory["dropped"] == H[3:5] and memory["kept"] == H[:3] and memory["duration"] == 0.002
     assert allow["dropped"] == [H[1]]
-    assert slow["timed_out"] and slow["dropped"] == []  # a failing filter drops nothing
+    assert slow["timed_out"] and slow["dropped"] == [] and slow["kept"] == H[:5]  # a failing filter drops nothing
+    assert "kept" not in record["units"][0]  # the ring and the bus carry only what was dropped
     assert record["summary"].startswith("kept 2 of 5 hosts: Memory dropped 2 (")
     assert f"AllowDeny dropped 1 ({H[1]})" in record["summary"]
     assert "Slow timed out, ignored" in record["summary"]
@@ -159,13 +160,27 @@ def test_gateway_label_is_routing_key_safe() -> None:
 
 
 # --- replicas on the bus ------------------------------------------------------------------------
-@pytest.fixture(params=["memory", "rabbitmq"])
-def bus_url(request: pytest.FixtureRequest) -> str:
-    return "memory://" if request.param == "memory" else request.getfixturevalue("rabbit_vhost")
+def test_the_embedded_bus_shares_nothing() -> None:
+    """memory:// lives in one process, which runs one gateway: nobody to publish to."""
+    log = DecisionLog(10, "gw-a", bus=BusOptions(url="memory://", connect_timeout=2.0))
+    assert log.publisher is None and log.subscriber is None
 
 
-def test_every_replica_keeps_every_gateways_decisions(bus_url: str) -> None:
-    options = BusOptions(url=bus_url, connect_timeout=2.0)
+def test_the_backlog_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("vmsched.gateway.decision_log.MAX_PENDING", 3)
+    log = DecisionLog(10, "gw-a")  # not started: nothing drains the queue
+    req = FilterRequest(units=["A"], hosts=H[:2], vm=VM)
+    for _ in range(5):
+        log.submit("filter", req, Decision(result=H[:2]), [], False, 0.01)
+    assert log.skipped == 2
+    log.start()
+    log.flush()
+    assert len(log.ring) == 3
+    log.stop()
+
+
+def test_every_replica_keeps_every_gateways_decisions(rabbit_vhost: str) -> None:
+    options = BusOptions(url=rabbit_vhost, connect_timeout=2.0)
     a, b = DecisionLog(10, "gw-a", bus=options), DecisionLog(10, "gw-b", bus=options)
     for log in (a, b):
         log.start()
@@ -219,7 +234,8 @@ def test_api_lists_and_details_engine_decisions(stack: Stack) -> None:
     units = {u["unit"]: u for u in detail["units"]}
     assert units["KeepEven"]["dropped"] == [H[1], H[3]] and units["KeepAllButLast"]["dropped"] == [H[4]]
     assert units["Hangs"]["timed_out"] and detail["result"] == [H[0], H[2]] and not detail["fallback"]
-    assert set(detail["facts_age"]) == set(H[:5])
+    assert units["KeepEven"]["kept"] == [H[0], H[2], H[4]]  # spelled out for readers
+    assert detail["facts_age"] == {}  # no agent has sent facts: no host has an age
 
     stack.xmlrpc("runCostFunctions", [["FloatScore", 2]], H[:2], vm, {})
     wait_until(lambda: len(_decisions(stack, vm=vm)) == 2, 10, 0.05, "the score decision")
