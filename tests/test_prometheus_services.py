@@ -12,8 +12,9 @@ plugin timeout (``Hangs``), and a refused and an applied ``policy set``. Then:
   agents' host rows (CPU, memory, guests, facts age) included;
 * the overview's request rate, over a window between two of the gateway's scrapes, is the gateway's own
   count of the requests in it (within 5%; the all-services sum is about twice that);
-* freezing (SIGSTOP) and then killing the scoring service makes the "component down" expression true at
-  the first or second scrape after the freeze (counted in scrapes, from Prometheus's own samples).
+* freezing (SIGSTOP) and then killing the scoring service makes the "component down" expression
+  (VmschedComponentDown's) true at the first or second scrape after the freeze (counted in scrapes, from
+  Prometheus's own samples), for scoring only; once killed, its only replica also reads absent.
 
 Heavy (a Prometheus server, five processes, the broker): marked ``slow``; every wait is bounded.
 """
@@ -33,7 +34,7 @@ import httpx
 import pytest
 
 from tests.conftest import AUTH, ROOT, TEST_PLUGINS, TEST_TOKEN, Proc, bus_args, free_port, wait_until
-from tests.test_alert_rules import prometheus_tool
+from tests.test_alert_rules import alerts, prometheus_tool
 from tests.test_deploy_metrics import dashboard_queries
 from tests.test_prometheus_real import INTERVAL_S, Prometheus, _config, _samples
 
@@ -250,8 +251,10 @@ def test_freezing_then_killing_scoring_is_seen_within_two_scrapes(services: dict
                                                                   traffic: dict[str, Any]) -> None:
     prom, scoring = services["prom"], services["procs"]["scoring"]
     assert scoring.popen is not None
-    down_expr = 'up{component="scoring"} == 0'  # VmschedComponentDown's expression, for scoring
-    assert not prom.query(down_expr)
+    rules = alerts()
+    down_expr = rules["VmschedComponentDown"]["expr"]
+    absent_expr = rules["VmschedServiceAbsent"]["expr"]
+    assert not prom.query(down_expr) and not prom.query(absent_expr)
     frozen_at = time.time()
     os.kill(scoring.popen.pid, signal.SIGSTOP)
     try:
@@ -259,8 +262,8 @@ def test_freezing_then_killing_scoring_is_seen_within_two_scrapes(services: dict
         samples = _samples(prom, 'up{component="scoring"}', frozen_at)
         first_down = next(i for i, (_, value) in enumerate(samples) if value == 0)
         assert first_down <= 1, f"up fell at scrape {first_down + 1} after the freeze: {samples}"
-        others = prom.query('up{component=~"gateway|discovery|balancer|agent"} == 0')
-        assert not others, f"only scoring is down: {others}"
+        down = [r["metric"]["component"] for r in prom.query(down_expr)]
+        assert down == ["scoring"], f"only scoring is down: {down}"
         os.kill(scoring.popen.pid, signal.SIGKILL)
         scoring.popen.wait(10)
     finally:
@@ -272,5 +275,7 @@ def test_freezing_then_killing_scoring_is_seen_within_two_scrapes(services: dict
         time.sleep(0.3)
     after_kill = _samples(prom, 'up{component="scoring"}', killed_at)
     assert len(after_kill) >= 2 and all(value == 0 for _, value in after_kill), after_kill
-    down = prom.query(dict(dashboard_queries())["Components down"])
-    assert float(down[0]["value"][1]) == 1, down
+    assert [r["metric"]["component"] for r in prom.query(down_expr)] == ["scoring"], "still down once killed"
+    stat = prom.query(dict(dashboard_queries())["Components down"])
+    assert float(stat[0]["value"][1]) == 1, stat
+    assert [r["metric"]["component"] for r in prom.query(absent_expr)] == ["scoring"], "its only replica: absent"
