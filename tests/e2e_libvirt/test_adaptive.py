@@ -152,7 +152,7 @@ def test_weight_follows_demand_and_decays_when_idle(env, guests, agent_factory, 
                  what="the weight to decay back to the base 1024 once the guest idles")
     assert seen[-1][1] == (1024 if g.cgroup().version == "v1" else 100)
     config = dom.schedulerParametersFlags(CONFIG)
-    assert config.get("cpu_shares", 1024) == 1024, "tuned weight is live-only"
+    assert config.get("cpu_shares") in (0, 1024), f"tuned weight is live-only; config holds {config}"  # 0: unset
     assert metric_sum(agent, REPAIRS) == repairs0
     values = [s for s, _ in seen]
     assert max(values) <= 4096 and min(values) >= 1024, f"weights seen {seen} left the bounds [1024, 4096]"
