@@ -2,9 +2,10 @@
 
 Started here, on the shared RabbitMQ in this module's own vhost: the gateway, discovery, scoring and
 balancer as four processes, and a policy agent on libvirt's in-process test driver (``test:///default``)
-publishing host facts every second. Every /metrics needs the tests' read token (the services'
---metrics-auth, the agent's --metrics-tokens-file), and one configuration from the template
-(scripts/prometheus-config local --token-file, with the shipped alert rules) scrapes them all. Traffic:
+publishing host facts every second. Every /metrics is served over TLS (--metrics-tls-cert, a test CA) and
+needs the tests' read token (the services' --metrics-auth, the agent's --metrics-tokens-file), and one
+configuration from the template (scripts/prometheus-config local --token-file --ca-file, with the shipped
+alert rules) scrapes them all. Traffic:
 discover, filter, score and balance requests, with failing units (``Raises``), units killed at the 1 s
 plugin timeout (``Hangs``), and a refused and an applied ``policy set``. Then:
 
@@ -37,6 +38,7 @@ from tests.conftest import AUTH, ROOT, TEST_PLUGINS, TEST_TOKEN, Proc, bus_args,
 from tests.test_alert_rules import alerts, prometheus_tool
 from tests.test_deploy_metrics import dashboard_queries
 from tests.test_prometheus_real import INTERVAL_S, Prometheus, _config, _samples
+from tests.tls_certs import make_certs
 
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
 pytestmark = pytest.mark.slow
@@ -61,6 +63,8 @@ def services(tmp_path_factory: pytest.TempPathFactory, rabbit_vhost: str, test_t
     work = tmp_path_factory.mktemp("prometheus-services")
     api, ports = free_port(), {name: free_port() for name in (*SERVICES, "agent")}
     bus = bus_args(work, rabbit_vhost)
+    certs = make_certs(work / "tls")
+    tls = ["--metrics-tls-cert", str(certs.server_cert), "--metrics-tls-key", str(certs.server_key)]
     env = {"VMSCHED_AMQP_URL": "", "VMSCHED_AGENT_AMQP": ""}
     plugins = ["--plugins", str(TEST_PLUGINS), "--plugin-timeout", "1", "--pool-size", "1", "--consumers", "1"]
     args = {
@@ -69,12 +73,13 @@ def services(tmp_path_factory: pytest.TempPathFactory, rabbit_vhost: str, test_t
         "scoring": ["scoring", *plugins, "--facts-max-age", "5"],
         "balancer": ["balancer", *plugins, "--facts-max-age", "5"],
     }
-    procs = {name: Proc([*argv, *bus, "--metrics-port", str(ports[name]), "--metrics-auth"], work / f"{name}.log",
-                        env=env).start() for name, argv in args.items()}
+    procs = {name: Proc([*argv, *bus, "--metrics-port", str(ports[name]), "--metrics-auth", *tls],
+                        work / f"{name}.log", env=env).start() for name, argv in args.items()}
     procs["agent"] = Proc(["agent", "--libvirt", "test:///default", "--host-id", "h1", *bus,
                            "--state-dir", str(work / "state"), "--lock-dir", str(work / "lock"),
                            "--socket", str(work / "agent.sock"), "--dedicated-pool", "4-7", "--facts-interval", "1",
-                           "--metrics-port", str(ports["agent"]), "--metrics-tokens-file", str(test_tokens_file)],
+                           "--metrics-port", str(ports["agent"]), "--metrics-tokens-file", str(test_tokens_file),
+                           *tls],
                           work / "agent.log", env=env).start()
     token = work / "read.token"
     token.write_text(TEST_TOKEN)
@@ -84,19 +89,18 @@ def services(tmp_path_factory: pytest.TempPathFactory, rabbit_vhost: str, test_t
     (agents / "local.yml").write_text(f'- targets: ["127.0.0.1:{ports["agent"]}"]\n')
     config = work / "prometheus.yml"
     config.write_text(_config(*(a for name in SERVICES for a in ("--target", f"{name}=127.0.0.1:{ports[name]}")),
-                              "--agents-dir", str(agents), "--token-file", str(token)))
+                              "--agents-dir", str(agents), "--token-file", str(token), "--ca-file", str(certs.ca)))
     prom = None
     try:
         base = f"http://127.0.0.1:{api}"
         wait_until(lambda: _ready(base, procs), 90, 0.2, "the gateway to see a consumer on every request queue")
         for name in ("discovery", "scoring", "balancer", "agent"):
-            wait_until(lambda: _alive(procs) and _get(f"http://127.0.0.1:{ports[name]}/readyz" if name != "agent"
-                                                      else f"http://127.0.0.1:{ports[name]}/healthz"),
-                       60, 0.2, f"{name} ready")
+            probe = f"https://127.0.0.1:{ports[name]}/{'healthz' if name == 'agent' else 'readyz'}"
+            wait_until(lambda: _alive(procs) and _get(probe, certs.ca), 60, 0.2, f"{name} ready")
         prom = Prometheus(binary, config, work)
         prom.wait_ready()
-        yield {"prom": prom, "procs": procs, "api": base, "work": work,
-               "gateway_metrics": f"http://127.0.0.1:{ports['gateway']}/metrics"}
+        yield {"prom": prom, "procs": procs, "api": base, "work": work, "ca": certs.ca,
+               "gateway_metrics": f"https://127.0.0.1:{ports['gateway']}/metrics"}
     finally:
         if prom is not None:
             prom.stop()
@@ -111,9 +115,9 @@ def _alive(procs: dict[str, Proc]) -> bool:
     return True
 
 
-def _get(url: str) -> bool:
+def _get(url: str, ca: Path) -> bool:
     try:
-        return httpx.get(url, timeout=2).status_code == 200
+        return httpx.get(url, timeout=2, verify=str(ca)).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -149,7 +153,7 @@ def _stop(proc: Proc) -> None:
 def _gateway_count(services: dict[str, Any]) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(services["gateway_metrics"], headers=AUTH, timeout=10).text
+    text = httpx.get(services["gateway_metrics"], headers=AUTH, timeout=10, verify=str(services["ca"])).text
     return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
                if s.name == "vmsched_requests_total" and s.labels["service"] == "gateway")
 
