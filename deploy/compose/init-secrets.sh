@@ -73,6 +73,12 @@ for host in $agent_hosts; do
     > "$SECRETS/operator/vmsched-agent-$host.url"
 done
 
+# --- the workers' runtime directory: their in-flight journals (docs/upgrading.md, "Poison messages") ---
+if [ -d "$SECRETS/worker-run" ]; then
+  chmod 0700 "$SECRETS/worker-run"
+  owned "$SECRETS/worker-run"
+fi
+
 # --- the gateway's tokens file ------------------------------------------------------------
 tokens="$SECRETS/gateway-tokens/tokens.yaml"
 if [ ! -e "$tokens" ]; then
