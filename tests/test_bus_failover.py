@@ -10,17 +10,22 @@ reply queue on a new connection and sends the request again.
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from kombu import Queue
 
 from tests.conftest import free_port
 from vmsched import metrics
 from vmsched.bus.client import AsyncBusClient
-from vmsched.bus.connection import BusOptions, open_connection, safe_release
+from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection, safe_release
+from vmsched.bus.events import EventPublisher
+from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.bus.urls import command_line_url, has_password, mask, read_url_file
 from vmsched.bus.worker import ServiceWorker
 
@@ -117,3 +122,27 @@ def test_a_request_whose_reply_queue_died_is_sent_again(rabbit_vhost: str):
     finally:
         deleted.set()
         worker.stop()
+
+
+def test_an_event_after_the_connection_broke_goes_out_on_a_new_one(rabbit_vhost: str):
+    pub = EventPublisher(rabbit_vhost, service="failover-test")
+    conn = open_connection(BusOptions(url=rabbit_vhost))
+    try:
+        ensure_exchanges(conn, (EVENTS_EXCHANGE,))
+        tap = Queue("", exchange=EVENTS_EXCHANGE, routing_key="agent.failover.#", exclusive=True)(conn.default_channel)
+        tap.declare()
+        assert pub.publish("agent.failover.one", {"n": 1})
+        pub._conn.connection.sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]  # as when its node dies
+        assert pub.publish("agent.failover.two", {"n": 2})  # not dropped: sent again on a new connection
+        got = []
+        for _ in range(50):
+            message = tap.get(no_ack=True)
+            if message is not None:
+                got.append(json.loads(message.body)["n"])
+            if len(got) == 2:
+                break
+            time.sleep(0.1)
+        assert got == [1, 2]
+    finally:
+        pub.close()
+        safe_release(conn)

@@ -4,14 +4,16 @@ Three private nodes (tests/rabbit_private.py: their own names, ports, data and
 ``enabled_plugins``; joined with ``rabbitmqctl join_cluster``; the shared broker
 on 5672 is never touched). The gateway, discovery and two scoring services run
 as separate processes, each given the three nodes' URLs (one a line in their
-URL file). Four engine-like XML-RPC clients send requests for LOAD_SECONDS; at
+URL file), and so does a policy agent on libvirt's test driver. Four
+engine-like XML-RPC clients send requests for LOAD_SECONDS, a fifth client
+sets a guest's policy on the agent through the gateway over and over; at
 KILL_AT the node holding the leaders of the request queues (quorum queues:
 ``rabbitmqctl list_queues name leader``) is SIGKILLed, at RESTART_AT it is
 started again. Every request is counted: answered (the same reply as before the
 kill), failed fast (any other reply or error) or hung (no reply within its
-deadline plus a margin). Required: none failed, none hung, and every service
-answers again without having been restarted. The figures are printed for
-docs/reliability.md.
+deadline plus a margin). Required: no scheduling request failed, none hung,
+no policy call hung, and every service and the agent answer again without
+having been restarted. The figures are printed for docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import SCORING_QUEUES, Proc, Stack, free_port, plugin_copy, wait_until
+from tests.conftest import AUTH, SCORING_QUEUES, Proc, Stack, free_port, plugin_copy, wait_until
 from tests.engine_wire import call
 from tests.rabbit_private import PrivateCluster, available
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(available() is not None, reason=str(available()))]
+pytest.importorskip("libvirt", reason="libvirt-python (the agent) is installed by scripts/bootstrap --test")
 
 H = [f"bbbbbbbb-0000-0000-0000-00000000000{i}" for i in range(4)]
 VM = "11111111-2222-3333-4444-555555555555"
@@ -76,8 +79,30 @@ def _client(url: str, tally: Tally, stop_at: float, index: int) -> None:
             tally.done.append((started, time.monotonic(), outcome, detail))
 
 
-def _metric(text: str, name: str) -> float:
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M))
+def _policies(url: str, tally: Tally, stop_at: float) -> None:
+    """An operator setting a guest's policy on its agent through the gateway, again and again."""
+    weight = 256
+    while time.monotonic() < stop_at:
+        weight = 768 - weight  # 256, 512, ...: each call changes the policy
+        started = time.monotonic()
+        try:
+            r = httpx.put(url, json={"weight": weight}, headers=AUTH, timeout=HUNG_AFTER)
+            outcome, detail = ("answered", "") if r.status_code == 200 else ("failed", f"{r.status_code} {r.text[:200]}")
+        except httpx.TimeoutException as exc:
+            outcome, detail = "hung", repr(exc)
+        except Exception as exc:  # noqa: BLE001
+            outcome, detail = "failed", repr(exc)[:300]
+        with tally.lock:
+            tally.done.append((started, time.monotonic(), outcome, detail))
+        time.sleep(0.1)
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for m in re.finditer(rf"^{name}\{{([^}}]*)\}} ([0-9.e+]+)$", text, re.M):
+        if all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
 
 
 def test_losing_the_leader_node_under_load_loses_nothing(tmp_path: Path):
@@ -98,8 +123,17 @@ def test_losing_the_leader_node_under_load_loses_nothing(tmp_path: Path):
             procs.append(Proc([name, *bus, "--plugins", str(plugins), "--pool-size", "2",
                                "--metrics-port", str(service_metrics[f"{name}-{i}"])],
                               tmp_path / f"{name}-{i}.log").start())
+        host = "hv-cluster"
+        procs.append(Proc(["agent", "--libvirt", "test:///default", "--host-id", host, "--amqp-url-file", str(url_file),
+                           "--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "agent.sock"),
+                           "--lock-dir", str(tmp_path / "lock")], tmp_path / "agent.log",
+                          env={"VMSCHED_AGENT_AMQP": "", "VMSCHED_AMQP_URL": ""}).start())
         stack = Stack(port, plugins, procs, metrics_port)
         stack.wait_ready(90, queues=SCORING_QUEUES)
+        policy_url = f"{stack.url}/v1/hosts/{host}/policies/test"
+        wait_until(lambda: httpx.put(policy_url, json={"weight": 512}, headers=AUTH, timeout=10).status_code == 200,
+                   60, 0.5, "the agent to answer through the gateway")
+        policies = Tally({})
         tally = Tally({method: stack.xmlrpc(method, *params) for method, params in CALLS})
         assert tally.expected["runFilters"]["result"] == [H[0], H[2]], tally.expected
 
@@ -111,6 +145,7 @@ def test_losing_the_leader_node_under_load_loses_nothing(tmp_path: Path):
         started = time.monotonic()
         clients = [threading.Thread(target=_client, args=(stack.url + "/", tally, started + LOAD_SECONDS, i),
                                     daemon=True) for i in range(CLIENTS)]
+        clients.append(threading.Thread(target=_policies, args=(policy_url, policies, started + LOAD_SECONDS), daemon=True))
         for t in clients:
             t.start()
         time.sleep(max(0.0, started + KILL_AT - time.monotonic()))
@@ -127,16 +162,22 @@ def test_losing_the_leader_node_under_load_loses_nothing(tmp_path: Path):
         gaps = [b - a for a, b in zip([killed_at, *after_kill], after_kill)]
         slowest = max(end - start for start, end, _, _ in tally.done)
         metrics = httpx.get(f"{stack.metrics_url}/metrics", timeout=10).text
-        resent = _metric(metrics, "vmsched_bus_resent_total")
+        resent = {why: _metric(metrics, "vmsched_bus_resent_total", reason=why)
+                  for why in ("reconnect", "nack", "confirm_timeout")}
         duplicates = _metric(metrics, "vmsched_bus_duplicate_replies_total")
+        policy_counts = {o: policies.count(o) for o in ("answered", "failed", "hung")}
         print(f"\ncluster failover: {len(tally.done)} requests by {CLIENTS} clients in {LOAD_SECONDS:g} s; "
-              f"answered {answered}, failed fast {failed}, hung {hung}; re-sent {resent:g}, duplicate replies "
+              f"answered {answered}, failed fast {failed}, hung {hung}; re-sent {resent}, duplicate replies "
               f"{duplicates:g}; longest pause in answers after the kill {max(gaps):.2f} s; slowest request "
               f"{slowest:.2f} s; victim {victim.node} led {request_leaders.count(victim.node)} of "
-              f"{len(request_leaders)} request queues")
+              f"{len(request_leaders)} request queues; policy calls {policy_counts}, failures: "
+              f"{[d[3] for d in policies.done if d[2] != 'answered'][:3]}")
         problems = [d for d in tally.done if d[2] != "answered"][:5]
         assert failed == 0 and hung == 0, f"{failed} failed, {hung} hung, e.g. {problems}"
         assert answered > 0 and after_kill, "no request answered after the kill"
+        assert policy_counts["hung"] == 0, policies.done
+        assert any(outcome == "answered" and start > killed_at for start, _, outcome, _ in policies.done), \
+            "no policy call answered after the kill"
 
         # every service is back by itself: same processes, each consuming again, the cluster whole again
         for p in procs:
@@ -148,6 +189,9 @@ def test_losing_the_leader_node_under_load_loses_nothing(tmp_path: Path):
                                        "vmsched_bus_connected") >= 1, 30, 0.2, f"{name} to be on the bus again")
         for method, params in CALLS:
             assert stack.xmlrpc(method, *params) == tally.expected[method]
+        assert httpx.put(policy_url, json={"weight": 100}, headers=AUTH, timeout=10).status_code == 200
+        for p in procs:
+            assert ":guest@" not in p.output()  # the broker password never in a log line
     finally:
         for p in procs:
             p.kill()

@@ -10,7 +10,8 @@ from typing import Any
 
 from kombu import Connection, Producer
 
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, ensure_exchanges, open_connection, safe_release
+from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, ensure_exchanges, note_lost, open_connection, \
+    safe_release
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.bus.urls import mask
 
@@ -22,7 +23,9 @@ class EventPublisher:
 
     Events are notifications, not commands: when the broker is down an event
     is logged and dropped (never raised to the caller), and the publisher
-    reconnects on a later publish after a short cool-down.
+    reconnects on a later publish after a short cool-down. A connection that
+    broke since the last event (its node died) is replaced at once, to another
+    node of a cluster first, and the event sent there.
     """
 
     def __init__(self, url: str | BusOptions, service: str = "agent", retry_after: float = 2.0) -> None:
@@ -37,22 +40,27 @@ class EventPublisher:
     def publish(self, routing_key: str, body: dict[str, Any]) -> bool:
         payload = json.dumps({"service": self.service, "time": time.time(), **body}).encode()
         with self._lock:
-            try:
-                producer = self._ensure()
-                if producer is None:
-                    return False
-                producer.publish(payload, routing_key=routing_key, exchange=EVENTS_EXCHANGE,
-                                 content_type="application/json", content_encoding="utf-8", retry=False)
-                return True
-            except CONNECTION_ERRORS as exc:
-                log.warning("%s: event %s dropped, bus unavailable: %s", self.service, routing_key, mask(str(exc)))
-                self._reset()
-                return False
+            for again in (False, True):
+                stale = self._producer is not None  # opened for an earlier event
+                try:
+                    producer = self._ensure(now=again)
+                    if producer is None:
+                        return False
+                    producer.publish(payload, routing_key=routing_key, exchange=EVENTS_EXCHANGE,
+                                     content_type="application/json", content_encoding="utf-8", retry=False)
+                    return True
+                except CONNECTION_ERRORS as exc:
+                    note_lost(self._conn)
+                    self._reset()
+                    if stale and not again:
+                        continue
+                    log.warning("%s: event %s dropped, bus unavailable: %s", self.service, routing_key, mask(str(exc)))
+            return False
 
-    def _ensure(self) -> Producer | None:
+    def _ensure(self, now: bool = False) -> Producer | None:
         if self._producer is not None:
             return self._producer
-        if self._down_since and time.monotonic() - self._down_since < self.retry_after:
+        if not now and self._down_since and time.monotonic() - self._down_since < self.retry_after:
             return None
         try:
             self._conn = open_connection(self.options)
