@@ -11,8 +11,9 @@ plugin timeout (``Hangs``), and a refused and an applied ``policy set``. Then:
 
 * every dashboard expression parses in Prometheus (its HTTP API), and the core panels return data, the
   agents' host rows (CPU, memory, guests, facts age) included;
-* the overview's request rate, over a window between two of the gateway's scrapes, is the gateway's own
-  count of the requests in it (within 5%; the all-services sum is about twice that);
+* the overview's request rate and error ratio, over a window between two of the gateway's scrapes, are the
+  gateway's own counts of the requests in it and of its error replies (within 5%; the all-services sum
+  of requests is about twice that);
 * freezing (SIGSTOP) and then killing the scoring service makes the "component down" expression
   (VmschedComponentDown's) true at the first or second scrape after the freeze (counted in scrapes, from
   Prometheus's own samples), for scoring only; once killed, its only replica also reads absent.
@@ -150,12 +151,14 @@ def _stop(proc: Proc) -> None:
                 pass
 
 
-def _gateway_count(services: dict[str, Any]) -> float:
+def _gateway_count(services: dict[str, Any]) -> tuple[float, float]:
+    """The gateway's own count of requests, and of those answered with errors (its /metrics)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(services["gateway_metrics"], headers=AUTH, timeout=10, verify=str(services["ca"])).text
-    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-               if s.name == "vmsched_requests_total" and s.labels["service"] == "gateway")
+    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "vmsched_requests_total" and s.labels["service"] == "gateway"]
+    return sum(s.value for s in samples), sum(s.value for s in samples if s.labels["outcome"] != "ok")
 
 
 def _scrape_after(prom: Prometheus, since: float, timeout: float = 30) -> float:
@@ -179,7 +182,7 @@ def traffic(services: dict[str, Any]) -> dict[str, Any]:
     prom.wait_for('up{component="agent"} == 1', "the agent scraped")
     prom.wait_for('vmsched_agent_host_cpus > 0', "the agent's first host facts")
     prom.wait_for('vmsched_facts_age_seconds{service="scoring",host="h1"}', "h1's facts in scoring's cache")
-    c0 = _gateway_count(services)
+    (c0, e0) = _gateway_count(services)
     t0 = _scrape_after(prom, time.time())
     sent = 0
     with httpx.Client(base_url=api, headers=AUTH, timeout=30) as client:
@@ -197,7 +200,7 @@ def traffic(services: dict[str, Any]) -> dict[str, Any]:
             r = client.post("/v1/filter", json={"units": ["Hangs"], "hosts": HOSTS})
             assert r.status_code == 200, r.text
             sent += 1
-    c1 = _gateway_count(services)
+    (c1, e1) = _gateway_count(services)
     t1 = _scrape_after(prom, time.time())
     sock = str(services["work"] / "agent.sock")
     cli = [sys.executable, "-m", "vmsched.cli", "policy", "set", "test", "--socket", sock]
@@ -207,7 +210,7 @@ def traffic(services: dict[str, Any]) -> dict[str, Any]:
     assert applied.returncode == 0, applied.stdout + applied.stderr
     prom.wait_for('sum(vmsched_agent_policy_applications_total{outcome="refused"}) >= 1', "the refusal scraped")
     prom.wait_for('sum(vmsched_agent_policy_applications_total{outcome="ok"}) >= 1', "the application scraped")
-    return {"sent": sent, "c0": c0, "c1": c1, "t0": t0, "t1": t1}
+    return {"sent": sent, "c0": c0, "c1": c1, "errors": e1 - e0, "t0": t0, "t1": t1}
 
 
 def test_every_dashboard_expression_parses_and_core_panels_have_data(services: dict[str, Any],
@@ -247,6 +250,10 @@ def test_overview_rate_is_the_gateways_own_count(services: dict[str, Any], traff
     rate = prom.query(overview.replace("$__rate_interval", f"{window_ms}ms"), at=t1)
     seen = float(rate[0]["value"][1]) * window_ms / 1000
     assert abs(seen - own) <= 0.05 * own, (seen, own, traffic)
+    assert traffic["errors"] >= 2, "the hanging units' requests are error replies"
+    fallbacks = dict(dashboard_queries())["Engine fallbacks (error replies)"]
+    ratio = float(prom.query(fallbacks.replace("$__rate_interval", f"{window_ms}ms"), at=t1)[0]["value"][1])
+    assert abs(ratio - traffic["errors"] / own) <= 0.05 * traffic["errors"] / own, (ratio, traffic)
     # each request is counted again by the service that handled it: a sum over every service would double it
     prom.wait_for(f'sum(vmsched_requests_total{{service!="gateway"}}) >= {own}', "the services' own counts")
 
