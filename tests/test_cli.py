@@ -31,7 +31,7 @@ def test_vmsched_run_starts_and_answers_with_stock_plugins(tmp_path: Path):
         stack.wait_ready()
         found = stack.xmlrpc("discover")
         assert set(found["filters"]) == {"HostAllowDeny", "vmsched_Memory", "vmsched_CpuOverloaded", "vmsched_Swap",
-                                         "vmsched_MaxVms"}
+                                         "vmsched_MaxVms", "vmsched_DedicatedCpus"}
         assert set(found["scores"]) == {"PreferredHosts", "vmsched_EvenGuestDistribution", "vmsched_CpuEvenDistribution",
                                         "vmsched_CpuPowerSaving", "vmsched_MemoryEvenDistribution",
                                         "vmsched_MemoryPowerSaving", "vmsched_TargetLoadPacking",
