@@ -132,7 +132,7 @@ def test_rate_limits_and_dry_run():
                                              Proposal("a", "p", "cpu_shares", 700, "r"),
                                              Proposal("b", "p", "cpu_shares", 600, "r"),
                                              Proposal("c", "p", "cpu_shares", 600, "r")])
-    assert [x.outcome for x in out] == ["dry_run", "refused", "dry_run", "refused"]
+    assert [x.outcome for x in out] == ["dry_run", "refused", "dry_run", "deferred"]
     assert "already changed" in out[1].reason and "per interval on the host" in out[3].reason
 
 

@@ -228,7 +228,7 @@ class TunerDecision(Reply):
     before: Any = None
     after: Any = None
     reason: str
-    outcome: str = Field(description="applied, dry_run, refused or error")
+    outcome: str = Field(description="applied, dry_run, refused, deferred (a rate limit) or error")
 
 
 class PolicyExplain(Reply):
@@ -299,7 +299,7 @@ class TunedEvent(AgentEvent):
     before: Any = None
     after: Any = None
     reason: str
-    outcome: str = Field(description="applied, dry_run, refused or error")
+    outcome: str = Field(description="applied, dry_run, refused or error (deferred ones are not announced)")
 
 
 EVENTS: dict[str, type[AgentEvent]] = {

@@ -9,11 +9,11 @@ from vmsched.metrics import REGISTRY
 from .policy.tuning.engine import BUILTIN
 from .policy.tuning.types import FIELDS
 
-OUTCOMES = ("applied", "dry_run", "refused", "error")
+OUTCOMES = ("applied", "dry_run", "refused", "deferred", "error")
 
 CHANGES = Counter(
     "vmsched_agent_tuner_changes_total",
-    "Tuner decisions, by tuner, field (cpu_shares, vcpu_quota, vcpus) and outcome (applied, dry_run, refused, error)",
+    "Tuner decisions, by tuner, field (cpu_shares, vcpu_quota, vcpus) and outcome (applied, dry_run, refused, deferred by a rate limit, error)",
     ["tuner", "field", "outcome"],
     registry=REGISTRY,
 )

@@ -47,7 +47,8 @@ class Engine:
         return TuneInput(shared, list(self._host), views)
 
     def step(self, inp: TuneInput, extra: Iterable[Proposal] = (), now: float | None = None) -> list[Decision]:
-        """Run the tuners over ``inp`` (plus ``extra`` proposals, e.g. from plugins); return every decision."""
+        """Run the tuners over ``inp`` (plus ``extra`` proposals, e.g. from plugins); return every decision:
+        applied (dry_run), refused by the guard, or deferred by a rate limit (proposed again next interval)."""
         now = time.time() if now is None else now
         proposals: list[Proposal] = []
         for name, tuner in self.tuners.items():
@@ -74,9 +75,9 @@ class Engine:
                 per_guest[p.uuid] += 1
                 changes += 1
                 fields.add((p.uuid, p.field))
+            outcome = outcome_ok if why is None else ("deferred" if why.startswith("rate limit") else "refused")
             d = Decision(now, p.uuid, g.name if g else p.uuid, p.tuner, p.field, before, p.after,
-                         p.reason if why is None else f"refused: {why} (proposed because: {p.reason})",
-                         outcome_ok if why is None else "refused")
+                         p.reason if why is None else f"{outcome}: {why} (proposed because: {p.reason})", outcome)
             out.append(d)
             self.decisions.setdefault(p.uuid, collections.deque(maxlen=KEEP_DECISIONS)).append(d)
             if why is None:  # hysteresis: the condition must hold again K intervals (also in dry-run: no flood)
