@@ -27,7 +27,8 @@ from .policy.tuning.config import TunerConfig
 from .policy.tuning.engine import Engine
 from .policy.tuning.samples import HostCounter, VcpuCounters, guest_sample, vcpu_counters
 from .policy.tuning.state import TunedState
-from .policy.tuning.types import Decision, GuestSample, GuestView
+from .policy.tuning.types import Decision, GuestSample, GuestView, Proposal
+from .tuner_plugins import TunerPlugins
 from .virt.snapshot import Snapshot
 
 log = logging.getLogger("vmsched.agent.tuner")
@@ -50,8 +51,11 @@ class TunerLoop:
         self._when: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.plugins: TunerPlugins | None = None
 
     def start(self) -> "TunerLoop":
+        if self.config.plugins_dir:
+            self.plugins = TunerPlugins(Path(self.config.plugins_dir), self.config.plugin_timeout).start()
         if self.config.interval > 0:
             self._thread = threading.Thread(target=self._loop, name="agent-tuner", daemon=True)
             self._thread.start()
@@ -61,6 +65,8 @@ class TunerLoop:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+        if self.plugins is not None:
+            self.plugins.close()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.config.interval):
@@ -103,7 +109,9 @@ class TunerLoop:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("tuner round: pCPU use %s; guests %s", host.pcpu_pct if host else "(baseline)",
                       {g.name: samples.get(g.uuid) for g in guests})
-        decisions = self.engine.step(self.engine.input(shared, views))
+        inp = self.engine.input(shared, views)
+        extra: list[Proposal] = self.plugins.propose(inp, self.config) if self.plugins is not None else []
+        decisions = self.engine.step(inp, extra)
         for d in decisions:
             if d.outcome == "applied":
                 d = self._apply(d)
@@ -190,8 +198,11 @@ def config_from_args(args: Any) -> TunerConfig:
     config = TunerConfig(interval=getattr(args, "tune_interval", 10.0), hysteresis=getattr(args, "tune_hysteresis", 3),
                          max_changes=getattr(args, "tune_max_changes", 4),
                          max_guest_changes=getattr(args, "tune_max_guest_changes", 1),
-                         dry_run=getattr(args, "tune_dry_run", False))
+                         dry_run=getattr(args, "tune_dry_run", False),
+                         plugins_dir=getattr(args, "tuner_plugins", None) or None)
     problems = config.problems()
+    if config.plugins_dir and not Path(config.plugins_dir).is_dir():
+        problems.append(f"--tuner-plugins {config.plugins_dir}: not a folder")
     if problems:
         raise SystemExit(f"vmsched agent: error: {'; '.join(problems)}")
     return config

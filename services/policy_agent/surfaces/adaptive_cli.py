@@ -67,3 +67,6 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
                    help="at most N changes per guest per interval")
     g.add_argument("--tune-dry-run", action="store_true",
                    help="report what the tuners would change (log, metric, event, explain) and change nothing")
+    g.add_argument("--tuner-plugins", metavar="DIR", default=env("VMSCHED_AGENT_TUNER_PLUGINS"),
+                   help="folder of tuner plugins (NAME.py with class Tuner, do_tune(self, facts)), run in the plugin"
+                        " sandbox like scheduling plugins (env VMSCHED_AGENT_TUNER_PLUGINS; default: none)")

@@ -20,6 +20,8 @@ class TunerConfig:
     slack_percent: float = 60.0  # the shared set below this use has slack: caps may loosen
     weight_step: float = 2.0  # weight x this per raise, / this per decay
     cap_step: float = 10.0  # cap +/- this many points per change
+    plugins_dir: str | None = None  # tuner plugins (Python files run in the plugin sandbox)
+    plugin_timeout: float = 5.0  # seconds a tuner plugin's round may take
 
     def problems(self) -> list[str]:
         out = []
