@@ -115,6 +115,18 @@ def test_engine_hosts_map_to_agents_by_hw_id_and_hardware_uuid(engine: FakeEngin
     assert resolved(cache, "E-a") == "hv-b"
 
 
+def test_a_host_added_to_the_engine_later_is_found(engine: FakeEngine, certs: CertSet, cache: FactsCache) -> None:
+    cache.ingest(message("hv-late", vdsm_id="7a1e0000-0000-4000-8000-00000000000e"))
+    link = start(cache, engine, certs)
+    link.negative = 0.5  # "no agent" holds this long (default: a minute)
+    cache.resolve("E-late")
+    wait_until(lambda: "found no agent" in cache.resolve("E-late")[1], 10, what="E-late unknown to the engine")
+    searches = engine.calls[f"{API}/hosts"]
+    engine.add_host("E-late", "7a1e0000-0000-4000-8000-00000000000e")  # the engine registers the host now
+    wait_until(lambda: resolved(cache, "E-late") == "hv-late", 10, 0.1, "E-late found after it was added")
+    assert engine.calls[f"{API}/hosts"] == searches + 1  # the agent searched again once, not per request
+
+
 def test_a_starting_vm_from_the_engine_and_a_running_one_from_facts(engine: FakeEngine, certs: CertSet,
                                                                     cache: FactsCache) -> None:
     running = GuestFacts(uuid="vm-running", state="running", vcpus=2, memory_mib=1024)

@@ -49,6 +49,9 @@ MAX_VMS = 10000
 MAX_PENDING = 1000
 #: Seconds between two passes over the cache's agents (only new or expired ones cost an engine call).
 PASS_SECONDS = 10.0
+#: An agent the engine had no host for is searched again after this long (at most the TTL), seconds, when a
+#: request names an engine host ID still unknown (a host added to the engine after the agent's search).
+RESEARCH_SECONDS = 60.0
 #: Longest wait after failures in a row, seconds.
 MAX_RETRY = 120.0
 
@@ -58,6 +61,7 @@ class EngineLink:
                  retry: float = 5.0, service: str = "service") -> None:
         self.client = EngineClient(config, ca, timeout)
         self.ttl, self.retry, self.service, self.timeout = ttl, min(retry, ttl), service, timeout
+        self.negative = min(ttl, RESEARCH_SECONDS)  # how long "no agent for this engine host" holds
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -206,12 +210,18 @@ class EngineLink:
         identities = self._identities()
         for agent in set(self._agent_hits) - set(identities):
             del self._agent_hits[agent]
-        for engine_id in [e for e, (when, _a) in self._uuid_hits.items() if now - when >= self.ttl]:
-            del self._uuid_hits[engine_id]
+        for engine_id, (when, agents) in list(self._uuid_hits.items()):
+            if now - when >= (self.ttl if agents else self.negative):
+                del self._uuid_hits[engine_id]
+        with self._lock:
+            unknown = bool(self._wanted_hosts - set(self._hosts))
         for agent, (vdsm_id, libvirt_uuid) in sorted(identities.items()):
             key = vdsm_id or libvirt_uuid
             hit = self._agent_hits.get(agent)
-            if not key or not ENGINE_ID.match(key) or (hit and hit[0] == key and now - hit[1] < self.ttl):
+            if not key or not ENGINE_ID.match(key):
+                continue
+            if hit and hit[0] == key and now - hit[1] < self.ttl and (
+                    hit[2] or not unknown or now - hit[1] < self.negative):
                 continue
             hosts = self._call("search", self.client.hosts_by_hw_id, key)
             found = tuple(sorted({str(h["id"]) for h in hosts if h.get("id")}))
@@ -227,7 +237,7 @@ class EngineLink:
             wanted = set(self._wanted_hosts)
         for engine_id in sorted(wanted - set(claims)):
             hit = self._uuid_hits.get(engine_id)
-            if hit is None or now - hit[0] >= self.ttl:
+            if hit is None or now - hit[0] >= (self.ttl if hit[1] else self.negative):
                 hit = self._uuid_hits[engine_id] = (now, self._by_hardware_uuid(engine_id, identities))
         for engine_id, (_when, agents) in self._uuid_hits.items():
             if agents:
@@ -249,7 +259,7 @@ class EngineLink:
         hosts: dict[str, str] = {}
         problems: dict[str, tuple[float, str]] = {}
         owners: dict[str, list[str]] = {}
-        until = now + self.ttl
+        until = now + self.negative  # asked again after that: the engine or the agents may have changed
         for engine_id, agents in claims.items():
             if len(agents) == 1 and not next(iter(agents)).endswith("(ambiguous)"):
                 owners.setdefault(next(iter(agents)), []).append(engine_id)
