@@ -115,8 +115,8 @@ def test_a_tuner_plugin_reaches_nothing_of_the_agent(folder, monkeypatch, tmp_pa
     assert not [k for k in found["env"] if "AMQP" in k or "VMSCHED" in k], found["env"]
     assert found["inet"] == "PermissionError"  # no network socket at all
     assert found["agent"] == "PermissionError"  # a root-only socket stays closed to the plugin user
-    if os.path.exists(LIBVIRT_SOCK):
-        assert found["libvirt"] != "connected", "the tuner plugin could connect to libvirtd's socket"
+    # libvirtd's own socket (when it runs) may accept the connection; libvirtd then refuses the plugin user
+    # (tests/e2e_libvirt/test_adaptive.py checks that with a real libvirtd)
     assert all(not f.startswith("socket:") for f in found["fds"]), found["fds"]  # no inherited connection
     assert found["guests"] == ["g"]
 

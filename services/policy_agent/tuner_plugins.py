@@ -18,6 +18,7 @@ from vmsched.runtime.pool import PluginPool
 from vmsched.runtime.types import Call, Confinement, Limits
 
 from . import tuner_metrics as tm
+from .policy.errors import PolicyError
 from .policy.tuning.config import TunerConfig
 from .policy.tuning.plugin_io import plugin_input, plugin_proposals
 from .policy.tuning.types import Proposal, TuneInput
@@ -35,7 +36,11 @@ class TunerPlugins:
         self.errors: dict[str, str] = {}  # plugin -> its last error
 
     def start(self) -> "TunerPlugins":
-        self.pool.start()
+        try:
+            self.pool.start()
+        except (RuntimeError, OSError) as exc:  # e.g. the sandbox cannot confine them: refuse, do not run unconfined
+            self.pool.close()
+            raise PolicyError(f"tuner plugins in {self.folder} cannot run: {exc}") from None
         log.info("tuner plugins from %s: %s; sandbox %s", self.folder, ", ".join(self.names()) or "none",
                  "; ".join(f"{k} {v}" for k, v in sorted(self.pool.sandbox.items())))
         return self

@@ -10,7 +10,9 @@ tuner's own round counter, not by the clock.
 
 from __future__ import annotations
 
+import shutil
 import struct
+import tempfile
 import time
 from pathlib import Path
 
@@ -156,3 +158,64 @@ def test_weight_follows_demand_and_decays_when_idle(env, guests, agent_factory, 
     assert metric_sum(agent, REPAIRS) == repairs0
     values = [s for s, _ in seen]
     assert max(values) <= 4096 and min(values) >= 1024, f"weights seen {seen} left the bounds [1024, 4096]"
+
+
+TUNER_PLUGIN = '''
+import os, socket
+
+class Tuner:
+    """Maxes the weight of every adaptive guest, asks for more than its bounds, and reports what of the
+    agent's world it can reach (through a proposal the agent refuses: an unknown field)."""
+
+    def do_tune(self, facts):
+        found = {"uid": os.getuid()}
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect("/run/libvirt/libvirt-sock")
+            s.sendall(b"\\0" * 28)  # not even a valid RPC header: libvirtd must not serve this user
+            found["libvirt_socket"] = "connected"
+        except OSError as exc:
+            found["libvirt_socket"] = type(exc).__name__
+        finally:
+            s.close()
+        try:
+            import libvirt
+            libvirt.open("qemu:///system").getVersion()
+            found["libvirt_api"] = "opened"
+        except Exception as exc:
+            found["libvirt_api"] = type(exc).__name__
+        out = []
+        for uuid, g in facts["guests"].items():
+            lo, hi = g["policy"]["adaptive"]["weight"]
+            out.append({"guest": uuid, "field": "cpu_shares", "value": hi, "reason": "plugin: max weight"})
+            out.append({"guest": uuid, "field": "cpu_shares", "value": hi * 2, "reason": "plugin: beyond bounds"})
+            out.append({"guest": uuid, "field": "report", "value": found, "reason": "plugin: report"})
+        return out
+'''
+
+
+def test_tuner_plugin_in_the_sandbox_on_real_qemu(env, guests, agent_factory, tmp_path, request):
+    folder = Path(tempfile.mkdtemp(prefix="vmsched-e2e-tuners-"))  # the plugin user must read it (not tmp_path)
+    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    folder.chmod(0o755)
+    (folder / "maxer.py").write_text(TUNER_PLUGIN)
+    (folder / "maxer.py").chmod(0o644)
+    agent = agent_factory(extra_args=("--tune-interval", "2", "--tuner-plugins", str(folder)))
+    name = burner(env, guests, tmp_path, None)
+    agent.request("set_policy", {"guest": name, "policy": {"adaptive": {"weight": [512, 3000]}}})
+    g = guests.start(name)
+    dom = guests.dom(name)
+    h.wait_until(lambda: dom.schedulerParameters()["cpu_shares"] == 3000, timeout=60, interval=0.5,
+                 what="the plugin's weight 3000 applied")
+    if g.cgroup().version == "v1":
+        assert g.shares() == 3000
+    explain = h.wait_until(lambda: (lambda e: e if any(d["outcome"] == "refused" for d in e["decisions"]) else None)(
+        agent.cli_json("policy", "explain", name)), timeout=30, what="the refused proposals in explain")
+    refused = {d["reason"].rsplit("(proposed because: ", 1)[-1].rstrip(")"): d for d in explain["decisions"]
+               if d["outcome"] == "refused"}
+    assert "outside the guest's range [512, 3000]" in refused["plugin: beyond bounds"]["reason"]
+    report = refused["plugin: report"]["after"]
+    assert report["uid"] != 0
+    # the socket file may accept a connection (its mode is libvirtd's choice), but libvirtd serves no plugin user
+    assert report["libvirt_api"] != "opened", f"a tuner plugin reached libvirt: {report}"
+    assert explain["tuned"] == {"cpu_shares": 3000}
