@@ -230,6 +230,10 @@ def test_every_dashboard_expression_parses_and_core_panels_have_data(services: d
     assert float(errors[0]["value"][1]) >= 8 and float(timeouts[0]["value"][1]) >= 2
     fallbacks = prom.query('sum(vmsched_requests_total{service="gateway",outcome="error"})')
     assert float(fallbacks[0]["value"][1]) >= 2, "the hanging units' requests are error replies to the engine"
+    # the agent rows count what happened: the applied policy set wrote the guest's metadata (libvirt's event)
+    # and took 2 of the 4 dedicated CPUs (pool 4-7)
+    prom.wait_for('sum(vmsched_agent_events_total{event="metadata"}) >= 1', "the policy's metadata event")
+    prom.wait_for('vmsched_agent_dedicated_cpus{state="free"} == 2', "2 dedicated CPUs left free")
     memory = {r["metric"]["kind"]: float(r["value"][1]) for r in prom.query("vmsched_agent_host_memory_bytes")}
     assert 0 < memory["free"] <= memory["total"], memory
     cpu = float(prom.query("vmsched_agent_host_cpu_ratio")[0]["value"][1])
