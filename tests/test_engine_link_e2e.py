@@ -53,6 +53,13 @@ class VmSize:
     def do_score(self, hosts, vm, args):
         need = _need(vm)
         return [(h, need.memory_mib * 10 + need.vcpus) for h in hosts]
+
+
+class VmSource:
+    """Every host weighs 1 when the VM's size came from the engine, 2 when from its host's facts."""
+
+    def do_score(self, hosts, vm, args):
+        return [(h, 1 if _need(vm).source == "engine" else 2) for h in hosts]
 '''
 AGENTS = {"hv-big": ("3f6c1a52-0000-4000-8000-0000000000b1", 8192),
           "hv-small": ("3f6c1a52-0000-4000-8000-0000000000b2", 1024)}
