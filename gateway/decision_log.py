@@ -1,22 +1,22 @@
 """The gateway's decision log: a bounded ring per operation, filled off the request path.
 
-:meth:`DecisionLog.submit` is all the request path pays: it puts the raw
-parts of a decision (request, outcomes, decision) on a queue. One background
-thread builds the record (:mod:`vmsched.gateway.decisions`), adds it to the
-ring, writes it as one JSON line to stdout when asked (``--decisions-log``),
-and publishes it, batched, on ``vmsched.events`` with the routing key
-``gateway.<id>.decision``. :class:`DecisionSubscriber` reads that key from
-every gateway, so with several replicas each ring holds all their decisions;
-a gateway skips its own (already in its ring). On the embedded bus
-(``memory://``, one process, so one gateway) nothing is published.
-
-The recording thread wakes at most every :data:`PAUSE` seconds, builds the
-records of the batch one by one and yields the GIL between them, so the
-event loop answering the engine waits for at most one record's work.
+:meth:`DecisionLog.submit` is all the request path pays: it keeps the raw
+parts of a decision (request, outcomes, decision). Every :data:`PAUSE`
+seconds the event loop, between requests and in one go, builds the waiting
+records (:mod:`vmsched.gateway.decisions`) and adds them to the ring: no
+thread hand-off per record (each one cost the loop a GIL switch). An output
+thread, only when there is output, writes them as JSON lines to stdout
+(``--decisions-log``) and publishes them, batched, on ``vmsched.events`` with
+the routing key ``gateway.<id>.decision``. :class:`DecisionSubscriber` reads
+that key from every gateway, so with several replicas each ring holds all
+their decisions; a gateway skips its own (already in its ring). On the
+embedded bus (``memory://``: one process, so one gateway) nothing is
+published.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import queue
@@ -45,7 +45,7 @@ OPS = ("filter", "score", "balance")
 DECISION_BINDING = "gateway.*.decision"
 #: records in one published message at most
 BATCH = 200
-#: how long the recording thread waits after the first decision of a batch, seconds
+#: how long a decision waits for its batch to be recorded, seconds
 PAUSE = 0.2
 MAX_MESSAGE = 8 << 20
 #: decisions waiting for the recording thread at most; past it new ones are counted in ``skipped``, not kept
@@ -97,7 +97,7 @@ class Ring:
 
 
 class DecisionLog:
-    """Owns the ring, the recording thread and, with a bus, the publisher and the subscriber."""
+    """Owns the ring, the batching of records and, with a bus or stdout, the output thread, publisher and subscriber."""
 
     def __init__(self, size: int, gateway: str, facts: FactsCache | None = None,
                  bus: BusOptions | None = None, stdout: bool = False) -> None:
@@ -105,9 +105,11 @@ class DecisionLog:
         self.gateway = gateway
         self.facts = facts
         self.stdout = stdout
-        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
         self.skipped = 0  # decisions not recorded because MAX_PENDING were waiting
+        self._pending: deque[tuple[Any, ...]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._out: queue.SimpleQueue[list[dict[str, Any]] | threading.Event | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
         if not size or (bus is not None and bus.url.startswith("memory://")):
             bus = None  # size 0: no decision log at all; the embedded bus: no other gateway to share with
         self.publisher = EventPublisher(bus, service=f"gateway-{gateway}") if bus is not None else None
@@ -115,58 +117,31 @@ class DecisionLog:
 
     # --- the request path -------------------------------------------------------------------------
     def submit(self, op: str, req: Any, decision: Any, outcomes: Any, bus_failed: bool, duration: float) -> None:
-        if self._queue.qsize() >= MAX_PENDING:  # the recorder is starved: never let the backlog grow unbounded
+        """Keep the decision's parts; on the event loop, its record is built with the others every PAUSE s."""
+        if len(self._pending) >= MAX_PENDING:  # never let the backlog grow unbounded
             self.skipped += 1
             return
-        self._queue.put((op, req, decision, outcomes, bus_failed, duration, time.time()))
+        self._pending.append((op, req, decision, outcomes, bus_failed, duration, time.time()))
+        if self._timer is None:
+            try:
+                self._timer = asyncio.get_running_loop().call_later(PAUSE, self.record_pending)
+            except RuntimeError:  # not on an event loop (tests, tools): record at once
+                self.record_pending()
 
-    # --- the background ---------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gateway-decisions", daemon=True)
-        self._thread.start()
-        if self.subscriber is not None:
-            self.subscriber.start()
-
-    def stop(self) -> None:
-        self._queue.put(None)
-        if self._thread is not None:
-            self._thread.join(5)
-        if self.subscriber is not None:
-            self.subscriber.stop()
-        if self.publisher is not None:
-            self.publisher.close()
-
-    def flush(self, timeout: float = 5.0) -> None:
-        """Wait until everything submitted so far is in the ring (tests, shutdown)."""
-        done = threading.Event()
-        self._queue.put((done,))
-        done.wait(timeout)
-
-    def _run(self) -> None:
-        while True:
-            batch: list[dict[str, Any]] = []
-            item = self._queue.get()
-            if item is not None and len(item) > 1:
-                time.sleep(PAUSE)  # gather a batch: one wake-up per PAUSE, not per request (GIL hand-offs)
-            facts_known = self.facts is not None and bool(self.facts.hosts())  # once per batch
-            while True:
-                if item is None:
-                    self._publish(batch)
-                    return
-                if len(item) == 1:
-                    item[0].set()
-                else:
-                    record = self._record(item, facts_known)
-                    if record is not None:
-                        batch.append(record)
-                    time.sleep(0)  # hand the GIL back to the event loop between records
-                if len(batch) >= BATCH:
-                    break
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-            self._publish(batch)
+    # --- the batch ----------------------------------------------------------------------------------
+    def record_pending(self) -> None:
+        """Build the waiting records (one go, on the caller's thread: no hand-off per record), ring them,
+        and give them to the output thread for stdout and the bus."""
+        self._timer = None
+        facts_known = self.facts is not None and bool(self.facts.hosts())
+        batch = []
+        while self._pending:
+            record = self._record(self._pending.popleft(), facts_known)
+            if record is not None:
+                batch.append(record)
+        if batch and self._thread is not None:
+            for start in range(0, len(batch), BATCH):
+                self._out.put(batch[start:start + BATCH])
 
     def _record(self, item: tuple[Any, ...], facts_known: bool) -> dict[str, Any] | None:
         op, req, decision, outcomes, bus_failed, duration, at = item
@@ -178,10 +153,49 @@ class DecisionLog:
             log.exception("recording a %s decision failed", op)
             return None
         self.ring.add(record)
-        if self.stdout:
-            sys.stdout.write(json.dumps({"event": "vmsched.decision", **record}, default=str) + "\n")
-            sys.stdout.flush()
         return record
+
+    # --- the output thread ----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.stdout or self.publisher is not None:
+            self._thread = threading.Thread(target=self._output, name="gateway-decisions", daemon=True)
+            self._thread.start()
+        if self.subscriber is not None:
+            self.subscriber.start()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.record_pending()
+        self._out.put(None)
+        if self._thread is not None:
+            self._thread.join(5)
+        if self.subscriber is not None:
+            self.subscriber.stop()
+        if self.publisher is not None:
+            self.publisher.close()
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Record what is waiting and wait until it is out (tests, shutdown); call it on the loop's thread."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self.record_pending()
+        if self._thread is not None:
+            done = threading.Event()
+            self._out.put(done)
+            done.wait(timeout)
+
+    def _output(self) -> None:
+        while (item := self._out.get()) is not None:
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            if self.stdout:
+                sys.stdout.write("".join(json.dumps({"event": "vmsched.decision", **r}, default=str) + "\n"
+                                         for r in item))
+                sys.stdout.flush()
+            if self.publisher is not None:
+                self.publisher.publish(f"gateway.{self.gateway}.decision", {"decisions": item})
 
     def _ages(self, req: Any) -> dict[str, float]:
         """Seconds since each host's facts were collected; a host without facts is left out."""
@@ -194,10 +208,6 @@ class DecisionLog:
             if entry is not None:
                 ages[host] = round(self.facts.age(entry, now), 3)
         return ages
-
-    def _publish(self, batch: list[dict[str, Any]]) -> None:
-        if batch and self.publisher is not None:
-            self.publisher.publish(f"gateway.{self.gateway}.decision", {"decisions": batch})
 
     def _received(self, body: bytes, routing_key: str) -> None:
         parts = routing_key.split(".")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from typing import Any
 
@@ -9,7 +11,7 @@ import pytest
 
 from tests.conftest import Stack, wait_until
 from vmsched.bus.connection import BusOptions
-from vmsched.gateway import decisions
+from vmsched.gateway import decision_log, decisions
 from vmsched.gateway.decision_log import DecisionLog, Ring, gateway_label
 from vmsched.gateway.render import Decision, balance_decision, filter_decision, score_decision
 from vmsched.messages import (
@@ -166,17 +168,26 @@ def test_the_embedded_bus_shares_nothing() -> None:
     assert log.publisher is None and log.subscriber is None
 
 
-def test_the_backlog_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_records_are_built_in_batches_on_the_loop_and_the_backlog_is_bounded(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr("vmsched.gateway.decision_log.MAX_PENDING", 3)
-    log = DecisionLog(10, "gw-a")  # not started: nothing drains the queue
-    req = FilterRequest(units=["A"], hosts=H[:2], vm=VM)
-    for _ in range(5):
-        log.submit("filter", req, Decision(result=H[:2]), [], False, 0.01)
-    assert log.skipped == 2
+    log = DecisionLog(10, "gw-a", stdout=True)
     log.start()
+    req = FilterRequest(units=["A"], hosts=H[:2], vm=VM)
+
+    async def engine_calls() -> None:
+        for _ in range(5):
+            log.submit("filter", req, Decision(result=H[:2]), [], False, 0.01)
+        assert log.skipped == 2 and len(log.ring) == 0  # kept for the batch, not built on the request path
+        await asyncio.sleep(decision_log.PAUSE + 0.3)
+        assert len(log.ring) == 3  # the loop built them without being asked
+
+    asyncio.run(engine_calls())
     log.flush()
-    assert len(log.ring) == 3
     log.stop()
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["event"] for line in lines] == ["vmsched.decision"] * 3  # --decisions-log: one JSON line each
+    assert {line["id"] for line in lines} == {r["id"] for r in log.ring.recent()}
 
 
 def test_every_replica_keeps_every_gateways_decisions(rabbit_vhost: str) -> None:
