@@ -21,7 +21,7 @@ from tests.conftest import free_port, wait_until
 from tests.fake_engine import API, FakeEngine
 from tests.tls_certs import CertSet, make_certs
 from vmsched.config import Settings
-from vmsched.engine_link import CALLS, EngineLink, facts_cache
+from vmsched.engine_link import EngineLink, calls, facts_cache
 from vmsched.engine_link_client import LinkConfig, load_config
 from vmsched.facts import FactsMessage, GuestFacts, HostFacts
 from vmsched.facts_cache import FactsCache
@@ -174,7 +174,7 @@ def test_an_engine_that_is_down_or_slow_never_holds_a_request(engine: FakeEngine
     down.link = EngineLink(config, ca=certs.ca, timeout=1.0, retry=0.2, service="link-down").start(down.identities)
     try:
         wait_until(lambda: "cannot reach the engine" in down.payload([], "vm-1")["vm_problem"], 10, what="down")
-        assert CALLS.labels("link-down", "vm", "error")._value.get() >= 1
+        assert calls().labels("link-down", "vm", "error")._value.get() >= 1
     finally:
         down.link.stop()
 

@@ -39,8 +39,17 @@ from vmsched.metrics import REGISTRY
 
 log = logging.getLogger("vmsched.engine_link")
 
-CALLS = Counter("vmsched_engine_link_calls_total", "Engine REST calls of the engine link, by resource and outcome "
-                "(ok, not_found, auth, timeout, error)", ["service", "resource", "outcome"], registry=REGISTRY)
+_CALLS: Counter | None = None  # registered with the first link: a process without one exports no empty family
+
+
+def calls() -> Counter:
+    """``vmsched_engine_link_calls_total{service,resource,outcome}``."""
+    global _CALLS
+    if _CALLS is None:
+        _CALLS = Counter("vmsched_engine_link_calls_total", "Engine REST calls of the engine link, by resource and "
+                         "outcome (ok, not_found, auth, timeout, error)", ["service", "resource", "outcome"],
+                         registry=REGISTRY)
+    return _CALLS
 
 #: Identities of the agents in a cache: agent host ID -> (vdsm ID, libvirt host UUID).
 Identities = Callable[[], dict[str, tuple[str, str]]]
@@ -79,7 +88,7 @@ class EngineLink:
         self._last_error = ""
         for resource in ("search", "host", "vm"):
             for outcome in ("ok", "not_found", "auth", "timeout", "error"):
-                CALLS.labels(service, resource, outcome)
+                calls().labels(service, resource, outcome)
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self, identities: Identities) -> "EngineLink":
@@ -160,9 +169,9 @@ class EngineLink:
         try:
             result = fn(*args)
         except EngineError as exc:
-            CALLS.labels(self.service, resource, exc.kind).inc()
+            calls().labels(self.service, resource, exc.kind).inc()
             raise
-        CALLS.labels(self.service, resource, "ok").inc()
+        calls().labels(self.service, resource, "ok").inc()
         if self._last_error:
             log.info("%s: the engine link works again", self.service)
             self._last_error = ""
