@@ -9,6 +9,7 @@ Written from the API model (ovirt-engine-api-model) and the engine's behaviour:
   backend's ``hw_id`` column, compared case-insensitively) -> ``{"host": [...]}``, or ``{}``.
 - ``GET /ovirt-engine/api/hosts/ID``, ``GET /ovirt-engine/api/vms/ID``: one entity, or 404
   ``{"reason": "Operation Failed", "detail": "Entity not found: ..."}``.
+- ``POST /ovirt-engine/services/sso-logout`` (``scope``, ``token``): the token ends.
 
 Numbers are written as strings, as the engine's JSON does. The API needs a bearer token (or HTTP
 basic credentials), else 401. ``delay`` makes every answer slow; ``calls`` counts requests by path.
@@ -122,6 +123,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode()).items()}
         self._wait()
+        if path == "/ovirt-engine/services/sso-logout":  # the SDK's close(): the token ends
+            self.fake.tokens.discard(form.get("token", ""))
+            return self._reply(200, {})
         if path != "/ovirt-engine/sso/oauth/token":
             return self._reply(404, {"reason": "Not Found"})
         if form.get("grant_type") != "password" or form.get("scope") != "ovirt-app-api":

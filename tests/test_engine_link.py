@@ -215,6 +215,8 @@ def test_an_expired_token_means_one_new_login(engine: FakeEngine, certs: CertSet
     cache.payload([], "vm-2")
     wait_until(lambda: cache.payload([], "vm-2")["vm"], 10, what="vm-2 after the token expired")
     assert engine.logins == 2
+    cache.link.stop()
+    assert not engine.tokens  # the SSO session ended with the link
 
 
 def test_basic_authentication(engine: FakeEngine, certs: CertSet, cache: FactsCache) -> None:

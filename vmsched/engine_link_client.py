@@ -110,9 +110,18 @@ class EngineClient:
                                            "User-Agent": "vmsched-engine-link"})
         parts = urlsplit(config.url)
         self._token_url = f"{parts.scheme}://{parts.netloc}/ovirt-engine/sso/oauth/token"
+        self._logout_url = f"{parts.scheme}://{parts.netloc}/ovirt-engine/services/sso-logout"
         self._token: str | None = None
 
     def close(self) -> None:
+        """End the SSO session, as the SDK's close() does (best effort, bounded), and the connections."""
+        token, self._token = self._token, None
+        if token is not None:
+            try:
+                self._http.post(self._logout_url, data={"scope": "ovirt-app-api", "token": token},
+                                timeout=min(self._http.timeout.read or 2.0, 2.0))
+            except httpx.HTTPError:
+                pass
         self._http.close()
 
     # --- the resources ----------------------------------------------------------------
