@@ -10,9 +10,12 @@ so that the tuners have work to do; real libvirtd adds its RPCs (bench_agent_rea
 
 Printed, each the median (min-max) of ROUNDS interleaved rounds:
 - round: wall and CPU time of one run_once, and its CPU as % of one core at the default 10 s interval;
-- engine only: the pure step (no libvirt), same guests and samples.
+- engine only: the pure step (no libvirt), same guests and samples;
+- agent CPU (``--window S``, 0: skip): the whole agent process's CPU time over S seconds with its tuner
+  thread at the default interval, against the same agent with tuning off (``--tune-interval 0``), in
+  alternating windows.
 
-    .venv/bin/python bench/bench_tuner.py [--rounds 5] [--guests 500]
+    .venv/bin/python bench/bench_tuner.py [--rounds 5] [--guests 500] [--window 30]
 """
 
 from __future__ import annotations
@@ -49,10 +52,47 @@ def node_xml(path: Path, guests: int) -> str:
     return f"test://{path}"
 
 
+def crafted(real):
+    """Counters that grow with the clock: each guest busy half the time and waiting half of that."""
+    def counters(guests):
+        runs = {u: c.run for u, c in real(guests).items()}
+        ns = time.monotonic_ns()
+        return {g.uuid: VcpuCounters(1, ns // 2, ns // 4, runs.get(g.uuid, 1)) for g in guests}
+    return counters
+
+
+def agent_cpu(uri: str, work: Path, guests: int, window: float, rounds: int) -> None:
+    """Process CPU over ``window`` seconds: tuning on (default interval) vs off, alternating."""
+    on: list[float] = []
+    off: list[float] = []
+    for i in range(rounds * 2):
+        tuning = i % 2 == 0
+        state = work / f"state{i}"
+        config = TunerConfig() if tuning else TunerConfig(interval=0)
+        agent = Agent(uri, "bench", state, dedicated_pool="none", reconcile_interval=3600, lock_dir=work / "lock",
+                      tuner=config)
+        agent.start()
+        try:
+            for n in range(guests):  # each agent opens the node file afresh: a new test-driver state
+                agent.set_policy(f"g{n}", POLICY)
+            assert len(agent._tuner.adaptive_guests()) == guests  # type: ignore[union-attr]
+            loop = agent._tuner
+            assert loop is not None
+            loop._read_counters = crafted(loop._read_counters)  # type: ignore[method-assign]
+            c = time.process_time()
+            time.sleep(window)
+            (on if tuning else off).append(100 * (time.process_time() - c) / window)
+        finally:
+            agent.stop()
+    print(f"agent process CPU, {guests} adaptive guests, {window:g} s windows (median (min-max) of {rounds} each)")
+    print(f"  tuning on (every {DEFAULT_INTERVAL:g} s): {spread(on)} % of one core; off: {spread(off)} %")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--guests", type=int, default=500)
+    parser.add_argument("--window", type=float, default=0.0, help="seconds per agent CPU window (0: skip)")
     args = parser.parse_args()
     ensure_event_loop()
     work = Path(tempfile.mkdtemp(prefix="bench-tuner-"))
@@ -99,6 +139,10 @@ def main() -> int:
         print(f"  engine only: {spread([x * 1000 for x in engine_wall])} ms")
     finally:
         agent.stop()
+    try:
+        if args.window > 0:
+            agent_cpu(uri, work, args.guests, args.window, args.rounds)
+    finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
 
