@@ -25,7 +25,8 @@ from vmsched import metrics
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection, safe_release
 from vmsched.bus.events import EventPublisher
-from vmsched.bus.topology import EVENTS_EXCHANGE
+from vmsched.bus import BusUnavailable
+from vmsched.bus.topology import EVENTS_EXCHANGE, REQUESTS_EXCHANGE
 from vmsched.bus.urls import command_line_url, has_password, mask, read_url_file
 from vmsched.bus.worker import ServiceWorker
 
@@ -145,4 +146,32 @@ def test_an_event_after_the_connection_broke_goes_out_on_a_new_one(rabbit_vhost:
         assert got == [1, 2]
     finally:
         pub.close()
+        safe_release(conn)
+
+
+def test_a_refused_request_goes_out_again_on_a_new_connection_then_fails(rabbit_vhost: str):
+    """A nack (as a quorum queue gives while it elects a leader) replaces the connection and sends the request
+    again; a broker that keeps refusing it fails it after three sends, long before its deadline."""
+    queue = f"test.nack.{time.monotonic_ns()}"
+    conn = open_connection(BusOptions(url=rabbit_vhost))
+    try:
+        ensure_exchanges(conn, (REQUESTS_EXCHANGE,))
+        Queue(queue + ".full", exchange=REQUESTS_EXCHANGE, routing_key=queue, exclusive=True,  # refuses everything
+              queue_arguments={"x-max-length": 0, "x-overflow": "reject-publish"})(conn.default_channel).declare()
+
+        async def scenario() -> None:
+            client = AsyncBusClient(BusOptions(url=rabbit_vhost), declare=(queue,), service="failover-test")
+            await client.start()
+            try:
+                before, first_queue = _resent("nack"), client._reply_queue
+                started = time.monotonic()
+                with pytest.raises(BusUnavailable, match="publisher nack"):
+                    await client.call(queue, "x", {}, 20)
+                assert time.monotonic() - started < 10
+                assert _resent("nack") == before + 2 and client._reply_queue != first_queue
+            finally:
+                await client.close()
+
+        asyncio.run(scenario())
+    finally:
         safe_release(conn)

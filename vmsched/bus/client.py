@@ -53,6 +53,7 @@ log = logging.getLogger("vmsched.bus")
 
 _REPLY_HEADERS = {REPLY_VIA: REPLY_EXCHANGE.name}
 _RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
+_MAX_SENDS = 3  # a request the broker keeps refusing (nack) fails after this many sends
 
 
 @dataclass
@@ -376,7 +377,7 @@ class AsyncBusClient:
             request, future = self._requests.get(cid), self._pending.get(cid)
             if request is None or future is None or future.done():
                 continue
-            if request.resend and request.deadline > time.time():
+            if request.resend and request.deadline > time.time() and request.sent < _MAX_SENDS:
                 request.why, again = "nack", True
             else:
                 future.set_exception(error)
