@@ -58,38 +58,75 @@ def gateway_label(configured: str = "") -> str:
     return label or "gateway"
 
 
+class Entry:
+    """One decision in the ring: its record, or the decision's parts, built into the record when first read."""
+
+    __slots__ = ("id", "op", "time", "_record", "_parts")
+
+    def __init__(self, record_id: str, op: str, at: float, record: dict[str, Any] | None = None,
+                 parts: dict[str, Any] | None = None) -> None:
+        self.id, self.op, self.time = record_id, op, at
+        self._record, self._parts = record, parts
+
+    def record(self) -> dict[str, Any] | None:
+        if self._record is None and self._parts is not None:
+            with _BUILDING:  # the loop (API, console) and the output thread may both ask
+                if self._record is None and self._parts is not None:
+                    try:
+                        self._record = decisions.build(**self._parts)
+                    except Exception:  # noqa: BLE001 - the log must never take the gateway down
+                        log.exception("recording a %s decision failed", self.op)
+                    self._parts = None
+        return self._record
+
+
+_BUILDING = threading.Lock()
+
+
 class Ring:
-    """The newest ``size`` records of each operation, and an index by ID; thread-safe."""
+    """The newest ``size`` decisions of each operation, and an index by ID; thread-safe."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._lock = threading.Lock()
-        self._rings: dict[str, deque[dict[str, Any]]] = {op: deque() for op in OPS}
-        self._by_id: dict[str, dict[str, Any]] = {}
+        self._rings: dict[str, deque[Entry]] = {op: deque() for op in OPS}
+        self._by_id: dict[str, Entry] = {}
 
     def add(self, record: dict[str, Any]) -> None:
-        ring = self._rings.get(record.get("op", ""))
-        if ring is None or not isinstance(record.get("id"), str):
+        """A built record (another gateway's, or a test's)."""
+        if isinstance(record.get("id"), str) and isinstance(record.get("time"), (int, float)):
+            self.add_entry(Entry(record["id"], record.get("op", ""), record["time"], record=record))
+
+    def add_entry(self, entry: Entry) -> None:
+        ring = self._rings.get(entry.op)
+        if ring is None:
             return
         with self._lock:
-            if record["id"] in self._by_id:
+            if entry.id in self._by_id:
                 return
-            ring.append(record)
-            self._by_id[record["id"]] = record
+            ring.append(entry)
+            self._by_id[entry.id] = entry
             while len(ring) > self.size:
-                self._by_id.pop(ring.popleft()["id"], None)
+                self._by_id.pop(ring.popleft().id, None)
 
     def get(self, record_id: str) -> dict[str, Any] | None:
         with self._lock:
-            return self._by_id.get(record_id)
+            entry = self._by_id.get(record_id)
+        return entry.record() if entry is not None else None
 
     def recent(self, limit: int | None = None, **filters: Any) -> list[dict[str, Any]]:
         """Newest first, across operations, matching :func:`decisions.matches`."""
         with self._lock:
-            records = [r for ring in self._rings.values() for r in ring]
-        records.sort(key=lambda r: r["time"], reverse=True)
-        found = [r for r in records if decisions.matches(r, **filters)]
-        return found[:limit] if limit is not None else found
+            entries = [e for ring in self._rings.values() for e in ring]
+        entries.sort(key=lambda e: e.time, reverse=True)
+        found = []
+        for entry in entries:
+            record = entry.record()
+            if record is not None and decisions.matches(record, **filters):
+                found.append(record)
+                if limit is not None and len(found) >= limit:
+                    break
+        return found
 
     def __len__(self) -> int:
         with self._lock:
@@ -108,7 +145,7 @@ class DecisionLog:
         self.skipped = 0  # decisions not recorded because MAX_PENDING were waiting
         self._pending: deque[tuple[Any, ...]] = deque()
         self._timer: asyncio.TimerHandle | None = None
-        self._out: queue.SimpleQueue[list[dict[str, Any]] | threading.Event | None] = queue.SimpleQueue()
+        self._out: queue.SimpleQueue[list[Entry] | threading.Event | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         if not size or (bus is not None and bus.url.startswith("memory://")):
             bus = None  # size 0: no decision log at all; the embedded bus: no other gateway to share with
@@ -130,30 +167,23 @@ class DecisionLog:
 
     # --- the batch ----------------------------------------------------------------------------------
     def record_pending(self) -> None:
-        """Build the waiting records (one go, on the caller's thread: no hand-off per record), ring them,
-        and give them to the output thread for stdout and the bus."""
+        """Ring the waiting decisions (one go, on the caller's thread: no hand-off per decision); their records
+        are built when first read, or by the output thread for stdout and the bus."""
         self._timer = None
         facts_known = self.facts is not None and bool(self.facts.hosts())
         batch = []
         while self._pending:
-            record = self._record(self._pending.popleft(), facts_known)
-            if record is not None:
-                batch.append(record)
+            op, req, decision, outcomes, bus_failed, duration, at = self._pending.popleft()
+            record_id = decisions.new_id()
+            parts = {"op": op, "req": req, "decision": decision, "outcomes": _without_stderr(outcomes),
+                     "bus_failed": bus_failed, "gateway": self.gateway, "duration": duration, "at": at,
+                     "facts_age": self._ages(req) if facts_known else {}, "record_id": record_id}
+            entry = Entry(record_id, op, at, parts=parts)
+            self.ring.add_entry(entry)
+            batch.append(entry)
         if batch and self._thread is not None:
             for start in range(0, len(batch), BATCH):
                 self._out.put(batch[start:start + BATCH])
-
-    def _record(self, item: tuple[Any, ...], facts_known: bool) -> dict[str, Any] | None:
-        op, req, decision, outcomes, bus_failed, duration, at = item
-        try:
-            ages = self._ages(req) if facts_known else {}
-            record = decisions.build(op, req, decision, outcomes, bus_failed=bus_failed, gateway=self.gateway,
-                                     duration=duration, facts_age=ages, at=at)
-        except Exception:  # noqa: BLE001 - the log must never take the gateway down
-            log.exception("recording a %s decision failed", op)
-            return None
-        self.ring.add(record)
-        return record
 
     # --- the output thread ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -186,10 +216,11 @@ class DecisionLog:
             done.wait(timeout)
 
     def _output(self) -> None:
-        while (item := self._out.get()) is not None:
-            if isinstance(item, threading.Event):
-                item.set()
+        while (entries := self._out.get()) is not None:
+            if isinstance(entries, threading.Event):
+                entries.set()
                 continue
+            item = [r for e in entries if (r := e.record()) is not None]
             if self.stdout:
                 sys.stdout.write("".join(json.dumps({"event": "vmsched.decision", **r}, default=str) + "\n"
                                          for r in item))
@@ -221,6 +252,13 @@ class DecisionLog:
         for record in message.get("decisions", []) if isinstance(message, dict) else []:
             if isinstance(record, dict) and record.get("gateway") == parts[1] and _well_formed(record):
                 self.ring.add(record)
+
+
+def _without_stderr(outcomes: Any) -> Any:
+    """The outcomes as the record needs them: a unit's stderr (up to --max-output) is not kept while waiting."""
+    if isinstance(outcomes, list):
+        return [o.model_copy(update={"stderr": ""}) if o.stderr else o for o in outcomes]
+    return outcomes.model_copy(update={"stderr": ""}) if outcomes is not None and outcomes.stderr else outcomes
 
 
 def _well_formed(record: dict[str, Any]) -> bool:

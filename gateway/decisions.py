@@ -165,7 +165,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
 
 def build(op: str, req: BaseModel, decision: Decision, outcomes: Any, *, bus_failed: bool, gateway: str,
           duration: float, facts_age: dict[str, float | None] | None = None,
-          at: float | None = None) -> dict[str, Any]:
+          at: float | None = None, record_id: str | None = None) -> dict[str, Any]:
     """The record of one decision; ``outcomes`` as the operation's ``outcomes``/``no_outcomes`` gave them."""
     hosts = list(getattr(req, "hosts", []))
     if op == "filter":
@@ -177,7 +177,7 @@ def build(op: str, req: BaseModel, decision: Decision, outcomes: Any, *, bus_fai
     nothing_ran = not units
     all_failed = bool(units) and not any(u["ok"] for u in units)
     record: dict[str, Any] = {
-        "id": new_id(),
+        "id": record_id or new_id(),
         "time": time.time() if at is None else at,
         "op": op,
         "gateway": gateway,

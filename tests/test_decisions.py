@@ -190,6 +190,28 @@ def test_records_are_built_in_batches_on_the_loop_and_the_backlog_is_bounded(
     assert {line["id"] for line in lines} == {r["id"] for r in log.ring.recent()}
 
 
+def test_a_record_is_built_when_first_read_and_without_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[dict[str, Any]] = []
+    real = decisions.build
+    monkeypatch.setattr(decisions, "build", lambda *a, **kw: built.append(kw) or real(*a, **kw))
+    log = DecisionLog(10, "gw-a")  # no stdout, no bus: nothing needs the record before a reader
+    log.start()
+    outcomes = [FilterOutcome(unit="A", ok=True, hosts=H[:1], stderr="x" * 100_000)]
+    req = FilterRequest(units=["A"], hosts=H[:2], vm=VM)
+
+    async def engine_calls() -> None:
+        log.submit("filter", req, filter_decision(H[:2], outcomes), outcomes, False, 0.01)
+        await asyncio.sleep(decision_log.PAUSE + 0.3)
+
+    asyncio.run(engine_calls())
+    assert len(log.ring) == 1 and built == []
+    (record,) = log.ring.recent()
+    assert log.ring.recent() == [record] and log.ring.get(record["id"]) is record and len(built) == 1  # once
+    assert built[0]["outcomes"][0].stderr == "" and outcomes[0].stderr  # the waiting copy dropped it
+    assert record["units"][0]["dropped"] == [H[1]]
+    log.stop()
+
+
 def test_every_replica_keeps_every_gateways_decisions(rabbit_vhost: str) -> None:
     options = BusOptions(url=rabbit_vhost, connect_timeout=2.0)
     a, b = DecisionLog(10, "gw-a", bus=options), DecisionLog(10, "gw-b", bus=options)
