@@ -63,7 +63,6 @@ class Entry:
     gen: int = field(default_factory=lambda: next(_GENERATIONS))  # generation of this message
     fragment: str = ""  # plugin_view as JSON, made at ingest (the pool sends it as is)
     stale_at: float = 0.0  # UNIX time from which this message is stale
-    ref: str = ""  # '"host ID":gen' as JSON, for a call's refs
     _guests_json: str | None = None
 
     def __post_init__(self) -> None:
@@ -74,7 +73,6 @@ class Entry:
         self.plugin_view = view
         self.fragment = _compact(view)
         self.guests_gen = self.guests_gen or self.gen
-        self.ref = f"{_compact(self.message.host_id)}:{self.gen}"
         self.stale_at = self.message.time + self.stale_after
 
     def guests_json(self) -> str:
@@ -210,20 +208,22 @@ class FactsCache:
 
         The same facts as :meth:`payload`, by reference: each host's stored message with its generation.
         """
-        refs: dict[str, tuple[str, Entry]] = {}
-        missing: dict[str, str] = {}
         with self._lock:  # an agent reporting the engine's ID: the common case, one lock for all
-            direct = {host_id: self._hosts.get(host_id) for host_id in hosts}
-        for host_id, entry in direct.items():
-            resolved = host_id
-            if entry is None:
+            get = self._hosts.get
+            refs: dict[str, Entry] = {h: e for h in hosts if (e := get(h)) is not None}
+        agents: dict[str, str] = {}
+        missing: dict[str, str] = {}
+        if len(refs) < len(hosts):
+            for host_id in dict.fromkeys(hosts):
+                if host_id in refs:
+                    continue
                 entry, resolved = self.resolve(host_id)
-            if entry is None:
-                missing[host_id] = resolved
-            else:
-                refs[host_id] = (resolved, entry)
+                if entry is None:
+                    missing[host_id] = resolved
+                else:
+                    refs[host_id], agents[host_id] = entry, resolved
         vm_view, problem = self._vm(vm)
-        return CallFacts(time.time(), refs, missing, vm_view, problem, with_guests)  # type: ignore[arg-type]
+        return CallFacts(time.time(), refs, missing, vm_view, problem, with_guests, agents)  # type: ignore[arg-type]
 
     def _plugin_host(self, entry: Entry, agent_id: str, now: float, with_guests: bool) -> dict[str, Any]:
         view = {**entry.plugin_view, "agent_host_id": agent_id, "stale": self.is_stale(entry, now),

@@ -2,19 +2,24 @@
 
 The pool (:mod:`vmsched.runtime.facts_wire`) sends a worker each host's facts
 once per generation (a new message from its agent) and afterwards only the
-call's host IDs with their generations (``refs``). This module keeps what was
+call's stale and missing hosts. This module keeps what was
 sent, builds a :class:`~vmsched.plugin.facts.Host` once per generation, and
 installs a call's facts into :mod:`vmsched.plugin.facts` (docs/facts.md, "What
 a call carries"). A held Host serves many calls: its ``age`` counts from the
 current call's time, and ``stale`` is set when the service says so (a host
 turns stale only with time, until its next message, which is a new Host).
 
+The call's hosts with facts come as a list when they differ from the last
+call's, else as ``same_hosts``; the Hosts built for them are kept with that
+set, so a steady-state call costs the worker nothing per host until a unit
+asks for one.
+
 Consistency: the pool sends the number of hosts and guest lists it has sent
 since the last reset (``count``); a worker whose own count differs (it failed
-midway through a frame) checks each host's generation, reports the ones it
-lacks as missing, and answers ``facts_resync`` so the pool resends all. A
-host found lacking on first use in a call (something in the worker changed
-what it holds) is reported the same way.
+midway through a frame) reports the hosts it lacks as missing and answers
+``facts_resync`` so the pool resends all. A host found lacking on first use in
+a call (something in the worker changed what it holds) is reported the same
+way.
 
 Standard library only (the worker imports it).
 """
@@ -57,7 +62,7 @@ _HeldHost.__name__ = _HeldHost.__qualname__ = "Host"
 
 
 class Held:
-    """The hosts (and guest lists) a worker holds, by engine host ID."""
+    """The hosts (and guest lists) a worker holds, by engine host ID, and the host set of its last call."""
 
     def __init__(self) -> None:
         self.hosts: dict[str, list] = {}  # host ID -> [generation, agent host ID, view (None once built)]
@@ -65,6 +70,9 @@ class Held:
         self.guests: dict[str, list] = {}  # host ID -> [guest-list generation, list as sent, tuple of Guest]
         self.with_guests_objs: dict[str, Host] = {}  # host ID -> its Host with its guests (balance calls)
         self.count = 0  # hosts and guest lists received since the last reset
+        self.call_hosts: dict[str, bool] | None = None  # the hosts with facts of the last call
+        self.ready: dict[str, Host] = {}  # those of them built (filter and score calls)
+        self.ready_with_guests: dict[str, Host] = {}  # the same for balance calls
         self.with_guests = False
         self.stale: set[str] | frozenset[str] = frozenset()
         self.lost = False  # this call named facts this worker lacks: the pool must send everything again
@@ -73,45 +81,41 @@ class Held:
         """Take a call's held-form facts (``lost`` is set when it names facts this worker lacks)."""
         global _now
         if payload.get("reset"):
-            self.hosts.clear(), self.objs.clear(), self.guests.clear(), self.with_guests_objs.clear()
-            self.count = 0
+            self.__init__()  # type: ignore[misc]
         data, guests = payload.get("data") or {}, payload.get("guests") or {}
         for host_id, (gen, agent_id, view) in data.items():
             self.hosts[host_id] = [gen, agent_id, view]
-            self.objs.pop(host_id, None)
-            self.with_guests_objs.pop(host_id, None)
+            for built in (self.objs, self.with_guests_objs, self.ready, self.ready_with_guests):
+                built.pop(host_id, None)
         for host_id, (gen, listed) in guests.items():
             self.guests[host_id] = [gen, listed, None]
             self.with_guests_objs.pop(host_id, None)
+            self.ready_with_guests.pop(host_id, None)
         self.count += len(data) + len(guests)  # after storing them: a failure midway shows as a wrong count
         _now = float(payload.get("now") or 0.0)
         self.with_guests = bool(payload.get("with_guests"))
         stale = payload.get("stale") or ()
         self.stale = set(stale) if stale else frozenset()
-        refs: dict[str, int] = payload["refs"]
-        self.lost = self.count != payload.get("count")
+        if "hosts" in payload:  # another set of hosts than the last call's
+            self.call_hosts = dict.fromkeys(payload["hosts"], True)
+            self.ready, self.ready_with_guests = {}, {}
+        call_hosts = self.call_hosts or {}
+        ready = self.ready_with_guests if self.with_guests else self.ready
+        self.lost = self.count != payload.get("count") or self.call_hosts is None
         if self.lost:
-            grefs = payload.get("grefs") or {}
-            gone = {h for h, gen in refs.items() if not self._holds(h, gen, grefs.get(h))}
-            refs = {h: gen for h, gen in refs.items() if h not in gone}
+            gone = {h for h in call_hosts if h not in self.hosts or (self.with_guests and h not in self.guests)}
+            call_hosts = {h: True for h in call_hosts if h not in gone}
+            ready = {h: found for h, found in ready.items() if h in call_hosts}  # this call's only
             facts._missing.update(dict.fromkeys(gone, LOST))
-        built = self.with_guests_objs if self.with_guests else self.objs
-        ready = {h: found for h in refs if (found := built.get(h)) is not None}
         for host_id in stale:
             if host_id in ready:
-                ready[host_id].__dict__["stale"] = True
-        facts._raw_hosts, facts._hosts, facts._held_host = refs, ready, self.host
+                ready[host_id].__dict__["stale"] = True  # stale until its next message (a new Host)
+        facts._raw_hosts, facts._hosts, facts._held_host = call_hosts, ready, self.host
 
-    def _holds(self, host_id: str, gen: int, guests_gen: int | None) -> bool:
+    def host(self, host_id: str, _in_call: Any = True) -> Host | None:
+        """The Host of a call's ``host_id`` (facts.host() asks on first use of its generation in a call)."""
         slot = self.hosts.get(host_id)
-        if slot is None or slot[0] != gen:
-            return False
-        return not self.with_guests or (self.guests.get(host_id) or (None,))[0] == guests_gen
-
-    def host(self, host_id: str, gen: int) -> Host | None:
-        """The Host of a call's ``host_id`` at generation ``gen`` (facts.host() asks on first use)."""
-        slot = self.hosts.get(host_id)
-        if slot is None or slot[0] != gen:  # only if something in the worker changed what it holds
+        if slot is None:  # only if something in the worker changed what it holds
             facts._missing[host_id] = LOST
             self.lost = True
             return None
@@ -148,7 +152,7 @@ def install(payload: Any) -> None:
     """The worker's entry point before each unit: this call's facts, either form."""
     facts._install(payload)  # missing, vm, vm_problem; the hosts of the full form
     HELD.lost = False
-    if isinstance(payload, dict) and isinstance(payload.get("refs"), dict):
+    if isinstance(payload, dict) and "count" in payload:  # the held form (the pool's); else the full form
         HELD.install(payload)
 
 

@@ -3,15 +3,19 @@
 A service's facts cache gives every stored host message a *generation*
 number, unique in the process, and its plugin view as a JSON fragment made at
 ingest (off the request path). A call's facts (:class:`CallFacts`) name, per
-requested host, the generation it has now. :class:`FactsWire` remembers which
-generation of each host every worker process already holds and writes into a
-call frame only the hosts (and guest lists) that worker lacks: a steady-state
-call carries host IDs and generation numbers, not the facts.
+requested host, the message it has now. :class:`FactsWire` remembers which
+generation of each host every worker process already holds, and writes into a
+call frame only the hosts (and guest lists) that worker lacks; a worker
+therefore always holds the current generation of every host of its call. The
+call's set of hosts with facts is sent only when it differs from that
+worker's previous call (``same_hosts`` otherwise): a steady-state call carries
+no per-host data but the stale and the missing hosts.
 
-The worker (:mod:`vmsched.plugin.facts`) keeps what it was sent and answers
-``facts_resync`` when a call names a generation it lacks; the pool then
-forgets what that worker holds, so the next call sends it everything again. A
-new worker (started, restarted or recycled) is a new :class:`Worker` object
+The worker (:mod:`vmsched.plugin._held`) keeps what it was sent and answers
+``facts_resync`` when it lacks something the pool sent (each frame carries the
+number of hosts sent since the last reset, ``count``); the pool then forgets
+what that worker holds, so the next call sends it everything again (``reset``).
+A new worker (started, restarted or recycled) is a new :class:`Worker` object
 that holds nothing: its first call carries the full facts.
 """
 
@@ -39,7 +43,6 @@ class HostPart(Protocol):
     gen: int  # generation of this message's host view
     guests_gen: int  # generation of its guest list (changes only when the list does)
     fragment: str  # JSON object text: the host's plugin view
-    ref: str  # JSON member text "agent host ID":gen (a call's ref to it under the agent's own ID)
     stale_at: float  # UNIX time from which this message is stale
 
     def guests_json(self) -> str:
@@ -52,35 +55,40 @@ class CallFacts:
     """The facts of one request's plugin calls, shared by all its calls (each worker gets its own delta)."""
 
     now: float  # the service's time of the request: ages and staleness are counted from it
-    refs: dict[str, tuple[str, HostPart]]  # engine host ID -> (agent host ID, its stored message)
+    refs: dict[str, HostPart]  # engine host ID -> its agent's stored message
     missing: dict[str, str]  # engine host ID -> why it has no facts
     vm: dict[str, Any] | None
     vm_problem: str | None
     with_guests: bool = False
-    _common: str = field(default="", repr=False)  # JSON members every worker gets (refs, missing, vm)
+    agents: dict[str, str] = field(default_factory=dict)  # engine host ID -> agent host ID, where they differ
+    _common: str = field(default="", repr=False)
+    _hosts_key: str = field(default="", repr=False)
 
     def common(self) -> str:
+        """JSON members every worker gets: time, stale hosts, missing hosts, the VM."""
         if not self._common:
-            refs = ",".join(part.ref if agent == h else f"{_dumps(h)}:{part.gen}"
-                            for h, (agent, part) in self.refs.items())
             now = self.now
-            stale = [h for h, (_agent, part) in self.refs.items() if part.stale_at < now]
-            text = (f'"now":{_dumps(now)},"refs":{{{refs}}},"stale":{_dumps(stale)},"missing":{_dumps(self.missing)},'
+            stale = [h for h, part in self.refs.items() if part.stale_at < now]
+            text = (f'"now":{_dumps(now)},"stale":{_dumps(stale)},"missing":{_dumps(self.missing)},'
                     f'"vm":{_dumps(self.vm)},"vm_problem":{_dumps(self.vm_problem)}')
-            if self.with_guests:
-                grefs = ",".join(f"{_dumps(h)}:{part.guests_gen}" for h, (_agent, part) in self.refs.items())
-                text += f',"with_guests":true,"grefs":{{{grefs}}}'
-            self._common = text
+            self._common = text + (',"with_guests":true' if self.with_guests else "")
         return self._common
+
+    def hosts_key(self) -> str:
+        """The call's hosts with facts, as one string (to compare with a worker's previous call)."""
+        if not self._hosts_key:
+            self._hosts_key = "\n".join(self.refs) or "\n"
+        return self._hosts_key
 
 
 class _Held:
-    __slots__ = ("hosts", "guests", "sent", "__weakref__")
+    __slots__ = ("hosts", "guests", "sent", "last_hosts", "__weakref__")
 
     def __init__(self) -> None:
         self.hosts: dict[str, int] = {}  # engine host ID -> generation the worker holds
         self.guests: dict[str, int] = {}  # engine host ID -> guest-list generation it holds
         self.sent = -1  # hosts and guest lists sent since the last reset; -1: the next frame resets
+        self.last_hosts = ""  # hosts_key() of the worker's previous call
 
 
 class FactsWire:
@@ -92,7 +100,7 @@ class FactsWire:
         self._lock = threading.Lock()
 
     def encode(self, worker: Any, facts: CallFacts) -> str:
-        """JSON text of the call's facts for ``worker``: the hosts it lacks, and the refs.
+        """JSON text of the call's facts for ``worker``: the hosts it lacks, and the call's hosts unless the same.
 
         Called by the one thread that has ``worker`` checked out, right before the frame is sent.
         """
@@ -104,12 +112,13 @@ class FactsWire:
         if reset:
             held.hosts.clear()
             held.guests.clear()
-            held.sent = 0
+            held.sent, held.last_hosts = 0, ""
         data: list[str] = []
         guests: list[str] = []
         hosts_held, guests_held = held.hosts, held.guests
-        for host_id, (agent_id, part) in facts.refs.items():
+        for host_id, part in facts.refs.items():
             if hosts_held.get(host_id) != part.gen:
+                agent_id = facts.agents.get(host_id, host_id)
                 data.append(f"{_dumps(host_id)}:[{part.gen},{_dumps(agent_id)},{part.fragment}]")
                 hosts_held[host_id] = part.gen
             if facts.with_guests and guests_held.get(host_id) != part.guests_gen:
@@ -117,6 +126,12 @@ class FactsWire:
                 guests_held[host_id] = part.guests_gen
         held.sent += len(data) + len(guests)
         text = "{" + facts.common() + f',"count":{held.sent}'
+        key = facts.hosts_key()
+        if key == held.last_hosts:
+            text += ',"same_hosts":true'
+        else:
+            text += ',"hosts":' + _dumps(list(facts.refs))
+            held.last_hosts = key
         if data:
             text += ',"data":{' + ",".join(data) + "}"
         if guests:
