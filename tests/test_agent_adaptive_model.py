@@ -78,3 +78,16 @@ def test_agent_options_and_explain_in_the_contract():
     assert (args.tune_interval, args.tune_hysteresis, args.tune_dry_run) == (2.0, 3, True)
     assert parser.parse_args(["policy", "explain", "g"]).guest == "g"
     assert OPERATIONS[AgentOp.EXPLAIN_POLICY].reply is PolicyExplain
+
+
+def test_the_adaptive_block_travels_through_the_contract():
+    from vmsched.services.policy_agent.surfaces.ops import parse
+
+    op, request = parse("set_policy", {"guest": "g", "policy": {"adaptive": {"weight": [512, 2048], "may_move": True}}})
+    body = request.policy.model_dump(mode="json", exclude_unset=True)
+    assert body == {"adaptive": {"weight": [512, 2048], "may_move": True}}
+    assert parse_policy(body).adaptive.may_move
+    with pytest.raises(PolicyError, match="adaptive.speed: Extra inputs are not permitted"):
+        parse("set_policy", {"guest": "g", "policy": {"adaptive": {"speed": 1}}})
+    op, request = parse("explain_policy", {"guest": "g"})
+    assert op is AgentOp.EXPLAIN_POLICY and request.guest == "g"

@@ -86,6 +86,10 @@ class TunerLoop:
     def run_once(self) -> list[Decision]:
         started = time.perf_counter()
         guests = self.adaptive_guests()
+        with self.enforcer.lock:
+            known = {g.uuid for g in self.enforcer.inv.all()}
+        for uuid in [u for u in self.engine.decisions if u not in known]:
+            self.engine.forget(uuid)  # the guest is gone: so is what explain kept of it
         now = time.monotonic()
         seconds = now - self._when if self._when is not None else 0.0
         self._when = now
