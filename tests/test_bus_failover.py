@@ -175,3 +175,56 @@ def test_a_refused_request_goes_out_again_on_a_new_connection_then_fails(rabbit_
         asyncio.run(scenario())
     finally:
         safe_release(conn)
+
+
+def test_an_overdue_confirm_sends_again_and_the_second_reply_is_dropped(rabbit_vhost: str):
+    """A request whose confirm is overdue (the timer fired by hand here: a real broker confirms too fast) is
+    sent again; both copies are answered, the caller gets one reply and the other is counted as a duplicate."""
+    queue = f"test.overdue.{time.monotonic_ns()}"
+    release = threading.Event()
+    handled: list[int] = []
+
+    def held(env):  # noqa: ANN001 - both copies wait until the second one is out
+        handled.append(1)
+        release.wait(20)
+        return {"ok": 1}
+
+    worker = ServiceWorker(rabbit_vhost, "failover-svc", queue, held, consumers=2)
+    worker.start()
+
+    def duplicates() -> float:
+        return metrics.REGISTRY.get_sample_value("vmsched_bus_duplicate_replies_total", {"service": "failover-test"}) or 0
+
+    async def scenario() -> None:
+        client = AsyncBusClient(BusOptions(url=rabbit_vhost), declare=(queue,), service="failover-test")
+        await client.start()
+        try:
+            assert await asyncio.to_thread(worker.ready.wait, 20)
+            resent, dropped = _resent("confirm_timeout"), duplicates()
+            call = asyncio.ensure_future(client.call(queue, "x", {}, 15))
+            for _ in range(500):
+                if client._requests:
+                    break
+                await asyncio.sleep(0.01)
+            client._confirm_overdue(next(iter(client._requests)))
+            assert _resent("confirm_timeout") == resent + 1
+            for _ in range(400):  # bounded: 20 s
+                if len(handled) >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(handled) == 2  # the first copy and the one sent again, both being handled
+            release.set()
+            assert await asyncio.wait_for(call, 15) == {"ok": 1}
+            for _ in range(100):  # the other copy's reply
+                if duplicates() > dropped:
+                    break
+                await asyncio.sleep(0.05)
+            assert duplicates() == dropped + 1
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        worker.stop()

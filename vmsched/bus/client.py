@@ -53,7 +53,7 @@ log = logging.getLogger("vmsched.bus")
 
 _REPLY_HEADERS = {REPLY_VIA: REPLY_EXCHANGE.name}
 _RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
-_MAX_SENDS = 3  # a request the broker keeps refusing (nack) fails after this many sends
+_MAX_SENDS = 3  # a request the broker keeps refusing or not confirming fails after this many sends
 
 
 @dataclass
@@ -212,16 +212,16 @@ class AsyncBusClient:
             assert self._loop is not None
             self._confirms.published(cid, self._loop)
 
-    def _send_again(self, cid: str, reason: str, error: Exception) -> None:
-        """A request whose confirm failed: sent again if it may be and its deadline allows, else failed."""
+    def _confirm_overdue(self, cid: str) -> None:
+        """No confirm in time: a scheduling request is sent again, up to _MAX_SENDS copies; else it fails."""
         request, future = self._requests.get(cid), self._pending.get(cid)
         if request is None or future is None or future.done():
             return
-        if not request.resend or request.deadline <= time.time():
-            future.set_exception(error)
+        if not request.resend or request.sent >= _MAX_SENDS or request.deadline <= time.time():
+            future.set_exception(BusUnavailable(f"no publisher confirm within {self.options.confirm_timeout:g} s"))
         elif self._conn is not None:  # else it goes out again once reconnected
-            metrics.BUS_RESENT.labels(self.service, reason).inc()
-            log.info("%s: request %s to %s sent again (%s)", self.service, cid, request.queue, reason)
+            metrics.BUS_RESENT.labels(self.service, "confirm_timeout").inc()
+            log.info("%s: request %s to %s sent again (no confirm)", self.service, cid, request.queue)
             self._send(cid, request)
 
     def _send_waiting(self) -> None:
@@ -385,9 +385,6 @@ class AsyncBusClient:
             conn = self._conn
             self._loop.call_soon(lambda: self._conn is conn and conn is not None and self._lost(error))
 
-    def _confirm_overdue(self, cid: str) -> None:
-        self._send_again(cid, "confirm_timeout",
-                         BusUnavailable(f"no publisher confirm within {self.options.confirm_timeout:g} s"))
 
     def _on_reply(self, message: Message) -> None:
         cid = message.properties.get("correlation_id")
