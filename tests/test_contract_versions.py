@@ -195,14 +195,15 @@ def test_every_reply_of_a_real_agent_matches_its_model(conn, make_agent):
     bodies = {
         AgentOp.SET_POLICY: {"guest": "t-web", "policy": {"dedicated": 2, "requires": ["t-db"]}},
         AgentOp.GET_POLICY: {"guest": "t-web"},
+        AgentOp.EXPLAIN_POLICY: {"guest": "t-web"},
         AgentOp.CHECK_START: {"guest": "t-web"},
         AgentOp.START_DOMAIN: {"guest": "t-web", "wait": 5},
         AgentOp.STOP_DOMAIN: {"guest": "t-db", "wait": 5},
         AgentOp.SET_POOL: {"dedicated_pool": "4-7"},
         AgentOp.DELETE_POLICY: {"guest": "t-web"},
     }
-    order = [AgentOp.PING, AgentOp.SET_POLICY, AgentOp.GET_POLICY, AgentOp.LIST_POLICIES, AgentOp.CPUS,
-             AgentOp.CHECK_START, AgentOp.START_DOMAIN, AgentOp.STOP_DOMAIN, AgentOp.SET_POOL, AgentOp.RECONCILE,
+    order = [AgentOp.PING, AgentOp.SET_POLICY, AgentOp.GET_POLICY, AgentOp.EXPLAIN_POLICY, AgentOp.LIST_POLICIES,
+             AgentOp.CPUS, AgentOp.CHECK_START, AgentOp.START_DOMAIN, AgentOp.STOP_DOMAIN, AgentOp.SET_POOL, AgentOp.RECONCILE,
              AgentOp.DELETE_POLICY]
     assert set(order) == set(OPERATIONS)
     for op in order:
