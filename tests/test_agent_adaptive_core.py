@@ -164,8 +164,8 @@ def test_tuned_state_is_live_only_and_ends_with_the_run():
 
 bounds = st.tuples(st.integers(2, 10000), st.integers(2, 10000)).map(sorted)
 caps = st.tuples(st.floats(1, 100), st.floats(1, 100)).map(sorted)
-anything = st.one_of(st.integers(-5, 300000), st.floats(-10, 200), st.just(float("nan")), st.text(max_size=3), st.none(),
-                     st.dictionaries(st.integers(-1, 4), st.frozensets(st.integers(0, 9), max_size=4), max_size=3))
+anything = st.one_of(st.integers(-5, 300000), st.floats(-10, 200), st.just(float("nan")), st.text(max_size=3),
+                     st.none(), st.dictionaries(st.integers(-1, 4), st.frozensets(st.integers(0, 9), max_size=4), max_size=3))
 
 
 @settings(max_examples=150, deadline=None)

@@ -203,8 +203,8 @@ def test_every_reply_of_a_real_agent_matches_its_model(conn, make_agent):
         AgentOp.DELETE_POLICY: {"guest": "t-web"},
     }
     order = [AgentOp.PING, AgentOp.SET_POLICY, AgentOp.GET_POLICY, AgentOp.EXPLAIN_POLICY, AgentOp.LIST_POLICIES,
-             AgentOp.CPUS, AgentOp.CHECK_START, AgentOp.START_DOMAIN, AgentOp.STOP_DOMAIN, AgentOp.SET_POOL, AgentOp.RECONCILE,
-             AgentOp.DELETE_POLICY]
+             AgentOp.CPUS, AgentOp.CHECK_START, AgentOp.START_DOMAIN, AgentOp.STOP_DOMAIN, AgentOp.SET_POOL,
+             AgentOp.RECONCILE, AgentOp.DELETE_POLICY]
     assert set(order) == set(OPERATIONS)
     for op in order:
         reply = dispatch(a, op.value, bodies.get(op, {}))

@@ -73,7 +73,8 @@ def adaptive_attrs(a: AdaptiveDocument) -> dict[str, str]:
 
 
 def adaptive_data(a: dict[str, str]) -> dict[str, Any]:
-    data: dict[str, Any] = {"may_move": a.get("may_move") == "yes", "keep_on_restart": a.get("keep_on_restart") == "yes"}
+    data: dict[str, Any] = {"may_move": a.get("may_move") == "yes",
+                            "keep_on_restart": a.get("keep_on_restart") == "yes"}
     if "weight_min" in a:
         data["weight"] = (int(a["weight_min"]), int(a["weight_max"]))
     if "cap_min" in a:

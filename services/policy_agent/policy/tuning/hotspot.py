@@ -5,7 +5,8 @@ waited for a CPU more than its target (or, where libvirt reports no wait, with a
 the same CPUs), is moved to as many of the least busy shared CPUs, each at least ``cool_margin`` points less
 busy on average over those intervals. When no CPU is that idle (the host is busy with other work too, as on a
 small test machine) and at least two busy vCPUs of tuned guests compete for the hot CPUs with their wait
-above target, the destination is a CPU no busy tuned vCPU is confined to and no busier than the hot one. One guest per hot set per interval: the one that waited most.
+above target, the destination is a CPU no busy tuned vCPU is confined to and no busier than the hot one.
+One guest per hot set per interval: the one that waited most.
 """
 
 from __future__ import annotations
