@@ -1,14 +1,16 @@
-"""The private-RabbitMQ helper itself: a node of its own, plain and with TLS, torn down after."""
+"""The private-RabbitMQ helper itself: a node of its own, plain and with TLS, and a cluster of three, torn down after."""
 
 from __future__ import annotations
 
+import json
 import ssl
 import subprocess
+import time
 
 import kombu
 import pytest
 
-from tests.rabbit_private import PrivateRabbit, TlsFiles, available
+from tests.rabbit_private import PrivateCluster, PrivateRabbit, TlsFiles, available
 from tests.tls_certs import make_certs
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.skipif(available() is not None, reason=str(available()))]
@@ -51,3 +53,32 @@ def test_private_node_with_tls_verifies_both_sides(tmp_path):
         with pytest.raises(Exception):  # the broker requires a client certificate
             with kombu.Connection(url, ssl=no_client_cert, connect_timeout=5) as conn:
                 conn.connect()
+
+
+@pytest.mark.slow
+def test_private_cluster_of_three_moves_a_quorum_leader_and_tears_down(tmp_path):
+    """Three nodes of their own joined into one cluster: a quorum queue on all three; its leader's node killed,
+    another node leads it; every node's processes gone after stop(), the shared broker untouched."""
+    shared_before = subprocess.run(["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"], capture_output=True,
+                                   text=True, timeout=60).stdout
+    cluster = PrivateCluster.start_new(tmp_path / "cluster", 3)
+    try:
+        assert len({n.port for n in cluster.nodes} | {n.dist_port for n in cluster.nodes}) == 6
+        assert 5672 not in {n.port for n in cluster.nodes}
+        assert sorted(cluster.running()) == sorted(n.node for n in cluster.nodes)
+        with kombu.Connection(cluster.nodes[1].url(), connect_timeout=10) as conn:
+            conn.connect()
+            kombu.Queue("cluster-test", durable=True, queue_arguments={"x-queue-type": "quorum"})(conn.default_channel).declare()
+        leader = cluster.leaders()["cluster-test"]
+        assert leader == cluster.nodes[1].node  # placed where its client is connected
+        cluster.by_name(leader).kill()
+        deadline = time.monotonic() + 60
+        while cluster.leaders().get("cluster-test") in (None, leader) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert cluster.leaders()["cluster-test"] in {cluster.nodes[0].node, cluster.nodes[2].node}
+    finally:
+        cluster.stop()
+    assert all(n.proc is not None and n.proc.poll() is not None for n in cluster.nodes)
+    shared_after = subprocess.run(["rabbitmqctl", "-q", "cluster_status", "--formatter", "json"], capture_output=True,
+                                  text=True, timeout=60).stdout
+    assert json.loads(shared_after)["running_nodes"] == json.loads(shared_before)["running_nodes"]
