@@ -12,7 +12,7 @@ cancelled the consumer of the exclusive reply queue: the queue was deleted),
 a task reconnects at once, to another node of a cluster first, with a new
 reply queue. Scheduling requests have no side effects: those in flight go out
 again on the new connection, and so does one whose confirm is refused or
-overdue, within the caller's deadline (``vmsched_bus_resent_total``; a second
+overdue (three copies at most), within the caller's deadline (``vmsched_bus_resent_total``; a second
 reply is dropped: ``vmsched_bus_duplicate_replies_total``). A request to an
 agent is never sent twice: it fails with :class:`BusUnavailable`. Calls made
 while reconnecting wait for it; when no node answers, calls fail at once with
