@@ -147,3 +147,30 @@ def test_dry_run_reports_and_changes_nothing(conn, workdir):
         assert agent.explain_policy("t-a1")["tuned"] == {}
     finally:
         agent.stop()
+
+
+def test_a_change_libvirt_refuses_is_an_error_and_the_static_policy_stays(conn, workdir, monkeypatch):
+    (workdir / "proc").mkdir()
+    agent = start_agent(workdir)
+    try:
+        doms = two_guests(conn, agent)
+        feed = Feed(agent, workdir / "proc")
+        from vmsched.services.policy_agent.virt.apply import Applier
+
+        real = Applier.verify_and_repair
+
+        def refuse(self, dom, desired, active, persistent, *a, **k):
+            if desired.vcpus and desired.vcpus.get(0) == frozenset({0}):
+                raise libvirt.libvirtError("refused by the test")
+            return real(self, dom, desired, active, persistent, *a, **k)
+
+        monkeypatch.setattr(Applier, "verify_and_repair", refuse)
+        decisions = [d for _ in range(3) for d in feed.round()]
+        assert [d.outcome for d in decisions] == ["error"]
+        assert "back to the static policy" in decisions[0].reason
+        assert all(live_pins(d) == {0: "1", 1: "1"} for d in doms)
+        explained = agent.explain_policy(decisions[0].guest)
+        assert explained["tuned"] == {} and explained["decisions"][-1]["outcome"] == "error"
+        assert metric("vmsched_agent_tuner_changes_total", tuner="hotspot", field="vcpus", outcome="error") >= 1
+    finally:
+        agent.stop()

@@ -116,10 +116,12 @@ class TunerLoop:
         inp = self.engine.input(shared, views)
         extra: list[Proposal] = self.plugins.propose(inp, self.config) if self.plugins is not None else []
         decisions = self.engine.step(inp, extra)
-        for d in decisions:
+        for i, d in enumerate(decisions):
             if d.outcome == "applied":
-                d = self._apply(d)
-            self._record(d)
+                decisions[i] = self._apply(d)
+                if decisions[i] is not d:
+                    self.engine.amend(d, decisions[i])
+            self._record(decisions[i])
         tm.ROUND_SECONDS.observe(time.perf_counter() - started)
         return decisions
 

@@ -84,6 +84,12 @@ class Engine:
                 self._guests.pop(p.uuid, None)
         return out
 
+    def amend(self, old: Decision, new: Decision) -> None:
+        """Replace a kept decision (applying it failed: explain must say so)."""
+        kept = self.decisions.get(old.uuid)
+        if kept is not None and old in kept:
+            kept[kept.index(old)] = new
+
     def forget(self, uuid: str) -> None:
         self._guests.pop(uuid, None)
         self.decisions.pop(uuid, None)
