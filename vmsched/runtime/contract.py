@@ -167,3 +167,19 @@ KINDS: tuple[UnitKind, ...] = (
 
 #: The same, by kind name.
 KIND: dict[str, UnitKind] = {k.kind: k for k in KINDS}
+
+
+# --- tuner plugins of the policy agent (docs/policy-agent.md, "Tuner plugins") -------------------------
+# Not scheduling units: not in KINDS, never in the engine's catalog. The agent runs ``Tuner().do_tune(facts)``
+# of each file in its own tuner folder through a PluginPool, and checks every proposal itself.
+TUNE_CLASS, TUNE_METHOD = "Tuner", "do_tune"
+#: proposals kept per tuner plugin and round
+MAX_PROPOSALS = 1000
+
+
+def tune_result(value: Any) -> list[Any]:
+    """A tuner plugin's result: a list of proposals (at most :data:`MAX_PROPOSALS` kept); BadResult otherwise.
+    Each proposal is checked by the agent (a malformed one is refused there, with its reason)."""
+    if not isinstance(value, list):
+        raise BadResult(f"do_tune returned {_kind(value)}, expected a list of proposals")
+    return value[:MAX_PROPOSALS]
