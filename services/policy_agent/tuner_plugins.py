@@ -14,6 +14,7 @@ import logging
 import time
 from pathlib import Path
 
+from vmsched.runtime.contract import TUNE_CLASS, TUNE_METHOD
 from vmsched.runtime.pool import PluginPool
 from vmsched.runtime.types import Call, Confinement, Limits
 
@@ -24,7 +25,6 @@ from .policy.tuning.plugin_io import plugin_input, plugin_proposals
 from .policy.tuning.types import Proposal, TuneInput
 
 log = logging.getLogger("vmsched.agent.tuner")
-CLASS, METHOD = "Tuner", "do_tune"
 
 
 class TunerPlugins:
@@ -57,7 +57,7 @@ class TunerPlugins:
         if not names:
             return []
         facts = plugin_input(inp, cfg)
-        calls = [Call(name, CLASS, METHOD, (facts,), self.timeout) for name in names]
+        calls = [Call(name, TUNE_CLASS, TUNE_METHOD, (facts,), self.timeout) for name in names]
         results = self.pool.run(calls, deadline=time.time() + self.timeout)
         out: list[Proposal] = []
         for name, r in zip(names, results):

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from vmsched.runtime.contract import MAX_PROPOSALS, BadResult, tune_result
+
 from .. import cpuset
 from .config import TunerConfig
 from .types import Proposal, TuneInput
 
-MAX_PROPOSALS = 1000
 MAX_REASON = 300
 
 
@@ -42,14 +43,16 @@ def plugin_input(inp: TuneInput, cfg: TunerConfig) -> dict[str, Any]:
 
 def plugin_proposals(value: Any, tuner: str, inp: TuneInput) -> tuple[list[Proposal], list[str]]:
     """(proposals to check, problems with the result as a whole)."""
-    if not isinstance(value, list):
-        return [], [f"{tuner} returned {type(value).__name__}, expected a list of proposals"]
+    try:
+        items = tune_result(value)
+    except BadResult as exc:
+        return [], [f"{tuner}: {exc}"]
     problems = []
     if len(value) > MAX_PROPOSALS:
         problems.append(f"{tuner} returned {len(value)} proposals; the first {MAX_PROPOSALS} are considered")
     by_name = {g.name: g.uuid for g in inp.guests.values()}
     out = []
-    for i, item in enumerate(value[:MAX_PROPOSALS]):
+    for i, item in enumerate(items):
         if not isinstance(item, dict):
             out.append(Proposal(f"#{i}", tuner, "?", item, f"proposal {i} is a {type(item).__name__}, not an object"))
             continue
