@@ -32,7 +32,6 @@ from prometheus_client import Counter
 
 from vmsched.facts import FactsMessage, GuestFacts, Rejected, facts_key, read
 from vmsched.metrics import REGISTRY
-from vmsched.plugin.facts import pack_floats
 from vmsched.runtime.facts_wire import CallFacts
 
 log = logging.getLogger("vmsched.facts")
@@ -52,6 +51,15 @@ _GENERATIONS = itertools.count(1)
 _compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
+#: Host summary fields a plugin does not get as such (the float lists travel packed, see Entry.fragment).
+_NOT_IN_VIEW = {"allocations", "pcpu_pct", "cpu_history"}
+
+
+def _pack(values: list[float]) -> str:
+    """The packed text of a float list (vmsched.plugin.facts.pack_floats; str() is the faster spelling)."""
+    return ",".join(map(str, values))
+
+
 @dataclass
 class Entry:
     message: FactsMessage
@@ -59,21 +67,27 @@ class Entry:
     received: float = 0.0
     stale_after: float = 0.0  # seconds after its collection at which this host turns stale
     guests_gen: int = 0  # generation of the guest list (kept while summaries without guests follow)
-    plugin_view: dict[str, Any] = field(default_factory=dict)  # what a plugin call gets, built once per message
     gen: int = field(default_factory=lambda: next(_GENERATIONS))  # generation of this message
-    fragment: str = ""  # plugin_view as JSON, made at ingest (the pool sends it as is)
+    fragment: str = ""  # the plugin view as JSON, made at ingest (the pool sends it as is)
     stale_at: float = 0.0  # UNIX time from which this message is stale
     _guests_json: str | None = None
+    _view: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        host = self.message.host
-        view = host.model_dump(exclude={"allocations", "pcpu_pct", "cpu_history"})
-        view["pcpu_text"], view["history_text"] = pack_floats(host.pcpu_pct), pack_floats(host.cpu_history)
-        view.update(time=self.message.time, interval=self.message.interval)
-        self.plugin_view = view
-        self.fragment = _compact(view)
+        m = self.message
+        head = m.host.model_dump_json(exclude=_NOT_IN_VIEW)  # pydantic's own encoder: the cheap way at ingest
+        tail = _compact({"pcpu_text": _pack(m.host.pcpu_pct), "history_text": _pack(m.host.cpu_history),
+                         "time": m.time, "interval": m.interval})
+        self.fragment = f"{head[:-1]},{tail[1:]}" if head != "{}" else tail
         self.guests_gen = self.guests_gen or self.gen
-        self.stale_at = self.message.time + self.stale_after
+        self.stale_at = m.time + self.stale_after
+
+    @property
+    def plugin_view(self) -> dict[str, Any]:
+        """What a plugin call gets of this host, as a dict (the full-form payload; made on first use)."""
+        if self._view is None:
+            self._view = json.loads(self.fragment)
+        return self._view
 
     def guests_json(self) -> str:
         """The guest list as JSON (balance calls; made on first use, shared while the list stays)."""
