@@ -31,14 +31,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from kombu import Connection, Exchange, Producer
 
 from tests.conftest import RABBIT_URL, ROOT, SERVICE_QUEUES, TEST_ENV, Proc, Stack, bus_args, free_port, rabbit_up, \
     wait_until
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.journal import FIRST, SECOND, Journal
-from vmsched.bus.topology import REQUEST_QUEUES, dead_letter_queue, legacy_name
-from vmsched.messages import FilterReply, Op, request_units
+from vmsched.bus.topology import DELIVERY_LIMIT, EXCHANGES, REQUEST_QUEUES, REQUESTS_EXCHANGE, dead_letter_queue, \
+    legacy_name, request_queue
+from vmsched.messages import Envelope, FilterReply, Op, request_units
 
 MARK = "vmsched-poison"  # at most 15 bytes: the kernel's thread name
 PLUGIN = f'''
@@ -266,6 +268,47 @@ def _uid(pid: int) -> int:
     return os.stat(f"/proc/{pid}").st_uid
 
 
+def test_one_death_of_a_service_process_counts_one_delivery(vhost: str, tmp_path: Path):
+    """A replica with 4 handler threads dies holding a request: the broker returns it counted once (one
+    channel per process), not once per consumer channel of the dead process (what made a default of 2 unsafe)."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "poison.py").write_text(PLUGIN)
+    url = RABBIT_URL + vhost
+    queue = REQUEST_QUEUES[Op.FILTER]
+    with Connection(url) as conn:
+        channel = conn.default_channel
+        for exchange in EXCHANGES:
+            Exchange(exchange.name, exchange.type, durable=True)(channel).declare()
+        request_queue(queue)(channel).declare()
+        dead_letter_queue(queue)(channel).declare()  # so that nothing dead-lettered is dropped
+        counts = []
+        for attempt in range(2):
+            replica = Proc(["scoring", "--plugins", str(plugins), "--pool-size", "2", "--consumers", "4",
+                            "--no-legacy-queues", "--runtime-dir", str(tmp_path / f"run-{attempt}"),
+                            *bus_args(tmp_path, url)], tmp_path / f"scoring-{attempt}.log",
+                           env={"VMSCHED_AMQP_URL": ""}).start()
+            kernel = Kernel([replica])
+            try:
+                wait_until(lambda: _consumers(vhost, queue) >= 1, 60, 0.2, "the replica consuming")
+                kernel.start()
+                envelope = Envelope(op="filter", deadline=time.time() + 60,
+                                    body={"units": ["Poison"], "hosts": HOSTS, "vm": VM})
+                Producer(channel).publish(envelope.model_dump_json(), exchange=REQUESTS_EXCHANGE.name,
+                                          routing_key=queue, content_type="application/json",
+                                          correlation_id=f"count-{attempt}")
+                wait_until(lambda: kernel.kills, 60, 0.05, "the replica killed while it handles the request")
+                dead = dead_letter_queue(queue).name  # where it goes if the one death counted more than once
+                back = wait_until(lambda: [(q, m) for q in (queue, dead) for m in [channel.basic_get(q, no_ack=True)] if m],
+                                  30, 0.1, "the request back on a queue")
+                where, returned = back[0]
+                counts.append((returned.headers or {}).get("x-delivery-count") if where == queue else "dead-lettered")
+            finally:
+                kernel.stop.set()
+                replica.kill()
+        assert counts == [1, 1], counts
+
+
 def test_a_new_service_answers_an_old_gateway_on_the_unversioned_queue(tmp_path: Path, vhost: str):
     """Rolling upgrade (docs/upgrading.md): services first; an old gateway still publishes to vmsched.filter."""
     plugins = tmp_path / "plugins"
@@ -279,7 +322,7 @@ def test_a_new_service_answers_an_old_gateway_on_the_unversioned_queue(tmp_path:
     body = {"units": ["KeepAll"], "hosts": HOSTS, "vm": VM}
 
     async def call(queue: str) -> FilterReply:
-        client = AsyncBusClient(BusOptions(url=url), declare=(queue,))
+        client = AsyncBusClient(BusOptions(url=url, delivery_limit=DELIVERY_LIMIT), declare=(queue,))
         await client.start()
         try:
             return await client.call(queue, "filter", body, 20, FilterReply)

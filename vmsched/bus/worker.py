@@ -254,7 +254,7 @@ class ServiceWorker:
         if dead:
             headers = message.headers or {}
             death = headers.get("x-death") or [{}]
-            if message.delivery_info.get("redelivered"):
+            if message.delivery_info.get("redelivered") or int(headers.get("x-delivery-count") or 0) > 0:
                 return f"its second chance also ended with the death of the {self.service} process holding it"
             if str(death[0].get("reason", "")) != "rejected" or self.limit < 2:
                 return f"each of its deliveries ended with the death of the {self.service} process holding it"
