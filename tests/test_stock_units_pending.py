@@ -70,7 +70,7 @@ def start(svc: ScoringService, vm: str) -> str:
     assert kept.ok, kept.error
     (ranked,) = call(svc, "score", {"units": [{"name": "vmsched_EvenGuestDistribution"}], "hosts": kept.hosts,
                                     "vm": vm}).outcomes
-    assert ranked.ok, ranked.error
+    assert ranked.ok and ranked.scores, (kept, ranked, svc.facts_for([A, B], vm))  # the facts, if none were used
     return min(ranked.scores, key=lambda pair: pair[1])[0]
 
 
