@@ -288,7 +288,12 @@ class ServiceWorker:
             name, message, kind = item
             if message.channel is not self._channel:
                 continue  # its connection broke: the broker has returned it
-            self._done.put((message, self._handle(slot, name, message, kind)))
+            try:
+                reply = self._handle(slot, name, message, kind)
+            except Exception:  # noqa: BLE001 - the replier answers every handler error; this is the journal's
+                log.exception("%s: request %s on %s not handled", self.service, _cid(message), name)
+                reply = None  # acked unanswered rather than held until the connection closes
+            self._done.put((message, reply))
             self._poke()
 
     def _handle(self, slot: int, name: str, message: Message, kind: bytes) -> bytes | None:
