@@ -27,10 +27,12 @@ import tempfile
 import time
 import uuid
 import xmlrpc.client
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from tests.engine_wire import call  # noqa: E402
 
@@ -103,6 +105,7 @@ async def one_call(port: int, payload: bytes) -> bytes:
 
 
 def check(reply: bytes) -> None:
+    """A vmsched reply: HTTP 200 and result code 0."""
     head, _, body = reply.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200"):
         raise RuntimeError(f"bad reply: {head[:100]!r}")
@@ -111,7 +114,7 @@ def check(reply: bytes) -> None:
         raise RuntimeError(f"scheduling error: {value}")
 
 
-async def sequential(port: int, body: bytes, n: int) -> list[float]:
+async def sequential(port: int, body: bytes, n: int, check: Callable[[bytes], None] = check) -> list[float]:
     payload = http_request(body, port)
     for _ in range(50):  # warm-up
         check(await one_call(port, payload))
@@ -124,7 +127,8 @@ async def sequential(port: int, body: bytes, n: int) -> list[float]:
     return lat
 
 
-async def concurrent(port: int, bodies: list[bytes], clients: int, seconds: float) -> tuple[int, float]:
+async def concurrent(port: int, bodies: list[bytes], clients: int, seconds: float,
+                     check: Callable[[bytes], None] = check) -> tuple[int, float]:
     payloads = [http_request(b, port) for b in bodies]
     done = 0
     stop = time.perf_counter() + seconds
@@ -229,6 +233,100 @@ def run_mode(mode: str, opts: argparse.Namespace) -> dict[str, float]:
     }
 
 
+SYSTEMS = ("floor", "embedded", "rabbitmq")
+
+
+def run_floor(opts: argparse.Namespace) -> None:
+    """The floor prototype, embedded vmsched and vmsched on RabbitMQ, started once and measured in interleaved
+    rounds (the order rotates each round); ratios are taken within a round, then their median and spread."""
+    import floor
+
+    tmp = Path(tempfile.mkdtemp(prefix="vmsched-bench-floor-"))
+    plugins = tmp / "plugins"
+    plugins.mkdir()
+    (plugins / "bench.py").write_text(PLUGINS)
+    ports = {name: free_port() for name in SYSTEMS}
+    body = {"floor": call("runFilters", floor.FLOOR_UNITS, HOSTS, VM, {}), "embedded": FILTER_BODY,
+            "rabbitmq": FILTER_BODY}
+    checks = {"floor": floor.check_floor, "embedded": check, "rabbitmq": check}
+    procs: dict[str, list[subprocess.Popen[bytes]]] = {}
+    with floor.vhost(opts.amqp, "vmsched-bench-floor") as floor_url, floor.vhost(opts.amqp, "vmsched-bench") as url:
+        try:
+            procs["floor"] = floor.start_floor(ports["floor"], floor_url, tmp)
+            procs["embedded"] = launch("embedded", plugins, tmp, ports["embedded"], url)
+            procs["rabbitmq"] = launch("rabbitmq", plugins, tmp, ports["rabbitmq"], url)
+            wait_ready(ports["embedded"])
+            wait_ready(ports["rabbitmq"])
+            fp = http_request(body["floor"], ports["floor"])
+            floor.wait_answering(lambda: arun(one_call(ports["floor"], fp)), floor.check_floor)
+            time.sleep(3)
+            _print_rss("idle, after start", procs)
+            print(f"\ncold burst: {opts.clients} clients start at once against the idle install; calls started "
+                  "in the first second")
+            for name in SYSTEMS:
+                payload = http_request(body[name], ports[name])
+                lat = arun(floor.cold_burst(lambda: one_call(ports[name], payload), checks[name], opts.clients))
+                print(f"  {name:9} {len(lat):4} calls  p50 {pct(lat, .5):7.2f} ms  p90 {pct(lat, .9):7.2f} ms  "
+                      f"max {max(lat) * 1000:7.2f} ms  first {lat[0] * 1000:.2f} ms")
+            rounds = [_floor_round(r, opts, ports, body, checks) for r in range(opts.rounds)]
+            _print_rss("after the rounds", procs)
+        finally:
+            for group in procs.values():
+                for p in group:
+                    os.killpg(p.pid, signal.SIGTERM)
+            for group in procs.values():
+                for p in group:
+                    p.wait(15)
+    _print_ratios(rounds)
+
+
+def _floor_round(r: int, opts: argparse.Namespace, ports: dict[str, int], body: dict[str, bytes],
+                 checks: dict[str, Callable[[bytes], None]]) -> dict[str, float]:
+    order = SYSTEMS[r % 3:] + SYSTEMS[:r % 3]
+    fig: dict[str, float] = {}
+    for name in order:
+        lat = arun(sequential(ports[name], body[name], opts.calls, checks[name]))
+        fig[f"{name}_p50"] = pct(lat, .5)
+        fig[f"{name}_p99"] = pct(lat, .99)
+        fig[f"{name}_rps"] = _rate(arun(concurrent(ports[name], [body[name]], opts.clients, opts.seconds, checks[name])))
+        if name != "floor":
+            fig[f"{name}_score_rps"] = _rate(arun(concurrent(ports[name], [SCORE_BODY], opts.clients, opts.seconds)))
+    print(f"\nround {r + 1} (order {', '.join(order)})")
+    for name in SYSTEMS:
+        extra = f"  runCostFunctions {fig[f'{name}_score_rps']:5.0f} req/s" if name != "floor" else ""
+        print(f"  {name:9} seq p50 {fig[f'{name}_p50']:6.2f} ms  p99 {fig[f'{name}_p99']:6.2f} ms  "
+              f"{opts.clients} clients runFilters {fig[f'{name}_rps']:5.0f} req/s{extra}")
+    return fig
+
+
+def _print_ratios(rounds: list[dict[str, float]]) -> None:
+    def show(label: str, values: list[float], target: str) -> None:
+        print(f"  {label:44} {statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})  target {target}")
+
+    print(f"\nratios, median of {len(rounds)} interleaved rounds (min-max):")
+    for name in ("embedded", "rabbitmq"):
+        show(f"{name}: seq p50 / floor's", [f[f"{name}_p50"] / f["floor_p50"] for f in rounds], "<= 1.15x")
+        show(f"{name}: 8-client runFilters req/s / floor's", [f[f"{name}_rps"] / f["floor_rps"] for f in rounds],
+             ">= 0.85x")
+        show(f"{name}: runCostFunctions / runFilters req/s",
+             [f[f"{name}_score_rps"] / f[f"{name}_rps"] for f in rounds], ">= 0.80x")
+    for key in ("p50", "rps", "score_rps"):
+        cols = [f"{name} {statistics.median([f[f'{name}_{key}'] for f in rounds if f'{name}_{key}' in f]):.2f}"
+                for name in SYSTEMS if f"{name}_{key}" in rounds[0]]
+        print(f"  median {key:9}: " + ", ".join(cols))
+
+
+def _print_rss(when: str, procs: dict[str, list[subprocess.Popen[bytes]]]) -> None:
+    import floor
+
+    print(f"\nRSS ({when}), MiB:")
+    for name, group in procs.items():
+        rows = floor.rss_tree([p.pid for p in group])
+        print(f"  {name}: {sum(rss for _, _, rss in rows):.0f} MiB in {len(rows)} processes")
+        for depth, what, rss in rows:
+            print(f"    {'  ' * depth}{what[:70]:72} {rss:6.1f}")
+
+
 def _rate(result: tuple[int, float]) -> float:
     done, elapsed = result
     return done / elapsed
@@ -242,7 +340,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0, help="duration of one concurrent run")
     ap.add_argument("--repeat", type=int, default=3, help="concurrent runs per mix (the median is reported)")
     ap.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672//")
+    ap.add_argument("--floor", action="store_true",
+                    help="interleave the floor prototype (../shared/perf-floor), embedded and RabbitMQ (own vhosts)")
+    ap.add_argument("--rounds", type=int, default=5, help="--floor: interleaved rounds")
     opts = ap.parse_args()
+    if opts.floor:
+        run_floor(opts)
+        return
     print(f"vmsched gateway benchmark: 3 filters / 3 scores on {len(HOSTS)} hosts, new connection per call, "
           f"{os.cpu_count()} CPUs (load generator included)")
     for mode in opts.modes.split(","):
