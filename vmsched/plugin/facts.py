@@ -207,8 +207,11 @@ def pending(host_id: str) -> tuple[int, ...]:
     return tuple(_vm.pending.get(host_id, ())) if _vm is not None and isinstance(_vm.pending, dict) else ()
 
 
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
 def _build(cls: type, data: dict) -> Any:
-    known = {f.name for f in fields(cls)}
+    known = _FIELDS.get(cls) or _FIELDS.setdefault(cls, frozenset(f.name for f in fields(cls)))
     values = {k: v for k, v in data.items() if k in known}
     for name in ("load_avg", "numa", "hugepages"):
         if isinstance(values.get(name), list):
