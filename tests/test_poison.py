@@ -28,6 +28,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
@@ -38,6 +39,7 @@ from tests.conftest import RABBIT_URL, ROOT, SERVICE_QUEUES, TEST_ENV, Proc, Sta
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.journal import FIRST, SECOND, Journal
+from vmsched.bus.worker import _PASS, PASSED_BY, ServiceWorker
 from vmsched.bus.topology import DELIVERY_LIMIT, EXCHANGES, REQUEST_QUEUES, REQUESTS_EXCHANGE, dead_letter_queue, \
     legacy_name, request_queue
 from vmsched.messages import Envelope, FilterReply, Op, request_units
@@ -396,3 +398,60 @@ def test_journal_records_several_at_a_death_replicas_own_files_and_a_shared_dire
     shared.chmod(0o777)
     with pytest.raises(OSError, match="writable only by it"):
         Journal(shared, "balancer", 1)
+
+
+class _Message:
+    """What the worker reads of a delivered message (kombu's Message), and what it does to it."""
+
+    def __init__(self, cid: str, headers: dict[str, Any] | None = None, redelivered: bool = False) -> None:
+        self.properties = {"correlation_id": cid, "reply_to": "vmsched.reply.x"}
+        self.headers = headers or {}
+        self.delivery_info = {"redelivered": redelivered}
+        self.body = Envelope(op="filter", deadline=time.time() + 30, body={"units": ["U"], "hosts": []}).model_dump_json()
+        self.content_type, self.content_encoding = "application/json", "utf-8"
+        self.acked = False
+
+    def ack(self) -> None:
+        self.acked = True
+
+
+def test_triage_of_requests_that_were_in_a_dead_process(tmp_path: Path):
+    """Which requests run, get a second chance, are passed on or are refused (no broker: the decisions alone)."""
+    directory = tmp_path / "journal"
+    dead = Journal(directory, "scoring", 3)
+    dead.begin(0, "among-1")
+    dead.begin(1, "among-2")
+    dead.close()  # died handling two requests at once
+    worker = ServiceWorker(BusOptions(url="memory://", delivery_limit=DELIVERY_LIMIT), "scoring", REQUEST_QUEUES[Op.FILTER],
+                           lambda env: {}, journal_dir=directory)
+    worker.journal = Journal(directory, "scoring", 3)
+    queue, rejected = REQUEST_QUEUES[Op.FILTER], [{"reason": "rejected"}]
+    try:
+        assert worker._triage(queue, False, _Message("fresh")) == FIRST
+        assert worker._triage(queue, False, _Message("held", {"x-delivery-count": 1})) is None  # to its second chance
+        assert worker._triage(queue, False, _Message("among-1")) is None  # among those of the death: a second chance
+        assert worker._triage(queue, True, _Message("held", {"x-death": rejected})) == SECOND
+        why = worker._triage(queue, True, _Message("held", {"x-death": rejected}, redelivered=True))
+        assert isinstance(why, str) and "second chance also ended with the death" in why
+        why = worker._triage(queue, True, _Message("limit", {"x-death": [{"reason": "delivery_limit"}]}))
+        assert isinstance(why, str) and "each of its deliveries" in why
+        # a second chance of what the predecessor was handling among others: another replica's, unless it came back
+        assert worker._triage(queue, True, _Message("among-2", {"x-death": rejected})) is _PASS
+        published: list[dict[str, Any]] = []
+        message = _Message("among-2", {"x-death": rejected})
+        worker._pass(queue, message, SimpleNamespace(publish=lambda body, **kw: published.append(kw)))
+        assert message.acked and published[0]["headers"][PASSED_BY] == worker.journal.identity
+        assert published[0]["exchange"] == "vmsched.dead" and published[0]["routing_key"] == queue
+        back = _Message("among-2", published[0]["headers"])
+        assert worker._triage(queue, True, back) == SECOND  # no other replica took it: run here
+    finally:
+        worker.journal.close()
+    alone = Journal(directory, "scoring", 3)  # this one dies handling one request alone
+    alone.begin(2, "alone-3", SECOND)
+    alone.close()
+    worker.journal = Journal(directory, "scoring", 3)
+    try:
+        why = worker._triage(queue, False, _Message("alone-3"))
+        assert isinstance(why, str) and "died handling it in its second chance and was restarted" in why
+    finally:
+        worker.journal.close()

@@ -273,7 +273,7 @@ class ServiceWorker:
         """Put a second chance back on its dead-letter queue for another replica (marked: it comes back once)."""
         log.warning("%s: request %s on %s was among those the previous process on this host was handling when "
                     "it died: its second chance is left to another replica", self.service, _cid(message), name)
-        producer.publish(message.body, exchange=DEAD_EXCHANGE, routing_key=name, retry=False,
+        producer.publish(message.body, exchange=DEAD_EXCHANGE.name, routing_key=name, retry=False,
                          headers={**(message.headers or {}), PASSED_BY: self.journal.identity},  # type: ignore[union-attr]
                          content_type=message.content_type, content_encoding=message.content_encoding,
                          correlation_id=_cid(message), reply_to=message.properties.get("reply_to"))
