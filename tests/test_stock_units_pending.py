@@ -143,13 +143,18 @@ def test_a_placement_expires_moves_with_a_migration_and_is_replaced_by_a_new_ran
 
 def test_attach_puts_the_view_in_the_calls_vm_facts() -> None:
     payload = {"hosts": {}, "vm": {"id": "vm1", "memory_mib": 1}}
-    assert attach(payload, {"a": [5]})["vm"]["pending"] == {"a": [5]}
-    assert attach({"vm": None}, {"a": [5]}) == {"vm": None}  # a VM of unknown size: nothing to count against
+    assert attach(payload, lambda: {"a": [5]})["vm"]["pending"] == {"a": [5]}
+
+    def never() -> dict:
+        raise AssertionError("the view is not needed for a VM of unknown size")
+
+    assert attach({"vm": None}, never) == {"vm": None} and attach(None, never) is None
 
     class Held:
         vm = {"id": "vm1"}
 
-    assert attach(Held(), {"a": [5]}).vm == {"id": "vm1", "pending": {"a": [5]}}
+    assert attach(Held(), lambda: {"a": [5]}).vm == {"id": "vm1", "pending": {"a": [5]}}
+    assert attach(Held(), dict).vm == {"id": "vm1"}  # nothing pending: the VM's facts unchanged
 
 
 def test_the_guest_and_memory_weights_count_pending_placements() -> None:

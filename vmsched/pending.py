@@ -27,7 +27,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 #: Seconds a placement stays pending at most (the agent sees a start within its event-driven collection).
 TTL = 60.0
@@ -124,14 +124,18 @@ def _arrived(facts: VmFacts, vm: str, placement: Placement) -> bool:
             and str(view.get("host_id") or "") != placement.was_on)
 
 
-def attach(call_facts: Any, pending: dict[str, list[int]]) -> Any:
-    """Add the pending view to a call's VM facts (a payload dict, or an object with a ``vm`` dict)."""
-    if not pending or call_facts is None:
+def attach(call_facts: Any, pending: Callable[[], dict[str, list[int]]]) -> Any:
+    """Add the pending view to a call's VM facts (a payload dict, or an object with a ``vm`` dict).
+
+    ``pending`` is asked only when the call's VM is known (a VM of unknown size gets nothing to count).
+    """
+    found = call_facts.get("vm") if isinstance(call_facts, dict) else getattr(call_facts, "vm", None)
+    if not isinstance(found, dict):
         return call_facts
-    if isinstance(call_facts, dict):
-        vm = call_facts.get("vm")
-        if isinstance(vm, dict):
-            call_facts["vm"] = {**vm, "pending": pending}
-    elif isinstance(getattr(call_facts, "vm", None), dict):
-        call_facts.vm = {**call_facts.vm, "pending": pending}
+    view = pending()
+    if view:
+        if isinstance(call_facts, dict):
+            call_facts["vm"] = {**found, "pending": view}
+        else:
+            call_facts.vm = {**found, "pending": view}
     return call_facts

@@ -37,7 +37,7 @@ class ScoringService(PluginService):
     def _call_facts(self, hosts: list[str], vm: str) -> Any:
         """The call's facts with the placements still pending elsewhere (the stock memory filter counts them)."""
         found = self.facts_for(hosts, vm)
-        return attach(found, self.pending.view(self.facts, exclude=vm)) if self.facts is not None else found
+        return attach(found, lambda: self.pending.view(self.facts, exclude=vm)) if self.facts is not None else found
 
     def filter(self, env: Envelope) -> BaseModel:
         req = FilterRequest.model_validate(env.body)
