@@ -219,8 +219,8 @@ class EngineLink:
         identities = self._identities()
         for agent in set(self._agent_hits) - set(identities):
             del self._agent_hits[agent]
-        for engine_id, (when, agents) in list(self._uuid_hits.items()):
-            if now - when >= (self.ttl if agents else self.negative):
+        for engine_id, (when, _agents) in list(self._uuid_hits.items()):
+            if now - when >= self.ttl:  # one GET per engine host and TTL, found or not (hosts without agents)
                 del self._uuid_hits[engine_id]
         with self._lock:
             unknown = bool(self._wanted_hosts - set(self._hosts))
@@ -246,7 +246,7 @@ class EngineLink:
             wanted = set(self._wanted_hosts)
         for engine_id in sorted(wanted - set(claims)):
             hit = self._uuid_hits.get(engine_id)
-            if hit is None or now - hit[0] >= (self.ttl if hit[1] else self.negative):
+            if hit is None:
                 hit = self._uuid_hits[engine_id] = (now, self._by_hardware_uuid(engine_id, identities))
         for engine_id, (_when, agents) in self._uuid_hits.items():
             if agents:
