@@ -219,3 +219,39 @@ def test_tuner_plugin_in_the_sandbox_on_real_qemu(env, guests, agent_factory, tm
     # the socket file may accept a connection (its mode is libvirtd's choice), but libvirtd serves no plugin user
     assert report["libvirt_api"] != "opened", f"a tuner plugin reached libvirt: {report}"
     assert explain["tuned"] == {"cpu_shares": 3000}
+
+
+def test_elastic_cap_tightens_under_contention(env, guests, agent_factory, tmp_path):
+    """The shared set is one pCPU (the other is the dedicated pool) and two guests burn on it: contention
+    holds on any machine, so the capped guest's cap steps down from its static 50 % to its min 20 %."""
+    if len(env.host_cpus) < 2:
+        pytest.skip(f"needs 2 host CPUs, found {sorted(env.host_cpus)}")
+    lo, hi = min(env.host_cpus), max(env.host_cpus)
+    agent = agent_factory(dedicated_pool=str(lo), reconcile_interval=2, extra_args=("--tune-interval", "2"))
+    capped = burner(env, guests, tmp_path, None)
+    rival = burner(env, guests, tmp_path, None)
+    agent.request("set_policy", {"guest": capped, "policy": {"cap_percent": 50, "adaptive": {"cap_percent": [20, 80]}}})
+    g = guests.start(capped)
+    guests.start(rival)
+    dom = guests.dom(capped)
+    h.wait_for(g.vcpu_pins, {0: frozenset({hi})}, what="the capped guest on the shared CPU")
+    assert dom.schedulerParameters()["vcpu_quota"] == 50000
+    repairs0 = metric_sum(agent, REPAIRS)
+    seen: list[int] = []
+
+    def quota() -> int:
+        q = int(dom.schedulerParameters()["vcpu_quota"])
+        if not seen or seen[-1] != q:
+            seen.append(q)
+        return q
+
+    h.wait_until(lambda: quota() == 20000, timeout=120, interval=0.5, what="the cap tightened to its min 20 %")
+    assert all(20000 <= q <= 50000 for q in seen), f"quotas seen {seen} left [20 %, 50 %]"
+    assert seen == sorted(seen, reverse=True), f"the cap only tightens under contention: {seen}"
+    cgroup_quota, period = g.vcpu_quotas()[0]
+    assert (cgroup_quota, period) == (20000, 100000)  # at the min: nothing tightens further
+    assert quota() == 20000
+    assert dom.schedulerParametersFlags(CONFIG)["vcpu_quota"] == 50000, "tuned cap is live-only"
+    explain = agent.cli_json("policy", "explain", capped)
+    assert explain["decisions"][-1]["tuner"] == "elastic_cap" and "contention" in explain["decisions"][-1]["reason"]
+    assert metric_sum(agent, REPAIRS) == repairs0
