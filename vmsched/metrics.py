@@ -157,10 +157,10 @@ def init_requests(service: str, ops: Iterable[str], worker: bool = False) -> Non
             BUS_EXPIRED.labels(service, op)
     if worker:
         REQUESTS.labels(service, "invalid", "error")
-    else:  # the gateway's client re-sends scheduling requests
-        for reason in RESEND_REASONS:
-            BUS_RESENT.labels(service, reason)
-        BUS_DUPLICATE_REPLIES.labels(service)
+    # only the gateway's client re-sends scheduling requests; a worker's series stay at 0 (no empty family)
+    for reason in RESEND_REASONS:
+        BUS_RESENT.labels(service, reason)
+    BUS_DUPLICATE_REPLIES.labels(service)
     BUS_RECONNECTS.labels(service)
     BUS_UP.labels(service)
 
