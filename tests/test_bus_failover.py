@@ -228,3 +228,34 @@ def test_an_overdue_confirm_sends_again_and_the_second_reply_is_dropped(rabbit_v
     finally:
         release.set()
         worker.stop()
+
+
+def test_a_request_that_keeps_breaking_the_connection_fails_fast(rabbit_vhost: str):
+    """Its queue exists with other arguments (PRECONDITION_FAILED closes the channel): three tries, then an error
+    long before its deadline, and the client is connected again for the next call."""
+    queue = f"test.precondition.{time.monotonic_ns()}"
+    conn = open_connection(BusOptions(url=rabbit_vhost))
+    try:
+        kombu_queue = Queue(queue, durable=True, auto_delete=False)(conn.default_channel)  # the client declares it transient
+        kombu_queue.declare()
+
+        async def scenario() -> None:
+            client = AsyncBusClient(BusOptions(url=rabbit_vhost), service="failover-test")
+            await client.start()
+            try:
+                started = time.monotonic()
+                with pytest.raises(BusUnavailable, match="PRECONDITION_FAILED|inequivalent"):
+                    await client.call(queue, "x", {}, 20)
+                assert time.monotonic() - started < 10
+                for _ in range(100):
+                    if client.connected:
+                        break
+                    await asyncio.sleep(0.05)
+                assert client.connected
+            finally:
+                await client.close()
+
+        asyncio.run(scenario())
+        kombu_queue.delete()
+    finally:
+        safe_release(conn)

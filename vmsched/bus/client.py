@@ -65,6 +65,7 @@ class _Request:
     deadline: float  # time.time()
     resend: bool  # a scheduling request (no side effects) may be sent again
     sent: int = 0
+    failed: int = 0  # publishes that broke the connection
     why: str = "reconnect"  # why it goes out again after the next reconnection
 
 
@@ -73,7 +74,7 @@ class AsyncBusClient:
         self.options = options
         self.service = service
         self._declare = declare
-        self._reply_queue = self._new_reply_queue()
+        self._reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
         self._ids = itertools.count()
         self._pending: dict[str, asyncio.Future[bytes]] = {}  # correlation id -> the caller's future
         self._requests: dict[str, _Request] = {}  # correlation id -> what to (re)send
@@ -91,10 +92,6 @@ class AsyncBusClient:
         self._recovering = False  # a lost connection is being replaced: calls wait instead of failing
         self.last_error: str = "not connected yet"
         self._closed = False
-
-    @staticmethod
-    def _new_reply_queue() -> str:
-        return f"vmsched.reply.{uuid.uuid4().hex}"
 
     # --- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -205,7 +202,11 @@ class AsyncBusClient:
                 confirm_timeout=self.options.confirm_timeout,
             )
         except CONNECTION_ERRORS as exc:
-            self._lost(exc)  # not sent: goes out again once reconnected
+            request.failed += 1
+            future = self._pending.get(cid)
+            if request.failed >= _MAX_SENDS and future is not None and not future.done():  # e.g. a queue refused
+                future.set_exception(BusUnavailable(f"message bus unavailable: {mask(str(exc)) or type(exc).__name__}"))
+            self._lost(exc)  # else not sent: goes out again once reconnected
             return
         request.sent += 1
         if self.options.confirms and not self.options.embedded:
@@ -275,7 +276,7 @@ class AsyncBusClient:
         assert self._loop is not None
         channel = conn.default_channel
         # a new name each time: the old queue may outlive its connection on the broker for a moment
-        self._reply_queue = self._new_reply_queue()
+        self._reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
         self._consumer = Consumer(channel, [reply_queue(self._reply_queue)], on_message=self._on_reply, no_ack=True)
         self._consumer.consume()
         self._declared = set()
