@@ -120,6 +120,25 @@ def test_the_held_form_reads_like_the_full_form() -> None:
     assert repr(api.host("hv0")).startswith("Host(host_id='hv0'")
 
 
+def test_a_held_host_ages_and_turns_stale_with_the_calls() -> None:
+    cache = FactsCache("wire-age", max_age=0.3)
+    fill(cache, 1, ["hv0"], memory_free_mib=7)
+    held, worker, wire = _held.Held(), FakeWorker(), FactsWire()
+    held.install(frame(wire, worker, cache, ["hv0"]))
+    first = api.host("hv0")
+    assert first is not None and not first.stale and first.age < 0.3
+    time.sleep(0.4)  # older than max_age now; no new message from its agent
+    later = frame(wire, worker, cache, ["hv0"])
+    assert "data" not in later and later["same_hosts"] and later["stale"] == ["hv0"]
+    held.install(later)
+    again = api.host("hv0")
+    assert again is first and again.stale and again.age >= 0.4 and again.memory_free_mib == 7
+    fill(cache, 2, ["hv0"], memory_free_mib=8)  # the agent speaks again: a new Host, fresh
+    held.install(frame(wire, worker, cache, ["hv0"]))
+    fresh = api.host("hv0")
+    assert fresh is not first and not fresh.stale and fresh.memory_free_mib == 8
+
+
 def test_a_worker_that_lacks_what_the_pool_sent_asks_for_everything() -> None:
     cache = FactsCache("wire-lost")
     fill(cache, 1, ["hv0", "hv1"], memory_free_mib=10)
