@@ -88,24 +88,43 @@ def filter_decision(hosts: list[str], outcomes: list[FilterOutcome]) -> Decision
     return decision
 
 
-def _requested_scores(hosts: dict[str, None], o: ScoreOutcome, decision: Decision) -> dict[str, list[float]]:
-    """A working unit's finite scores of requested hosts; foreign IDs and non-finite scores reported."""
-    scored: dict[str, list[float]] = {}
+def _requested_scores(hosts: dict[str, None], o: ScoreOutcome,
+                      decision: Decision) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """A working unit's finite scores of requested hosts: one per host, and every score of a host it scored
+    more than once (rare); foreign IDs and non-finite scores reported."""
+    single: dict[str, float] = {}
+    repeated: dict[str, list[float]] = {}
     foreign, broken = [], []
     for host, score in o.scores:
         if host not in hosts:
             foreign.append(host)
-        elif not finite(score):
+        elif not (score - score == 0.0 if type(score) is float else finite(score)):  # inf - inf and NaN: NaN
             broken.append(host)
+        elif host in single:
+            repeated.setdefault(host, [single[host]]).append(float(score))
         else:
-            scored.setdefault(host, []).append(float(score))
+            single[host] = float(score)
     _foreign(o.unit, foreign, decision)
     if broken:
         decision.report(o.unit, f"gave {len(broken)} host(s) a score that is not a finite number "
                                 f"(first {_excerpt(broken[0])}); they get the unit's worst score")
         for host in broken:
-            scored.pop(host, None)
-    return scored
+            single.pop(host, None)
+            repeated.pop(host, None)
+    return single, repeated
+
+
+def _exact(single: dict[str, float], repeated: dict[str, list[float]], den: int) -> dict[str, int]:
+    """Each host's score (the sum of its scores) times ``den``, exactly."""
+    # den is a power of two (floats are dyadic): v * den is exact in floating point unless it overflows
+    factor = float(den) if den < 2**1000 else 0.0
+    if factor and max(map(abs, single.values()), default=0.0) * factor < 1e300:
+        exact = {h: int(v * factor) for h, v in single.items()}
+    else:
+        exact = {h: scaled(v, den) for h, v in single.items()}
+    for h, vs in repeated.items():
+        exact[h] = sum(scaled(v, den) for v in vs)
+    return exact
 
 
 def _unit_table(hosts: dict[str, None], outcomes: list[ScoreOutcome],
@@ -114,12 +133,17 @@ def _unit_table(hosts: dict[str, None], outcomes: list[ScoreOutcome],
     found = []
     for o in outcomes:
         if o.ok:
-            found.append((o, _requested_scores(hosts, o, decision)))
+            found.append((o, *_requested_scores(hosts, o, decision)))
         else:
             decision.report(o.unit, o.error or "failed")
-    den = common_denominator(v for _, scored in found for vs in scored.values() for v in vs)
-    table = [(o, fill_worst(list(hosts), {h: sum(scaled(v, den) for v in vs) for h, vs in scored.items()},
-                            o.factor)) for o, scored in found]
+    values: set[float] = set()
+    for _, single, repeated in found:
+        values.update(single.values())
+        for vs in repeated.values():
+            values.update(vs)
+    den = common_denominator(values)
+    order = list(hosts)
+    table = [(o, fill_worst(order, _exact(single, repeated, den), o.factor)) for o, single, repeated in found]
     return table, den
 
 
