@@ -101,7 +101,12 @@ def _text(value: str) -> str:
     if not value.isprintable():  # fast C check; true for almost every ID and message
         value = _NOT_XML.sub("\ufffd", value)
         return escape(value, _CR)  # a bare CR would reach the reader as LF (XML end-of-line handling)
-    return escape(value)
+    if "&" in value or "<" in value or ">" in value:
+        return escape(value)
+    return value  # nothing to escape: a host ID, a unit name
+
+
+_PAIR = "<value><array><data><value><string>%s</string></value><value><int>%d</int></value></data></array></value>"
 
 
 def _marshal(value: Any, out: list[str]) -> None:
@@ -117,8 +122,8 @@ def _marshal(value: Any, out: list[str]) -> None:
         for item in value:
             if type(item) is list and len(item) == 2 and type(item[0]) is str and type(item[1]) is int:
                 # the common [host ID, weight] pair of a score reply, written inline
-                out.append("<value><array><data><value><string>%s</string></value><value><int>%d</int></value>"
-                           "</data></array></value>" % (_text(item[0]), clamp_int32(item[1])))
+                weight = item[1]
+                out.append(_PAIR % (_text(item[0]), weight if INT32_MIN <= weight <= INT32_MAX else clamp_int32(weight)))
             else:
                 _marshal(item, out)
         out.append("</data></array></value>")
