@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from typing import Any
 
@@ -11,6 +12,8 @@ import pytest
 
 from tests.conftest import Stack, wait_until
 from vmsched.bus.connection import BusOptions
+from vmsched.facts import FactsMessage, HostFacts
+from vmsched.facts_cache import FactsCache
 from vmsched.gateway import decision_log, decisions
 from vmsched.gateway.decision_log import DecisionLog, Ring, gateway_label
 from vmsched.gateway.render import Decision, balance_decision, filter_decision, score_decision
@@ -210,6 +213,18 @@ def test_a_record_is_built_when_first_read_and_without_stderr(monkeypatch: pytes
     assert built[0]["outcomes"][0].stderr == "" and outcomes[0].stderr  # the waiting copy dropped it
     assert record["units"][0]["dropped"] == [H[1]]
     log.stop()
+
+
+def test_facts_age_of_the_hosts_with_facts() -> None:
+    cache = FactsCache("decisions-test")
+    collected = time.time() - 7.0
+    cache.ingest(FactsMessage(host_id=H[0], instance="i1", seq=1, time=collected, interval=5.0,
+                              host=HostFacts(), guests=None).model_dump_json().encode())
+    log = DecisionLog(10, "gw-a", facts=cache)
+    req = FilterRequest(units=["A"], hosts=H[:2], vm=VM)
+    log.submit("filter", req, Decision(result=H[:2]), [], False, 0.01)  # no event loop: recorded at once
+    (record,) = log.ring.recent()
+    assert set(record["facts_age"]) == {H[0]} and 6.5 <= record["facts_age"][H[0]] <= 60  # H[1]: no facts, absent
 
 
 def test_every_replica_keeps_every_gateways_decisions(rabbit_vhost: str) -> None:
