@@ -93,12 +93,12 @@ def _failed(decision: Decision, exc: BusError, outcome: list[str]) -> Decision:
 def _observed(op: Op) -> Iterator[list[str]]:
     """Count one gateway request; the body appends its outcome (default: error)."""
     outcome: list[str] = []
-    in_flight = metrics.IN_FLIGHT.labels("gateway", op.value)
+    in_flight = metrics.child(metrics.IN_FLIGHT, "gateway", op.value)
     in_flight.inc()
     started = time.perf_counter()
     try:
         yield outcome
     finally:
         in_flight.dec()
-        metrics.REQUEST_DURATION.labels("gateway", op.value).observe(time.perf_counter() - started)
-        metrics.REQUESTS.labels("gateway", op.value, outcome[0] if outcome else "error").inc()
+        metrics.child(metrics.REQUEST_DURATION, "gateway", op.value).observe(time.perf_counter() - started)
+        metrics.child(metrics.REQUESTS, "gateway", op.value, outcome[0] if outcome else "error").inc()

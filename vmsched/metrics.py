@@ -7,6 +7,7 @@ Conventions: ``vmsched_`` prefix, base units, ``_total`` counters,
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import ssl
@@ -143,6 +144,14 @@ RESEND_REASONS = ("reconnect", "nack", "confirm_timeout")
 for _outcome in ("ok", "error"):
     AUTH_RELOADS.labels(outcome=_outcome)
     TLS_RELOADS.labels(outcome=_outcome)
+
+
+@functools.lru_cache(maxsize=8192)
+def child(metric: Counter | Gauge | Histogram, *labels: str):  # type: ignore[no-untyped-def]
+    """``metric.labels(*labels)``, looked up once: the request path's series (nothing here removes a series).
+
+    The cache is bounded; a series past the bound is only looked up again, never lost."""
+    return metric.labels(*labels)
 
 
 def init_requests(service: str, ops: Iterable[str], worker: bool = False) -> None:

@@ -183,7 +183,7 @@ class PluginService:
 
     @staticmethod
     def _observe(unit: str, result: CallResult) -> None:
-        metrics.PLUGIN_DURATION.labels(unit).observe(result.duration)
+        metrics.child(metrics.PLUGIN_DURATION, unit).observe(result.duration)
         if result.ok:
             outcome = "ok"
         elif result.timed_out:
@@ -192,7 +192,7 @@ class PluginService:
         else:
             outcome = "error"
             metrics.PLUGIN_ERRORS.labels(unit).inc()
-        metrics.PLUGIN_CALLS.labels(unit, outcome).inc()
+        metrics.child(metrics.PLUGIN_CALLS, unit, outcome).inc()
         if result.stderr:
             log.info("plugin %s wrote to stderr: %s", unit, result.stderr.strip()[:2000])
         if not result.ok:
