@@ -109,9 +109,9 @@ def profile(name: str, port: int, body: bytes, roots: list[int], opts: argparse.
           "CPU ms per request (from /proc; includes the 1 s py-spy start):")
     parts: collections.Counter[str] = collections.Counter()
     for pid, what in procs:
-        print(f"  {what[:60]:62} {cpu[pid] * 1000 / done:6.3f}")
         counts = _read_raw(out / f"{name}-{pid}.txt")
         total = sum(n for key, n in counts.items() if key != "(waiting)") or 1
+        print(f"  {what[:60]:62} {cpu[pid] * 1000 / done:6.3f}  ({total} samples)")
         for key, n in counts.items():
             if key == "(waiting)":
                 continue
