@@ -134,9 +134,9 @@ def test_a_starting_vm_from_the_engine_and_a_running_one_from_facts(engine: Fake
     cache.ingest(message("hv-a", guests=[running]))
     engine.add_vm("vm-new", 3072, sockets=2, cores=2, threads=1, pinning="dedicated")
     engine.add_vm("vm-running", 999)
-    start(cache, engine, certs)
+    start(cache, engine, certs, first_wait=0)
 
-    first = cache.payload(["hv-a"], "vm-new")
+    first = cache.payload(["hv-a"], "vm-new")  # no first wait: the first call is told, and nothing blocks
     assert first["vm"] is None and "not known yet" in first["vm_problem"]
     payload = wait_until(lambda: (p := cache.payload(["hv-a"], "vm-new"))["vm"] and p, 10, what="the VM from the engine")
     assert payload["vm"]["memory_mib"] == 3072 and payload["vm"]["vcpus"] == 4 and payload["vm"]["source"] == "engine"
@@ -153,6 +153,25 @@ def test_a_starting_vm_from_the_engine_and_a_running_one_from_facts(engine: Fake
     cache.payload([], "../../hosts")
     wait_until(lambda: "knows no such VM" in cache.payload([], "../../hosts")["vm_problem"], 10, what="a bad ID")
     assert not any("hosts" in path for path in engine.calls)  # a bad ID never goes into a URL
+
+
+def test_the_first_call_about_a_vm_waits_a_bounded_time_for_the_engine(engine: FakeEngine, certs: CertSet,
+                                                                      cache: FactsCache) -> None:
+    engine.add_vm("vm-new", 2048, sockets=1, cores=2, threads=1)
+    start(cache, engine, certs, first_wait=2.0)
+    first = cache.payload([], "vm-new")  # the engine's first call (runFilters) already knows the VM
+    assert first["vm"] is not None and first["vm"]["memory_mib"] == 2048, first
+
+    engine.delay = 1.5  # a slow engine: the wait ends at its bound, the call is told "not known yet"
+    link = start(cache, engine, certs, first_wait=0.3, timeout=5.0)
+    try:
+        t0 = time.monotonic()
+        slow = cache.payload([], "vm-slow")
+        waited = time.monotonic() - t0
+        assert slow["vm"] is None and "not known yet" in slow["vm_problem"], slow
+        assert 0.25 <= waited < 1.4, waited  # bounded by first_wait, not by the engine's delay
+    finally:
+        link.stop()
 
 
 def test_answers_are_cached_for_the_ttl(engine: FakeEngine, certs: CertSet, cache: FactsCache) -> None:

@@ -123,8 +123,12 @@ def test_units_see_the_engine_link_through_xmlrpc(stack: Stack, engine: FakeEngi
     assert missing.status_code == 404 and "no facts" in missing.text
 
     hosts = list(ENGINE_HOSTS)
-    first = stack.xmlrpc("runFilters", ["VmFits"], hosts, "vm-new", {})  # the scoring service's link never asked yet
-    assert first["result"] == hosts and "not known yet" in str(first.get("plugin_errors")), first  # no host dropped
+    # the scoring service's link was never asked about vm-new: the first call waits (--engine-link-wait,
+    # 0.5 s by default) for the engine's answer, so the engine's first call about a starting VM sees its size
+    first = stack.xmlrpc("runCostFunctions", [["VmSize", 1]], hosts, "vm-new", {})
+    assert not first.get("plugin_errors") and dict(first["result"]) == {h: 3072 * 10 + 4 for h in hosts}, first
+    absent = stack.xmlrpc("runFilters", ["VmFits"], hosts, "vm-absent", {})  # a VM the engine does not know
+    assert absent["result"] == hosts and "knows no such VM" in str(absent.get("plugin_errors")), absent  # none dropped
 
     def filtered() -> list[str]:
         return stack.xmlrpc("runFilters", ["VmFits"], hosts, "vm-new", {})["result"]

@@ -116,6 +116,8 @@ def _facts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-link-ca", type=Path, metavar="PEM", help="CA of the engine's HTTPS certificate (default: the system's)")
     p.add_argument("--engine-link-timeout", type=float, metavar="S", help="timeout of one engine REST call (default 5)")
     p.add_argument("--engine-link-ttl", type=float, metavar="S", help="how long the engine link keeps an answer (default 300)")
+    p.add_argument("--engine-link-wait", type=float, metavar="S",
+                   help="how long a call waits for the link's first answer about a VM (default 0.5; 0: never)")
 
 
 def _metrics(p: argparse.ArgumentParser, default: str = "off") -> None:

@@ -134,6 +134,8 @@ class Settings(BaseSettings):
     engine_link_ca: Path | None = Field(None, description="CA of the engine's HTTPS certificate (default: the system's)")
     engine_link_timeout: float = Field(5.0, gt=0, le=60, description="timeout of one engine REST call, seconds")
     engine_link_ttl: float = Field(300.0, ge=1, description="how long the engine link keeps an answer, seconds")
+    engine_link_wait: float = Field(0.5, ge=0, le=10, description="how long a plugin call waits for the engine link's "
+                                    "first answer about a VM, seconds (0: never; the call then says 'not known yet')")
 
     # observability
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port of a worker service")

@@ -67,11 +67,15 @@ MAX_RETRY = 120.0
 
 class EngineLink:
     def __init__(self, config: LinkConfig, *, ca: Path | None = None, timeout: float = 5.0, ttl: float = 300.0,
-                 retry: float = 5.0, service: str = "service") -> None:
+                 retry: float = 5.0, service: str = "service", first_wait: float = 0.5) -> None:
         self.client = EngineClient(config, ca, timeout)
+        #: how long a request waits for the engine's first answer about a VM (the engine's first call about a
+        #: starting VM is usually runFilters: without the wait, its memory filter would know nothing yet)
+        self.first_wait = max(0.0, min(first_wait, timeout))
         self.ttl, self.retry, self.service, self.timeout = ttl, min(retry, ttl), service, timeout
         self.negative = min(ttl, RESEARCH_SECONDS)  # how long "no agent for this engine host" holds
         self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)  # notified when VM answers (or problems) are stored
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -135,6 +139,9 @@ class EngineLink:
                 if vm_id not in self._wanted_vms and len(self._wanted_vms) < MAX_PENDING:
                     self._wanted_vms[vm_id] = None
                     self._wake.set()
+            if found is None and self.first_wait > 0:  # bounded: the request's thread waits, never the loop
+                self._answered.wait_for(lambda: vm_id in self._vms, timeout=self.first_wait)
+                found = self._vms.get(vm_id)
             if found is None:
                 return None, (f"VM {vm_id!r}: the engine link is asking the engine for its memory and vCPUs (not known "
                               "yet" + (f"; last error: {self._last_error}" if self._last_error else "") + ")")
@@ -206,12 +213,14 @@ class EngineLink:
                 while len(self._vms) > MAX_VMS:
                     self._vms.popitem(last=False)
                 self._wanted_vms.pop(vm_id, None)
+                self._answered.notify_all()
 
     def _remember_problem(self, vm_id: str, problem: str) -> None:
         """A VM never answered keeps the error as its problem; a known answer is kept (and still served)."""
         with self._lock:
             if vm_id not in self._vms:
                 self._vms[vm_id] = (0.0, None, problem)  # time 0: asked again after the retry wait
+                self._answered.notify_all()
 
     def _map_hosts(self) -> None:
         """Search the engine for agents not searched within ``ttl``; read wanted engine hosts still unknown."""
@@ -299,7 +308,8 @@ def facts_cache(settings: Settings, service: str) -> FactsCache | None:
     link = None
     if settings.engine_link_file is not None:
         link = EngineLink(load_config(settings.engine_link_file), ca=settings.engine_link_ca,
-                          timeout=settings.engine_link_timeout, ttl=settings.engine_link_ttl, service=service)
+                          timeout=settings.engine_link_timeout, ttl=settings.engine_link_ttl, service=service,
+                          first_wait=settings.engine_link_wait)
     cache = FactsCache(service, settings.facts_max_age, load_host_map(settings.facts_host_map), link=link)
     if link is not None:
         link.start(cache.identities)
