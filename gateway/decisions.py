@@ -132,7 +132,8 @@ def score_summary(record: dict[str, Any]) -> str:
             else "no host scored")
     ok = [u for u in record["units"] if u["ok"]]
     clauses = [f"{len(ok)} of {len(record['units'])} units scored"] if record["units"] else []
-    unscored = [h for h in record["hosts"] if h not in {pair[0] for pair in result}]
+    scored = {pair[0] for pair in result}
+    unscored = [h for h in record["hosts"] if h not in scored]
     if unscored and result:
         clauses.append(f"no score for {_short(unscored)}")
     best = ranked[0][0] if ranked else None
