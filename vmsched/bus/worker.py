@@ -50,8 +50,9 @@ log = logging.getLogger("vmsched.bus")
 
 _Item = tuple[str, Message, bytes]  # queue, message, journal kind
 _PASS = b"pass"  # triage: leave the second chance to another replica
-#: Header of a second chance put back by a replica whose predecessor died among several requests.
+#: Header of a second chance put back by replicas whose predecessor died among several requests: who passed.
 PASSED_BY = "x-vmsched-passed-by"
+_PASSES = 3  # times a replica passes the same second chance on before it runs it (no other replica took it)
 
 
 class ServiceWorker:
@@ -258,7 +259,7 @@ class ServiceWorker:
                 return f"its second chance also ended with the death of the {self.service} process holding it"
             if str(death[0].get("reason", "")) != "rejected" or self.limit < 2:
                 return f"each of its deliveries ended with the death of the {self.service} process holding it"
-            if blamed is not None and headers.get(PASSED_BY) != self.journal.identity:  # type: ignore[union-attr]
+            if blamed is not None and _passes(headers).count(self._identity) < _PASSES:
                 return _PASS  # this process's predecessor died with it among others: another replica runs it
             log.warning("%s: request %s on %s: second chance, alone", self.service, cid, name)
             return SECOND
@@ -269,12 +270,17 @@ class ServiceWorker:
             return None
         return FIRST
 
+    @property
+    def _identity(self) -> str:
+        return self.journal.identity if self.journal is not None else ""
+
     def _pass(self, name: str, message: Message, producer: Producer) -> None:
-        """Put a second chance back on its dead-letter queue for another replica (marked: it comes back once)."""
+        """Put a second chance back on its dead-letter queue for another replica (marked: back here a third time, it runs)."""
         log.warning("%s: request %s on %s was among those the previous process on this host was handling when "
                     "it died: its second chance is left to another replica", self.service, _cid(message), name)
+        headers = message.headers or {}
         producer.publish(message.body, exchange=DEAD_EXCHANGE.name, routing_key=name, retry=False,
-                         headers={**(message.headers or {}), PASSED_BY: self.journal.identity},  # type: ignore[union-attr]
+                         headers={**headers, PASSED_BY: [*_passes(headers), self._identity]},
                          content_type=message.content_type, content_encoding=message.content_encoding,
                          correlation_id=_cid(message), reply_to=message.properties.get("reply_to"))
         message.ack()
@@ -321,6 +327,11 @@ class ServiceWorker:
                 correlation_id=message.properties.get("correlation_id"),
                 retry=False,
             )
+
+
+def _passes(headers: dict) -> list[str]:
+    passed = headers.get(PASSED_BY)
+    return [str(p) for p in passed] if isinstance(passed, (list, tuple)) else []
 
 
 def _cid(message: Message) -> str | None:
