@@ -275,7 +275,7 @@ class ServiceWorker:
         return self.journal.identity if self.journal is not None else ""
 
     def _pass(self, name: str, message: Message, producer: Producer) -> None:
-        """Put a second chance back on its dead-letter queue for another replica (marked: back here a third time, it runs)."""
+        """Put a second chance back on its dead-letter queue for another replica (back here a 4th time, it runs)."""
         log.warning("%s: request %s on %s was among those the previous process on this host was handling when "
                     "it died: its second chance is left to another replica", self.service, _cid(message), name)
         headers = message.headers or {}
