@@ -267,7 +267,7 @@ def run_floor(opts: argparse.Namespace) -> None:
                 payload = http_request(body[name], ports[name])
                 lat = arun(floor.cold_burst(lambda: one_call(ports[name], payload), checks[name], opts.clients))
                 print(f"  {name:9} {len(lat):4} calls  p50 {pct(lat, .5):7.2f} ms  p90 {pct(lat, .9):7.2f} ms  "
-                      f"max {max(lat) * 1000:7.2f} ms  first {lat[0] * 1000:.2f} ms")
+                      f"max {max(lat) * 1000:7.2f} ms  first to finish {lat[0] * 1000:.2f} ms")
             rounds = [_floor_round(r, opts, ports, body, checks) for r in range(opts.rounds)]
             _print_rss("after the rounds", procs)
         finally:

@@ -48,6 +48,8 @@ def vhost(base_url: str, prefix: str) -> Iterator[str]:
 
 def start_floor(port: int, amqp: str, logdir: Path) -> list[subprocess.Popen[bytes]]:
     """The prototype's worker (3 plugin processes) and its design-L gateway."""
+    if not (FLOOR_DIR / "gateway.py").is_file():
+        raise SystemExit(f"the floor prototype is not at {FLOOR_DIR}: set VMSCHED_FLOOR_DIR to its folder")
     env = {**os.environ, "PROTO_AMQP_URL": amqp}
     out = (logdir / "floor.log").open("ab")
 
