@@ -40,7 +40,7 @@ def finite(value: object) -> bool:
 
 def common_denominator(values: Iterable[float]) -> int:
     """The smallest ``den`` such that every value times ``den`` is an integer (floats are dyadic)."""
-    return math.lcm(1, *{v.as_integer_ratio()[1] for v in values})
+    return math.lcm(1, *{v.as_integer_ratio()[1] for v in values if not v.is_integer()})
 
 
 def scaled(value: float, den: int) -> int:

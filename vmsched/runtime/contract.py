@@ -100,6 +100,12 @@ def score_result(value: Any, hosts: Sequence[str] | None = None) -> Verdict:
     pairs: list[tuple[str, float]] = []
     reasons: dict[str, str] = {}
     for entry in value:
+        if type(entry) is list and len(entry) == 2:  # the common (host, number) pair, checked at once
+            host, score = entry
+            kind = type(score)
+            if type(host) is str and (kind is int or (kind is float and score == score)):  # NaN != NaN
+                pairs.append((host, float(score)))
+                continue
         if not (isinstance(entry, list) and len(entry) in (2, 3) and isinstance(entry[0], str)):
             raise BadResult(f"bad score entry {entry!r:.200}: expected (host ID, number) or (host ID, number, reason)")
         score = entry[1]
