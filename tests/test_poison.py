@@ -99,6 +99,7 @@ class Kernel(threading.Thread):
         self.kills: list[int] = []
         self.slots: list[str] = []  # the runtime directory of each killed replica: who came back
         self.errors: list[str] = []
+        self.alone: list[int] = []  # replicas killed while no other replica was alive
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -120,6 +121,8 @@ class Kernel(threading.Thread):
         chain = set(_ancestors(worker))
         for proc in list(self.replicas):
             if proc.popen is not None and proc.popen.pid in chain and proc.popen.poll() is None:
+                if not any(p is not proc and p.popen is not None and p.popen.poll() is None for p in self.replicas):
+                    self.alone.append(proc.popen.pid)
                 self.kills.append(proc.popen.pid)
                 self.slots.append(proc.args[-1])
                 proc.kill()  # SIGKILL to the replica's process group, reaped
@@ -237,6 +240,8 @@ def test_a_request_that_kills_its_service_gets_at_most_n_deliveries_then_an_erro
         supervise()  # the last kill may come just before the error reply
         # at most N deliveries that ran it, so at most N replicas killed; then one error reply naming the unit
         assert not kernel.errors and 1 <= len(kernel.kills) <= 2, (kernel.errors, kernel.kills, reply)
+        # a second chance waits for another replica: no kill ever took the last replica alive
+        assert not kernel.alone, (kernel.alone, kernel.kills)
         # the replica that died and came back (same runtime directory) never ran it again
         assert len(set(kernel.slots)) == len(kernel.slots), kernel.slots
         assert reply["result"] == HOSTS  # the engine's fallback: every host, at once

@@ -17,6 +17,7 @@ from kombu import Connection, Exchange
 from kombu.transport import pyamqp
 
 from vmsched.bus import BusUnavailable, memory
+from vmsched.bus.topology import DELIVERY_LIMIT
 from vmsched.bus.urls import mask, split
 
 #: Exceptions that mean the connection is unusable and must be reopened.
@@ -62,7 +63,7 @@ class BusOptions:
     ca: Path | None = None  # amqps: CA bundle that signed the broker's certificate (default: the system's)
     cert: Path | None = None  # amqps: client certificate chain (optional)
     key: Path | None = None  # amqps: its private key
-    delivery_limit: int = 3  # deliveries of a scheduling request at most (topology.request_queue)
+    delivery_limit: int = DELIVERY_LIMIT  # deliveries of a scheduling request at most (topology.request_queue)
 
     def __post_init__(self) -> None:
         schemes = {url.split("://", 1)[0] for url in self.urls}
@@ -124,7 +125,7 @@ class BusOptions:
             ca=getattr(settings, "amqp_ca", None),
             cert=getattr(settings, "amqp_cert", None),
             key=getattr(settings, "amqp_key", None),
-            delivery_limit=getattr(settings, "delivery_limit", 3),
+            delivery_limit=getattr(settings, "delivery_limit", DELIVERY_LIMIT),
         )
 
 

@@ -13,7 +13,8 @@ handed to another channel of the same dead process and be counted twice).
 Poison messages (docs/upgrading.md): a request that was held by a process that died (its
 quorum queue's ``x-delivery-count``) is not run among others again: it is rejected to its
 dead-letter queue, whose consumers hold one request each and run it once more (a second chance
-that an innocent bystander of the death survives); a request whose second chance killed its
+that an innocent bystander of the death survives; it waits, within HOLD_SECONDS, until another
+replica consumes the request queue, so that it never kills the last replica alive); a request whose second chance killed its
 process, that reached the queue's delivery limit, or that the in-flight journal
 (:mod:`vmsched.bus.journal`) shows this process's dead predecessor was handling alone, is
 answered with an error naming its units and never run again.
@@ -53,6 +54,10 @@ _PASS = b"pass"  # triage: leave the second chance to another replica
 #: Header of a second chance put back by replicas whose predecessor died among several requests: who passed.
 PASSED_BY = "x-vmsched-passed-by"
 _PASSES = 3  # times a replica passes the same second chance on before it runs it (no other replica took it)
+#: How long a second chance waits for another replica to consume its request queue before it runs here anyway,
+#: seconds: while the replica its first delivery killed is restarting, running it could kill the last one alive.
+HOLD_SECONDS = 15.0
+_HOLD_CHECK = 0.25  # how often held second chances look for another replica, seconds
 
 
 class ServiceWorker:
@@ -89,6 +94,8 @@ class ServiceWorker:
         self._done: queues.SimpleQueue[tuple[Message, bytes | None]] = queues.SimpleQueue()
         self._wake: tuple[int, int] = (-1, -1)
         self._channel: object = None  # the channel of the live connection (pumped mode)
+        self._held: list[tuple[float, str, Message]] = []  # second chances waiting for another replica (bus thread)
+        self._next_check = 0.0
         self.ready = threading.Event()  # set once every consumer has subscribed at least once
 
     # --- lifecycle ---------------------------------------------------------
@@ -186,7 +193,9 @@ class ServiceWorker:
         beat = time.monotonic()
         while not self._stop.is_set():
             self._flush(producer, channel)
-            readable = [sock] if buffered() else select.select([sock, self._wake[0]], [], [], 1.0)[0]
+            self._release_held(channel)
+            wait = _HOLD_CHECK if self._held else 1.0
+            readable = [sock] if buffered() else select.select([sock, self._wake[0]], [], [], wait)[0]
             if self._wake[0] in readable:
                 os.read(self._wake[0], 4096)
             if sock in readable:
@@ -238,7 +247,11 @@ class ServiceWorker:
             self._send(message, self.replier.dead(name, message.body, _cid(message), verdict), producer)
             message.ack()
             return
-        if slot is None:
+        if slot is None and verdict == SECOND:
+            self._held.append((time.monotonic() + HOLD_SECONDS, name, message))  # run once another replica is up
+            self._next_check = 0.0
+            self._poke()
+        elif slot is None:
             self._work.put((name, message, verdict))
         else:  # embedded bus: inline
             self._send(message, self._handle(slot, name, message, verdict), producer)
@@ -269,6 +282,28 @@ class ServiceWorker:
                         "apart from other requests", self.service, cid, name, failed)
             return None
         return FIRST
+
+    def _release_held(self, channel: object) -> None:
+        """Hand held second chances to the handlers once another replica consumes their queue (or after
+        HOLD_SECONDS): if the second chance kills this process too, a replica stays alive to serve the rest."""
+        now = time.monotonic()
+        if not self._held or now < self._next_check:
+            return
+        self._next_check = now + _HOLD_CHECK
+        held, self._held = self._held, []
+        for until, name, message in held:
+            if message.channel is not channel:
+                continue  # its connection broke: the broker has returned it
+            if now >= until or self._others_consume(channel, name):
+                self._work.put((name, message, SECOND))
+            else:
+                self._held.append((until, name, message))
+
+    def _others_consume(self, channel: object, name: str) -> bool:
+        """Whether a process besides this one consumes ``name``'s request queue (one channel per process)."""
+        queue_name = request_queue(name, self.limit).name
+        declared = channel.queue_declare(queue=queue_name, passive=True)  # type: ignore[attr-defined]
+        return int(declared.consumer_count) >= 2
 
     @property
     def _identity(self) -> str:
