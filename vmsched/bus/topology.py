@@ -45,6 +45,8 @@ REQUEST_QUEUES: dict[Op, str] = {
 #: that died is then run once more apart from other suspects (its dead-letter queue), so an
 #: innocent bystander of a poisoned request's death survives with the default of 2.
 DELIVERY_LIMIT = 2
+#: Deliveries the broker allows at least before it dead-letters by itself (x-delivery-limit + 1).
+BROKER_DELIVERIES = 3
 
 # Exchanges are declared by whoever may (the gateway, or the broker's definitions:
 # deploy/rabbitmq/setup-users.sh); the others only check that they exist (connection.ensure_exchanges).
@@ -106,7 +108,10 @@ def request_queue(name: str, deliveries: int = DELIVERY_LIMIT) -> Queue:
         return Queue(name, exchange=exchange, routing_key=key, durable=False, auto_delete=False, no_declare=False)
     if deliveries < 1:
         raise ValueError(f"delivery limit must be at least 1, not {deliveries}")
-    arguments = {"x-queue-type": "quorum", "x-delivery-limit": deliveries - 1,  # failed deliveries allowed
+    # the broker's limit is a backstop (the services' triage bounds the runs to ``deliveries``: vmsched.bus.worker):
+    # at least 2 returns allowed, so a broker node's loss, which returns what its consumers held, is not taken
+    # for deaths; and 2 is what the queues' first release declared, so their arguments stay the same
+    arguments = {"x-queue-type": "quorum", "x-delivery-limit": max(deliveries, BROKER_DELIVERIES) - 1,
                  "x-dead-letter-exchange": DEAD_EXCHANGE.name, "x-dead-letter-routing-key": name}
     return Queue(name, exchange=exchange, routing_key=key, durable=True, auto_delete=False, no_declare=False,
                  queue_arguments=arguments)
@@ -122,7 +127,9 @@ def dead_letter_queue(name: str) -> Queue:
                  queue_arguments={"x-queue-type": "quorum"})
 
 
-DEAD_SUFFIX = ".dead"
+#: ``.dlq``: the first release's ``.dead`` dead-letter queues were classic queues, and a queue's type cannot
+#: change in place; during a rolling upgrade both are bound to the same key (docs/upgrading.md).
+DEAD_SUFFIX = ".dlq"
 
 
 def is_versioned(name: str) -> bool:
