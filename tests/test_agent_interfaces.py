@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from vmsched.services.policy_agent.agent import serve
+from vmsched.services.policy_agent.serve import serve
 from vmsched.services.policy_agent.surfaces.cli import register
 from vmsched.services.policy_agent.policy.errors import GuestNotFound, PolicyError
 from vmsched.services.policy_agent.surfaces.client import SocketClient

@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve_agent(args: argparse.Namespace) -> int:
     # deferred: only the agent itself needs libvirt-python (the `agent` extra)
     try:
-        from vmsched.services.policy_agent.agent import serve
+        from vmsched.services.policy_agent.serve import serve
     except ImportError as exc:
         print(f"vmsched agent: error: {exc} (install vmsched[agent])", file=sys.stderr)
         return 2

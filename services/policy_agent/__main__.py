@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .agent import serve
+from .serve import serve
 from .surfaces.cli import register
 
 

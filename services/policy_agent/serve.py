@@ -1,0 +1,49 @@
+"""``vmsched agent``: start the policy agent and its metrics listener, run until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from vmsched import metrics as service_metrics
+from vmsched.tls import server_context
+from vmsched.tokens import Role, TokenStore, bearer_authorizer
+
+from .agent import Agent
+from .policy.errors import AgentError
+from .surfaces.cli import EXIT
+from .tuner import config_from_args
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``vmsched agent``: run the agent until SIGTERM or SIGINT."""
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    agent = Agent(args.libvirt, args.host_id, args.state_dir, dedicated_pool=args.dedicated_pool,
+                  amqp_url=args.agent_amqp, socket_path=args.socket, reconcile_interval=args.reconcile_interval,
+                  release_on_stop=args.release_on_stop, connect_timeout=args.connect_timeout,
+                  lock_dir=getattr(args, "lock_dir", None), facts_interval=getattr(args, "facts_interval", 5.0),
+                  tuner=config_from_args(args))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        agent.start()
+    except AgentError as exc:
+        print(f"vmsched agent: error: {exc}", file=sys.stderr)
+        return EXIT.get(exc.code, 1)
+    try:
+        tls = server_context(args.metrics_tls_cert, args.metrics_tls_key, what="metrics TLS")
+        tokens_file = getattr(args, "metrics_tokens_file", None)
+        authorize = bearer_authorizer(TokenStore(tokens_file).watch(), Role.READ) if tokens_file else None
+        service_metrics.serve(args.metrics_port, args.metrics_host, tls=tls, authorize=authorize)
+    except (OSError, ValueError) as exc:
+        agent.stop()
+        print(f"vmsched agent: error: metrics listener: {exc}", file=sys.stderr)
+        return 2
+    stop.wait()
+    agent.stop()
+    return 0
