@@ -333,6 +333,7 @@ def _rate(result: tuple[int, float]) -> float:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the stacks on SIGTERM too (the finally blocks)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", default="embedded,rabbitmq")
     ap.add_argument("--calls", type=int, default=2000, help="sequential calls per operation")
