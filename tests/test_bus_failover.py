@@ -22,7 +22,7 @@ from kombu import Queue
 
 from tests.conftest import free_port
 from vmsched import metrics
-from vmsched.bus.client import AsyncBusClient
+from vmsched.bus.client import _MAX_SENDS, AsyncBusClient
 from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection, safe_release
 from vmsched.bus.events import EventPublisher
 from vmsched.bus import BusUnavailable
@@ -151,7 +151,7 @@ def test_an_event_after_the_connection_broke_goes_out_on_a_new_one(rabbit_vhost:
 
 def test_a_refused_request_goes_out_again_on_a_new_connection_then_fails(rabbit_vhost: str):
     """A nack (as a quorum queue gives while it elects a leader) replaces the connection and sends the request
-    again; a broker that keeps refusing it fails it after three sends, long before its deadline."""
+    again; a broker that keeps refusing it fails it after _MAX_SENDS sends, long before its deadline."""
     queue = f"test.nack.{time.monotonic_ns()}"
     conn = open_connection(BusOptions(url=rabbit_vhost))
     try:
@@ -168,7 +168,7 @@ def test_a_refused_request_goes_out_again_on_a_new_connection_then_fails(rabbit_
                 with pytest.raises(BusUnavailable, match="publisher nack"):
                     await client.call(queue, "x", {}, 20)
                 assert time.monotonic() - started < 10
-                assert _resent("nack") == before + 2 and client._reply_queue != first_queue
+                assert _resent("nack") == before + _MAX_SENDS - 1 and client._reply_queue != first_queue
             finally:
                 await client.close()
 

@@ -221,7 +221,8 @@ def test_bad_credentials_say_so_and_never_show_the_password(engine: FakeEngine, 
     problem = wait_until(lambda: (p := cache.payload([], "vm-1")["vm_problem"]) and "login" in p and p, 10,
                          what="the refused login as the problem")
     assert "refused the login of 'vmsched@internal'" in problem and "incorrect" in problem
-    assert "refused the login" in caplog.text
+    # the problem is stored (and a waiting call woken) just before the failure is logged
+    wait_until(lambda: "refused the login" in caplog.text, 10, what="the refused login in the log")
     assert "wrong-password-42" not in problem + caplog.text
 
 

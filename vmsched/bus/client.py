@@ -12,7 +12,7 @@ cancelled the consumer of the exclusive reply queue: the queue was deleted),
 a task reconnects at once, to another node of a cluster first, with a new
 reply queue. Scheduling requests have no side effects: those in flight go out
 again on the new connection, and so does one whose confirm is refused or
-overdue (three copies at most), within the caller's deadline (``vmsched_bus_resent_total``; a second
+overdue (five copies at most), within the caller's deadline (``vmsched_bus_resent_total``; a second
 reply is dropped: ``vmsched_bus_duplicate_replies_total``). A request to an
 agent is never sent twice: it fails with :class:`BusUnavailable`. Calls made
 while reconnecting wait for it; when no node answers, calls fail at once with
@@ -53,7 +53,8 @@ log = logging.getLogger("vmsched.bus")
 
 _REPLY_HEADERS = {REPLY_VIA: REPLY_EXCHANGE.name}
 _RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
-_MAX_SENDS = 3  # a request the broker keeps refusing or not confirming fails after this many sends
+_MAX_SENDS = 5  # a request the broker keeps refusing or not confirming fails after this many sends (a node loss
+# can take three: the send to the dying node, the re-send at each reconnection while the cluster settles)
 
 
 @dataclass
