@@ -15,18 +15,15 @@ libvirt's test driver reports no host UUID and this machine has no
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 import pytest
-from kombu import Producer
 
 from tests.conftest import Proc, Stack, bus_args, free_port, wait_until
+from tests.facts_testing import facts_message, publish_facts
 from tests.fake_engine import FakeEngine
 from tests.tls_certs import make_certs
-from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
-from vmsched.bus.topology import EVENTS_EXCHANGE
-from vmsched.facts import FactsMessage, HostFacts, facts_key
+from vmsched.facts import HostFacts
 
 PLUGIN = '''
 from vmsched.plugin import facts
@@ -67,20 +64,12 @@ ENGINE_HOSTS = {"E-big": "hv-big", "E-small": "hv-small"}
 SEQ = itertools.count(1)
 
 
-def publish_facts(url: str) -> None:
+def publish_agents(url: str) -> None:
     """One facts message per agent, as an agent sends it (its own routing key)."""
-    conn = open_connection(BusOptions(url=url))
-    try:
-        ensure_exchanges(conn, (EVENTS_EXCHANGE,))
-        producer = Producer(conn.default_channel, auto_declare=False)
-        seq = next(SEQ)
-        for host, (vdsm_id, free) in AGENTS.items():
-            message = FactsMessage(host_id=host, instance="e2e", seq=seq, time=time.time(), interval=60.0, guests=[],
-                                   host=HostFacts(vdsm_id=vdsm_id, memory_total_mib=free * 2, memory_free_mib=free))
-            producer.publish(message.model_dump_json(), exchange=EVENTS_EXCHANGE, routing_key=facts_key(host),
-                             content_type="application/json")
-    finally:
-        conn.release()
+    seq = next(SEQ)
+    publish_facts(url, (facts_message(host, seq, HostFacts(vdsm_id=vdsm_id, memory_total_mib=free * 2,
+                                                           memory_free_mib=free))
+                        for host, (vdsm_id, free) in AGENTS.items()))
 
 
 @pytest.fixture
@@ -112,7 +101,7 @@ def stack(tmp_path: Path, rabbit_vhost: str, engine: FakeEngine):
 
 def test_units_see_the_engine_link_through_xmlrpc(stack: Stack, engine: FakeEngine, rabbit_vhost: str) -> None:
     def mapped() -> bool:
-        publish_facts(rabbit_vhost)  # again until the gateway's cache has them and its link mapped them
+        publish_agents(rabbit_vhost)  # again until the gateway's cache has them and its link mapped them
         r = stack.get("/v1/hosts/E-big/facts")
         return r.status_code == 200 and r.json()["agent_host_id"] == "hv-big"
 

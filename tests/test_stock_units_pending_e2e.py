@@ -10,19 +10,16 @@ hosts must be chosen: the test driver's agents all report this machine's).
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 import pytest
-from kombu import Producer
 
 from tests.conftest import Proc, Stack, bus_args, free_port, wait_until
+from tests.facts_testing import facts_message, publish_facts
 from tests.fake_engine import FakeEngine
 from tests.tls_certs import make_certs
-from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
-from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.config import stock_plugins_dir
-from vmsched.facts import FactsMessage, GuestFacts, HostFacts, facts_key
+from vmsched.facts import GuestFacts, HostFacts
 
 SMALL, BIG = "hv-small", "hv-big"
 VM_MIB, FITS = 2048, 3
@@ -31,23 +28,17 @@ BURST = [f"vm-burst-{i}" for i in range(5)]
 SEQ = itertools.count(1)
 
 
-def publish_facts(url: str) -> None:
-    conn = open_connection(BusOptions(url=url))
-    try:
-        ensure_exchanges(conn, (EVENTS_EXCHANGE,))
-        producer = Producer(conn.default_channel, auto_declare=False)
-        seq = next(SEQ)
-        busy = [GuestFacts(uuid=f"00000000-0000-0000-0000-00000000000{i}", state="running", memory_mib=512)
-                for i in range(4)]
-        for host, free, guests, pool_free in ((SMALL, SMALL_FREE, [], 2), (BIG, 64 * 1024, busy, 8)):
-            message = FactsMessage(
-                host_id=host, instance="e2e", seq=seq, time=time.time(), interval=60.0, guests=guests,
-                host=HostFacts(memory_total_mib=free * 2, memory_free_mib=free, guests_running=len(guests),
-                               threads=1, dedicated_pool="8-15", dedicated_pool_cpus=8, dedicated_free_cpus=pool_free))
-            producer.publish(message.model_dump_json(), exchange=EVENTS_EXCHANGE, routing_key=facts_key(host),
-                             content_type="application/json")
-    finally:
-        conn.release()
+def publish_agents(url: str) -> None:
+    """One facts message per agent: the small host has room for FITS VMs, the big one runs 4 guests."""
+    seq = next(SEQ)
+    busy = [GuestFacts(uuid=f"00000000-0000-0000-0000-00000000000{i}", state="running", memory_mib=512)
+            for i in range(4)]
+    hosts = ((SMALL, SMALL_FREE, [], 2), (BIG, 64 * 1024, busy, 8))
+    publish_facts(url, (facts_message(host, seq, HostFacts(memory_total_mib=free * 2, memory_free_mib=free,
+                                                           guests_running=len(guests), threads=1,
+                                                           dedicated_pool="8-15", dedicated_pool_cpus=8,
+                                                           dedicated_free_cpus=pool_free), guests)
+                        for host, free, guests, pool_free in hosts))
 
 
 @pytest.fixture
@@ -79,7 +70,7 @@ def test_a_burst_through_xmlrpc_fills_the_small_host_only_up_to_its_room(stack: 
 
     def known(vm: str) -> bool:
         """The scoring service's engine link knows the VM (vmsched_DedicatedCpus fails while it does not)."""
-        publish_facts(rabbit_vhost)
+        publish_agents(rabbit_vhost)
         reply = stack.xmlrpc("runFilters", ["vmsched_DedicatedCpus"], hosts, vm, {})
         return not reply.get("plugin_errors")
 

@@ -1,0 +1,39 @@
+"""Playing the agents' part on the bus: facts messages published on the events exchange, as an agent sends them.
+
+For tests whose agents cannot be real ones (a host identity or memory the test must choose) and for tests that
+send malformed or forged messages. Every call opens one connection for all its messages and releases it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+
+from kombu import Producer
+
+from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
+from vmsched.bus.topology import EVENTS_EXCHANGE
+from vmsched.facts import FactsMessage, GuestFacts, HostFacts, facts_key
+
+
+def publish_events(url: str, messages: Iterable[tuple[str, bytes | str]]) -> None:
+    """Each ``(routing key, body)`` on the events exchange, in order, as JSON (the body is sent as it is)."""
+    conn = open_connection(BusOptions(url=url))
+    try:
+        ensure_exchanges(conn, (EVENTS_EXCHANGE,))
+        producer = Producer(conn.default_channel, auto_declare=False)
+        for key, body in messages:
+            producer.publish(body, exchange=EVENTS_EXCHANGE, routing_key=key, content_type="application/json")
+    finally:
+        conn.release()
+
+
+def publish_facts(url: str, messages: Iterable[FactsMessage]) -> None:
+    """Each facts message under its own agent's routing key (``agent.<host_id>.facts``)."""
+    publish_events(url, ((facts_key(m.host_id), m.model_dump_json()) for m in messages))
+
+
+def facts_message(host_id: str, seq: int, host: HostFacts, guests: Sequence[GuestFacts] = ()) -> FactsMessage:
+    """A message of the agent instance ``e2e`` sent now, announcing its next one in 60 s (never stale in a test)."""
+    return FactsMessage(host_id=host_id, instance="e2e", seq=seq, time=time.time(), interval=60.0,
+                        guests=list(guests), host=host)
