@@ -1,13 +1,23 @@
-"""Helpers for tests and benchmarks on libvirt's test driver (no libvirtd needed)."""
+"""Helpers for tests and benchmarks on libvirt's test driver (no libvirtd needed).
+
+The fixtures ``conn``, ``state_dir`` and ``make_agent`` are used by importing them into a test module."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
-from typing import Callable
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
 
 import libvirt
+import pytest
 
+from vmsched.metrics import REGISTRY
+from vmsched.services.policy_agent.agent import Agent
 from vmsched.services.policy_agent.policy import cpuset
+from vmsched.services.policy_agent.virt.connection import ensure_event_loop
 
 TEST_URI = "test:///default"
 
@@ -39,3 +49,49 @@ def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: 
         time.sleep(interval)
         value = predicate()
     return value
+
+
+def metric(name: str, **labels: str) -> float:
+    """A sample of the process's registry (the agent's metrics), 0 when the series does not exist."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+def conn() -> Iterator["libvirt.virConnect"]:
+    """A connection to the test driver; the guests named ``t-*`` are removed after the test."""
+    ensure_event_loop()
+    c = libvirt.open(TEST_URI)
+    yield c
+    for dom in c.listAllDomains(0):
+        if dom.name().startswith("t-"):
+            if dom.isActive():
+                dom.destroy()
+            if dom.isPersistent():
+                dom.undefine()
+    c.close()  # last connection closed: test:///default resets
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="vat"))  # short: UNIX socket paths are limited to 108 bytes
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def make_agent(state_dir: Path) -> Iterator[Callable[..., Agent]]:
+    """Starts agents on the test driver (host h1, dedicated pool 4-7, no periodic sweep unless asked);
+    every one is stopped after the test."""
+    agents: list[Agent] = []
+
+    def make(**kw: Any) -> Agent:
+        kw.setdefault("dedicated_pool", "4-7")
+        kw.setdefault("reconcile_interval", 3600)
+        kw.setdefault("lock_dir", state_dir / "lock")  # test:///default has one host identity: one lock per test
+        a = Agent(TEST_URI, kw.pop("host_id", "h1"), state_dir, **kw).start()
+        agents.append(a)
+        return a
+
+    yield make
+    for a in agents:
+        a.stop()

@@ -9,49 +9,22 @@ Real counters on real QEMU: tests/e2e_libvirt/test_adaptive.py.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
+from typing import Callable
 
 import libvirt
-import pytest
 
-from tests.agent_testing import TEST_URI, domain_xml, live_pins
+from tests.agent_testing import conn, make_agent, state_dir  # noqa: F401 - fixtures
+from tests.agent_testing import domain_xml, live_pins, metric
 from vmsched.metrics import REGISTRY
 from vmsched.services.policy_agent.agent import Agent
 from vmsched.services.policy_agent.policy.tuning.config import TunerConfig
 from vmsched.services.policy_agent.policy.tuning.samples import VcpuCounters
-from vmsched.services.policy_agent.virt.connection import ensure_event_loop
-
-
-def metric(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def repairs() -> float:
     return sum(s.value for m in REGISTRY.collect() if m.name == "vmsched_agent_repairs" for s in m.samples
                if s.name == "vmsched_agent_repairs_total")
-
-
-@pytest.fixture
-def conn():
-    ensure_event_loop()
-    c = libvirt.open(TEST_URI)
-    yield c
-    for dom in c.listAllDomains(0):
-        if dom.name().startswith("t-"):
-            if dom.isActive():
-                dom.destroy()
-            if dom.isPersistent():
-                dom.undefine()
-    c.close()
-
-
-@pytest.fixture
-def workdir():
-    d = Path(tempfile.mkdtemp(prefix="vta"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 class Feed:
@@ -85,10 +58,9 @@ class Feed:
         return loop.run_once()  # type: ignore[union-attr]
 
 
-def start_agent(workdir: Path, **tuner) -> Agent:
-    config = TunerConfig(interval=0, hysteresis=2, **tuner)  # interval 0: no thread, rounds driven here
-    return Agent(TEST_URI, "h1", workdir / "state", dedicated_pool="4-7", reconcile_interval=3600,
-                 lock_dir=workdir / "lock", tuner=config).start()
+def start_agent(make_agent: Callable[..., Agent], **tuner) -> Agent:  # noqa: F811
+    """interval 0: no tuner thread, the rounds are driven by the test."""
+    return make_agent(tuner=TunerConfig(interval=0, hysteresis=2, **tuner))
 
 
 def two_guests(conn, agent: Agent) -> list[libvirt.virDomain]:
@@ -101,76 +73,64 @@ def two_guests(conn, agent: Agent) -> list[libvirt.virDomain]:
     return doms
 
 
-def test_a_tuned_move_is_applied_live_kept_by_sweeps_and_explained(conn, workdir):
-    (workdir / "proc").mkdir()
-    agent = start_agent(workdir)
-    try:
-        doms = two_guests(conn, agent)
-        feed = Feed(agent, workdir / "proc")
-        before = repairs()
-        decisions = [d for _ in range(3) for d in feed.round()]  # a baseline, then K=2 samples
-        applied = [d for d in decisions if d.outcome == "applied"]
-        assert len(applied) == 1 and applied[0].tuner == "hotspot", decisions
-        mover = next(d for d in doms if d.UUIDString() == applied[0].uuid)
-        assert live_pins(mover) == {0: "0", 1: "0"}  # the least busy shared CPU
-        other = next(d for d in doms if d is not mover)
-        assert live_pins(other) == {0: "1", 1: "1"}
-        assert agent.reconcile()["repaired"] == 0  # the sweep keeps the tuned pins as desired state
-        assert live_pins(mover) == {0: "0", 1: "0"} and repairs() == before
-        assert metric("vmsched_agent_tuner_changes_total", tuner="hotspot", field="vcpus", outcome="applied") >= 1
-        events = [b for e, b in agent.events if e == "tuned"]
-        assert events and events[-1]["after"] == {"0": "0", "1": "0"} and events[-1]["before"] == {"0": "1", "1": "1"}
-        explained = agent.explain_policy(mover.name())
-        assert explained["tuned"] == {"vcpus": {"0": "0", "1": "0"}}
-        assert explained["decisions"][-1]["reason"].startswith("CPUs 1 saturated for 2 intervals")
-        assert explained["policy"]["vcpu_pins"] == {"0": "1", "1": "1"}
+def test_a_tuned_move_is_applied_live_kept_by_sweeps_and_explained(conn, make_agent, tmp_path):
+    agent = start_agent(make_agent)
+    doms = two_guests(conn, agent)
+    feed = Feed(agent, tmp_path)
+    before = repairs()
+    decisions = [d for _ in range(3) for d in feed.round()]  # a baseline, then K=2 samples
+    applied = [d for d in decisions if d.outcome == "applied"]
+    assert len(applied) == 1 and applied[0].tuner == "hotspot", decisions
+    mover = next(d for d in doms if d.UUIDString() == applied[0].uuid)
+    assert live_pins(mover) == {0: "0", 1: "0"}  # the least busy shared CPU
+    other = next(d for d in doms if d is not mover)
+    assert live_pins(other) == {0: "1", 1: "1"}
+    assert agent.reconcile()["repaired"] == 0  # the sweep keeps the tuned pins as desired state
+    assert live_pins(mover) == {0: "0", 1: "0"} and repairs() == before
+    assert metric("vmsched_agent_tuner_changes_total", tuner="hotspot", field="vcpus", outcome="applied") >= 1
+    events = [b for e, b in agent.events if e == "tuned"]
+    assert events and events[-1]["after"] == {"0": "0", "1": "0"} and events[-1]["before"] == {"0": "1", "1": "1"}
+    explained = agent.explain_policy(mover.name())
+    assert explained["tuned"] == {"vcpus": {"0": "0", "1": "0"}}
+    assert explained["decisions"][-1]["reason"].startswith("CPUs 1 saturated for 2 intervals")
+    assert explained["policy"]["vcpu_pins"] == {"0": "1", "1": "1"}
 
-        mover.destroy()  # a restart: the tuned values end with the run, the static policy is back
-        mover.create()
-        agent.reconcile()
-        assert live_pins(mover) == {0: "1", 1: "1"}
-        assert agent.explain_policy(mover.name())["tuned"] == {}
-    finally:
-        agent.stop()
+    mover.destroy()  # a restart: the tuned values end with the run, the static policy is back
+    mover.create()
+    agent.reconcile()
+    assert live_pins(mover) == {0: "1", 1: "1"}
+    assert agent.explain_policy(mover.name())["tuned"] == {}
 
 
-def test_dry_run_reports_and_changes_nothing(conn, workdir):
-    (workdir / "proc").mkdir()
-    agent = start_agent(workdir, dry_run=True)
-    try:
-        doms = two_guests(conn, agent)
-        feed = Feed(agent, workdir / "proc")
-        decisions = [d for _ in range(3) for d in feed.round()]  # a baseline, then K=2 samples
-        assert [d.outcome for d in decisions] == ["dry_run"]
-        assert all(live_pins(d) == {0: "1", 1: "1"} for d in doms)
-        assert [b["outcome"] for e, b in agent.events if e == "tuned"] == ["dry_run"]
-        assert agent.explain_policy("t-a1")["tuned"] == {}
-    finally:
-        agent.stop()
+def test_dry_run_reports_and_changes_nothing(conn, make_agent, tmp_path):
+    agent = start_agent(make_agent, dry_run=True)
+    doms = two_guests(conn, agent)
+    feed = Feed(agent, tmp_path)
+    decisions = [d for _ in range(3) for d in feed.round()]  # a baseline, then K=2 samples
+    assert [d.outcome for d in decisions] == ["dry_run"]
+    assert all(live_pins(d) == {0: "1", 1: "1"} for d in doms)
+    assert [b["outcome"] for e, b in agent.events if e == "tuned"] == ["dry_run"]
+    assert agent.explain_policy("t-a1")["tuned"] == {}
 
 
-def test_a_change_libvirt_refuses_is_an_error_and_the_static_policy_stays(conn, workdir, monkeypatch):
-    (workdir / "proc").mkdir()
-    agent = start_agent(workdir)
-    try:
-        doms = two_guests(conn, agent)
-        feed = Feed(agent, workdir / "proc")
-        from vmsched.services.policy_agent.virt.apply import Applier
+def test_a_change_libvirt_refuses_is_an_error_and_the_static_policy_stays(conn, make_agent, tmp_path, monkeypatch):
+    agent = start_agent(make_agent)
+    doms = two_guests(conn, agent)
+    feed = Feed(agent, tmp_path)
+    from vmsched.services.policy_agent.virt.apply import Applier
 
-        real = Applier.verify_and_repair
+    real = Applier.verify_and_repair
 
-        def refuse(self, dom, desired, active, persistent, *a, **k):
-            if desired.vcpus and desired.vcpus.get(0) == frozenset({0}):
-                raise libvirt.libvirtError("refused by the test")
-            return real(self, dom, desired, active, persistent, *a, **k)
+    def refuse(self, dom, desired, active, persistent, *a, **k):
+        if desired.vcpus and desired.vcpus.get(0) == frozenset({0}):
+            raise libvirt.libvirtError("refused by the test")
+        return real(self, dom, desired, active, persistent, *a, **k)
 
-        monkeypatch.setattr(Applier, "verify_and_repair", refuse)
-        decisions = [d for _ in range(3) for d in feed.round()]
-        assert [d.outcome for d in decisions] == ["error"]
-        assert "back to the static policy" in decisions[0].reason
-        assert all(live_pins(d) == {0: "1", 1: "1"} for d in doms)
-        explained = agent.explain_policy(decisions[0].guest)
-        assert explained["tuned"] == {} and explained["decisions"][-1]["outcome"] == "error"
-        assert metric("vmsched_agent_tuner_changes_total", tuner="hotspot", field="vcpus", outcome="error") >= 1
-    finally:
-        agent.stop()
+    monkeypatch.setattr(Applier, "verify_and_repair", refuse)
+    decisions = [d for _ in range(3) for d in feed.round()]
+    assert [d.outcome for d in decisions] == ["error"]
+    assert "back to the static policy" in decisions[0].reason
+    assert all(live_pins(d) == {0: "1", 1: "1"} for d in doms)
+    explained = agent.explain_policy(decisions[0].guest)
+    assert explained["tuned"] == {} and explained["decisions"][-1]["outcome"] == "error"
+    assert metric("vmsched_agent_tuner_changes_total", tuner="hotspot", field="vcpus", outcome="error") >= 1

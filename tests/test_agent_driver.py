@@ -8,9 +8,6 @@ QEMU libvirtd would send (what its callbacks receive), nothing more.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from pathlib import Path
 
 import libvirt
 import pytest
@@ -18,51 +15,9 @@ import pytest
 from vmsched.services.policy_agent.virt import metadata
 from vmsched.services.policy_agent.agent import Agent
 from vmsched.services.policy_agent.policy.errors import GuestNotFound, PolicyError
-from vmsched.services.policy_agent.virt.connection import DomainEvent, ensure_event_loop
-from tests.agent_testing import TEST_URI, domain_xml, emulator_pin, live_pins, wait_until
-from vmsched.metrics import REGISTRY
-
-
-def metric(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-@pytest.fixture
-def conn():
-    ensure_event_loop()
-    c = libvirt.open(TEST_URI)
-    yield c
-    for dom in c.listAllDomains(0):
-        if dom.name().startswith("t-"):
-            if dom.isActive():
-                dom.destroy()
-            if dom.isPersistent():
-                dom.undefine()
-    c.close()  # last connection closed: test:///default resets
-
-
-@pytest.fixture
-def state_dir():
-    d = Path(tempfile.mkdtemp(prefix="vat"))  # short: UNIX socket paths are limited to 108 bytes
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def make_agent(state_dir):
-    agents: list[Agent] = []
-
-    def make(**kw) -> Agent:
-        kw.setdefault("dedicated_pool", "4-7")
-        kw.setdefault("reconcile_interval", 3600)
-        kw.setdefault("lock_dir", state_dir / "lock")  # test:///default has one host identity: one lock per test
-        a = Agent(TEST_URI, kw.pop("host_id", "h1"), state_dir, **kw).start()
-        agents.append(a)
-        return a
-
-    yield make
-    for a in agents:
-        a.stop()
+from vmsched.services.policy_agent.virt.connection import DomainEvent
+from tests.agent_testing import conn, make_agent, metric, state_dir  # noqa: F401 - fixtures, and for other modules
+from tests.agent_testing import domain_xml, emulator_pin, live_pins, wait_until
 
 
 def guest(conn, name: str, vcpus: int = 2, start: bool = True) -> libvirt.virDomain:
