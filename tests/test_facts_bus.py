@@ -21,12 +21,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from kombu import Producer
 
 from tests.conftest import AUTH, Proc, Stack, bus_args, free_port, wait_until
+from tests.facts_testing import publish_events
 from tests.test_agent_over_rabbitmq import EventTap
-from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
-from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.facts import MAX_BYTES
 
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
@@ -160,16 +158,6 @@ def test_facts_drive_a_plugin_through_xmlrpc(tmp_path: Path, rabbit_vhost: str, 
     assert 'vmsched_facts_age_seconds{host="hv-a",service="scoring"}' in metrics
 
 
-def _publish(url: str, key: str, body: bytes) -> None:
-    conn = open_connection(BusOptions(url=url))
-    try:
-        ensure_exchanges(conn, (EVENTS_EXCHANGE,))
-        Producer(conn.default_channel, auto_declare=False).publish(
-            body, exchange=EVENTS_EXCHANGE, routing_key=key, content_type="application/json")
-    finally:
-        conn.release()
-
-
 def test_bad_facts_messages_are_dropped_and_never_break_the_cache(tmp_path: Path, rabbit_vhost: str,
                                                                    stack: Stack) -> None:
     tap = EventTap(rabbit_vhost, "agent.hv-c.facts")
@@ -189,9 +177,8 @@ def test_bad_facts_messages_are_dropped_and_never_break_the_cache(tmp_path: Path
         "out_of_order": [json.dumps(old).encode()],  # a replay of an older message of the same agent instance
         "host_mismatch": [json.dumps({**old, "seq": 10**9}).encode()],  # hv-c's facts under another host's key
     }
-    for reason, messages in cases.items():
-        for body in messages:
-            _publish(rabbit_vhost, "agent.hv-d.facts" if reason == "host_mismatch" else "agent.hv-c.facts", body)
+    publish_events(rabbit_vhost, [("agent.hv-d.facts" if reason == "host_mismatch" else "agent.hv-c.facts", body)
+                                  for reason, messages in cases.items() for body in messages])
 
     def dropped() -> dict[str, float]:
         text = httpx.get(f"{stack.metrics_url}/metrics", timeout=10).text
