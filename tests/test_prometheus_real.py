@@ -211,28 +211,44 @@ def test_overview_counts_what_the_gateway_counts(stack: dict[str, Any], traffic:
 
 
 def test_freezing_then_killing_scoring_is_seen_within_two_scrapes(stack: dict[str, Any], traffic: dict[str, Any]) -> None:
-    prom, scoring = stack["prom"], stack["procs"]["scoring"]
     down_expr = 'up{component="scoring"} == 0'  # VmschedComponentDown's expression
+    freeze_then_kill(stack["prom"], stack["procs"]["scoring"].popen, "scoring", down_expr, scrapes=30)
+
+
+def freeze_then_kill(prom: Prometheus, popen: subprocess.Popen[bytes], component: str, down_expr: str,
+                     scrapes: int) -> None:
+    """SIGSTOP ``popen`` (the only target of ``component``), then SIGKILL it; assert what Prometheus sees.
+
+    ``down_expr`` names no target before, and only ``component`` after: frozen, its ``up`` falls at the first or
+    second scrape that started after the freeze (a scrape in flight may still succeed); killed, its next two
+    scrapes or more read 0. Every wait is bounded by ``scrapes`` scrape intervals."""
+    selector = f'up{{component="{component}"}}'
+    bound = scrapes * INTERVAL_S
     assert not prom.query(down_expr)
     frozen_at = time.time()
-    os.kill(scoring.popen.pid, signal.SIGSTOP)
+    os.kill(popen.pid, signal.SIGSTOP)
     try:
-        prom.wait_for(down_expr, "a frozen scoring service", timeout=30 * INTERVAL_S)
-        samples = _samples(prom, 'up{component="scoring"}', frozen_at)
+        prom.wait_for(down_expr, f"a frozen {component} service", timeout=bound)
+        samples = _samples(prom, selector, frozen_at)
         first_down = next(i for i, (_, value) in enumerate(samples) if value == 0)
         assert first_down <= 1, f"up fell at scrape {first_down + 1} after the freeze: {samples}"
-        os.kill(scoring.popen.pid, signal.SIGKILL)
-        scoring.popen.wait(10)
+        assert _components(prom, down_expr) == [component], f"only {component} is down"
+        os.kill(popen.pid, signal.SIGKILL)
+        popen.wait(10)
     finally:
-        if scoring.popen.poll() is None:
-            os.kill(scoring.popen.pid, signal.SIGCONT)
+        if popen.poll() is None:
+            os.kill(popen.pid, signal.SIGCONT)
     killed_at = time.time()
-    deadline = time.monotonic() + 30 * INTERVAL_S
-    while len(_samples(prom, 'up{component="scoring"}', killed_at)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    after_kill = _samples(prom, 'up{component="scoring"}', killed_at)
+    deadline = time.monotonic() + bound
+    while len(_samples(prom, selector, killed_at)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    after_kill = _samples(prom, selector, killed_at)
     assert len(after_kill) >= 2 and all(value == 0 for _, value in after_kill), after_kill
-    assert prom.query(down_expr), "still down once killed"
+    assert _components(prom, down_expr) == [component], "still down once killed"
+
+
+def _components(prom: Prometheus, expr: str) -> list[str]:
+    return [r["metric"]["component"] for r in prom.query(expr)]
 
 
 def _samples(prom: Prometheus, selector: str, since: float) -> list[tuple[float, float]]:

@@ -38,7 +38,7 @@ import pytest
 from tests.conftest import AUTH, ROOT, TEST_PLUGINS, TEST_TOKEN, Proc, bus_args, free_port, wait_until
 from tests.test_alert_rules import alerts, prometheus_tool
 from tests.test_deploy_metrics import dashboard_queries
-from tests.test_prometheus_real import INTERVAL_S, Prometheus, _config, _samples
+from tests.test_prometheus_real import Prometheus, _config, _samples, freeze_then_kill
 from tests.tls_certs import make_certs
 
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
@@ -267,30 +267,9 @@ def test_freezing_then_killing_scoring_is_seen_within_two_scrapes(services: dict
     prom, scoring = services["prom"], services["procs"]["scoring"]
     assert scoring.popen is not None
     rules = alerts()
-    down_expr = rules["VmschedComponentDown"]["expr"]
     absent_expr = rules["VmschedServiceAbsent"]["expr"]
-    assert not prom.query(down_expr) and not prom.query(absent_expr)
-    frozen_at = time.time()
-    os.kill(scoring.popen.pid, signal.SIGSTOP)
-    try:
-        prom.wait_for(down_expr, "a frozen scoring service", timeout=10 * INTERVAL_S)
-        samples = _samples(prom, 'up{component="scoring"}', frozen_at)
-        first_down = next(i for i, (_, value) in enumerate(samples) if value == 0)
-        assert first_down <= 1, f"up fell at scrape {first_down + 1} after the freeze: {samples}"
-        down = [r["metric"]["component"] for r in prom.query(down_expr)]
-        assert down == ["scoring"], f"only scoring is down: {down}"
-        os.kill(scoring.popen.pid, signal.SIGKILL)
-        scoring.popen.wait(10)
-    finally:
-        if scoring.popen.poll() is None:
-            os.kill(scoring.popen.pid, signal.SIGCONT)
-    killed_at = time.time()
-    deadline = time.monotonic() + 10 * INTERVAL_S
-    while len(_samples(prom, 'up{component="scoring"}', killed_at)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.3)
-    after_kill = _samples(prom, 'up{component="scoring"}', killed_at)
-    assert len(after_kill) >= 2 and all(value == 0 for _, value in after_kill), after_kill
-    assert [r["metric"]["component"] for r in prom.query(down_expr)] == ["scoring"], "still down once killed"
+    assert not prom.query(absent_expr)
+    freeze_then_kill(prom, scoring.popen, "scoring", rules["VmschedComponentDown"]["expr"], scrapes=10)
     stat = prom.query(dict(dashboard_queries())["Components down"])
     assert float(stat[0]["value"][1]) == 1, stat
     assert [r["metric"]["component"] for r in prom.query(absent_expr)] == ["scoring"], "its only replica: absent"
