@@ -125,13 +125,14 @@ async def _units_section(request: Request) -> str:
             + "</section>")
 
 
-def _decisions_section(request: Request) -> str:
+async def _decisions_section(request: Request) -> str:
     q = request.query_params
     vm, host, op = q.get("vm", "")[:256], q.get("host", "")[:256], q.get("op", "")
     errors_only = q.get("errors") == "only"
     log = request.app.state.decisions
-    found = log.ring.recent(SHOWN_DECISIONS, vm=vm or None, host=host or None,
-                            op=op if op in ("filter", "score", "balance") else None, errors_only=errors_only)
+    result = await log.search(SHOWN_DECISIONS, vm=vm or None, host=host or None,
+                              op=op if op in ("filter", "score", "balance") else None, errors_only=errors_only)
+    found = result.records
     options = "".join(f'<option value="{o}"{" selected" if o == op else ""}>{o or "any"}</option>'
                       for o in ("", "filter", "score", "balance"))
     form = ('<form method="get" action="/" class="search">'
@@ -148,9 +149,17 @@ def _decisions_section(request: Request) -> str:
     table = ('<table id="decisions-table"><thead><tr><th>time</th><th>op</th><th>VM</th><th>summary</th>'
              f'<th>fallback</th><th>gateway</th></tr></thead><tbody>{rows}</tbody></table>' if found
              else '<p>No decision matches.</p>')
-    return (f'<section id="decisions"><h2>Recent decisions</h2>{form}{table}'
+    return (f'<section id="decisions"><h2>Recent decisions</h2>{form}{_replicas_note(result.missing)}{table}'
             f'<p class="note">Newest {SHOWN_DECISIONS} at most; each gateway keeps {log.ring.size} per operation. '
             f'JSON: <code>/v1/decisions{e(_query(q))}</code></p></section>')
+
+
+def _replicas_note(missing: list[dict[str, str]]) -> str:
+    """The gateway replicas that did not answer in time: their decisions are not in the list."""
+    if not missing:
+        return ""
+    items = "".join(f"<li>{e(m['gateway'])}: {e(m['error'])}</li>" for m in missing)
+    return f'<div class="error" id="replicas-missing">Not every gateway replica answered:<ul>{items}</ul></div>'
 
 
 def _query(params: Any) -> str:
@@ -183,7 +192,7 @@ async def overview(request: Request) -> HTMLResponse:
     units = await _units_section(request)
     cache = request.app.state.facts
     agents = await console_agents.section(request.app.state.bus, cache.hosts() if cache is not None else [])
-    return page("vmsched console", _decisions_section(request) + units + agents + _facts_section(request))
+    return page("vmsched console", await _decisions_section(request) + units + agents + _facts_section(request))
 
 
 # --- one decision --------------------------------------------------------------------------------
@@ -204,9 +213,11 @@ def _cell(op: str, unit: dict[str, Any], host: str) -> str:
 
 @router.get("/console/decisions/{decision_id}")
 async def decision_page(request: Request, decision_id: str) -> HTMLResponse:
-    d = request.app.state.decisions.ring.get(decision_id)
-    if d is None:
-        return page("decision not found", "<h1>Decision not found</h1><p>It may have left the ring.</p>", 404)
+    found = await request.app.state.decisions.find(decision_id) if len(decision_id) == 32 else None
+    if found is None or not found.records:
+        note = _replicas_note(found.missing) if found is not None else ""
+        return page("decision not found", f"<h1>Decision not found</h1><p>It may have left the ring.</p>{note}", 404)
+    d = found.records[0]
     units = d["units"]
     head = "".join(f'<th>{e(u["unit"])}' + (f' <span class="factor">x{e(u["factor"])}</span>' if "factor" in u else "")
                    + "</th>" for u in units)

@@ -2,16 +2,13 @@
 
 :meth:`DecisionLog.submit` is all the request path pays: it keeps the raw
 parts of a decision (request, outcomes, decision). Every :data:`PAUSE`
-seconds the event loop, between requests and in one go, builds the waiting
-records (:mod:`vmsched.gateway.decisions`) and adds them to the ring: no
-thread hand-off per record (each one cost the loop a GIL switch). An output
-thread, only when there is output, writes them as JSON lines to stdout
-(``--decisions-log``) and publishes them, batched, on ``vmsched.events`` with
-the routing key ``gateway.<id>.decision``. :class:`DecisionSubscriber` reads
-that key from every gateway, so with several replicas each ring holds all
-their decisions; a gateway skips its own (already in its ring). On the
-embedded bus (``memory://``: one process, so one gateway) nothing is
-published.
+seconds the event loop, between requests and in one go, puts the waiting
+ones in the ring; a record (:mod:`vmsched.gateway.decisions`) is built from
+its parts when first read. With ``--decisions-log`` an output thread writes
+each record as one JSON line to stdout. Nothing is published per decision:
+with several replicas on RabbitMQ a reader's gateway asks the others when it
+is read (:mod:`vmsched.gateway.decision_peers`) and merges their answers
+with its own ring (:meth:`DecisionLog.search`, :meth:`DecisionLog.find`).
 """
 
 from __future__ import annotations
@@ -21,34 +18,27 @@ import json
 import logging
 import queue
 import re
-import secrets
 import socket
 import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from kombu import Connection, Consumer, Queue
-from kombu.message import Message
-
-from vmsched.bus.connection import BusOptions, ensure_exchanges
-from vmsched.bus.events import EventPublisher
-from vmsched.bus.loop import ConsumerLoop, hand_over
-from vmsched.bus.topology import EVENTS_EXCHANGE
+from vmsched.bus.connection import BusOptions
 from vmsched.facts_cache import FactsCache
 from vmsched.gateway import decisions
+from vmsched.gateway.decision_peers import MAX_ANSWER, Gathered, PeerLink
 
 log = logging.getLogger("vmsched.gateway.decisions")
 
 OPS = ("filter", "score", "balance")
-DECISION_BINDING = "gateway.*.decision"
-#: records in one published message at most
+#: records in one stdout write at most
 BATCH = 200
 #: how long a decision waits for its batch to be recorded, seconds
 PAUSE = 0.2
-MAX_MESSAGE = 8 << 20
-#: decisions waiting for the recording thread at most; past it new ones are counted in ``skipped``, not kept
+#: decisions waiting for the batch at most; past it new ones are counted in ``skipped``, not kept
 MAX_PENDING = 5000
 
 
@@ -133,8 +123,22 @@ class Ring:
             return len(self._by_id)
 
 
+@dataclass
+class Found:
+    """Records found for a reader: this gateway's and the other replicas' that answered."""
+
+    records: list[dict[str, Any]]
+    answered: list[str] = field(default_factory=list)
+    missing: list[dict[str, str]] = field(default_factory=list)
+    truncated: list[str] = field(default_factory=list)
+
+    def replicas(self, gateway: str) -> dict[str, Any]:
+        """The ``replicas`` part of an API answer: who answered, who did not and why."""
+        return {"answered": [gateway, *self.answered], "missing": self.missing, "truncated": self.truncated}
+
+
 class DecisionLog:
-    """Owns the ring, the batching of records and, with a bus or stdout, the output thread, publisher and subscriber."""
+    """Owns the ring, the batching of records, the stdout output thread and, on RabbitMQ, the link to the peers."""
 
     def __init__(self, size: int, gateway: str, facts: FactsCache | None = None,
                  bus: BusOptions | None = None, stdout: bool = False) -> None:
@@ -147,14 +151,13 @@ class DecisionLog:
         self._timer: asyncio.TimerHandle | None = None
         self._out: queue.SimpleQueue[list[Entry] | threading.Event | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        if not size or (bus is not None and bus.url.startswith("memory://")):
-            bus = None  # size 0: no decision log at all; the embedded bus: no other gateway to share with
-        self.publisher = EventPublisher(bus, service=f"gateway-{gateway}") if bus is not None else None
-        self.subscriber = DecisionSubscriber(bus, gateway, self._received) if bus is not None else None
+        if not size or (bus is not None and bus.embedded):
+            bus = None  # size 0: no decision log at all; the embedded bus: one process, no other gateway
+        self.peers = PeerLink(bus, gateway, self.answer) if bus is not None else None
 
     # --- the request path -------------------------------------------------------------------------
     def submit(self, op: str, req: Any, decision: Any, outcomes: Any, bus_failed: bool, duration: float) -> None:
-        """Keep the decision's parts; on the event loop, its record is built with the others every PAUSE s."""
+        """Keep the decision's parts; on the event loop, they are ringed with the others every PAUSE s."""
         if len(self._pending) >= MAX_PENDING:  # never let the backlog grow unbounded
             self.skipped += 1
             return
@@ -168,7 +171,7 @@ class DecisionLog:
     # --- the batch ----------------------------------------------------------------------------------
     def record_pending(self) -> None:
         """Ring the waiting decisions (one go, on the caller's thread: no hand-off per decision); their records
-        are built when first read, or by the output thread for stdout and the bus."""
+        are built when first read, or by the output thread for stdout."""
         self._timer = None
         facts_known = self.facts is not None and bool(self.facts.hosts())
         batch = []
@@ -185,13 +188,49 @@ class DecisionLog:
             for start in range(0, len(batch), BATCH):
                 self._out.put(batch[start:start + BATCH])
 
+    # --- readers: this ring and the other replicas' ------------------------------------------------
+    async def search(self, limit: int = 100, **filters: Any) -> Found:
+        """The newest ``limit`` records matching ``filters`` of every replica that answers in time."""
+        own = self.ring.recent(limit, **filters)
+        if self.peers is None:
+            return Found(own)
+        gathered = await self.peers.ask({"filters": _filters(filters), "limit": limit})
+        merged: dict[str, dict[str, Any]] = {r["id"]: r for r in gathered.records if decisions.matches(r, **filters)}
+        merged.update((r["id"], r) for r in own)
+        records = sorted(merged.values(), key=lambda r: r["time"], reverse=True)[:limit]
+        return _found(records, gathered)
+
+    async def find(self, record_id: str) -> Found:
+        """One record by ID: from this ring, else from the replica that has it."""
+        record = self.ring.get(record_id)
+        if record is not None or self.peers is None:
+            return Found([record] if record is not None else [])
+        gathered = await self.peers.ask({"id": record_id})
+        return _found([r for r in gathered.records if r["id"] == record_id][:1], gathered)
+
+    def answer(self, question: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+        """Another replica's question, from this ring (on the peer link's thread): records, and whether cut."""
+        if isinstance(question.get("id"), str):
+            record = self.ring.get(question["id"])
+            return ([record] if record is not None else []), False
+        filters = question.get("filters") if isinstance(question.get("filters"), dict) else {}
+        limit = question.get("limit")
+        limit = min(limit, 10000) if isinstance(limit, int) and limit > 0 else 100
+        records, size = [], 0
+        for record in self.ring.recent(limit, **_filters(filters)):
+            size += len(json.dumps(record, default=str))
+            if size > MAX_ANSWER:
+                return records, True
+            records.append(record)
+        return records, False
+
     # --- the output thread ----------------------------------------------------------------------------
     def start(self) -> None:
-        if self.stdout or self.publisher is not None:
+        if self.stdout:
             self._thread = threading.Thread(target=self._output, name="gateway-decisions", daemon=True)
             self._thread.start()
-        if self.subscriber is not None:
-            self.subscriber.start()
+        if self.peers is not None:
+            self.peers.start()
 
     def stop(self) -> None:
         if self._timer is not None:
@@ -200,10 +239,8 @@ class DecisionLog:
         self._out.put(None)
         if self._thread is not None:
             self._thread.join(5)
-        if self.subscriber is not None:
-            self.subscriber.stop()
-        if self.publisher is not None:
-            self.publisher.close()
+        if self.peers is not None:
+            self.peers.stop()
 
     def flush(self, timeout: float = 5.0) -> None:
         """Record what is waiting and wait until it is out (tests, shutdown); call it on the loop's thread."""
@@ -221,12 +258,9 @@ class DecisionLog:
                 entries.set()
                 continue
             item = [r for e in entries if (r := e.record()) is not None]
-            if self.stdout:
-                sys.stdout.write("".join(json.dumps({"event": "vmsched.decision", **r}, default=str) + "\n"
-                                         for r in item))
-                sys.stdout.flush()
-            if self.publisher is not None:
-                self.publisher.publish(f"gateway.{self.gateway}.decision", {"decisions": item})
+            sys.stdout.write("".join(json.dumps({"event": "vmsched.decision", **r}, default=str) + "\n"
+                                     for r in item))
+            sys.stdout.flush()
 
     def _ages(self, req: Any) -> dict[str, float]:
         """Seconds since each host's facts were collected; a host without facts is left out."""
@@ -240,18 +274,19 @@ class DecisionLog:
                 ages[host] = round(self.facts.age(entry, now), 3)
         return ages
 
-    def _received(self, body: bytes, routing_key: str) -> None:
-        parts = routing_key.split(".")
-        if len(parts) != 3 or parts[1] == self.gateway or len(body) > MAX_MESSAGE:
-            return  # our own (already in the ring: not even parsed), or not a decision message
-        try:
-            message = json.loads(body)
-        except ValueError:
-            log.warning("decision message on %s is not JSON: ignored", routing_key)
-            return
-        for record in message.get("decisions", []) if isinstance(message, dict) else []:
-            if isinstance(record, dict) and record.get("gateway") == parts[1] and _well_formed(record):
-                self.ring.add(record)
+
+def _filters(given: dict[str, Any]) -> dict[str, Any]:
+    """The reader filters, well typed (a question from another replica is data)."""
+    out: dict[str, Any] = {}
+    for name in ("vm", "host", "op"):
+        value = given.get(name)
+        out[name] = value[:256] if isinstance(value, str) and value else None
+    out["errors_only"] = given.get("errors_only") is True
+    return out
+
+
+def _found(records: list[dict[str, Any]], gathered: Gathered) -> Found:
+    return Found(records, gathered.answered, gathered.missing, gathered.truncated)
 
 
 def _without_stderr(outcomes: Any) -> Any:
@@ -259,28 +294,3 @@ def _without_stderr(outcomes: Any) -> Any:
     if isinstance(outcomes, list):
         return [o.model_copy(update={"stderr": ""}) if o.stderr else o for o in outcomes]
     return outcomes.model_copy(update={"stderr": ""}) if outcomes is not None and outcomes.stderr else outcomes
-
-
-def _well_formed(record: dict[str, Any]) -> bool:
-    return (isinstance(record.get("time"), (int, float)) and isinstance(record.get("hosts"), list)
-            and isinstance(record.get("units"), list) and isinstance(record.get("summary"), str)
-            and isinstance(record.get("vm"), str) and all(isinstance(u, dict) for u in record["units"]))
-
-
-class DecisionSubscriber(ConsumerLoop):
-    """Every gateway's decisions: an exclusive queue ``vmsched.decisions.gateway.<random>`` on ``gateway.*.decision``."""
-
-    def __init__(self, options: BusOptions, gateway: str, on_message: Callable[[bytes, str], None]) -> None:
-        super().__init__(options, "gateway-decisions-sub")
-        self.on_message = on_message
-        self.queue_name = f"vmsched.decisions.gateway.{secrets.token_hex(6)}"
-
-    def _serve(self, conn: Connection) -> None:
-        ensure_exchanges(conn, (EVENTS_EXCHANGE,))
-        queue_ = Queue(self.queue_name, exchange=EVENTS_EXCHANGE, routing_key=DECISION_BINDING, exclusive=True,
-                       auto_delete=True, durable=False, queue_arguments={"x-max-length": 10000})
-        Consumer(conn.channel(), [queue_], on_message=self._received, no_ack=True).consume()
-        self._drain(conn)
-
-    def _received(self, message: Message) -> None:
-        hand_over(message, self.on_message, "decision")

@@ -3,6 +3,9 @@
 Each record says what every unit did to every host, the result sent to the
 engine, whether it was a fallback, the facts age of each host, the gateway
 that answered, and a one-line summary (:mod:`vmsched.gateway.decisions`).
+With several replicas on RabbitMQ the answering gateway asks the others for
+at most 0.5 s (:mod:`vmsched.gateway.decision_peers`); ``replicas`` says who
+answered and names those that did not.
 """
 
 from __future__ import annotations
@@ -34,15 +37,19 @@ async def list_decisions(
     limit: Annotated[int, Query(ge=1, le=10000)] = 100,
 ) -> dict[str, Any]:
     log = _log(request)
-    found = log.ring.recent(limit, vm=vm, host=host, op=op, errors_only=errors == "only")
-    return {"decisions": [for_reader(r) for r in found], "count": len(found), "gateway": log.gateway,
-            "ring_size": log.ring.size}
+    found = await log.search(limit, vm=vm, host=host, op=op, errors_only=errors == "only")
+    return {"decisions": [for_reader(r) for r in found.records], "count": len(found.records),
+            "gateway": log.gateway, "ring_size": log.ring.size, "replicas": found.replicas(log.gateway)}
 
 
 @router.get("/v1/decisions/{decision_id}", summary="One decision: every unit's verdict on every host")
 async def get_decision(request: Request, decision_id: DecisionId) -> dict[str, Any]:
-    record = _log(request).ring.get(decision_id)
-    if record is None:
-        raise HTTPException(404, {"code": "not_found", "error": f"no decision {decision_id} in this gateway's "
-                                                                 "log (it may have left the ring)"})
-    return for_reader(record)
+    log = _log(request)
+    found = await log.find(decision_id)
+    if not found.records:
+        missing = "; ".join(f"{m['gateway']}: {m['error']}" for m in found.missing)
+        raise HTTPException(404, {"code": "not_found", "error": f"no decision {decision_id} in the log of any replica "
+                                  "that answered (it may have left the ring)" + (f"; no answer from {missing}"
+                                                                                  if missing else ""),
+                                  "replicas": found.replicas(log.gateway)})
+    return for_reader(found.records[0])

@@ -14,7 +14,7 @@ from tests.conftest import Stack, wait_until
 from vmsched.bus.connection import BusOptions
 from vmsched.facts import FactsMessage, HostFacts
 from vmsched.facts_cache import FactsCache
-from vmsched.gateway import decision_log, decisions
+from vmsched.gateway import decision_log, decision_peers, decisions
 from vmsched.gateway.decision_log import DecisionLog, Ring, gateway_label
 from vmsched.gateway.render import Decision, balance_decision, filter_decision, score_decision
 from vmsched.messages import (
@@ -166,9 +166,9 @@ def test_gateway_label_is_routing_key_safe() -> None:
 
 # --- replicas on the bus ------------------------------------------------------------------------
 def test_the_embedded_bus_shares_nothing() -> None:
-    """memory:// lives in one process, which runs one gateway: nobody to publish to."""
+    """memory:// lives in one process, which runs one gateway: nobody to ask."""
     log = DecisionLog(10, "gw-a", bus=BusOptions(url="memory://", connect_timeout=2.0))
-    assert log.publisher is None and log.subscriber is None
+    assert log.peers is None
 
 
 def test_records_are_built_in_batches_on_the_loop_and_the_backlog_is_bounded(
@@ -227,38 +227,84 @@ def test_facts_age_of_the_hosts_with_facts() -> None:
     assert set(record["facts_age"]) == {H[0]} and 6.5 <= record["facts_age"][H[0]] <= 60  # H[1]: no facts, absent
 
 
-def test_every_replica_keeps_every_gateways_decisions(rabbit_vhost: str) -> None:
-    options = BusOptions(url=rabbit_vhost, connect_timeout=2.0)
-    a, b = DecisionLog(10, "gw-a", bus=options), DecisionLog(10, "gw-b", bus=options)
-    for log in (a, b):
+def _linked(options: BusOptions, *names: str) -> list[DecisionLog]:
+    logs = [DecisionLog(10, name, bus=options) for name in names]
+    for log in logs:
         log.start()
+    for log in logs:
+        assert log.peers is not None
+        wait_until(lambda: len(log.peers.peers()) == len(names) - 1, 20, 0.05, f"{log.gateway} to know its peers")
+    return logs
+
+
+def test_a_reader_gets_every_replicas_decisions_by_asking_them(rabbit_vhost: str) -> None:
+    a, b, c = _linked(BusOptions(url=rabbit_vhost, connect_timeout=2.0), "gw-a", "gw-b", "gw-c")
     try:
-        for log in (a, b):
-            assert log.subscriber is not None
-            wait_until(log.subscriber.ready.is_set, 20, 0.05, "the decision subscription")
         req = FilterRequest(units=["A"], hosts=H[:2], vm=VM)
         outcomes = [FilterOutcome(unit="A", ok=True, hosts=H[:1])]
         a.submit("filter", req, filter_decision(H[:2], outcomes), outcomes, False, 0.01)
         b.submit("filter", req, Decision(result=H[:2], errors=["BusTimeout"]), [], True, 0.02)
-        wait_until(lambda: len(a.ring) == 2 and len(b.ring) == 2, 20, 0.05, "both decisions in both rings")
-        for log in (a, b):
-            labels = {r["gateway"]: r for r in log.ring.recent()}
-            assert set(labels) == {"gw-a", "gw-b"}
+        for log in (a, b, c):
+            found = asyncio.run(log.search(10, vm=VM))
+            labels = {r["gateway"]: r for r in found.records}
+            assert set(labels) == {"gw-a", "gw-b"} and not found.missing, found
             assert labels["gw-b"]["fallback"] and not labels["gw-a"]["fallback"]
-        assert a.ring.recent()[0]["id"] in {r["id"] for r in b.ring.recent()}
+            assert sorted(found.replicas(log.gateway)["answered"]) == ["gw-a", "gw-b", "gw-c"]
+        assert asyncio.run(c.search(10, vm=VM, errors_only=True)).records[0]["gateway"] == "gw-b"  # filters go along
+        assert asyncio.run(c.search(10, vm="another")).records == []
+        a_id = a.ring.recent()[0]["id"]
+        assert asyncio.run(c.find(a_id)).records[0]["gateway"] == "gw-a"
+        assert asyncio.run(c.find("0" * 32)).records == []
+
+        assert c.peers is not None and a.peers is not None
+        a.peers._stop.set()  # gw-a's link stops without a goodbye: it stays in the directory, silent
+        a.peers._thread.join(5)  # type: ignore[union-attr]
+        found = asyncio.run(c.search(10, vm=VM))
+        assert [r["gateway"] for r in found.records] == ["gw-b"]
+        assert found.missing == [{"gateway": "gw-a", "error": "no answer within 0.5 s"}]
+        b.stop()  # a goodbye: gw-b leaves the directory at once, and is not named as missing
+        wait_until(lambda: "gw-b" not in c.peers.peers().values(), 20, 0.05, "gw-b's goodbye")
     finally:
-        for log in (a, b):
+        for log in (a, b, c):
             log.stop()
 
 
-def test_a_forged_record_is_not_taken_for_another_gateways() -> None:
+def test_a_forged_or_late_answer_is_not_taken() -> None:
+    log = DecisionLog(10, "gw-a", bus=BusOptions(url="amqp://127.0.0.1:1/", connect_timeout=0.1))
+    link = log.peers
+    assert link is not None
+    record = _filter_record([FilterOutcome(unit="A", ok=True, hosts=H[:1])])  # labelled gw-a
+    key = decision_peers.ANSWER_PREFIX + link.token
+
+    async def answers() -> decision_peers.Gathered:
+        state = decision_peers._Question(asyncio.get_running_loop(), {"cccccccccccc", "dddddddddddd"},
+                                         first_found=False)
+        link._questions["1" * 16] = state
+        for body in ({"qid": "1" * 16, "token": "cccccccccccc", "gateway": "gw-c", "decisions": [record]},  # forged
+                     {"qid": "2" * 16, "token": "cccccccccccc", "gateway": "gw-a", "decisions": [record]},  # unasked
+                     {"qid": "1" * 16, "token": "dddddddddddd", "gateway": "gw-d",
+                      "decisions": [{"id": "x", "gateway": "gw-d"}]}):  # not a record
+            link._handle(json.dumps(body).encode(), key)
+        link._handle(b"not json", key)
+        await asyncio.sleep(0.05)
+        return state.gathered
+
+    gathered = asyncio.run(answers())
+    assert gathered.records == [] and gathered.answered == ["gw-c", "gw-d"]  # they answered, nothing acceptable
+
+
+def test_a_question_is_answered_from_the_ring_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     log = DecisionLog(10, "gw-a")
-    record = _filter_record([FilterOutcome(unit="A", ok=True, hosts=H[:1])])
-    log._received(b'{"decisions": [' + __import__("json").dumps(record).encode() + b"]}", "gateway.gw-c.decision")
-    assert len(log.ring) == 0  # labelled gw-a, published under gw-c's key
-    log._received(b"not json", "gateway.gw-c.decision")
-    log._received(b'{"decisions": [{"id": "x", "op": "filter"}]}', "gateway.gw-c.decision")
-    assert len(log.ring) == 0
+    for vm in ("v1", "v2", "v2"):
+        req = FilterRequest(units=["A"], hosts=H[:2], vm=vm)
+        log.submit("filter", req, Decision(result=H[:2]), [], False, 0.01)
+    records, cut = log.answer({"filters": {"vm": "v2", "op": ["not", "a", "string"]}, "limit": "many"})
+    assert [r["vm"] for r in records] == ["v2", "v2"] and not cut
+    (one,), _ = log.answer({"id": records[0]["id"]})
+    assert one is records[0]
+    monkeypatch.setattr("vmsched.gateway.decision_log.MAX_ANSWER", 100)
+    records, cut = log.answer({"filters": {}, "limit": 10})
+    assert records == [] and cut  # an answer never grows past its bound
 
 
 # --- the JSON API on the all-in-one process -----------------------------------------------------

@@ -82,7 +82,7 @@ class Settings(BaseSettings):
     request_timeout: float = Field(30.0, gt=0, le=110, description="deadline of one engine request, seconds")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest accepted request body, bytes")
     decisions_size: int = Field(200, ge=0, le=100000, description="scheduling decisions the gateway keeps per operation (GET /v1/decisions); 0: no decision log")
-    decisions_share: bool = Field(True, description="publish decisions on vmsched.events and keep those of every gateway replica; off: this gateway's only")
+    decisions_share: bool = Field(True, description="on RabbitMQ, GET /v1/decisions and the console also ask the other gateway replicas (answers within 0.5 s); off: this gateway's decisions only")
     decisions_log: bool = Field(False, description="also write each decision as one JSON line to stdout (Loki/ELK)")
     gateway_id: str = Field("", description="this gateway's label in decision records; empty: the host name")
     score_per_unit: bool = Field(False, description="score replies as [host, weight, unit] per unit, factored by the "

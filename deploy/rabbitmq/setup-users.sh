@@ -101,16 +101,19 @@ SERVICE_QUEUES='vmsched\.(discover|filter|score|balance)(\.v2)?'
 # vmsched.facts.<name>.<random> to vmsched.events with the key agent.*.facts, and ask the agents for a
 # snapshot on the vmsched.facts exchange (key snapshot); each agent consumes vmsched.facts.snapshot.<host>
 FACTS_BINDING='agent\.\*\.facts'
-# decision log (docs/console.md): every gateway publishes its decisions on vmsched.events with the key
-# gateway.<ID>.decision and binds its own exclusive queue vmsched.decisions.gateway.<random> to gateway.*.decision
-DECISIONS_QUEUE='vmsched\.decisions\.gateway\..+'
+# decision log (docs/console.md): nothing is published per decision; a gateway asked for decisions asks the
+# other replicas on vmsched.events (key gateway.decisions.query), they answer under gateway.decisions.answer.<token>
+# of the asker, and every replica says who it is under gateway.decisions.presence; each binds these keys (the
+# answer key its own token only) to its own exclusive queue vmsched.decisions.gateway.<token>
+DECISIONS_QUEUE='vmsched\.decisions\.gateway\.[0-9a-f]{12}'
+DECISIONS_KEYS='gateway\.decisions\.(query|presence|answer\.[0-9a-f]{12})'
 add vmsched-gateway \
   "^(vmsched\.(requests|agent|reply|events|facts|dead)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+|$DECISIONS_QUEUE)\$" \
   "^(vmsched\.(requests|agent|facts|dead|events)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+|$DECISIONS_QUEUE)\$" \
   "^(vmsched\.(requests|reply|events)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+|$DECISIONS_QUEUE)\$"
 topic vmsched-gateway vmsched.requests "^$SERVICE_QUEUES\$" "^$SERVICE_QUEUES\$"
 topic vmsched-gateway vmsched.agent '.*' '^$'
-topic vmsched-gateway vmsched.events '^gateway\.[A-Za-z0-9_-]+\.decision$' "^($FACTS_BINDING|gateway\.\*\.decision)\$"
+topic vmsched-gateway vmsched.events "^$DECISIONS_KEYS\$" "^($FACTS_BINDING|$DECISIONS_KEYS)\$"
 topic vmsched-gateway vmsched.facts '^snapshot$' '^$'
 
 service() {  # name op-regex [facts]
