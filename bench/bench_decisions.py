@@ -1,60 +1,161 @@
 """The cost of the decision log on the engine's request path (issue 15: at most 3 %).
 
-Two all-in-one gateways on the embedded bus run side by side: ``on`` (the
-default: decisions kept and shared on the bus) and ``off``
-(VMSCHED_DECISIONS_SIZE=0: no decision log), plus ``off2``, a second ``off``:
-the control, whose "cost" against ``off`` is the noise of the machine
-(``--sides on,local,off`` adds ``local``: kept, not shared). Besides wall
-clock, the gateway process's CPU time per sequential call is read from
-/proc (less sensitive to other load than latency). Each round
-measures, on every side in turn (the order rotates from round to round),
-sequential runFilters (3 filters, 100 hosts, a new connection per call, like
-the engine) and then the throughput of 8 concurrent clients. Since both
-sides are measured within the same round, each round gives a paired ratio
-(``on`` against ``off``); reported are the median of those ratios over the
-rounds and their spread (lowest to highest). The machine may be shared with
-other work: the interleaving is what makes the comparison fair, and the
-spread says how far to trust it.
+Sides, each its own gateway: ``on`` (the default decision log), ``off``
+(VMSCHED_DECISIONS_SIZE=0: no decision log), ``off2``, a second ``off``: the
+control, whose "cost" against ``off`` is what the machine's and the
+processes' noise alone produce; optional ``local`` (VMSCHED_DECISIONS_SHARE=false)
+and ``small`` (a ring of 5 per operation instead of 200: what retention costs).
 
-``--mode rabbitmq`` runs the two gateways as separate processes on a private
-vhost of the RabbitMQ at ``--amqp``, sharing one set of services: there the
-``on`` gateway also publishes its decisions on the bus for the other replicas
-(the embedded bus has no other gateway, so nothing is published there).
+A round measures every side in turn (the order rotates from round to round):
+``--calls`` sequential runFilters (3 filters, 100 hosts, a new connection
+per call, like the engine), reading the side's gateway process CPU time per
+call from /proc, then ``--clients`` concurrent clients for ``--seconds``
+(the rate and the CPU per call under load). Each round gives a paired ratio
+per side against ``off``; reported are the median of those ratios over the
+rounds and their spread (lowest to highest).
+
+Fairness: by default every side's processes are started afresh for every
+round (``--keep``: once for the whole run, the old method), so one process's
+luck (memory layout, where its heap landed) is not counted as a side's cost
+in every round; and all sides run with the same ``PYTHONHASHSEED``
+(``--hashseed``, default 0; ``random`` for none). ``--gc`` runs each side
+through ``gc_probe.py`` and reports the collector's CPU per call.
+
+``--mode embedded`` (default): each side is an all-in-one ``vmsched run`` on
+the embedded bus. ``--mode rabbitmq``: each side is a ``vmsched gateway``
+on a private vhost of the RabbitMQ at ``--amqp``, all sharing one set of
+services (started once); there ``on`` also links with its peers (presence
+on the bus; nothing is published per decision).
 
     .venv/bin/python bench/bench_decisions.py [--mode embedded|rabbitmq] [--rounds 7] [--calls 1000] [--seconds 8]
+        [--sides on,off,off2[,small,local]] [--gc] [--keep] [--hashseed 0|random]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gateway import FILTER_BODY, PLUGINS, arun, concurrent, free_port, pct, sequential, start, wait_ready  # noqa: E402
+from bench_gateway import FILTER_BODY, PLUGINS, ROOT, arun, concurrent, free_port, pct, sequential, wait_ready  # noqa: E402
 
-ENV = {"on": {}, "local": {"VMSCHED_DECISIONS_SHARE": "false"}, "off": {"VMSCHED_DECISIONS_SIZE": "0"},
+ENV = {"on": {}, "local": {"VMSCHED_DECISIONS_SHARE": "false"}, "small": {"VMSCHED_DECISIONS_SIZE": "5"},
+       "off": {"VMSCHED_DECISIONS_SIZE": "0"},
        "off2": {"VMSCHED_DECISIONS_SIZE": "0"}}  # off2: a second 'off', the control (its 'cost' is the noise)
-TICK = os.sysconf("SC_CLK_TCK")
+PROBE = Path(__file__).resolve().parent / "gc_probe.py"
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of one process (not its children: the plugin workers are the same on every side)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    """CPU time of one process, its threads summed from /proc/<pid>/task/*/schedstat (nanoseconds; /proc/<pid>/stat
+    counts 10 ms ticks); not its children: the plugin workers are the same on every side. A thread that ended
+    between two readings is not counted (the gateway's threads live as long as it)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
+
+
+@dataclass
+class Side:
+    name: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    stats: Path | None  # gc_probe's file
+
+    def gc(self) -> tuple[float, int]:
+        """The collector's CPU seconds and full collections so far (0 without --gc)."""
+        if self.stats is None:
+            return 0.0, 0
+        for _ in range(20):
+            try:
+                data = json.loads(self.stats.read_text())
+                return sum(data["seconds"]), data["collections"][2]
+            except (OSError, ValueError):
+                time.sleep(0.1)
+        return 0.0, 0
+
+
+@dataclass
+class Figures:
+    p50: list[float] = field(default_factory=list)  # sequential p50, ms
+    cpu: list[float] = field(default_factory=list)  # gateway CPU ms per sequential call
+    rate: list[float] = field(default_factory=list)  # concurrent req/s
+    load_cpu: list[float] = field(default_factory=list)  # gateway CPU ms per call under concurrent load
+    gc: list[float] = field(default_factory=list)  # collector CPU ms per sequential call
+    full: list[int] = field(default_factory=list)  # full (generation 2) collections during the sequential run
 
 
 def _spread(values: list[float]) -> str:
     return f"{min(values):+.1f} .. {max(values):+.1f} %"
+
+
+def _start(name: str, args: list[str], log: Path, env: dict[str, str], stats: Path | None) -> subprocess.Popen[bytes]:
+    entry = [str(PROBE), str(stats)] if stats is not None else ["-m", "vmsched.cli"]
+    return subprocess.Popen([sys.executable, *entry, *args], cwd=ROOT, stdout=log.open("ab"),
+                            stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **env, **ENV[name]})
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def launch(names: list[str], opts: argparse.Namespace, tmp: Path, env: dict[str, str], url: str) -> dict[str, Side]:
+    plugins = ["--plugins", str(tmp / "plugins"), "--log-level", "WARNING"]
+    sides = {}
+    for name in names:
+        port = free_port()
+        stats = tmp / f"{name}-{port}.gc.json" if opts.gc else None
+        if url:
+            args = ["gateway", "--port", str(port), "--metrics-port", "0", "--log-level", "WARNING"]
+        else:
+            args = ["run", "--amqp", "memory://", "--port", str(port), "--metrics-port", "0", *plugins]
+        sides[name] = Side(name, port, _start(name, args, tmp / f"{name}.log", env, stats), stats)
+    for side in sides.values():
+        wait_ready(side.port)
+    return sides
+
+
+def measure(side: Side, opts: argparse.Namespace, figures: Figures) -> None:
+    used, (gc_used, full) = cpu_seconds(side.proc.pid), side.gc()
+    figures.p50.append(pct(arun(sequential(side.port, FILTER_BODY, opts.calls)), 0.50))
+    calls = opts.calls + 50  # + the warm-up
+    figures.cpu.append(1000 * (cpu_seconds(side.proc.pid) - used) / calls)
+    if side.stats is not None:
+        time.sleep(0.6)  # the probe's next write
+    gc_now, full_now = side.gc()
+    figures.gc.append(1000 * (gc_now - gc_used) / calls)
+    figures.full.append(full_now - full)
+
+
+def measure_load(side: Side, opts: argparse.Namespace, figures: Figures) -> None:
+    used = cpu_seconds(side.proc.pid)
+    done, elapsed = arun(concurrent(side.port, [FILTER_BODY], opts.clients, opts.seconds))
+    figures.rate.append(done / elapsed)
+    figures.load_cpu.append(1000 * (cpu_seconds(side.proc.pid) - used) / max(done, 1))
 
 
 def main() -> None:
@@ -64,9 +165,12 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=1000, help="sequential runFilters per side and round")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=8.0, help="length of one concurrent run per side and round")
-    ap.add_argument("--sides", default="on,off,off2", help="of on, local, off, off2; 'off' is the baseline")
+    ap.add_argument("--sides", default="on,off,off2", help="of on, local, small, off, off2; 'off' is the baseline")
     ap.add_argument("--mode", choices=["embedded", "rabbitmq"], default="embedded")
     ap.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/", help="the broker (rabbitmq mode)")
+    ap.add_argument("--keep", action="store_true", help="start the sides once, not afresh every round")
+    ap.add_argument("--hashseed", default="0", help="PYTHONHASHSEED of every side ('random': none set)")
+    ap.add_argument("--gc", action="store_true", help="count the garbage collector's CPU (bench/gc_probe.py)")
     opts = ap.parse_args()
     names = [n for n in opts.sides.split(",") if n in ENV]
     if "off" not in names or len(names) < 2:
@@ -74,75 +178,77 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="vmsched-bench-decisions-"))
     (tmp / "plugins").mkdir()
     (tmp / "plugins" / "bench.py").write_text(PLUGINS)
+    env = {} if opts.hashseed == "random" else {"PYTHONHASHSEED": opts.hashseed}
     if os.geteuid() == 0:  # as root, plugin workers cannot drop to 'nobody' when Python lives under /root
-        os.environ.setdefault("VMSCHED_ALLOW_ROOT_PLUGINS", "true")
-    ports = {name: free_port() for name in names}
-    procs = []
+        env["VMSCHED_ALLOW_ROOT_PLUGINS"] = "true"
+    services: list[subprocess.Popen[bytes]] = []
     vhost = f"vmsched-bench-{uuid.uuid4().hex[:8]}" if opts.mode == "rabbitmq" else ""
-    plugins = ["--plugins", str(tmp / "plugins"), "--log-level", "WARNING"]
+    url = ""
     if vhost:
         subprocess.run(["rabbitmqctl", "-q", "add_vhost", vhost], check=True, capture_output=True)
         subprocess.run(["rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"], check=True,
                        capture_output=True)
         url = opts.amqp.rstrip("/") + "/" + quote(vhost, safe="")
-        procs += [start([service, *plugins], tmp / f"{service}.log", url) for service in ("scoring", "discovery")]
-    for name in names:
-        os.environ.update(ENV[name])
-        if vhost:
-            procs.append(start(["gateway", "--port", str(ports[name]), "--metrics-port", "0", "--log-level",
-                                "WARNING"], tmp / f"{name}.log", url))
-        else:
-            procs.append(start(["run", "--amqp", "memory://", "--port", str(ports[name]), "--metrics-port", "0",
-                                *plugins], tmp / f"{name}.log"))
-        for key in ENV[name]:
-            os.environ.pop(key)
-    p50: dict[str, list[float]] = {n: [] for n in names}
-    rate: dict[str, list[float]] = {n: [] for n in names}
-    cpu: dict[str, list[float]] = {n: [] for n in names}  # gateway process CPU ms per call (sequential run)
-    gateway_pid = dict(zip(names, [p.pid for p in procs[-len(names):]]))
+        env["VMSCHED_AMQP_URL"] = url  # the broker password never in argv
+        plugins = ["--plugins", str(tmp / "plugins"), "--log-level", "WARNING"]
+        services = [subprocess.Popen([sys.executable, "-m", "vmsched.cli", service, *plugins], cwd=ROOT,
+                                     stdout=(tmp / f"{service}.log").open("ab"), stderr=subprocess.STDOUT,
+                                     start_new_session=True, env={**os.environ, **env})
+                    for service in ("scoring", "discovery")]
+    figures = {n: Figures() for n in names}
+    sides: dict[str, Side] = {}
     try:
-        for port in ports.values():
-            wait_ready(port)
         for i in range(opts.rounds):
+            if not sides:
+                sides = launch(names, opts, tmp, env, url)
             order = names[i % len(names):] + names[:i % len(names)]  # each side first in turn
             for name in order:
-                used = cpu_seconds(gateway_pid[name])
-                p50[name].append(pct(arun(sequential(ports[name], FILTER_BODY, opts.calls)), 0.50))
-                cpu[name].append(1000 * (cpu_seconds(gateway_pid[name]) - used) / (opts.calls + 50))  # + warm-up
+                measure(sides[name], opts, figures[name])
             for name in order:
-                done, elapsed = arun(concurrent(ports[name], [FILTER_BODY], opts.clients, opts.seconds))
-                rate[name].append(done / elapsed)
-            print(f"round {i + 1}: " + "; ".join(f"{n} p50 {p50[n][-1]:.3f} ms, {cpu[n][-1]:.3f} CPU ms/call, "
-                                                 f"{rate[n][-1]:.0f} req/s" for n in names), flush=True)
+                measure_load(sides[name], opts, figures[name])
+            print(f"round {i + 1}: " + "; ".join(
+                f"{n} p50 {f.p50[-1]:.3f} ms, CPU {f.cpu[-1]:.3f} ms/call (gc {f.gc[-1]:.3f}, {f.full[-1]} full), "
+                f"{f.rate[-1]:.0f} req/s ({f.load_cpu[-1]:.3f} CPU ms/call)" for n, f in figures.items()), flush=True)
+            if not opts.keep:
+                _stop([s.proc for s in sides.values()])
+                sides = {}
     finally:
-        for p in procs:
-            os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            p.wait(15)
+        _stop([s.proc for s in sides.values()] + services)
         if vhost:
             subprocess.run(["rabbitmqctl", "-q", "delete_vhost", vhost], capture_output=True)
+    report(figures, opts)
+
+
+def report(figures: dict[str, Figures], opts: argparse.Namespace) -> None:
     try:
         load = " (load average %.1f %.1f %.1f at the end)" % os.getloadavg()
     except OSError:
         load = ""
-    print(f"\nrunFilters ({opts.mode}), {opts.rounds} interleaved rounds; {os.cpu_count()} CPUs, load generator "
-          f"included{load}:")
-    for n in names:
-        print(f"  {n:5}  sequential p50 median {statistics.median(p50[n]):.3f} ms "
-              f"(rounds {min(p50[n]):.3f}-{max(p50[n]):.3f}); gateway CPU {statistics.median(cpu[n]):.3f} ms/call "
-              f"(rounds {min(cpu[n]):.3f}-{max(cpu[n]):.3f}); {opts.clients} clients median "
-              f"{statistics.median(rate[n]):.0f} req/s (rounds {min(rate[n]):.0f}-{max(rate[n]):.0f})")
-    base_p50, base_rate = p50["off"], rate["off"]
-    for n in names:
+    how = "the same processes every round" if opts.keep else "fresh processes every round"
+    print(f"\nrunFilters ({opts.mode}), {opts.rounds} interleaved rounds, {how}, PYTHONHASHSEED {opts.hashseed}; "
+          f"{os.cpu_count()} CPUs, load generator included{load}:")
+    med = statistics.median
+    for n, f in figures.items():
+        print(f"  {n:5}  sequential p50 {med(f.p50):.3f} ms ({min(f.p50):.3f}-{max(f.p50):.3f}); gateway CPU "
+              f"{med(f.cpu):.3f} ms/call ({min(f.cpu):.3f}-{max(f.cpu):.3f}), of it gc {med(f.gc):.3f}, "
+              f"{med(f.full)} full collections per run; {opts.clients} clients {med(f.rate):.0f} req/s "
+              f"({min(f.rate):.0f}-{max(f.rate):.0f}) at {med(f.load_cpu):.3f} CPU ms/call")
+    base = figures["off"]
+    for n, f in figures.items():
         if n == "off":
             continue
-        slower = [100 * (a / b - 1) for a, b in zip(p50[n], base_p50)]  # + : the log makes a call slower
-        fewer = [100 * (b / a - 1) for a, b in zip(rate[n], base_rate)]  # + : the log costs throughput
-        more = [100 * (a / b - 1) for a, b in zip(cpu[n], cpu["off"])]  # + : the log costs CPU per call
+        rows = {
+            "sequential p50": [100 * (a / b - 1) for a, b in zip(f.p50, base.p50)],  # + : the log makes a call slower
+            "gateway CPU/call": [100 * (a / b - 1) for a, b in zip(f.cpu, base.cpu)],  # + : the log costs CPU
+            f"{opts.clients}-client rate": [100 * (b / a - 1) for a, b in zip(f.rate, base.rate)],  # + : costs rate
+            f"CPU/call, {opts.clients} clients": [100 * (a / b - 1) for a, b in zip(f.load_cpu, base.load_cpu)],
+        }
         print(f"  cost of '{n}' vs 'off', median of the per-round ratios (spread):")
-        print(f"    sequential p50    {statistics.median(slower):+.1f} %  ({_spread(slower)})")
-        print(f"    gateway CPU/call  {statistics.median(more):+.1f} %  ({_spread(more)})")
-        print(f"    {opts.clients}-client rate   {statistics.median(fewer):+.1f} %  ({_spread(fewer)})")
+        for what, values in rows.items():
+            print(f"    {what:20} {med(values):+.1f} %  ({_spread(values)})")
+        if opts.gc:
+            extra = [1000 * (a - b) for a, b in zip(f.gc, base.gc)]
+            print(f"    collector CPU/call   {med(extra):+.1f} us more than 'off' ({min(extra):+.1f} .. {max(extra):+.1f})")
 
 
 if __name__ == "__main__":

@@ -49,21 +49,24 @@ def gateway_label(configured: str = "") -> str:
 
 
 class Entry:
-    """One decision in the ring: its record, or the decision's parts, built into the record when first read."""
+    """One decision in the ring: its record, or its compact parts, built into the record when first read."""
 
     __slots__ = ("id", "op", "time", "_record", "_parts")
 
     def __init__(self, record_id: str, op: str, at: float, record: dict[str, Any] | None = None,
-                 parts: dict[str, Any] | None = None) -> None:
+                 parts: tuple[Any, ...] | None = None) -> None:
         self.id, self.op, self.time = record_id, op, at
-        self._record, self._parts = record, parts
+        self._record, self._parts = record, parts  # (compact parts, bus failed, gateway, duration, facts age)
 
     def record(self) -> dict[str, Any] | None:
         if self._record is None and self._parts is not None:
             with _BUILDING:  # the loop (API, console) and the output thread may both ask
                 if self._record is None and self._parts is not None:
                     try:
-                        self._record = decisions.build(**self._parts)
+                        parts, bus_failed, gateway, duration, facts_age = self._parts
+                        self._record = decisions.build_compact(parts, bus_failed=bus_failed, gateway=gateway,
+                                                               duration=duration, facts_age=facts_age, at=self.time,
+                                                               record_id=self.id)
                     except Exception:  # noqa: BLE001 - the log must never take the gateway down
                         log.exception("recording a %s decision failed", self.op)
                     self._parts = None
@@ -157,11 +160,18 @@ class DecisionLog:
 
     # --- the request path -------------------------------------------------------------------------
     def submit(self, op: str, req: Any, decision: Any, outcomes: Any, bus_failed: bool, duration: float) -> None:
-        """Keep the decision's parts; on the event loop, they are ringed with the others every PAUSE s."""
+        """Keep the decision in its compact form (the request's objects die with it); on the event loop, the waiting
+        ones are ringed every PAUSE s."""
         if len(self._pending) >= MAX_PENDING:  # never let the backlog grow unbounded
             self.skipped += 1
             return
-        self._pending.append((op, req, decision, outcomes, bus_failed, duration, time.time()))
+        try:
+            parts = decisions.compact(op, req, decision, outcomes)
+        except Exception:  # noqa: BLE001 - the log must never fail a scheduling request
+            log.exception("keeping a %s decision failed", op)
+            self.skipped += 1
+            return
+        self._pending.append((parts, bus_failed, duration, time.time()))
         if self._timer is None:
             try:
                 self._timer = asyncio.get_running_loop().call_later(PAUSE, self.record_pending)
@@ -176,12 +186,11 @@ class DecisionLog:
         facts_known = self.facts is not None and bool(self.facts.hosts())
         batch = []
         while self._pending:
-            op, req, decision, outcomes, bus_failed, duration, at = self._pending.popleft()
+            parts, bus_failed, duration, at = self._pending.popleft()
             record_id = decisions.new_id()
-            parts = {"op": op, "req": req, "decision": decision, "outcomes": _without_stderr(outcomes),
-                     "bus_failed": bus_failed, "gateway": self.gateway, "duration": duration, "at": at,
-                     "facts_age": self._ages(req) if facts_known else {}, "record_id": record_id}
-            entry = Entry(record_id, op, at, parts=parts)
+            ages = self._ages(parts[2]) if facts_known else {}
+            entry = Entry(record_id, parts[0], at, parts=(parts, bus_failed, self.gateway, duration, ages))  # a tuple
+            # of atoms (and a dict of floats): the collector stops tracking it; only the Entry stays tracked
             self.ring.add_entry(entry)
             batch.append(entry)
         if batch and self._thread is not None:
@@ -262,13 +271,13 @@ class DecisionLog:
                                      for r in item))
             sys.stdout.flush()
 
-    def _ages(self, req: Any) -> dict[str, float]:
+    def _ages(self, hosts: tuple[str, ...]) -> dict[str, float]:
         """Seconds since each host's facts were collected; a host without facts is left out."""
         if self.facts is None:
             return {}
         now = time.time()
         ages: dict[str, float] = {}
-        for host in getattr(req, "hosts", []):
+        for host in hosts:
             entry, _ = self.facts.resolve(host)
             if entry is not None:
                 ages[host] = round(self.facts.age(entry, now), 3)
@@ -287,10 +296,3 @@ def _filters(given: dict[str, Any]) -> dict[str, Any]:
 
 def _found(records: list[dict[str, Any]], gathered: Gathered) -> Found:
     return Found(records, gathered.answered, gathered.missing, gathered.truncated)
-
-
-def _without_stderr(outcomes: Any) -> Any:
-    """The outcomes as the record needs them: a unit's stderr (up to --max-output) is not kept while waiting."""
-    if isinstance(outcomes, list):
-        return [o.model_copy(update={"stderr": ""}) if o.stderr else o for o in outcomes]
-    return outcomes.model_copy(update={"stderr": ""}) if outcomes is not None and outcomes.stderr else outcomes

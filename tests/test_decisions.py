@@ -194,9 +194,9 @@ def test_records_are_built_in_batches_on_the_loop_and_the_backlog_is_bounded(
 
 
 def test_a_record_is_built_when_first_read_and_without_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
-    built: list[dict[str, Any]] = []
+    built: list[tuple[Any, ...]] = []
     real = decisions.build
-    monkeypatch.setattr(decisions, "build", lambda *a, **kw: built.append(kw) or real(*a, **kw))
+    monkeypatch.setattr(decisions, "build", lambda *a, **kw: built.append(a) or real(*a, **kw))
     log = DecisionLog(10, "gw-a")  # no stdout, no bus: nothing needs the record before a reader
     log.start()
     outcomes = [FilterOutcome(unit="A", ok=True, hosts=H[:1], stderr="x" * 100_000)]
@@ -210,9 +210,43 @@ def test_a_record_is_built_when_first_read_and_without_stderr(monkeypatch: pytes
     assert len(log.ring) == 1 and built == []
     (record,) = log.ring.recent()
     assert log.ring.recent() == [record] and log.ring.get(record["id"]) is record and len(built) == 1  # once
-    assert built[0]["outcomes"][0].stderr == "" and outcomes[0].stderr  # the waiting copy dropped it
+    assert "x" * 100 not in repr(built[0]) and outcomes[0].stderr  # the kept form has no stderr
     assert record["units"][0]["dropped"] == [H[1]]
     log.stop()
+
+
+def test_the_kept_form_holds_no_object_of_the_request() -> None:
+    """Tuples of strings and numbers only: the request's objects die with it, and the collector drops the rest."""
+    outcomes = [FilterOutcome(unit="A", ok=True, hosts=H[:3], reasons={H[3]: "why"}, error=None),
+                FilterOutcome(unit="B", ok=False, error="boom", timed_out=True)]
+    req = FilterRequest(units=["A", "B"], hosts=H[:4], vm=VM)
+    decision = filter_decision(H[:4], outcomes)
+    kept = decisions.compact("filter", req, decision, outcomes)
+
+    def atoms_only(value: Any) -> bool:
+        if isinstance(value, tuple):
+            return all(atoms_only(v) for v in value)
+        return value is None or isinstance(value, (str, int, float, bool))
+
+    assert atoms_only(kept)
+    again = decisions.build_compact(kept, bus_failed=False, gateway="gw-a", duration=0.01, at=1.0, record_id="1" * 32)
+    direct = decisions.build("filter", req, decision, outcomes, bus_failed=False, gateway="gw-a", duration=0.01,
+                             at=1.0, record_id="1" * 32)
+    assert again == direct and again["plugin_errors"]["B"] and again["units"][0]["reasons"] == {H[3]: "why"}
+    scores = [ScoreOutcome(unit="S", ok=True, factor=2, scores=[(H[0], 1.5), (H[1], 0.5)], reasons={H[0]: "r"})]
+    sreq = ScoreRequest.model_validate({"units": [{"name": "S", "factor": 2}], "hosts": H[:2], "vm": VM})
+    sdec = score_decision(H[:2], scores)
+    assert atoms_only(decisions.compact("score", sreq, sdec, scores))
+    assert decisions.build_compact(decisions.compact("score", sreq, sdec, scores), bus_failed=False, gateway="g",
+                                   duration=0.0, at=1.0, record_id="2" * 32) == decisions.build(
+        "score", sreq, sdec, scores, bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="2" * 32)
+    balance = BalanceOutcome(unit="Bal", ok=True, vm=VM, hosts=H[:2], reason="busy")
+    breq = BalanceRequest.model_validate({"unit": "Bal", "hosts": H[:3]})
+    bdec = balance_decision(H[:3], balance)
+    assert atoms_only(decisions.compact("balance", breq, bdec, balance))
+    assert decisions.build_compact(decisions.compact("balance", breq, bdec, balance), bus_failed=False, gateway="g",
+                                   duration=0.0, at=1.0, record_id="3" * 32) == decisions.build(
+        "balance", breq, bdec, balance, bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="3" * 32)
 
 
 def test_facts_age_of_the_hosts_with_facts() -> None:
