@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import pytest
@@ -87,16 +87,26 @@ class Process:
                                  f"{self.log.read_text(errors='replace')[-3000:]}")
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
+        stop_group(self.popen)
 
 
-def wait_http(url: str, proc: Process, timeout: float = 60.0, status: int = 200) -> httpx.Response:
+class Alive(Protocol):
+    def check_alive(self) -> None:
+        """Raise AssertionError, with the process's output, if it has exited."""
+
+
+def stop_group(popen: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process group of a process started in its own session; SIGKILL after 15 s."""
+    if popen.poll() is None:
+        os.killpg(popen.pid, signal.SIGTERM)
+        try:
+            popen.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait(5)
+
+
+def wait_http(url: str, proc: Alive, timeout: float = 60.0, status: int = 200) -> httpx.Response:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:

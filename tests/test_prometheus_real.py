@@ -28,8 +28,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import wait_until
 from tests.test_alert_rules import ROOT, RULES, prometheus_tool
-from tests.test_deploy_metrics import Process, dashboard_queries, free_port, wait_http
+from tests.test_deploy_metrics import Process, dashboard_queries, free_port, stop_group, wait_http
 
 pytestmark = pytest.mark.slow
 
@@ -48,18 +49,15 @@ class Prometheus:
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
             stdout=self.log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
+    def check_alive(self) -> None:
+        if self.popen.poll() is not None:
+            raise AssertionError(f"prometheus exited:\n{self.log.read_text()[-3000:]}")
+
     def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise AssertionError(f"prometheus exited:\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"prometheus not ready after {timeout} s:\n{self.log.read_text()[-3000:]}")
+        try:
+            wait_http(f"{self.url}/-/ready", self, timeout)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.log.read_text()[-3000:]}") from None
 
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         params = {"query": expr, **({"time": str(at)} if at is not None else {})}
@@ -69,22 +67,12 @@ class Prometheus:
         return body["data"]["result"]
 
     def wait_for(self, expr: str, what: str, timeout: float = 60) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            result = self.query(expr)
-            if result:
-                return result
-            time.sleep(0.5)
-        raise AssertionError(f"{what}: {expr} returned nothing for {timeout} s")
+        """The first non-empty result of ``expr``, queried every 0.5 s for at most ``timeout`` s."""
+        result: list[dict[str, Any]] = wait_until(lambda: self.query(expr), timeout, 0.5, f"{what}: {expr}")
+        return result
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
+        stop_group(self.popen)
 
 
 @pytest.fixture(scope="module")
@@ -232,18 +220,21 @@ def freeze_then_kill(prom: Prometheus, popen: subprocess.Popen[bytes], component
         samples = _samples(prom, selector, frozen_at)
         first_down = next(i for i, (_, value) in enumerate(samples) if value == 0)
         assert first_down <= 1, f"up fell at scrape {first_down + 1} after the freeze: {samples}"
-        assert _components(prom, down_expr) == [component], f"only {component} is down"
+        down = _components(prom, down_expr)
+        assert down == [component], f"only {component} is down: {down}"
         os.kill(popen.pid, signal.SIGKILL)
         popen.wait(10)
     finally:
         if popen.poll() is None:
             os.kill(popen.pid, signal.SIGCONT)
     killed_at = time.time()
-    deadline = time.monotonic() + bound
-    while len(_samples(prom, selector, killed_at)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.3)
-    after_kill = _samples(prom, selector, killed_at)
-    assert len(after_kill) >= 2 and all(value == 0 for _, value in after_kill), after_kill
+
+    def two_scrapes() -> list[tuple[float, float]]:
+        after = _samples(prom, selector, killed_at)
+        return after if len(after) >= 2 else []
+
+    after_kill = wait_until(two_scrapes, bound, 0.3, f"two scrapes of {component} after the kill")
+    assert all(value == 0 for _, value in after_kill), after_kill
     assert _components(prom, down_expr) == [component], "still down once killed"
 
 

@@ -163,13 +163,10 @@ def _gateway_count(services: dict[str, Any]) -> tuple[float, float]:
 
 def _scrape_after(prom: Prometheus, since: float, timeout: float = 30) -> float:
     """The time of the gateway's first successful scrape that started after ``since``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        later = [t for t, value in _samples(prom, 'up{component="gateway"}', since) if value == 1]
-        if later:
-            return later[0]
-        time.sleep(0.3)
-    raise AssertionError(f"no gateway scrape after {since} in {timeout} s")
+    def later() -> list[float]:
+        return [t for t, value in _samples(prom, 'up{component="gateway"}', since) if value == 1]
+
+    return float(wait_until(later, timeout, 0.3, f"a gateway scrape after {since}")[0])
 
 
 @pytest.fixture(scope="module")
