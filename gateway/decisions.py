@@ -220,8 +220,8 @@ def compact(op: str, req: Any, decision: Decision, outcomes: Any) -> Compact:
     else:
         frozen = result
     errors = tuple((unit, tuple(texts)) for unit, texts in decision.plugin_errors.items())
-    return (op, getattr(req, "vm", ""), tuple(getattr(req, "hosts", ())), getattr(req, "unit", ""), units, frozen,
-            errors, tuple(decision.errors))
+    unit = req.unit if op == "balance" else ""  # getattr(req, "unit", "") on another request: pydantic raises, 10 us
+    return (op, req.vm if op != "balance" else "", tuple(req.hosts), unit, units, frozen, errors, tuple(decision.errors))
 
 
 def _compact_unit(o: Any) -> tuple[Any, ...]:
