@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import AUTH, TEST_TOKEN, wait_until
 from tests.test_alert_rules import ROOT, RULES, prometheus_tool
 from tests.test_deploy_metrics import Process, dashboard_queries, free_port, stop_group, wait_http
 
@@ -77,8 +77,6 @@ class Prometheus:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, test_tokens_file: Path) -> Iterator[dict[str, Any]]:
-    from tests.conftest import AUTH, TEST_TOKEN
-
     binary = prometheus_tool("prometheus")
     work = tmp_path_factory.mktemp("prometheus-real")
     api, ports = free_port(), {name: free_port() for name in ("gateway", "scoring", "agent")}
@@ -92,12 +90,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, test_tokens_file: Path) -> I
                           "--lock-dir", str(work / "lock"), "--socket", str(work / "agent.sock"), "--dedicated-pool",
                           "4-7", "--metrics-port", str(ports["agent"])], work / "agent.log"),
     }
-    token = work / "read.token"
-    token.write_text(TEST_TOKEN)
-    token.chmod(0o600)
-    agents = work / "agents"
-    agents.mkdir()
-    (agents / "local.yml").write_text(f'- targets: ["127.0.0.1:{ports["agent"]}"]\n')
+    token, agents = scrape_files(work, ports["agent"])
     gateway_config = _config("--target", f"gateway=127.0.0.1:{ports['gateway']}", "--token-file", str(token))
     rest = _config("--target", f"scoring=127.0.0.1:{ports['scoring']}", "--agents-dir", str(agents))
     # one file: the gateway's job (token) and the others (no --metrics-auth on them); rules: the shipped file
@@ -115,6 +108,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory, test_tokens_file: Path) -> I
         prom.stop()
         for proc in procs.values():
             proc.stop()
+
+
+def scrape_files(work: Path, agent_port: int) -> tuple[Path, Path]:
+    """The read token's file (mode 0600, for --token-file) and an agents folder naming one agent (--agents-dir)."""
+    token = work / "read.token"
+    token.write_text(TEST_TOKEN)
+    token.chmod(0o600)
+    agents = work / "agents"
+    agents.mkdir()
+    (agents / "local.yml").write_text(f'- targets: ["127.0.0.1:{agent_port}"]\n')
+    return token, agents
 
 
 def _config(*args: str) -> str:

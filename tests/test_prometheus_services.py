@@ -35,10 +35,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import AUTH, ROOT, TEST_PLUGINS, TEST_TOKEN, Proc, bus_args, free_port, wait_until
+from tests.conftest import AUTH, ROOT, TEST_PLUGINS, Proc, bus_args, free_port, wait_until
 from tests.test_alert_rules import alerts, prometheus_tool
 from tests.test_deploy_metrics import dashboard_queries
-from tests.test_prometheus_real import Prometheus, _config, _samples, freeze_then_kill
+from tests.test_prometheus_real import Prometheus, _config, _samples, freeze_then_kill, scrape_files
 from tests.tls_certs import make_certs
 
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
@@ -82,12 +82,7 @@ def services(tmp_path_factory: pytest.TempPathFactory, rabbit_vhost: str, test_t
                            "--metrics-port", str(ports["agent"]), "--metrics-tokens-file", str(test_tokens_file),
                            *tls],
                           work / "agent.log", env=env).start()
-    token = work / "read.token"
-    token.write_text(TEST_TOKEN)
-    token.chmod(0o600)
-    agents = work / "agents"
-    agents.mkdir()
-    (agents / "local.yml").write_text(f'- targets: ["127.0.0.1:{ports["agent"]}"]\n')
+    token, agents = scrape_files(work, ports["agent"])
     config = work / "prometheus.yml"
     config.write_text(_config(*(a for name in SERVICES for a in ("--target", f"{name}=127.0.0.1:{ports[name]}")),
                               "--agents-dir", str(agents), "--token-file", str(token), "--ca-file", str(certs.ca)))
