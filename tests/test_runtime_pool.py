@@ -230,6 +230,7 @@ def test_hanging_plugin_times_out_and_its_worker_is_replaced(plugins: Path, make
     assert fine.ok
     assert restarts(pool, "timeout") == before + 1
     wait_until(lambda: full(pool))
+    pool.bundle_seconds = 0  # each unit on a worker of its own: both workers serve
     pids = {result.value[0] for result in pool.run([call("slow"), call("slow")])}
     assert len(pids) == 2
 

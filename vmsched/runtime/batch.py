@@ -76,6 +76,11 @@ class Job:
     def done(self) -> bool:
         return self.reply is not None or self.error is not None
 
+    @property
+    def blamed(self) -> str:
+        """The label of what failed (a batch: the unit that overran)."""
+        return self.label
+
     def frame_for(self, worker: Worker) -> bytes:
         """The frame to send ``worker`` (a call with host facts sends each worker what it lacks)."""
         return self.frame
@@ -84,6 +89,36 @@ class Job:
         self.error = error
         self.timed_out = timed_out
         self.duration = now - (self.started or self.created)
+
+    def begin(self, worker: Worker, now: float) -> None:
+        """The frame goes to ``worker`` now: its time budget starts (``end``: when to check it next)."""
+        self.started = now
+        self.end = min(now + self.budget, self.hard_end)
+
+    def overran(self, worker: Worker, now: float) -> bool:
+        """Called once ``end`` passed: fails the job and returns True if its worker must be killed."""
+        if self.end > now:
+            return False
+        error = f"timed out after {_seconds(self.end - self.started)} s"
+        if self.hard_end < self.started + self.budget:
+            error += " (request deadline)"
+        self.fail(error, now, timed_out=True)
+        return True
+
+    def accept(self, worker: Worker, reply: dict[str, Any], now: float) -> bool:
+        """The worker's reply; False if it is not a reply to this frame (the worker is then killed)."""
+        self.reply = reply
+        self.duration = now - self.started
+        return True
+
+    def died(self, worker: Worker, error: str, now: float) -> str:
+        """The worker died (or broke the protocol) under this job: fail it; the label to blame."""
+        self.fail(error, now)
+        return self.label
+
+    def leftovers(self, now: float) -> list[Job]:
+        """After a kill or a death: jobs to run again on another worker (a batch's innocent units)."""
+        return []
 
 
 class Waiter:
@@ -165,9 +200,7 @@ class Batch:
         return self._pool.checkout(self._waiter, len(self._pending))
 
     def _start(self, worker: Worker, job: Job) -> None:
-        now = time.monotonic()
-        job.started = now
-        job.end = min(now + job.budget, job.hard_end)
+        job.begin(worker, time.monotonic())
         try:
             worker.send(job.frame_for(worker))
         except OSError:  # it died while idle: the job never ran, try another worker
@@ -210,14 +243,22 @@ class Batch:
                 error = f"plugin worker {exc}; it was killed"
             else:
                 error = death_message(code, self._pool.limits)
-            job.fail(error, time.monotonic())
-            self._pool.replace(worker, "crash", f"{job.label}: {error}")
+            now = time.monotonic()
+            blamed = job.died(worker, error, now)
+            self._pending.extend(job.leftovers(now))
+            self._pool.replace(worker, "crash", f"{blamed}: {error}")
             return
-        if reply is not None:
-            job.reply = reply
-            job.duration = time.monotonic() - job.started
-            self._forget(worker)
+        if reply is None:
+            return
+        self._forget(worker)
+        now = time.monotonic()
+        if job.accept(worker, reply, now):
             self._pool.release(worker)
+            return
+        worker.kill()
+        blamed = job.died(worker, "plugin worker sent a reply that does not match its request; it was killed", now)
+        self._pending.extend(job.leftovers(now))
+        self._pool.replace(worker, "crash", f"{blamed}: mismatched reply")
 
     def _expire_pending(self, now: float) -> None:
         expired = [job for job in self._pending if job.wait_until <= now]
@@ -229,11 +270,11 @@ class Batch:
 
     def _expire_running(self, now: float) -> None:
         for worker, job in list(self._running.values()):
-            if job.end <= now:
-                error = f"timed out after {_seconds(job.end - job.started)} s"
-                if job.hard_end < job.started + job.budget:
-                    error += " (request deadline)"
-                self._abandon(worker, job, "timeout", error, timed_out=True)
+            if job.end <= now and job.overran(worker, now):
+                self._forget(worker)
+                worker.kill()
+                self._pending.extend(job.leftovers(now))
+                self._pool.replace(worker, "timeout", f"{job.blamed}: {job.error}")
 
     def _abandon(self, worker: Worker, job: Job, reason: str, error: str, timed_out: bool) -> None:
         self._forget(worker)

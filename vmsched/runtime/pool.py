@@ -32,8 +32,10 @@ from pathlib import Path
 from vmsched.metrics import PLUGIN_CONFINEMENT, PLUGIN_WORKER_RESTARTS
 from vmsched.runtime.batch import Batch, Job, PoolClosed, Waiter
 from vmsched.runtime.drain import OutputDrain
-from vmsched.runtime.facts_wire import CallFacts, FactsJob, FactsWire
+from vmsched.runtime.bundle import Bundle, Unit
+from vmsched.runtime.facts_wire import CallFacts, FactsWire
 from vmsched.runtime.process import Worker, WorkerGone
+from vmsched.runtime.progress import Progress
 from vmsched.runtime.protocol import _ENCODER, encode_frame
 from vmsched.runtime.sandbox import FEATURES, make_non_dumpable
 from vmsched.runtime.types import Analysis, AnalyzedUnit, Call, CallResult, Confinement, Limits
@@ -44,6 +46,9 @@ READY_TIMEOUT = 30.0  # seconds a new worker may take to start
 #: The only environment variables a worker inherits (plus Confinement.env): never a credential.
 ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "PYTHONIOENCODING", "PYTHONUTF8")
 _REASONS = ("timeout", "crash", "recycle")
+#: The units of a request share one worker while their expected run time together stays under this
+#: (seconds); a slower unit gets a worker of its own, so slow units still run in parallel. 0: every unit alone.
+BUNDLE_SECONDS = 0.002
 _INF = math.inf
 
 
@@ -62,6 +67,7 @@ class PluginPool:
         name: str = "pool",
         max_calls: int = 10000,
         confinement: Confinement = Confinement(),
+        bundle_seconds: float = BUNDLE_SECONDS,
     ) -> None:
         if size < 1:
             raise ValueError("size must be at least 1")
@@ -71,6 +77,8 @@ class PluginPool:
         self.name = name
         self.max_calls = max_calls
         self.confinement = confinement
+        self.bundle_seconds = bundle_seconds
+        self._cost: dict[str, float] = {}  # unit label -> mean run time (s), for bundling
         #: feature -> "on (...)" / "off: why", as the last worker that started reported it
         self.sandbox: dict[str, str] = {}
         self._drain: OutputDrain | None = None
@@ -149,13 +157,16 @@ class PluginPool:
 
     # -- requests
     def run(self, calls: Sequence[Call], deadline: float | None = None) -> list[CallResult]:
-        """Run ``calls`` in parallel; results in input order. Thread-safe."""
+        """Run ``calls`` (the units of one request); results in input order. Thread-safe.
+
+        Cheap units travel together: one frame to one worker and one frame back (``bundles``).
+        """
         self._check_started()
         now = time.monotonic()
         hard_end = _INF if deadline is None else now + (deadline - time.time())
-        jobs = [self._call_job(call, now, hard_end) for call in calls]
-        Batch(self, jobs).run()
-        return [self._call_result(job) for job in jobs]
+        units = self._units(calls, now, hard_end)
+        Batch(self, self._bundles([u for u in units if not u.done], now)).run()
+        return [self._unit_result(unit) for unit in units]
 
     def analyze(self, path: Path, timeout: float = 10.0) -> Analysis:
         """List the units of a plugin file, importing it fresh in a worker.
@@ -200,39 +211,59 @@ class PluginPool:
         if not self._started:
             raise RuntimeError(f"plugin pool {self.name} is not started")
 
-    def _call_job(self, call: Call, now: float, hard_end: float) -> Job:
-        label = f"{call.plugin}.{call.cls}.{call.method}"
-        wait_until = hard_end if hard_end < _INF else now + call.timeout
-        job = Job(b"", label, call.timeout, wait_until, hard_end, now)
-        message = {"op": "call", "plugin": call.plugin, "cls": call.cls, "method": call.method, "args": list(call.args)}
-        if isinstance(call.facts, CallFacts):  # each worker gets the facts it lacks (vmsched.runtime.facts_wire)
+    def _units(self, calls: Sequence[Call], now: float, hard_end: float) -> list[Unit]:
+        units: list[Unit] = []
+        args_json: dict[int, str] = {}  # the units of a request share their arguments: encoded once
+        for call in calls:
+            label = f"{call.plugin}.{call.cls}.{call.method}"
+            wait_until = hard_end if hard_end < _INF else now + call.timeout
+            held = isinstance(call.facts, CallFacts)  # each worker gets the facts it lacks (runtime.facts_wire)
+            unit = Unit("", label, call.timeout, wait_until, hard_end, call.facts if held else None)
+            units.append(unit)
             try:
-                job = FactsJob(job, _ENCODER.encode(message)[:-1], call.facts, self._wire)
+                args = args_json.get(id(call.args))
+                if args is None:
+                    args = args_json[id(call.args)] = _ENCODER.encode(list(call.args))
+                head = _ENCODER.encode({"plugin": call.plugin, "cls": call.cls, "method": call.method})[:-1]
+                unit.head = f'{head},"args":{args}'
+                if call.facts is not None and not held:  # host facts in full (vmsched.plugin.facts)
+                    unit.head += ',"facts":' + _ENCODER.encode(call.facts)
             except (TypeError, ValueError, RecursionError) as exc:
-                job.fail(f"arguments are not JSON-serializable: {exc}", now)
-        else:
-            if call.facts is not None:
-                message["facts"] = call.facts  # host facts for vmsched.plugin.facts in the worker, in full
-            try:
-                job.frame = encode_frame(message)
-            except (TypeError, ValueError, RecursionError) as exc:
-                job.fail(f"arguments are not JSON-serializable: {exc}", now)
-        if not job.done and wait_until <= now:
-            job.fail("the request deadline passed before the call could start", now, timed_out=True)
-        return job
+                unit.fail(f"arguments are not JSON-serializable: {exc}", now)
+                continue
+            if wait_until <= now:
+                unit.fail("the request deadline passed before the call could start", now, timed_out=True)
+        return units
 
-    @staticmethod
-    def _call_result(job: Job) -> CallResult:
-        if isinstance(job, FactsJob):
-            job.check_reply()
-        reply = job.reply
+    def _bundles(self, units: list[Unit], now: float) -> list[Bundle]:
+        """Units grouped for workers: together while their expected run time stays under ``bundle_seconds``."""
+        bundles: list[Bundle] = []
+        group: list[Unit] = []
+        load = 0.0
+        for unit in units:
+            cost = self._cost.get(unit.label, 0.0)
+            facts = next((u.facts for u in group if u.facts is not None), None)
+            clash = facts is not None and unit.facts is not None and unit.facts is not facts
+            if group and (load + cost > self.bundle_seconds or clash or self.bundle_seconds <= 0):
+                bundles.append(Bundle(group, self._wire, now, self._max_frame))
+                group, load = [], 0.0
+            group.append(unit)
+            load += cost
+        if group:
+            bundles.append(Bundle(group, self._wire, now, self._max_frame))
+        return bundles
+
+    def _unit_result(self, unit: Unit) -> CallResult:
+        reply = unit.reply
         if reply is None:
-            return CallResult(ok=False, error=job.error, timed_out=job.timed_out, duration=job.duration)
+            return CallResult(ok=False, error=unit.error, timed_out=unit.timed_out, duration=unit.duration)
+        previous = self._cost.get(unit.label)  # a rough mean of its run time (races only blur it)
+        self._cost[unit.label] = unit.duration if previous is None else previous + (unit.duration - previous) / 8
         stderr = reply.get("stderr") or ""
         if reply.get("ok"):
-            return CallResult(ok=True, value=reply.get("value"), duration=job.duration, stderr=stderr)
+            return CallResult(ok=True, value=reply.get("value"), duration=unit.duration, stderr=stderr)
         error = reply.get("error") or "unknown error"
-        return CallResult(ok=False, error=error, duration=job.duration, stderr=stderr)
+        return CallResult(ok=False, error=error, duration=unit.duration, stderr=stderr)
 
     # -- the WorkerLender protocol (vmsched.runtime.batch): lending workers to a Batch
     def checkout(self, waiter: Waiter, wanted: int) -> Worker | None:
@@ -326,8 +357,24 @@ class PluginPool:
 
     # -- processes
     def _spawn(self) -> Worker:
-        proc = subprocess.Popen(
-            self._command(),
+        progress = Progress.create()
+        try:
+            proc = self._popen(progress.fd)
+        except BaseException:
+            progress.close()
+            raise
+        worker = Worker(proc, self._max_frame, progress)
+        assert proc.stderr is not None and self._drain is not None
+        self._drain.add(proc.stderr.fileno())
+        with self._lock:
+            self._workers.add(worker)
+        if self.closed:  # close() may have missed it
+            worker.kill()
+        return worker
+
+    def _popen(self, progress_fd: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            self._command() + ["--progress-fd", str(progress_fd)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,  # fd 1 and 2 of the worker: drained, never our log
@@ -336,15 +383,8 @@ class PluginPool:
             bufsize=0,
             close_fds=True,
             process_group=0,  # so a kill also reaches what the plugin spawned
+            pass_fds=(progress_fd,),
         )
-        worker = Worker(proc, self._max_frame)
-        assert proc.stderr is not None and self._drain is not None
-        self._drain.add(proc.stderr.fileno())
-        with self._lock:
-            self._workers.add(worker)
-        if self.closed:  # close() may have missed it
-            worker.kill()
-        return worker
 
     def _await_ready(self, worker: Worker) -> None:
         try:

@@ -14,6 +14,7 @@ import subprocess
 import time
 from typing import Any
 
+from vmsched.runtime.progress import Progress
 from vmsched.runtime.protocol import HEADER, write_all
 from vmsched.runtime.types import Limits
 
@@ -29,7 +30,7 @@ class WorkerGone(Exception):
 class Worker:
     """One worker process and the pool's ends of its two pipes."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], max_frame: int) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], max_frame: int, progress: Progress | None = None) -> None:
         assert proc.stdin is not None and proc.stdout is not None
         self.proc = proc
         self.pid = proc.pid
@@ -37,7 +38,9 @@ class Worker:
         self.read_fd = proc.stdout.fileno()
         self.calls = 0
         self.tmp_dir = ""  # its private temporary directory (from its ready message)
-        self._max_frame = max_frame
+        self.max_frame = max_frame  # largest reply frame accepted (a batch of units raises it)
+        self.progress = progress  # the progress page it shares with the pool (vmsched.runtime.progress)
+        self.idle_since = 0.0  # monotonic time it last went idle (the pool shrinks the longest idle)
         self._buffer = bytearray()
 
     def send(self, frame: bytes) -> None:
@@ -52,7 +55,7 @@ class Worker:
         if len(self._buffer) < HEADER.size:
             return None
         (size,) = HEADER.unpack_from(self._buffer)
-        if size > self._max_frame:
+        if size > self.max_frame:
             raise WorkerGone(f"sent a {size}-byte frame")
         end = HEADER.size + size
         if len(self._buffer) < end:
@@ -124,6 +127,9 @@ class Worker:
         for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
 
 
 def descendants(pid: int) -> list[int]:

@@ -26,6 +26,16 @@ def encode_frame(message: dict[str, Any]) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
+def encode_json(message: dict[str, Any]) -> bytes:
+    """Compact JSON of ``message``, without a frame header (a part of a batch reply)."""
+    return _ENCODER.encode(message).encode()
+
+
+def encode_frame_bytes(payload: bytes) -> bytes:
+    """One protocol frame around ``payload`` (JSON text already encoded)."""
+    return HEADER.pack(len(payload)) + payload
+
+
 def write_all(fd: int, data: bytes) -> None:
     """Write ``data`` completely (a pipe may accept a large frame in pieces)."""
     view = memoryview(data)

@@ -10,23 +10,25 @@ protocol pipes are moved to private descriptors and fd 0/1 are pointed at
 
 Requests (one at a time, each answered by exactly one reply):
 
-- ``{"op": "call", "plugin", "cls", "method", "args"}`` ->
-  ``{"ok": true, "value", "stderr"}`` or ``{"ok": false, "error", "stderr"}``
+- ``{"op": "batch", "calls": [{"plugin", "cls", "method", "args", "held"?, "facts"?}, ...], "facts"?}`` ->
+  ``{"replies": [{"ok": true, "value", "stderr", "t"} or {"ok": false, "error", "stderr", "t"}, ...]}``:
+  the units of one request that the pool gave this worker, run one after the other, each with its own
+  stdout capture, CPU limit and clean-up; ``t`` is the unit's run time in seconds. Before each unit the
+  worker writes its index and start time to the progress page (:mod:`vmsched.runtime.progress`), so that
+  the pool can tell which unit overran its budget or crashed the worker. ``facts`` (the held form of
+  :mod:`vmsched.runtime.facts_wire`) is installed once, for the calls marked ``held``;
+- ``{"op": "call", "plugin", "cls", "method", "args"}`` -> one reply as above (without ``t``);
 - ``{"op": "analyze", "path"}`` -> ``{"ok": true, "units": [...]}`` or an error
 - ``{"op": "warm", "plugins": [...]}`` -> ``{"ok": true, "loaded": [...]}``
 
-This module imports only the standard library (and the stdlib-only protocol,
-capture and contract modules of this package): it must start fast and must not drag
-the service's dependencies into the plugins' interpreter.
+This module imports only the standard library (and the stdlib-only modules of this package): it must
+start fast and must not drag the service's dependencies into the plugins' interpreter.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import faulthandler
-import importlib.util
-import inspect
 import json
 import math
 import os
@@ -35,225 +37,65 @@ import select
 import signal
 import sys
 import threading
+import time
 import traceback
-from types import ModuleType
 from typing import Any
 
-from vmsched.runtime import children, sandbox
+from vmsched.runtime import children, sandbox, worker_errors
 from vmsched.runtime.capture import Capture, OutputLimitExceeded, _Redirect
-from vmsched.runtime.contract import KINDS
-from vmsched.runtime.protocol import Channel, encode_frame
+from vmsched.runtime.progress import Progress
+from vmsched.runtime.protocol import Channel, encode_frame, encode_frame_bytes, encode_json
+from vmsched.runtime.worker_errors import PluginError, describe_exception, parse_output
+from vmsched.runtime.worker_modules import Modules, list_units, reads_facts
 from vmsched.plugin import _held as held_facts
 
-_MAX_MESSAGE = 2000  # characters of an exception message kept in an error
-
-
-# --- results ------------------------------------------------------------------
-
-
-class PluginError(Exception):
-    """A call cannot run: missing file, class or method, or an import failure."""
-
-
-def parse_output(text: str) -> Any:
-    """The value an old-style plugin printed, as a Python literal."""
-    text = text.strip()
-    if not text:
-        raise PluginError("no result: the method returned None and printed nothing")
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        pass
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if len(lines) > 1:
-        try:
-            return ast.literal_eval(lines[-1])
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            pass
-    shown = text if len(text) <= 200 else text[:200] + "..."
-    raise PluginError(f"could not parse output as a Python literal: {shown!r}")
-
-
-def describe_exception(exc: BaseException, plugins_dir: str) -> str:
-    """``Type: message (file.py, line N, in func)`` with the plugin's last frame."""
-    if isinstance(exc, SystemExit):
-        return f"plugin called sys.exit({exc.code!r})"
-    kind = type(exc).__qualname__
-    if type(exc).__module__ not in ("builtins", "__main__"):
-        kind = f"{type(exc).__module__}.{kind}"
-    try:
-        message = str(exc)
-    except Exception:  # a broken __str__ must not hide the error
-        message = "<unprintable message>"
-    if len(message) > _MAX_MESSAGE:
-        message = message[:_MAX_MESSAGE] + "..."
-    text = f"{kind}: {message}" if message else kind
-    frame = _last_plugin_frame(exc, plugins_dir)
-    if frame is not None:
-        where = os.path.relpath(frame.filename, plugins_dir)
-        text += f" ({where}, line {frame.lineno}, in {frame.name})"
-    if NETWORK_OFF and _refused_socket(exc):
-        text += f" [{NETWORK_HINT}]"
-    return text
-
-
-#: Set by main() when the sandbox refuses network sockets.
-NETWORK_OFF = False
-NETWORK_HINT = (
-    "network access is off for plugins; turn it on for this deployment with "
-    "--plugin-network (VMSCHED_PLUGIN_NETWORK=true)"
-)
-
-
-def _refused_socket(exc: BaseException) -> bool:
-    """A PermissionError raised by the socket module somewhere in the chain of ``exc``."""
-    seen: set[int] = set()
-    todo: list[Any] = [exc]
-    while todo and len(seen) < 20:
-        item = todo.pop()
-        if not isinstance(item, BaseException) or id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, PermissionError):
-            names = [f.filename for f in traceback.extract_tb(item.__traceback__)]
-            if any(os.path.basename(n) == "socket.py" for n in names):
-                return True
-        todo += [item.__cause__, item.__context__, getattr(item, "reason", None), *item.args[:3]]
-    return False
-
-
-def _last_plugin_frame(exc: BaseException, plugins_dir: str) -> traceback.FrameSummary | None:
-    prefix = plugins_dir.rstrip(os.sep) + os.sep
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(prefix)]
-    return frames[-1] if frames else None
-
-
-# --- plugin modules -------------------------------------------------------------
-
-
-class Modules:
-    """Plugin modules by name, re-imported when their file changes."""
-
-    def __init__(self, plugins_dir: str) -> None:
-        self.dir = plugins_dir
-        self._prefix = plugins_dir.rstrip(os.sep) + os.sep
-        self._cache: dict[str, tuple[ModuleType, tuple[int, int, int]]] = {}
-
-    def get(self, name: str) -> ModuleType:
-        """The module of ``name.py`` (one stat; imported again if changed)."""
-        if not name.isidentifier():
-            raise PluginError(f"invalid plugin name {name!r}")
-        path = os.path.join(self.dir, name + ".py")
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            self.forget(name)
-            raise PluginError(f"plugin file {name}.py not found in {self.dir} (removed?)") from None
-        cached = self._cache.get(name)
-        if cached is not None and cached[1] == (st.st_mtime_ns, st.st_size, st.st_ino):
-            return cached[0]
-        return self.load(name, path)
-
-    def load(self, name: str, path: str) -> ModuleType:
-        """Import ``path`` fresh as module ``name`` (exceptions propagate)."""
-        if name in self._cache:
-            self._evict_helpers()
-        self.forget(name)
-        st = os.stat(path)
-        with open(path, "rb") as source:
-            code = compile(source.read(), path, "exec", dont_inherit=True)
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None:
-            raise PluginError(f"cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            exec(code, module.__dict__)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
-        if os.path.dirname(path) == self.dir:
-            self._cache[name] = (module, (st.st_mtime_ns, st.st_size, st.st_ino))
-        return module
-
-    def forget(self, name: str) -> None:
-        if self._cache.pop(name, None) is not None:
-            sys.modules.pop(name, None)
-
-    def _evict_helpers(self) -> None:
-        """Drop helper modules of the plugins folder so a re-import sees their changes."""
-        for key, module in list(sys.modules.items()):
-            path = getattr(module, "__file__", None)
-            if key not in self._cache and isinstance(path, str) and path.startswith(self._prefix):
-                del sys.modules[key]
-
-
-def reads_facts(module: ModuleType, path: str) -> bool:
-    """Whether the plugin file uses the facts API (``vmsched.plugin``): its calls then carry the facts.
-
-    The module's names are checked (``from vmsched.plugin import facts`` and friends), and its source
-    text as a fallback; a helper module that reads facts on the plugin's behalf must be imported by a
-    plugin file that names ``vmsched.plugin`` itself (docs/plugins.md).
-    """
-    for value in list(vars(module).values()):
-        owner = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
-        if isinstance(owner, str) and (owner == "vmsched.plugin" or owner.startswith("vmsched.plugin.")):
-            return True
-    try:
-        with open(path, encoding="utf-8", errors="replace") as source:
-            return "vmsched.plugin" in source.read(1 << 20)
-    except OSError:
-        return False
-
-
-def list_units(module: ModuleType) -> list[dict[str, str]]:
-    """One entry per (class defined in ``module``, do_* method it has)."""
-    units = []
-    for attr, obj in list(vars(module).items()):
-        if not isinstance(obj, type) or obj.__module__ != module.__name__ or obj.__name__ != attr:
-            continue
-        for unit_kind in KINDS:
-            func = getattr(obj, unit_kind.method, None)
-            if callable(func):
-                units.append(
-                    {
-                        "name": attr,
-                        "kind": unit_kind.kind,
-                        "description": inspect.getdoc(func) or inspect.getdoc(obj) or "",  # old samples: class docstrings
-                        "validation": _validation_of(obj),
-                    }
-                )
-    return units
-
-
-def _validation_of(cls: type) -> str:
-    value = getattr(cls, "properties_validation", "")
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):  # written as a dict instead of a string: keep it parseable
-        return repr(value)
-    return ""
-
-
-# --- the request handler ---------------------------------------------------------
+#: Members of a held-form facts payload that must be installed only once per frame.
+_ONCE = ("data", "guests", "reset", "hosts")
 
 
 class Runner:
     """Executes requests inside the worker; never raises for a plugin's fault."""
 
-    def __init__(self, plugins_dir: str, cpu_seconds: int, max_output: int) -> None:
+    def __init__(self, plugins_dir: str, cpu_seconds: int, max_output: int, progress: Progress | None = None) -> None:
         self.dir = plugins_dir
         self.cpu_seconds = cpu_seconds
         self.max_output = max_output
         self.max_reply = 2 * max_output + (1 << 16)
         self.modules = Modules(plugins_dir)
+        self.progress = progress
         self._cpu_soft = -1
         self._cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
         self._cwd = os.getcwd()  # the plugins folder, as the kernel spells it
 
     def handle(self, request: dict[str, Any]) -> bytes:
         """The reply frame to ``request``."""
+        if request.get("op") == "batch":
+            return self.batch(request)
         stderr = Capture(self.max_output, strict=False)
+        return self._encode(self._run(request, stderr), stderr)
+
+    def batch(self, request: dict[str, Any]) -> bytes:
+        """One reply frame for the units of one request, run in order (each as a ``call``)."""
+        parts: list[bytes] = []
+        payload = request.get("facts")
+        installed = False
+        for index, call in enumerate(request.get("calls") or ()):
+            if self.progress is not None:
+                self.progress.mark(index)
+            began = time.monotonic()
+            if call.get("held") and payload is not None:
+                call["facts"] = payload
+                if not installed:  # later units get the same facts without what must be stored only once
+                    installed = True
+                    payload = {k: v for k, v in payload.items() if k not in _ONCE}
+            stderr = Capture(self.max_output, strict=False)
+            reply = self._run({**call, "op": "call"}, stderr)
+            reply["t"] = time.monotonic() - began
+            parts.append(self._encode(reply, stderr, framed=False))
+        body = b'{"replies":[' + b",".join(parts) + b"]}"
+        return encode_frame_bytes(body)
+
+    def _run(self, request: dict[str, Any], stderr: Capture) -> dict[str, Any]:
         try:
             reply = self._dispatch(request, stderr)
         except Exception as exc:
@@ -262,7 +104,7 @@ class Runner:
             self._restore_cwd()
             children.kill_all()  # nothing a plugin started outlives its call
         reply["stderr"] = stderr.getvalue()
-        return self._encode(reply, stderr)
+        return reply
 
     def _dispatch(self, request: dict[str, Any], stderr: Capture) -> dict[str, Any]:
         op = request.get("op")
@@ -276,17 +118,17 @@ class Runner:
             return self.warm(request["plugins"], stderr)
         return {"ok": False, "error": f"unknown request {op!r}"}
 
-    def _encode(self, reply: dict[str, Any], stderr: Capture) -> bytes:
+    def _encode(self, reply: dict[str, Any], stderr: Capture, framed: bool = True) -> bytes:
+        encode = encode_frame if framed else encode_json
         try:
-            frame = encode_frame(reply)
+            data = encode(reply)
         except (TypeError, ValueError, RecursionError, OverflowError) as exc:
-            return encode_frame(
-                {"ok": False, "error": f"result is not JSON-serializable: {exc}", "stderr": stderr.getvalue()}
-            )
-        if len(frame) > self.max_reply:
-            error = f"result too large: {len(frame)} bytes encoded (limit {self.max_reply})"
-            return encode_frame({"ok": False, "error": error, "stderr": stderr.getvalue()[:4096]})
-        return frame
+            return encode({"ok": False, "error": f"result is not JSON-serializable: {exc}", "stderr": stderr.getvalue(),
+                           "t": reply.get("t", 0.0)})
+        if len(data) > self.max_reply:
+            error = f"result too large: {len(data)} bytes encoded (limit {self.max_reply})"
+            return encode({"ok": False, "error": error, "stderr": stderr.getvalue()[:4096], "t": reply.get("t", 0.0)})
+        return data
 
     # -- call
     def call(self, plugin: str, cls_name: str, method: str, args: list[Any], stderr: Capture) -> dict[str, Any]:
@@ -411,7 +253,6 @@ def _exit_with_parent(read_fd: int) -> None:
 
 def _confine(options: argparse.Namespace, plugins_dir: str, channel: Channel) -> sandbox.Report:
     """Apply the sandbox; on refusal tell the pool why and exit."""
-    global NETWORK_OFF
     settings = sandbox.Options.from_json({"plugins_dir": plugins_dir, "memory_mb": options.memory_mb, **json.loads(options.sandbox)})
     settings.plugins_dir = plugins_dir
     try:
@@ -419,7 +260,7 @@ def _confine(options: argparse.Namespace, plugins_dir: str, channel: Channel) ->
     except (sandbox.SandboxError, OSError) as exc:
         channel.send(encode_frame({"ok": False, "error": f"sandbox: {exc}"}))
         sys.exit(1)
-    NETWORK_OFF = not settings.network and report.features.get("no_network", "").startswith("on")
+    worker_errors.NETWORK_OFF = not settings.network and report.features.get("no_network", "").startswith("on")
     return report
 
 
@@ -429,6 +270,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-mb", type=int, default=1024)
     parser.add_argument("--cpu-seconds", type=int, default=30)
     parser.add_argument("--max-output", type=int, default=1 << 20)
+    parser.add_argument("--progress-fd", type=int, default=-1, help="the pool's progress page (a memfd)")
     parser.add_argument("--sandbox", default="{}", help="sandbox options as JSON (vmsched.runtime.sandbox.Options)")
     return parser.parse_args(argv)
 
@@ -444,9 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(plugins_dir)
     sys.path.insert(0, plugins_dir)
     channel = Channel(read_fd, write_fd)
+    progress = Progress.attach(options.progress_fd) if options.progress_fd >= 0 else None  # before the sandbox
     confinement = _confine(options, plugins_dir, channel)  # before any thread starts
     _exit_with_parent(read_fd)
-    runner = Runner(plugins_dir, options.cpu_seconds, options.max_output)
+    runner = Runner(plugins_dir, options.cpu_seconds, options.max_output, progress)
     channel.send(encode_frame({"ok": True, "ready": True, "pid": os.getpid(), "sandbox": confinement.as_dict()}))
     while (request := channel.receive()) is not None:
         channel.send(runner.handle(request))

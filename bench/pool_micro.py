@@ -1,0 +1,102 @@
+"""CPU per request of the service side of the plugin pool and its workers, in process.
+
+Runs a PluginPool with the bench plugins of ``bench_gateway.py`` and drives it like a scoring service:
+``--threads`` threads each run requests of 3 units on 100 hosts (runFilters or runCostFunctions). Prints
+CPU milliseconds per request of this process and of the plugin workers (from /proc, exact), and the rate.
+
+    .venv/bin/python bench/pool_micro.py [--op filter|score] [--threads 2] [--seconds 3] [--pool-size 4]
+
+To compare two trees (old and new), run it with PYTHONPATH pointing at each, interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gateway import HOSTS, PLUGINS  # noqa: E402
+
+from vmsched.runtime.pool import PluginPool  # noqa: E402
+from vmsched.runtime.types import Call, Confinement  # noqa: E402
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            kids += [int(p) for p in f.read().split()]
+    return kids
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--op", choices=("filter", "score"), default="filter")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--pool-size", type=int, default=4)
+    parser.add_argument("--bundle-seconds", type=float, help="PluginPool bundle_seconds (0: every unit alone)")
+    parser.add_argument("--json", action="store_true")
+    options = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="pool-micro-"))
+    (folder / "bench.py").write_text(PLUGINS)
+    names = ["BenchCpuFilter", "BenchMemFilter", "BenchLabelFilter"] if options.op == "filter" else [
+        "BenchLoadScore", "BenchSpreadScore", "BenchPreferScore"]
+    method = "do_filter" if options.op == "filter" else "do_score"
+    args = (list(HOSTS), "vm-1", {"deny": "h-1,h-2"})
+    confinement = Confinement(allow_root=True)
+    extra = {} if options.bundle_seconds is None else {"bundle_seconds": options.bundle_seconds}
+    pool = PluginPool(folder, size=options.pool_size, name="micro", confinement=confinement, **extra)
+    pool.start()
+    pool.warm(["bench"])
+    stop = threading.Event()
+    counts = [0] * options.threads
+
+    def client(i: int) -> None:
+        while not stop.is_set():
+            results = pool.run([Call("bench", n, method, args, 10.0) for n in names], deadline=time.time() + 10)
+            assert all(r.ok for r in results), results
+            counts[i] += 1
+
+    for _ in range(50):
+        pool.run([Call("bench", n, method, args, 10.0) for n in names])
+    kids = _children(os.getpid())
+    before_self, before_kids = _cpu(os.getpid()), sum(_cpu(k) for k in kids)
+    start = time.monotonic()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(options.threads)]
+    for t in threads:
+        t.start()
+    time.sleep(options.seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - start
+    total = sum(counts)
+    self_ms = (_cpu(os.getpid()) - before_self) * 1000 / total
+    kids_ms = (sum(_cpu(k) for k in kids if os.path.exists(f"/proc/{k}")) - before_kids) * 1000 / total
+    pool.close()
+    result = {"service_ms": round(self_ms, 3), "workers_ms": round(kids_ms, 3),
+              "total_ms": round(self_ms + kids_ms, 3), "rate": round(total / elapsed, 1)}
+    print(json.dumps(result) if options.json else
+          f"service {self_ms:.3f} ms + workers {kids_ms:.3f} ms = {self_ms + kids_ms:.3f} ms CPU per request; "
+          f"{total / elapsed:.0f} req/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The units of one request that go to one plugin worker, as one frame each way.
+
+A :class:`Bundle` is a :class:`~vmsched.runtime.batch.Job` whose frame carries several unit calls
+(``{"op": "batch", "calls": [...]}``, :mod:`vmsched.runtime.worker`): one pipe write, one wake-up of the
+worker, one reply frame and one wake-up of the caller, instead of one of each per unit. Every unit keeps
+its own outcome (:class:`Unit`): value or error, stderr, time budget, run time.
+
+The worker runs the units one after the other and marks on its progress page
+(:mod:`vmsched.runtime.progress`) which one it started and when. The batch checks a bundle when its
+current unit's budget (or the request deadline) may have run out; if it has, the worker is killed and that
+unit alone times out. When a worker dies under a bundle, the unit it was running gets the error. The other
+units of the bundle lost nothing but their worker: those not finished in time are run again, each alone on
+another worker (a unit that had finished runs a second time: units are expected to compute an answer,
+docs/plugins.md); if the request deadline has passed they fail saying why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from vmsched.runtime.batch import Job, _seconds
+from vmsched.runtime.process import Worker
+from vmsched.runtime.protocol import HEADER
+
+_INF = math.inf
+
+
+@dataclass(eq=False)
+class Unit:
+    """One unit call of a request: its call message (JSON text, no closing brace) and its outcome."""
+
+    head: str
+    label: str
+    budget: float
+    wait_until: float
+    hard_end: float
+    facts: Any = None  # a facts_wire.CallFacts sent in the bundle's held form, else None
+    reply: dict[str, Any] | None = None
+    error: str | None = None
+    timed_out: bool = False
+    duration: float = 0.0
+    started: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.reply is not None or self.error is not None
+
+    def fail(self, error: str, now: float, timed_out: bool = False) -> None:
+        self.error, self.timed_out = error, timed_out
+        self.duration = max(0.0, now - self.started) if self.started else 0.0
+
+
+class Bundle(Job):
+    """Units for one worker: one frame out, one frame back."""
+
+    def __init__(self, units: list[Unit], wire: Any, created: float, frame_size: int) -> None:
+        hard_end = min(u.hard_end for u in units)
+        super().__init__(b"", units[0].label, units[0].budget, min(u.wait_until for u in units), hard_end, created)
+        self.units = units
+        self.wire = wire  # a facts_wire.FactsWire (its encode/forget interface)
+        self.facts = next((u.facts for u in units if u.facts is not None), None)
+        self.frame_size = frame_size  # largest reply frame of one unit
+        self.worker: Worker | None = None
+        self._current = 0
+        self._blamed = self.label
+
+    @property
+    def done(self) -> bool:
+        return all(unit.done for unit in self.units)
+
+    @property
+    def blamed(self) -> str:
+        return self._blamed
+
+    def frame_for(self, worker: Worker) -> bytes:
+        self.worker = worker
+        calls = ",".join(u.head + (',"held":true}' if u.facts is not None else "}") for u in self.units)
+        text = '{"op":"batch","calls":[' + calls + "]"
+        if self.facts is not None:
+            text += ',"facts":' + self.wire.encode(worker, self.facts)
+        payload = (text + "}").encode()
+        return HEADER.pack(len(payload)) + payload
+
+    def begin(self, worker: Worker, now: float) -> None:
+        self.started = now
+        self._current = 0
+        worker.max_frame = self.frame_size * len(self.units) + 4096
+        if worker.progress is not None:
+            worker.progress.reset()
+        first = self.units[0]
+        first.started = now
+        self.end = min(now + first.budget, first.hard_end)
+
+    def _running_unit(self, worker: Worker, now: float) -> int:
+        """Index of the unit the worker is running (from its progress page); sets its start."""
+        if worker.progress is None or len(self.units) == 1:
+            return 0
+        index, started = worker.progress.read(len(self.units), self.started, now)
+        self.units[index].started = started
+        return index
+
+    def overran(self, worker: Worker, now: float) -> bool:
+        index = self._running_unit(worker, now)
+        unit = self.units[index]
+        end = min(unit.started + unit.budget, unit.hard_end)
+        if end > now:
+            self.end = end
+            return False
+        error = f"timed out after {_seconds(end - unit.started)} s"
+        if unit.hard_end < unit.started + unit.budget:
+            error += " (request deadline)"
+        unit.fail(error, now, timed_out=True)
+        self._current, self._blamed, self.error = index, unit.label, error
+        return True
+
+    def died(self, worker: Worker, error: str, now: float) -> str:
+        index = self._running_unit(worker, now)
+        unit = self.units[index]
+        unit.fail(error, now)
+        self._current, self._blamed, self.error = index, unit.label, error
+        return unit.label
+
+    def fail(self, error: str, now: float, timed_out: bool = False) -> None:
+        self.error = error
+        for unit in self.units:
+            if not unit.done:
+                unit.fail(error, now, timed_out)
+
+    def leftovers(self, now: float) -> list[Job]:
+        again: list[Job] = []
+        why = f"its plugin worker was killed while running {self._blamed} ({self.error})"
+        for unit in self.units:
+            if unit.done:
+                continue
+            if unit.hard_end <= now:
+                unit.started = 0.0
+                unit.fail(f"not run to its end: {why}, and the request deadline has passed", now, timed_out=True)
+                continue
+            unit.started = 0.0
+            unit.wait_until = unit.hard_end if unit.hard_end < _INF else now + unit.budget
+            again.append(Bundle([unit], self.wire, now, self.frame_size))
+        return again
+
+    def accept(self, worker: Worker, reply: dict[str, Any], now: float) -> bool:
+        replies = reply.get("replies")
+        if not isinstance(replies, list) or len(replies) != len(self.units) or not all(
+                isinstance(r, dict) for r in replies):
+            return False
+        self.reply = reply
+        elapsed = now - self.started
+        resync = False
+        for unit, answer in zip(self.units, replies):
+            unit.reply = answer
+            spent = answer.get("t")
+            unit.duration = min(max(float(spent), 0.0), elapsed) if isinstance(spent, (int, float)) else elapsed
+            resync = resync or bool(answer.get("facts_resync"))
+        if resync and self.facts is not None:
+            self.wire.forget(worker)  # it lacked facts it was told it holds: next time it gets everything
+        return True

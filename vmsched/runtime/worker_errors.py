@@ -1,0 +1,90 @@
+"""How the plugin worker reports a plugin's failure: errors, printed results, exception text.
+
+Standard library only (the plugin worker process imports it).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import traceback
+from typing import Any
+
+_MAX_MESSAGE = 2000  # characters of an exception message kept in an error
+
+
+class PluginError(Exception):
+    """A call cannot run: missing file, class or method, or an import failure."""
+
+
+def parse_output(text: str) -> Any:
+    """The value an old-style plugin printed, as a Python literal."""
+    text = text.strip()
+    if not text:
+        raise PluginError("no result: the method returned None and printed nothing")
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        pass
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 1:
+        try:
+            return ast.literal_eval(lines[-1])
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            pass
+    shown = text if len(text) <= 200 else text[:200] + "..."
+    raise PluginError(f"could not parse output as a Python literal: {shown!r}")
+
+
+def describe_exception(exc: BaseException, plugins_dir: str) -> str:
+    """``Type: message (file.py, line N, in func)`` with the plugin's last frame."""
+    if isinstance(exc, SystemExit):
+        return f"plugin called sys.exit({exc.code!r})"
+    kind = type(exc).__qualname__
+    if type(exc).__module__ not in ("builtins", "__main__"):
+        kind = f"{type(exc).__module__}.{kind}"
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not hide the error
+        message = "<unprintable message>"
+    if len(message) > _MAX_MESSAGE:
+        message = message[:_MAX_MESSAGE] + "..."
+    text = f"{kind}: {message}" if message else kind
+    frame = _last_plugin_frame(exc, plugins_dir)
+    if frame is not None:
+        where = os.path.relpath(frame.filename, plugins_dir)
+        text += f" ({where}, line {frame.lineno}, in {frame.name})"
+    if NETWORK_OFF and _refused_socket(exc):
+        text += f" [{NETWORK_HINT}]"
+    return text
+
+
+#: Set by main() when the sandbox refuses network sockets.
+NETWORK_OFF = False
+NETWORK_HINT = (
+    "network access is off for plugins; turn it on for this deployment with "
+    "--plugin-network (VMSCHED_PLUGIN_NETWORK=true)"
+)
+
+
+def _refused_socket(exc: BaseException) -> bool:
+    """A PermissionError raised by the socket module somewhere in the chain of ``exc``."""
+    seen: set[int] = set()
+    todo: list[Any] = [exc]
+    while todo and len(seen) < 20:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, PermissionError):
+            names = [f.filename for f in traceback.extract_tb(item.__traceback__)]
+            if any(os.path.basename(n) == "socket.py" for n in names):
+                return True
+        todo += [item.__cause__, item.__context__, getattr(item, "reason", None), *item.args[:3]]
+    return False
+
+
+def _last_plugin_frame(exc: BaseException, plugins_dir: str) -> traceback.FrameSummary | None:
+    prefix = plugins_dir.rstrip(os.sep) + os.sep
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(prefix)]
+    return frames[-1] if frames else None
