@@ -8,7 +8,7 @@ facts: 404 with the reason.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
@@ -18,12 +18,21 @@ from vmsched.facts_cache import FactsCache
 from vmsched.gateway.agent_api import ErrorDetail, ErrorReply, Host, _Route
 
 
+class EngineHostId(BaseModel):
+    id: str = Field(description="an engine host ID (vds_id) a request may name")
+    via: Literal["agent", "host map", "engine link"] = Field(
+        description="agent: the agent's own host ID (the engine's when the agent runs with --host-id set to it); "
+                    "host map: a line of --facts-host-map; engine link: found through the engine link")
+
+
 class HostFactsView(BaseModel):
     host_id: str = Field(description="the host ID asked for")
     agent_host_id: str = Field(description="the agent's host ID it resolved to")
     stale: bool = Field(description="older than --facts-max-age (default 3 agent intervals)")
     age: float = Field(description="seconds since the agent collected these facts")
     source: str = Field(description="the agent (and its process instance) that sent them")
+    engine_host_ids: list[EngineHostId] = Field(
+        description="the engine host IDs that resolve to this agent (docs/facts.md, \"Host identity\")")
     time: float
     seq: int
     interval: float = Field(description="the agent's collection interval, seconds")

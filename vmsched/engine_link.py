@@ -127,6 +127,10 @@ class EngineLink:
         return None, ("the engine link is asking the engine which agent this host is (not known yet"
                       + (f"; last error: {self._last_error}" if self._last_error else "") + ")")
 
+    def mapped(self) -> dict[str, str]:
+        """Engine host ID -> agent host ID: every mapping the link holds now (the JSON API lists them)."""
+        return dict(self._hosts)  # no lock: the thread replaces the whole dict, never edits it
+
     def vm(self, vm_id: str) -> tuple[dict[str, Any] | None, str]:
         """The VM's requirements from the engine, or (None, why); a miss or an expired answer is fetched again."""
         now = time.time()

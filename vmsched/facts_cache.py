@@ -24,14 +24,14 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterable, Iterator, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client import Counter
 
 from vmsched.facts import FactsMessage, GuestFacts, Rejected, facts_key, read
 from vmsched.metrics import REGISTRY
+from vmsched.facts_host_map import load_host_map  # noqa: F401 - also importable from here
 from vmsched.runtime.facts_wire import CallFacts
 
 log = logging.getLogger("vmsched.facts")
@@ -68,19 +68,31 @@ class Entry:
     stale_after: float = 0.0  # seconds after its collection at which this host turns stale
     guests_gen: int = 0  # generation of the guest list (kept while summaries without guests follow)
     gen: int = field(default_factory=lambda: next(_GENERATIONS))  # generation of this message
-    fragment: str = ""  # the plugin view as JSON, made at ingest (the pool sends it as is)
     stale_at: float = 0.0  # UNIX time from which this message is stale
+    time: float = 0.0  # UNIX time of the collection (message.time)
+    _fragment: str = ""
     _guests_json: str | None = None
     _view: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        m = self.message
-        head = m.host.model_dump_json(exclude=_NOT_IN_VIEW)  # pydantic's own encoder: the cheap way at ingest
-        tail = _compact({"pcpu_text": _pack(m.host.pcpu_pct), "history_text": _pack(m.host.cpu_history),
-                         "time": m.time, "interval": m.interval})
-        self.fragment = f"{head[:-1]},{tail[1:]}" if head != "{}" else tail
         self.guests_gen = self.guests_gen or self.gen
-        self.stale_at = m.time + self.stale_after
+        self.time = self.message.time
+        self.stale_at = self.time + self.stale_after
+
+    @property
+    def fragment(self) -> str:
+        """The plugin view as JSON (the pool sends it as is); made on first use, once per generation.
+
+        Not at ingest: a process that never sends it to a plugin worker (the gateway; the balancer between
+        balance calls) pays nothing for it, and the scoring service pays once per generation.
+        """
+        if not self._fragment:
+            m = self.message
+            head = m.host.model_dump_json(exclude=_NOT_IN_VIEW)  # pydantic's own encoder: the cheap way
+            tail = _compact({"pcpu_text": _pack(m.host.pcpu_pct), "history_text": _pack(m.host.cpu_history),
+                             "time": m.time, "interval": m.interval})
+            self._fragment = f"{head[:-1]},{tail[1:]}" if head != "{}" else tail
+        return self._fragment
 
     @property
     def plugin_view(self) -> dict[str, Any]:
@@ -102,6 +114,10 @@ class Resolver(Protocol):
     def host(self, engine_id: str) -> tuple[str | None, str]: ...
 
     def vm(self, vm_id: str) -> tuple[dict[str, Any] | None, str]: ...
+
+    def mapped(self) -> dict[str, str]:
+        """Engine host ID -> agent host ID, every mapping the link holds now."""
+        ...
 
     def stop(self) -> None: ...
 
@@ -172,10 +188,10 @@ class FactsCache:
     # --- reading -----------------------------------------------------------------
     def resolve(self, host_id: str) -> tuple[Entry | None, str]:
         """The entry of an engine host ID and the agent host ID it resolved to, or (None, reason)."""
+        entry = self._hosts.get(host_id)  # no lock: a stored entry is replaced whole, never edited
+        if entry is not None:
+            return entry, host_id
         with self._lock:
-            entry = self._hosts.get(host_id)
-            if entry is not None:
-                return entry, host_id
             mapped = self.host_map.get(host_id)
             if mapped is not None:
                 entry = self._hosts.get(mapped)
@@ -193,11 +209,28 @@ class FactsCache:
                       "host ID, or map it in --facts-host-map)")
 
     def age(self, entry: Entry, now: float | None = None) -> float:
-        return max(0.0, (time.time() if now is None else now) - entry.message.time)
+        age = (time.time() if now is None else now) - entry.time
+        return age if age > 0.0 else 0.0
 
     def is_stale(self, entry: Entry, now: float | None = None) -> bool:
-        limit = self.max_age if self.max_age is not None else STALE_INTERVALS * entry.message.interval
-        return self.age(entry, now) > limit
+        return (time.time() if now is None else now) > entry.stale_at
+
+    def ages(self, hosts: Iterable[str], now: float | None = None) -> dict[str, float]:
+        """Seconds since each host's facts were collected (3 decimals), by engine host ID; hosts without facts
+        are left out (the decision log's ``facts_age``). One pass, no lock for hosts whose agent reports the
+        engine's ID (the common case)."""
+        now = time.time() if now is None else now
+        get = self._hosts.get
+        ages: dict[str, float] = {}
+        for host_id in hosts:
+            entry = get(host_id)
+            if entry is None:
+                entry = self.resolve(host_id)[0]
+                if entry is None:
+                    continue
+            age = now - entry.time
+            ages[host_id] = round(age, 3) if age > 0.0 else 0.0
+        return ages
 
     def hosts(self) -> list[str]:
         with self._lock:
@@ -261,22 +294,44 @@ class FactsCache:
         return None, (f"VM {vm!r} runs on no host with facts, and no engine link is configured to ask the "
                       "engine for its memory and vCPUs")
 
-    def view(self, host_id: str, now: float | None = None) -> dict[str, Any] | None:
-        """The JSON API's view of one host, or None."""
+    def engine_ids(self) -> dict[str, list[dict[str, str]]]:
+        """Agent host ID -> the engine host IDs that resolve to it, each with how (``via``), for the JSON API.
+
+        ``agent``: the agent's own host ID (the engine's when the agent runs with ``--host-id`` set to it);
+        ``host map``: a line of ``--facts-host-map``; ``engine link``: what the engine link found. An engine ID
+        shadowed by an earlier step of :meth:`resolve` (an agent reporting it, a host-map line) is left out.
+        """
+        with self._lock:
+            agents = list(self._hosts)
+        link = self.link.mapped() if self.link is not None else {}
+        out: dict[str, list[dict[str, str]]] = {a: [{"id": a, "via": "agent"}] for a in agents}
+        for via, mapping in (("host map", self.host_map), ("engine link", link)):
+            for engine_id, agent in mapping.items():
+                if agent in out and engine_id not in out and (via == "host map" or engine_id not in self.host_map):
+                    out[agent].append({"id": engine_id, "via": via})
+        return out
+
+    def view(self, host_id: str, now: float | None = None,
+             engine_ids: dict[str, list[dict[str, str]]] | None = None) -> dict[str, Any] | None:
+        """The JSON API's view of one host, or None (``engine_ids``: :meth:`engine_ids`, when already made)."""
         entry, resolved = self.resolve(host_id)
         if entry is None:
             return None
+        if engine_ids is None:
+            engine_ids = self.engine_ids()
         now = time.time() if now is None else now
         m = entry.message
         how = "" if resolved == host_id else "; host map" if host_id in self.host_map else "; mapped by the engine link"
         return {"host_id": host_id, "agent_host_id": resolved, "stale": self.is_stale(entry, now),
                 "age": round(self.age(entry, now), 3), "source": f"agent {resolved} (instance {m.instance}){how}",
+                "engine_host_ids": engine_ids.get(resolved, []),
                 "time": m.time, "seq": m.seq, "interval": m.interval, "version": m.v,
                 "host": m.host.model_dump(), "guests": [g.model_dump() for g in entry.guests]}
 
     def views(self) -> list[dict[str, Any]]:
         now = time.time()
-        return [v for v in (self.view(h, now) for h in self.hosts()) if v is not None]
+        ids = self.engine_ids()
+        return [v for v in (self.view(h, now, ids) for h in self.hosts()) if v is not None]
 
     def identities(self) -> dict[str, tuple[str, str]]:
         """Agent host ID -> (vdsm ID, libvirt host UUID), what the engine link searches the engine by."""
@@ -292,30 +347,6 @@ class FactsCache:
             entries = list(self._hosts.items())
         for host_id, entry in entries:
             yield host_id, self.age(entry, now), self.is_stale(entry, now)
-
-
-def load_host_map(path: Path | None) -> dict[str, str]:
-    """``engine host ID = agent host ID`` lines (``#`` comments), or JSON object; {} without a file."""
-    if path is None:
-        return {}
-    text = Path(path).read_text()
-    if text.lstrip().startswith("{"):
-        import json
-
-        data = json.loads(text)
-        if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
-            raise ValueError(f"{path}: expected a JSON object of engine host ID -> agent host ID strings")
-        return data
-    mapping: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise ValueError(f"{path}:{number}: expected ENGINE_HOST_ID = AGENT_HOST_ID")
-        mapping[key.strip()] = value.strip()
-    return mapping
 
 
 # --- metrics computed at scrape time -------------------------------------------------
