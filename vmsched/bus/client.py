@@ -30,7 +30,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import Any, Callable, TypeVar, overload
 
 from kombu import Connection, Consumer, Exchange, Producer
 from kombu.message import Message
@@ -42,6 +42,7 @@ from vmsched.bus.confirms import Confirms
 from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, note_lost, \
     open_connection, safe_release
 from vmsched.bus.memory import QueueWatch
+from vmsched.bus.reads import buffer_reads
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, PING, REPLY_EXCHANGE, REPLY_VIA, reply_queue, request_queue, route
 from vmsched.bus.urls import mask
 from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
@@ -55,6 +56,10 @@ _REPLY_HEADERS = {REPLY_VIA: REPLY_EXCHANGE.name}
 _RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
 _MAX_SENDS = 5  # a request the broker keeps refusing or not confirming fails after this many sends (a node loss
 # can take three: the send to the dying node, the re-send at each reconnection while the cluster settles)
+
+
+def _nothing() -> int:
+    return 0
 
 
 @dataclass
@@ -85,6 +90,7 @@ class AsyncBusClient:
         self._consumer: Consumer | None = None
         self._watch: QueueWatch | None = None
         self._fd: int | None = None
+        self._buffered: Callable[[], int] = _nothing  # bytes received and not read yet (vmsched.bus.reads)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reconnect_task: asyncio.Task[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
@@ -210,6 +216,7 @@ class AsyncBusClient:
             self._lost(exc)  # else not sent: goes out again once reconnected
             return
         request.sent += 1
+        self._drain_buffered()  # a queue declared just now: frames received meanwhile wait in the buffer
         if self.options.confirms and not self.options.embedded:
             assert self._loop is not None
             self._confirms.published(cid, self._loop)
@@ -292,12 +299,15 @@ class AsyncBusClient:
             self._fd = self._watch.fd
         else:
             self._fd = conn.connection.sock.fileno()
+            self._buffered = buffer_reads(conn.connection.transport)
         self._loop.add_reader(self._fd, self._drain)
+        self._drain_buffered()  # what the subscription's synchronous calls received beyond their answers
 
     def _detach(self) -> None:
         if self._fd is not None and self._loop is not None:
             self._loop.remove_reader(self._fd)
         self._fd = None
+        self._buffered = _nothing
         if self._watch is not None:
             self._watch.close()
             self._watch = None
@@ -369,6 +379,11 @@ class AsyncBusClient:
         except CONNECTION_ERRORS as exc:  # also ConsumerCancelled: the reply queue was deleted (its node died)
             if self._conn is conn:
                 self._lost(exc)
+
+    def _drain_buffered(self) -> None:
+        """Drain soon what a synchronous call (a declaration) read past its answer: the loop cannot see it."""
+        if self._buffered() and self._loop is not None:
+            self._loop.call_soon(self._drain)
 
     def _on_nack(self, cids: list[str]) -> None:
         """A quorum queue nacks while it elects a leader, and RabbitMQ (3.10) then nacks every later publish

@@ -39,8 +39,10 @@ from kombu.message import Message
 
 from vmsched import metrics
 from vmsched.bus.connection import BusOptions, ensure_exchanges
+from vmsched.bus.cork import corked
 from vmsched.bus.journal import FIRST, SECOND, Journal
 from vmsched.bus.loop import run_reconnecting
+from vmsched.bus.reads import buffer_reads
 from vmsched.bus.replies import Handler, Replier
 from vmsched.bus.topology import DEAD_EXCHANGE, REPLY_EXCHANGE, REPLY_VIA, dead_letter_queue, is_versioned, \
     request_queue, route
@@ -189,7 +191,7 @@ class ServiceWorker:
     def _pump(self, conn: Connection, producer: Producer, channel: object) -> None:
         """Read the socket and the handlers' wake-up pipe; send what the handlers finished."""
         sock = conn.connection.sock
-        buffered = getattr(sock, "pending", lambda: 0)  # TLS: decrypted bytes a select cannot see
+        buffered = buffer_reads(conn.connection.transport)  # bytes received that a select cannot see
         beat = time.monotonic()
         while not self._stop.is_set():
             self._flush(producer, channel)
@@ -209,15 +211,19 @@ class ServiceWorker:
         self._flush(producer, channel)
 
     def _flush(self, producer: Producer, channel: object) -> None:
-        while True:
-            try:
-                message, reply = self._done.get_nowait()
-            except queues.Empty:
-                return
-            self._send(message, reply, producer)
-            if message.channel is channel:
-                message.ack()  # only after the reply is out: a killed process means redelivery
-            # else: its channel is gone and the broker has returned it; the reply may still be in time
+        """Send the replies the handlers finished, each followed by its ack, in one socket write."""
+        if self._done.empty():
+            return
+        with corked(channel):
+            while True:
+                try:
+                    message, reply = self._done.get_nowait()
+                except queues.Empty:
+                    return
+                self._send(message, reply, producer)
+                if message.channel is channel:
+                    message.ack()  # only after the reply is out: a killed process means redelivery
+                # else: its channel is gone and the broker has returned it; the reply may still be in time
 
     def _poke(self) -> None:
         if self._wake[1] >= 0:
