@@ -116,8 +116,9 @@ class PeerLink(ConsumerLoop):
     async def ask(self, question: dict[str, Any], window: float = WINDOW) -> Gathered:
         """Ask every other replica; their answers within ``window`` seconds (bounded: never longer)."""
         expected = self.peers()
-        if not expected and not self.ready.is_set():
-            return Gathered(missing=[{"gateway": "(other replicas)", "error": "not subscribed to the bus yet"}])
+        if not expected:  # one gateway (or none other heard from: every replica answers a newcomer's hello)
+            return Gathered() if self.ready.is_set() else Gathered(
+                missing=[{"gateway": "(other replicas)", "error": "not subscribed to the bus yet"}])
         qid = secrets.token_hex(8)
         state = _Question(asyncio.get_running_loop(), set(expected), first_found="id" in question)
         with self._lock:
@@ -126,13 +127,13 @@ class PeerLink(ConsumerLoop):
         try:
             body = {**question, "qid": qid, "from": self.token, "gateway": self.gateway}
             sent = await asyncio.wait_for(asyncio.to_thread(self.publisher.publish, QUERY_KEY, body), window)
-            if sent and expected:
+            if sent:
                 try:
                     await asyncio.wait_for(state.done.wait(), max(0.0, window - (time.monotonic() - started)))
                 except asyncio.TimeoutError:
                     pass
         except asyncio.TimeoutError:
-            sent = False
+            sent = True  # slow to go out: the replicas did not answer in time either way
         finally:
             with self._lock:
                 self._questions.pop(qid, None)
