@@ -28,7 +28,10 @@ services (started once); there ``on`` also links with its peers (presence
 on the bus; nothing is published per decision).
 
     .venv/bin/python bench/bench_decisions.py [--mode embedded|rabbitmq] [--rounds 7] [--calls 1000] [--seconds 8]
-        [--sides on,off,off2[,small,local]] [--gc] [--keep] [--hashseed 0|random]
+        [--sides on,off,off2[,small,local,before]] [--gc] [--keep] [--hashseed 0|random] [--before DIR/src]
+
+``before``: the decision log on, running the code of a ``bench/snapshot.sh`` tree (e.g. this tree with an older
+decision log), interleaved with the others: a before/after comparison on the same machine at the same time.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gateway import FILTER_BODY, PLUGINS, ROOT, arun, concurrent, free_port, pct, sequential, wait_ready  # noqa: E402
 
-ENV = {"on": {}, "local": {"VMSCHED_DECISIONS_SHARE": "false"}, "small": {"VMSCHED_DECISIONS_SIZE": "5"},
+ENV = {"on": {}, "before": {}, "local": {"VMSCHED_DECISIONS_SHARE": "false"}, "small": {"VMSCHED_DECISIONS_SIZE": "5"},
        "off": {"VMSCHED_DECISIONS_SIZE": "0"},
        "off2": {"VMSCHED_DECISIONS_SIZE": "0"}}  # off2: a second 'off', the control (its 'cost' is the noise)
 PROBE = Path(__file__).resolve().parent / "gc_probe.py"
@@ -104,10 +107,15 @@ def _spread(values: list[float]) -> str:
     return f"{min(values):+.1f} .. {max(values):+.1f} %"
 
 
-def _start(name: str, args: list[str], log: Path, env: dict[str, str], stats: Path | None) -> subprocess.Popen[bytes]:
-    entry = [str(PROBE), str(stats)] if stats is not None else ["-m", "vmsched.cli"]
-    return subprocess.Popen([sys.executable, *entry, *args], cwd=ROOT, stdout=log.open("ab"),
-                            stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **env, **ENV[name]})
+def _start(name: str, args: list[str], log: Path, env: dict[str, str], stats: Path | None,
+           tree: Path | None = None) -> subprocess.Popen[bytes]:
+    """One side's process; ``tree``: a bench/snapshot.sh copy whose code it runs (the 'before' side)."""
+    probe = (tree / "bench" / PROBE.name) if tree is not None else PROBE
+    entry = [str(probe), str(stats)] if stats is not None else ["-m", "vmsched.cli"]
+    code = {"PYTHONPATH": str(tree)} if tree is not None else {}
+    return subprocess.Popen([sys.executable, *entry, *args], cwd=tree or ROOT, stdout=log.open("ab"),
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **env, **ENV[name], **code})
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -133,7 +141,8 @@ def launch(names: list[str], opts: argparse.Namespace, tmp: Path, env: dict[str,
             args = ["gateway", "--port", str(port), "--metrics-port", "0", "--log-level", "WARNING"]
         else:
             args = ["run", "--amqp", "memory://", "--port", str(port), "--metrics-port", "0", *plugins]
-        sides[name] = Side(name, port, _start(name, args, tmp / f"{name}.log", env, stats), stats)
+        tree = opts.before if name == "before" else None
+        sides[name] = Side(name, port, _start(name, args, tmp / f"{name}.log", env, stats, tree), stats)
     for side in sides.values():
         wait_ready(side.port)
     return sides
@@ -165,14 +174,15 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=1000, help="sequential runFilters per side and round")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=8.0, help="length of one concurrent run per side and round")
-    ap.add_argument("--sides", default="on,off,off2", help="of on, local, small, off, off2; 'off' is the baseline")
+    ap.add_argument("--sides", default="on,off,off2", help="of on, local, small, before, off, off2; 'off' is the baseline")
     ap.add_argument("--mode", choices=["embedded", "rabbitmq"], default="embedded")
     ap.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/", help="the broker (rabbitmq mode)")
     ap.add_argument("--keep", action="store_true", help="start the sides once, not afresh every round")
     ap.add_argument("--hashseed", default="0", help="PYTHONHASHSEED of every side ('random': none set)")
     ap.add_argument("--gc", action="store_true", help="count the garbage collector's CPU (bench/gc_probe.py)")
+    ap.add_argument("--before", type=Path, help="a bench/snapshot.sh tree (DIR/src): side 'before' runs its code")
     opts = ap.parse_args()
-    names = [n for n in opts.sides.split(",") if n in ENV]
+    names = [n for n in opts.sides.split(",") if n in ENV and (n != "before" or opts.before)]
     if "off" not in names or len(names) < 2:
         ap.error("--sides needs 'off' and at least one other")
     tmp = Path(tempfile.mkdtemp(prefix="vmsched-bench-decisions-"))
