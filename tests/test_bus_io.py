@@ -9,7 +9,7 @@ import pytest
 from amqp.transport import TCPTransport
 
 from vmsched.bus.cork import corked
-from vmsched.bus.reads import ChunkedRecv, buffer_reads
+from vmsched.bus.reads import ChunkedRecv, buffer_reads, nonblocking
 
 
 def _frame(kind: int, payload: bytes) -> bytes:
@@ -116,4 +116,22 @@ def test_corked_still_sends_what_was_written_when_the_block_fails() -> None:
 
 def test_corked_without_a_py_amqp_transport_does_nothing() -> None:
     with corked(object()):
+        pass
+
+
+def test_nonblocking_sets_the_timeout_once_and_restores_it() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        transport = type("T", (), {"sock": b})()
+        b.settimeout(None)
+        with nonblocking(transport):
+            assert b.gettimeout() == 0.0
+            with pytest.raises(BlockingIOError):
+                b.recv(1)
+        assert b.gettimeout() is None
+        with pytest.raises(RuntimeError):
+            with nonblocking(transport):
+                raise RuntimeError("a read failed")
+        assert b.gettimeout() is None
+    with nonblocking(object()):
         pass

@@ -42,7 +42,7 @@ from vmsched.bus.confirms import Confirms
 from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, note_lost, \
     open_connection, safe_release
 from vmsched.bus.memory import QueueWatch
-from vmsched.bus.reads import buffer_reads
+from vmsched.bus.reads import buffer_reads, nonblocking
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, PING, REPLY_EXCHANGE, REPLY_VIA, reply_queue, request_queue, route
 from vmsched.bus.urls import mask
 from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
@@ -370,8 +370,9 @@ class AsyncBusClient:
         if self._watch is not None:
             self._watch.clear()
         try:
-            while True:
-                conn.drain_events(timeout=0)
+            with nonblocking(getattr(conn.connection, "transport", None)):
+                while True:
+                    conn.drain_events(timeout=0)
         except socket.timeout:
             return
         except BlockingIOError:

@@ -15,7 +15,8 @@ TLS transports are left alone (the SSL object buffers already: ``SSLSocket.pendi
 from __future__ import annotations
 
 import socket
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from amqp.transport import TCPTransport
 
@@ -55,3 +56,22 @@ def buffer_reads(transport: object) -> Callable[[], int]:
     reader = ChunkedRecv(sock)
     transport._quick_recv = reader  # py-amqp's _read calls it for every piece of a frame
     return reader.pending
+
+
+@contextmanager
+def nonblocking(transport: object) -> Iterator[None]:
+    """The transport's socket without a timeout for a block of reads with ``timeout=0``: py-amqp sets and
+    restores the socket's timeout around every read (two system calls), here once for the block."""
+    sock = getattr(transport, "sock", None)
+    if sock is None or not hasattr(sock, "settimeout"):
+        yield
+        return
+    before = sock.gettimeout()
+    sock.settimeout(0)
+    try:
+        yield
+    finally:
+        try:
+            sock.settimeout(before)
+        except OSError:
+            pass  # closed meanwhile: the connection is being replaced
