@@ -48,7 +48,13 @@ def _plugins(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugins", dest="plugins_dir", type=Path, metavar="DIR",
                    help="plugins folder, top-level *.py files (env VMSCHED_PLUGINS or OSCHEDPROXY_PLUGINS; "
                         "default: the stock plugins shipped with vmsched)")
-    p.add_argument("--pool-size", type=int, metavar="N", help="persistent plugin worker processes per service (default 4)")
+    p.add_argument("--pool-size", type=int, metavar="N",
+                   help="a fixed number of plugin worker processes per service (sets --pool-min and --pool-max)")
+    p.add_argument("--pool-min", type=int, metavar="N", help="plugin worker processes a service keeps when idle (default 1)")
+    p.add_argument("--pool-max", type=int, metavar="N",
+                   help="most plugin worker processes per service; more start while calls queue (default 4)")
+    p.add_argument("--pool-idle", type=float, metavar="S",
+                   help="seconds a plugin worker above --pool-min may stay idle before it stops (default 60)")
     p.add_argument("--plugin-timeout", type=float, metavar="S", help="default timeout of one plugin call in seconds (default 10)")
     p.add_argument("--plugin-timeouts", metavar="UNIT=S,...", help="per-unit timeouts, e.g. 'SlowFilter=30,Quick=2'")
     p.add_argument("--plugin-memory-mb", type=int, metavar="MIB", help="address-space limit of a plugin worker (default 1024)")

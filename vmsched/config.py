@@ -108,7 +108,10 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("plugins_dir", "VMSCHED_PLUGINS", "OSCHEDPROXY_PLUGINS"),
         description="folder of plugin files (top-level *.py)",
     )
-    pool_size: int = Field(4, ge=1, description="persistent plugin worker processes per service")
+    pool_size: int | None = Field(None, ge=1, description="a fixed number of plugin worker processes per service (sets pool_min and pool_max)")
+    pool_min: int = Field(1, ge=1, description="plugin worker processes a service keeps when idle")
+    pool_max: int = Field(4, ge=1, description="most plugin worker processes per service (more start while calls queue)")
+    pool_idle: float = Field(60.0, gt=0, description="seconds a plugin worker above pool_min may stay idle before it stops")
     plugin_timeout: float = Field(10.0, gt=0, le=110, description="default per-call plugin timeout, seconds")
     plugin_timeouts: Annotated[dict[str, float], NoDecode] = Field(default_factory=dict, description="per-unit timeouts NAME=SECONDS,...")
     plugin_memory_mb: int = Field(1024, ge=32, description="address-space limit of a plugin worker, MiB")
@@ -166,6 +169,18 @@ class Settings(BaseSettings):
                 raise ValueError("give the broker URL once: VMSCHED_AMQP_URL/--amqp or VMSCHED_AMQP_URL_FILE/--amqp-url-file")
             self.amqp_url = read_url_file(self.amqp_url_file)
         return self
+
+    @model_validator(mode="after")
+    def _pool_bounds(self) -> "Settings":
+        if self.pool_size is None and self.pool_min > self.pool_max:
+            raise ValueError(f"pool_min ({self.pool_min}) is above pool_max ({self.pool_max})")
+        return self
+
+    def pool_bounds(self) -> tuple[int, int]:
+        """(fewest, most) plugin worker processes of a service: pool_size fixes both."""
+        if self.pool_size is not None:
+            return self.pool_size, self.pool_size
+        return self.pool_min, self.pool_max
 
     @field_validator("plugin_timeouts", mode="before")
     @classmethod

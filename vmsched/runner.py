@@ -45,7 +45,9 @@ def make_service(name: str, settings: Settings) -> PluginService:
     if cls is None:
         raise ValueError(f"unknown service {name!r}")
     if cls is BalancerService:
-        return BalancerService(settings, pool_size=max(1, settings.pool_size // 2))
+        fewest, most = settings.pool_bounds()
+        half = max(1, most // 2)  # balance requests are rarer: half the workers
+        return BalancerService(settings, pool_bounds=(min(fewest, half), half))
     return cls(settings)
 
 

@@ -86,11 +86,15 @@ class PluginService:
     #: Keep a host facts cache and attach facts to plugin calls (docs/facts.md).
     uses_facts: ClassVar[bool] = False
 
-    def __init__(self, settings: Settings, pool_size: int | None = None) -> None:
+    def __init__(self, settings: Settings, pool_size: int | None = None,
+                 pool_bounds: tuple[int, int] | None = None) -> None:
+        """``pool_size`` fixes the plugin pool's size, ``pool_bounds`` sets (fewest, most); else the settings'."""
         self.settings = settings
         limits, confinement = plugin_sandbox(settings)
+        fewest, most = (pool_size, pool_size) if pool_size else pool_bounds or settings.pool_bounds()
         self.pool = PluginPool(
-            settings.plugins_dir, size=pool_size or settings.pool_size, limits=limits, name=self.name, confinement=confinement
+            settings.plugins_dir, min_size=fewest, max_size=most, idle_seconds=settings.pool_idle, limits=limits,
+            name=self.name, confinement=confinement,
         )
         self.catalog = Catalog(settings.plugins_dir, self.pool, analyze_timeout=settings.plugin_timeout)
         self.worker: ServiceWorker | None = None

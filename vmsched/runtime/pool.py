@@ -2,27 +2,25 @@
 
 The calling thread does its own I/O: it takes idle workers, writes one frame
 to each, and waits on all their pipes at once with ``poll``. There is no
-dispatcher thread and nothing is polled in a loop, so a call costs two pipe
-round trips plus JSON. A worker that overruns its deadline is SIGKILLed; a
-worker that dies is reaped; both are replaced in a background thread so the
-pool keeps its size without making callers wait for an interpreter start.
+dispatcher thread and nothing is polled in a loop. A worker that overruns its
+deadline is SIGKILLed; a worker that dies is reaped; both are replaced in a
+background thread, so callers never wait for an interpreter start.
 
-A worker process, as seen from here, is in :mod:`vmsched.runtime.process`; a
-batch of requests is run by :mod:`vmsched.runtime.batch`; the frames they
-exchange are defined in :mod:`vmsched.runtime.protocol`.
+Its size adapts between ``min_size`` and ``max_size``: a caller that has to
+wait for a worker starts one more in the background, and a worker above the
+minimum that stays idle for ``idle_seconds`` is stopped (``size=N``: a fixed
+pool of N). How a request's units are laid out on workers is
+:mod:`vmsched.runtime.planning`; a worker process, as seen from here, is
+:mod:`vmsched.runtime.process`, started by :mod:`vmsched.runtime.spawn`; a batch
+of requests is run by :mod:`vmsched.runtime.batch`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import shutil
-import site
-import subprocess
 import tempfile
-import sys
 import threading
 import time
 from collections import deque
@@ -30,25 +28,21 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from vmsched.metrics import PLUGIN_CONFINEMENT, PLUGIN_WORKER_RESTARTS
+from vmsched.runtime import spawn
 from vmsched.runtime.batch import Batch, Job, PoolClosed, Waiter
 from vmsched.runtime.drain import OutputDrain
-from vmsched.runtime.bundle import Bundle, Unit
-from vmsched.runtime.facts_wire import CallFacts, FactsWire
-from vmsched.runtime.process import Worker, WorkerGone
-from vmsched.runtime.progress import Progress
-from vmsched.runtime.protocol import _ENCODER, encode_frame
+from vmsched.runtime.facts_wire import FactsWire
+from vmsched.runtime.planning import BUNDLE_SECONDS, Planner
+from vmsched.runtime.process import Worker
+from vmsched.runtime.protocol import encode_frame
 from vmsched.runtime.sandbox import FEATURES, make_non_dumpable
 from vmsched.runtime.types import Analysis, AnalyzedUnit, Call, CallResult, Confinement, Limits
 
 log = logging.getLogger("vmsched.plugins")
 
 READY_TIMEOUT = 30.0  # seconds a new worker may take to start
-#: The only environment variables a worker inherits (plus Confinement.env): never a credential.
-ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "PYTHONIOENCODING", "PYTHONUTF8")
+IDLE_SECONDS = 60.0  # a worker above the minimum that stays idle this long is stopped
 _REASONS = ("timeout", "crash", "recycle")
-#: The units of a request share one worker while their expected run time together stays under this
-#: (seconds); a slower unit gets a worker of its own, so slow units still run in parallel. 0: every unit alone.
-BUNDLE_SECONDS = 0.002
 _INF = math.inf
 
 
@@ -68,17 +62,21 @@ class PluginPool:
         max_calls: int = 10000,
         confinement: Confinement = Confinement(),
         bundle_seconds: float = BUNDLE_SECONDS,
+        min_size: int | None = None,
+        max_size: int | None = None,
+        idle_seconds: float = IDLE_SECONDS,
     ) -> None:
-        if size < 1:
-            raise ValueError("size must be at least 1")
+        self.max_size = size if max_size is None else max_size
+        self.min_size = self.max_size if min_size is None else min_size
+        if not 1 <= self.min_size <= self.max_size:
+            raise ValueError(f"need 1 <= minimum ({self.min_size}) <= maximum ({self.max_size}) workers")
         self.plugins_dir = Path(plugins_dir).absolute()
-        self.size = size
+        self.size = self.max_size  # the most workers it runs (a fixed pool: always)
+        self.idle_seconds = idle_seconds
         self.limits = limits
         self.name = name
         self.max_calls = max_calls
         self.confinement = confinement
-        self.bundle_seconds = bundle_seconds
-        self._cost: dict[str, float] = {}  # unit label -> mean run time (s), for bundling
         #: feature -> "on (...)" / "off: why", as the last worker that started reported it
         self.sandbox: dict[str, str] = {}
         self._drain: OutputDrain | None = None
@@ -87,14 +85,17 @@ class PluginPool:
         self._idle: list[Worker] = []
         self._workers: set[Worker] = set()
         self._waiters: deque[Waiter] = deque()
+        self._growing = 0  # workers being started to grow the pool, not yet in _workers
+        self._warm_plugins: list[str] = []  # what a new worker imports before it serves (warm())
         self._started = False
         self._closed = threading.Event()
         self._wire = FactsWire()  # which host facts each worker holds
+        self._plan = Planner(self._wire, self._max_frame, bundle_seconds)
         self._restarts = {reason: PLUGIN_WORKER_RESTARTS.labels(pool=name, reason=reason) for reason in _REASONS}
 
     # -- lifecycle
     def start(self) -> None:
-        """Spawn ``size`` workers and wait until each is ready."""
+        """Spawn ``min_size`` workers and wait until each is ready."""
         if not self.plugins_dir.is_dir():
             raise FileNotFoundError(f"plugins folder {self.plugins_dir} does not exist")
         with self._lock:
@@ -105,7 +106,7 @@ class PluginPool:
         self._drain = OutputDrain(self.name)
         workers: list[Worker] = []
         try:
-            for _ in range(self.size):
+            for _ in range(self.min_size):
                 workers.append(self._spawn())
             for worker in workers:
                 self._await_ready(worker)
@@ -118,6 +119,8 @@ class PluginPool:
             self.release(worker)
         shown = "; ".join(f"{k} {v}" for k, v in self.sandbox.items())
         log.info("plugin pool %s: confinement: %s", self.name, shown)
+        if self.min_size < self.max_size:
+            threading.Thread(target=self._shrink_loop, name=f"{self.name}-shrink", daemon=True).start()
 
     def close(self) -> None:
         """Stop every worker (idempotent); calls in flight fail."""
@@ -148,6 +151,21 @@ class PluginPool:
         with self._lock:
             return len(self._idle)
 
+    @property
+    def bundle_seconds(self) -> float:
+        """Units of a request share a worker while their mean run time together stays under this."""
+        return self._plan.bundle_seconds
+
+    @bundle_seconds.setter
+    def bundle_seconds(self, value: float) -> None:
+        self._plan.bundle_seconds = value
+
+    @property
+    def workers(self) -> int:
+        """Worker processes running or starting right now (a snapshot)."""
+        with self._lock:
+            return len(self._workers) + self._growing
+
     def __enter__(self) -> PluginPool:
         self.start()
         return self
@@ -164,9 +182,9 @@ class PluginPool:
         self._check_started()
         now = time.monotonic()
         hard_end = _INF if deadline is None else now + (deadline - time.time())
-        units = self._units(calls, now, hard_end)
-        Batch(self, self._bundles([u for u in units if not u.done], now)).run()
-        return [self._unit_result(unit) for unit in units]
+        units = self._plan.units(calls, now, hard_end)
+        Batch(self, self._plan.bundles([u for u in units if not u.done], now)).run()
+        return [self._plan.result(unit) for unit in units]
 
     def analyze(self, path: Path, timeout: float = 10.0) -> Analysis:
         """List the units of a plugin file, importing it fresh in a worker.
@@ -197,6 +215,7 @@ class PluginPool:
         self._check_started()
         names = list(plugins)
         with self._lock:
+            self._warm_plugins = names
             workers, self._idle = self._idle, []
         if not names or not workers:
             for worker in workers:
@@ -211,75 +230,30 @@ class PluginPool:
         if not self._started:
             raise RuntimeError(f"plugin pool {self.name} is not started")
 
-    def _units(self, calls: Sequence[Call], now: float, hard_end: float) -> list[Unit]:
-        units: list[Unit] = []
-        args_json: dict[int, str] = {}  # the units of a request share their arguments: encoded once
-        for call in calls:
-            label = f"{call.plugin}.{call.cls}.{call.method}"
-            wait_until = hard_end if hard_end < _INF else now + call.timeout
-            held = isinstance(call.facts, CallFacts)  # each worker gets the facts it lacks (runtime.facts_wire)
-            unit = Unit("", label, call.timeout, wait_until, hard_end, call.facts if held else None)
-            units.append(unit)
-            try:
-                args = args_json.get(id(call.args))
-                if args is None:
-                    args = args_json[id(call.args)] = _ENCODER.encode(list(call.args))
-                head = _ENCODER.encode({"plugin": call.plugin, "cls": call.cls, "method": call.method})[:-1]
-                unit.head = f'{head},"args":{args}'
-                if call.facts is not None and not held:  # host facts in full (vmsched.plugin.facts)
-                    unit.head += ',"facts":' + _ENCODER.encode(call.facts)
-            except (TypeError, ValueError, RecursionError) as exc:
-                unit.fail(f"arguments are not JSON-serializable: {exc}", now)
-                continue
-            if wait_until <= now:
-                unit.fail("the request deadline passed before the call could start", now, timed_out=True)
-        return units
-
-    def _bundles(self, units: list[Unit], now: float) -> list[Bundle]:
-        """Units grouped for workers: together while their expected run time stays under ``bundle_seconds``."""
-        bundles: list[Bundle] = []
-        group: list[Unit] = []
-        load = 0.0
-        for unit in units:
-            cost = self._cost.get(unit.label, 0.0)
-            facts = next((u.facts for u in group if u.facts is not None), None)
-            clash = facts is not None and unit.facts is not None and unit.facts is not facts
-            if group and (load + cost > self.bundle_seconds or clash or self.bundle_seconds <= 0):
-                bundles.append(Bundle(group, self._wire, now, self._max_frame))
-                group, load = [], 0.0
-            group.append(unit)
-            load += cost
-        if group:
-            bundles.append(Bundle(group, self._wire, now, self._max_frame))
-        return bundles
-
-    def _unit_result(self, unit: Unit) -> CallResult:
-        reply = unit.reply
-        if reply is None:
-            return CallResult(ok=False, error=unit.error, timed_out=unit.timed_out, duration=unit.duration)
-        previous = self._cost.get(unit.label)  # a rough mean of its run time (races only blur it)
-        self._cost[unit.label] = unit.duration if previous is None else previous + (unit.duration - previous) / 8
-        stderr = reply.get("stderr") or ""
-        if reply.get("ok"):
-            return CallResult(ok=True, value=reply.get("value"), duration=unit.duration, stderr=stderr)
-        error = reply.get("error") or "unknown error"
-        return CallResult(ok=False, error=error, duration=unit.duration, stderr=stderr)
-
     # -- the WorkerLender protocol (vmsched.runtime.batch): lending workers to a Batch
     def checkout(self, waiter: Waiter, wanted: int) -> Worker | None:
-        """An idle worker, or None after registering ``waiter`` for ``wanted`` of them."""
+        """An idle worker, or None after registering ``waiter`` for ``wanted`` of them.
+
+        A caller that has to wait grows the pool by one worker (up to ``max_size``), started in the
+        background: the caller takes whichever worker is free first.
+        """
         with self._lock:
             if self.closed:
                 raise PoolClosed()
             if waiter.granted:
                 return waiter.granted.pop()
             if self._idle:
-                return self._idle.pop()
+                return self._idle.pop()  # the most recently used: the longest idle stay idle and go
             waiter.wanted = wanted
             if not waiter.registered:
                 waiter.open()
                 self._waiters.append(waiter)
-            return None
+            grow = len(self._workers) + self._growing < self.max_size
+            if grow:
+                self._growing += 1
+        if grow:
+            threading.Thread(target=self._respawn, args=(None,), name=f"{self.name}-grow", daemon=True).start()
+        return None
 
     def want(self, waiter: Waiter, wanted: int) -> None:
         with self._lock:
@@ -311,6 +285,7 @@ class PluginPool:
                         waiter.granted.append(worker)
                         waiter.wake()
                         return
+                worker.idle_since = time.monotonic()
                 self._idle.append(worker)
                 return
         worker.close_input()
@@ -333,72 +308,82 @@ class PluginPool:
         log.log(level, "plugin pool %s: replacing worker %d (%s): %s", self.name, worker.pid, reason, why)
         threading.Thread(target=self._respawn, args=(worker,), name=f"{self.name}-respawn", daemon=True).start()
 
-    def _respawn(self, old: Worker) -> None:
-        self._reap(old)
+    def _respawn(self, old: Worker | None) -> None:
+        """Start a worker in the background: the successor of ``old``, or (None) one that grows the pool."""
+        grow = old is None
+        if old is not None:
+            self._reap(old)
         delay = 0.5
         while not self.closed:
             worker = None
             try:
-                worker = self._spawn()
+                worker = self._spawn(growing=grow)
                 self._await_ready(worker)
             except Exception as exc:
                 if worker is not None:
                     worker.kill()
                     self._reap(worker)
-                if self.closed:
+                if grow or self.closed:  # a worker to grow the pool: it stays smaller (the next wait retries)
+                    if not self.closed:
+                        log.error("plugin pool %s: cannot start a worker (%s)", self.name, exc)
                     return
                 log.error("plugin pool %s: cannot start a worker (%s); retrying in %.1f s", self.name, exc, delay)
                 if self._closed.wait(delay):
                     return
                 delay = min(delay * 2, 30.0)
                 continue
-            self.release(worker)
+            if self._warm_plugins:
+                self._warm_new(worker)
+            else:
+                self.release(worker)
             return
 
+    def _warm_new(self, worker: Worker) -> None:
+        """A new worker imports what warm() named before it serves; the batch then releases it."""
+        now = time.monotonic()
+        frame = encode_frame({"op": "warm", "plugins": self._warm_plugins})
+        Batch(self, [Job(frame, "warm", READY_TIMEOUT, now + READY_TIMEOUT, _INF, now)], [worker]).run()
+
+    def _shrink_loop(self) -> None:
+        while not self._closed.wait(max(0.05, min(self.idle_seconds / 4, 10.0))):
+            self.shrink(time.monotonic())
+
+    def shrink(self, now: float) -> int:
+        """Stop workers idle for ``idle_seconds`` while more than ``min_size`` run; how many stopped."""
+        retired: list[Worker] = []
+        with self._lock:
+            while (self._idle and len(self._workers) > self.min_size and not self.closed
+                   and self._idle[0].idle_since <= now - self.idle_seconds):
+                worker = self._idle.pop(0)
+                self._workers.discard(worker)
+                retired.append(worker)
+        for worker in retired:
+            log.info("plugin pool %s: stopping worker %d, idle for %.0f s", self.name, worker.pid,
+                     now - worker.idle_since)
+            worker.close_input()
+            self._reap(worker, timeout=1.0)
+        return len(retired)
+
     # -- processes
-    def _spawn(self) -> Worker:
-        progress = Progress.create()
+    def _spawn(self, growing: bool = False) -> Worker:
+        """Start a worker process (``growing``: one counted in ``_growing`` until it is in ``_workers``)."""
         try:
-            proc = self._popen(progress.fd)
+            worker = spawn.start(self.plugins_dir, self.limits, self.confinement, self._max_frame)
         except BaseException:
-            progress.close()
+            with self._lock:
+                self._growing -= growing
             raise
-        worker = Worker(proc, self._max_frame, progress)
-        assert proc.stderr is not None and self._drain is not None
-        self._drain.add(proc.stderr.fileno())
+        assert worker.proc.stderr is not None and self._drain is not None
+        self._drain.add(worker.proc.stderr.fileno())
         with self._lock:
             self._workers.add(worker)
+            self._growing -= growing
         if self.closed:  # close() may have missed it
             worker.kill()
         return worker
 
-    def _popen(self, progress_fd: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            self._command() + ["--progress-fd", str(progress_fd)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,  # fd 1 and 2 of the worker: drained, never our log
-            cwd=self.plugins_dir,
-            env=self._environment(),
-            bufsize=0,
-            close_fds=True,
-            process_group=0,  # so a kill also reaches what the plugin spawned
-            pass_fds=(progress_fd,),
-        )
-
     def _await_ready(self, worker: Worker) -> None:
-        try:
-            reply = worker.receive(READY_TIMEOUT)
-        except (WorkerGone, OSError, TimeoutError) as exc:
-            code = worker.exit_code(timeout=1.0)
-            raise RuntimeError(f"plugin worker {worker.pid} did not start ({exc}; exit status {code})") from None
-        if not reply.get("ready"):
-            if reply.get("ok") is False and isinstance(reply.get("error"), str):
-                raise RuntimeError(f"plugin worker {worker.pid} refused to start: {reply['error']}")
-            raise RuntimeError(f"plugin worker {worker.pid} sent {reply!r} instead of its ready message")
-        report = reply.get("sandbox") or {}
-        worker.tmp_dir = str(report.get("tmp_dir") or "")
-        features = {str(k): str(v) for k, v in (report.get("features") or {}).items()}
+        features = spawn.await_ready(worker, READY_TIMEOUT)
         if features != self.sandbox:
             self.sandbox = features
             for feature in FEATURES:
@@ -413,48 +398,3 @@ class PluginPool:
             shutil.rmtree(worker.tmp_dir, ignore_errors=True)
         with self._lock:
             self._workers.discard(worker)
-
-    def _command(self) -> list[str]:
-        return [
-            sys.executable,
-            "-P",  # keep the plugins folder (cwd) from shadowing the worker's own imports
-            "-m",
-            "vmsched.runtime.worker",
-            "--plugins-dir",
-            str(self.plugins_dir),
-            "--memory-mb",
-            str(self.limits.memory_mb),
-            "--cpu-seconds",
-            str(self.limits.cpu_seconds),
-            "--max-output",
-            str(self.limits.max_output),
-            "--sandbox",
-            json.dumps(
-                {
-                    "user": self.confinement.user,
-                    "allow_root": self.confinement.allow_root,
-                    "network": self.confinement.network,
-                    "extra_write": [str(Path(d).absolute()) for d in self.confinement.write_dirs],
-                    "max_procs": self.limits.max_procs,
-                    "max_files": self.limits.max_files,
-                    "max_file_mb": self.limits.max_file_mb,
-                    "tmp_parent": tempfile.gettempdir(),
-                }
-            ),
-        ]
-
-    def _environment(self) -> dict[str, str]:
-        """An allow-list of the service's environment, with vmsched importable by the worker.
-
-        No credential reaches a plugin: only ENV_ALLOWED, LC_* and the names in
-        Confinement.env are passed. A source checkout found through the current directory (not installed,
-        not on PYTHONPATH) is added to PYTHONPATH; an installed vmsched is not,
-        so site-packages never moves ahead of the standard library.
-        """
-        allowed = set(ENV_ALLOWED) | set(self.confinement.env)
-        env = {k: v for k, v in os.environ.items() if k in allowed or k.startswith("LC_")}
-        root = str(Path(__file__).resolve().parents[2])
-        on_path = {os.path.abspath(entry or os.curdir) for entry in sys.path}
-        if root in on_path and root not in site.getsitepackages():
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        return env
