@@ -270,6 +270,9 @@ def run_floor(opts: argparse.Namespace) -> None:
                       f"max {max(lat) * 1000:7.2f} ms  first to finish {lat[0] * 1000:.2f} ms")
             rounds = [_floor_round(r, opts, ports, body, checks) for r in range(opts.rounds)]
             _print_rss("after the rounds", procs)
+            if opts.idle_wait > 0:
+                time.sleep(opts.idle_wait)
+                _print_rss(f"idle again, {opts.idle_wait:.0f} s after the rounds", procs)
         finally:
             for group in procs.values():
                 for p in group:
@@ -344,6 +347,9 @@ def main() -> None:
     ap.add_argument("--floor", action="store_true",
                     help="interleave the floor prototype (../shared/perf-floor), embedded and RabbitMQ (own vhosts)")
     ap.add_argument("--rounds", type=int, default=5, help="--floor: interleaved rounds")
+    ap.add_argument("--idle-wait", type=float, default=0.0,
+                    help="--floor: after the rounds, wait this long (past --pool-idle, default 60 s) and report RSS "
+                         "again: the adaptive plugin pools back at their minimum")
     opts = ap.parse_args()
     if opts.floor:
         run_floor(opts)
