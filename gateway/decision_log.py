@@ -28,12 +28,12 @@ from typing import Any
 
 from vmsched.bus.connection import BusOptions
 from vmsched.facts_cache import FactsCache
-from vmsched.gateway import decisions
+from vmsched.gateway import decision_ring, decisions
 from vmsched.gateway.decision_peers import MAX_ANSWER, Gathered, PeerLink
+from vmsched.gateway.decision_ring import Ring
 
 log = logging.getLogger("vmsched.gateway.decisions")
 
-OPS = ("filter", "score", "balance")
 #: records in one stdout write at most
 BATCH = 200
 #: how long a decision waits for its batch to be recorded, seconds
@@ -46,84 +46,6 @@ def gateway_label(configured: str = "") -> str:
     """A routing-key-safe label of this gateway: the setting, else the host name."""
     label = re.sub(r"[^A-Za-z0-9_-]", "-", configured or socket.gethostname())[:64]
     return label or "gateway"
-
-
-class Entry:
-    """One decision in the ring: its record, or its compact parts, built into the record when first read."""
-
-    __slots__ = ("id", "op", "time", "_record", "_parts")
-
-    def __init__(self, record_id: str, op: str, at: float, record: dict[str, Any] | None = None,
-                 parts: tuple[Any, ...] | None = None) -> None:
-        self.id, self.op, self.time = record_id, op, at
-        self._record, self._parts = record, parts  # (compact parts, bus failed, gateway, duration, facts age)
-
-    def record(self) -> dict[str, Any] | None:
-        if self._record is None and self._parts is not None:
-            with _BUILDING:  # the loop (API, console) and the output thread may both ask
-                if self._record is None and self._parts is not None:
-                    try:
-                        parts, bus_failed, gateway, duration, facts_age = self._parts
-                        self._record = decisions.build_compact(parts, bus_failed=bus_failed, gateway=gateway,
-                                                               duration=duration, facts_age=facts_age, at=self.time,
-                                                               record_id=self.id)
-                    except Exception:  # noqa: BLE001 - the log must never take the gateway down
-                        log.exception("recording a %s decision failed", self.op)
-                    self._parts = None
-        return self._record
-
-
-_BUILDING = threading.Lock()
-
-
-class Ring:
-    """The newest ``size`` decisions of each operation, and an index by ID; thread-safe."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._lock = threading.Lock()
-        self._rings: dict[str, deque[Entry]] = {op: deque() for op in OPS}
-        self._by_id: dict[str, Entry] = {}
-
-    def add(self, record: dict[str, Any]) -> None:
-        """A built record (another gateway's, or a test's)."""
-        if isinstance(record.get("id"), str) and isinstance(record.get("time"), (int, float)):
-            self.add_entry(Entry(record["id"], record.get("op", ""), record["time"], record=record))
-
-    def add_entry(self, entry: Entry) -> None:
-        ring = self._rings.get(entry.op)
-        if ring is None:
-            return
-        with self._lock:
-            if entry.id in self._by_id:
-                return
-            ring.append(entry)
-            self._by_id[entry.id] = entry
-            while len(ring) > self.size:
-                self._by_id.pop(ring.popleft().id, None)
-
-    def get(self, record_id: str) -> dict[str, Any] | None:
-        with self._lock:
-            entry = self._by_id.get(record_id)
-        return entry.record() if entry is not None else None
-
-    def recent(self, limit: int | None = None, **filters: Any) -> list[dict[str, Any]]:
-        """Newest first, across operations, matching :func:`decisions.matches`."""
-        with self._lock:
-            entries = [e for ring in self._rings.values() for e in ring]
-        entries.sort(key=lambda e: e.time, reverse=True)
-        found = []
-        for entry in entries:
-            record = entry.record()
-            if record is not None and decisions.matches(record, **filters):
-                found.append(record)
-                if limit is not None and len(found) >= limit:
-                    break
-        return found
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._by_id)
 
 
 @dataclass
@@ -152,7 +74,7 @@ class DecisionLog:
         self.skipped = 0  # decisions not recorded because MAX_PENDING were waiting
         self._pending: deque[tuple[Any, ...]] = deque()
         self._timer: asyncio.TimerHandle | None = None
-        self._out: queue.SimpleQueue[list[Entry] | threading.Event | None] = queue.SimpleQueue()
+        self._out: queue.SimpleQueue[list[tuple[Any, ...]] | threading.Event | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         if not size or (bus is not None and bus.embedded):
             bus = None  # size 0: no decision log at all; the embedded bus: one process, no other gateway
@@ -189,10 +111,10 @@ class DecisionLog:
             parts, bus_failed, duration, at = self._pending.popleft()
             record_id = decisions.new_id()
             ages = self._ages(parts[2]) if facts_known else {}
-            entry = Entry(record_id, parts[0], at, parts=(parts, bus_failed, self.gateway, duration, ages))  # a tuple
-            # of atoms (and a dict of floats): the collector stops tracking it; only the Entry stays tracked
-            self.ring.add_entry(entry)
-            batch.append(entry)
+            kept = (parts, bus_failed, self.gateway, duration, ages)  # atoms only: the collector stops tracking it
+            self.ring.put(parts[0], record_id, at, kept)
+            if self._thread is not None:
+                batch.append((parts[0], record_id, at, kept))
         if batch and self._thread is not None:
             for start in range(0, len(batch), BATCH):
                 self._out.put(batch[start:start + BATCH])
@@ -266,7 +188,12 @@ class DecisionLog:
             if isinstance(entries, threading.Event):
                 entries.set()
                 continue
-            item = [r for e in entries if (r := e.record()) is not None]
+            item = []
+            for op, record_id, at, kept in entries:
+                record = decision_ring.build(record_id, at, kept)
+                if record is not None:
+                    self.ring.keep(op, record_id, record)
+                    item.append(record)
             sys.stdout.write("".join(json.dumps({"event": "vmsched.decision", **r}, default=str) + "\n"
                                      for r in item))
             sys.stdout.flush()
