@@ -21,6 +21,9 @@ from vmsched.runtime.process import Worker, WorkerGone, death_message
 from vmsched.runtime.types import Limits
 
 _INF = math.inf
+#: Seconds a batch waits for a worker before it asks the pool to grow: a wait shorter than this is
+#: a worker finishing its units (well under a millisecond for cheap ones), not a pool too small.
+GROW_AFTER = 0.005
 
 
 class PoolClosed(Exception):
@@ -46,6 +49,9 @@ class WorkerLender(Protocol):
 
     def release(self, worker: Worker) -> None:
         """``worker`` finished its request and may serve another."""
+
+    def grow(self) -> None:
+        """A batch has waited ``GROW_AFTER`` for a worker: start one more if the pool may grow."""
 
     def replace(self, worker: Worker, reason: str, why: str) -> None:
         """``worker`` is retired (``reason``: timeout, crash or recycle); start its successor."""
@@ -164,6 +170,7 @@ class Batch:
         self._poller = select.poll()
         self._waiter = Waiter()
         self._waiter_polled = False
+        self._grow_at = _INF  # when to ask the pool for one more worker (while waiting)
 
     def run(self) -> None:
         try:
@@ -191,6 +198,7 @@ class Batch:
                 if not self._waiter_polled:
                     self._poller.register(self._waiter.read_fd, select.POLLIN)
                     self._waiter_polled = True
+                    self._grow_at = time.monotonic() + GROW_AFTER
                 return
             self._start(worker, self._pending.popleft())
 
@@ -218,6 +226,8 @@ class Batch:
         ends = [job.end for _, job in self._running.values()] + [job.wait_until for job in self._pending]
         if not ends:
             return
+        if self._pending:
+            ends.append(self._grow_at)
         nearest = min(ends)
         timeout = None if nearest == _INF else max(0, math.ceil((nearest - now) * 1000))
         for fd, _event in self._poller.poll(timeout):
@@ -225,7 +235,11 @@ class Batch:
                 self._waiter.drain()
             else:
                 self._receive(*self._running[fd])
-        self._expire_running(time.monotonic())
+        now = time.monotonic()
+        self._expire_running(now)
+        if self._pending and self._grow_at <= now:
+            self._grow_at = _INF  # once per batch
+            self._pool.grow()
 
     def _receive(self, worker: Worker, job: Job) -> None:
         try:

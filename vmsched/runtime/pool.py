@@ -6,8 +6,8 @@ dispatcher thread and nothing is polled in a loop. A worker that overruns its
 deadline is SIGKILLed; a worker that dies is reaped; both are replaced in a
 background thread, so callers never wait for an interpreter start.
 
-Its size adapts between ``min_size`` and ``max_size``: a caller that has to
-wait for a worker starts one more in the background, and a worker above the
+Its size adapts between ``min_size`` and ``max_size``: a caller that waits
+for a worker (a few ms) starts one more in the background; a worker above the
 minimum that stays idle for ``idle_seconds`` is stopped (``size=N``: a fixed
 pool of N). How a request's units are laid out on workers is
 :mod:`vmsched.runtime.planning`; a worker process, as seen from here, is
@@ -232,11 +232,7 @@ class PluginPool:
 
     # -- the WorkerLender protocol (vmsched.runtime.batch): lending workers to a Batch
     def checkout(self, waiter: Waiter, wanted: int) -> Worker | None:
-        """An idle worker, or None after registering ``waiter`` for ``wanted`` of them.
-
-        A caller that has to wait grows the pool by one worker (up to ``max_size``), started in the
-        background: the caller takes whichever worker is free first.
-        """
+        """An idle worker, or None after registering ``waiter`` for ``wanted`` of them."""
         with self._lock:
             if self.closed:
                 raise PoolClosed()
@@ -248,12 +244,16 @@ class PluginPool:
             if not waiter.registered:
                 waiter.open()
                 self._waiters.append(waiter)
-            grow = len(self._workers) + self._growing < self.max_size
-            if grow:
-                self._growing += 1
-        if grow:
-            threading.Thread(target=self._respawn, args=(None,), name=f"{self.name}-grow", daemon=True).start()
-        return None
+            return None
+
+    def grow(self) -> None:
+        """One more worker (up to ``max_size``), started in the background: a caller has waited
+        (batch.GROW_AFTER) and takes whichever worker is free first."""
+        with self._lock:
+            if self.closed or len(self._workers) + self._growing >= self.max_size:
+                return
+            self._growing += 1
+        threading.Thread(target=self._respawn, args=(None,), name=f"{self.name}-grow", daemon=True).start()
 
     def want(self, waiter: Waiter, wanted: int) -> None:
         with self._lock:
