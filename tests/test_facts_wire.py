@@ -71,6 +71,43 @@ def test_each_worker_is_sent_a_host_once_per_generation() -> None:
     assert again["reset"] and len(again["data"]) == 3 and again["count"] == 3
 
 
+def test_calls_prepared_before_and_after_a_new_generation_each_get_their_own() -> None:
+    """Concurrent requests: one prepared before a host's new message, one after, alternate on one worker.
+
+    Each frame must leave the worker holding exactly its own call's generations (the per-host pass is skipped
+    only for a call at the same cache epoch and hosts as the worker's previous one)."""
+    cache = FactsCache("wire-epoch")
+    fill(cache, 1, ["hv0", "hv1", "hv2"], memory_free_mib=100)
+    wire, worker, held = FactsWire(), FakeWorker(), _held.Held()
+    hosts = ["hv0", "hv1", "hv2"]
+
+    def send(call_facts: Any) -> dict[str, Any]:
+        payload = json.loads(wire.encode(worker, call_facts))
+        held.install(payload)
+        assert not held.lost
+        return payload
+
+    def worker_sees() -> dict[str, int]:
+        return {h: held.hosts[h][0] for h in hosts}
+
+    def generations(call_facts: Any) -> dict[str, int]:
+        return {h: part.gen for h, part in call_facts.refs.items()}
+
+    old = cache.prepared(hosts)
+    assert "data" in send(old) and worker_sees() == generations(old)
+    assert "data" not in send(cache.prepared(hosts))  # same epoch, same hosts: nothing per host
+    fill(cache, 2, ["hv1"], memory_free_mib=50)
+    new = cache.prepared(hosts)
+    assert new.epoch != old.epoch
+    assert set(send(new)["data"]) == {"hv1"} and worker_sees() == generations(new)
+    assert set(send(old)["data"]) == {"hv1"} and worker_sees() == generations(old)  # back to the older one
+    assert set(send(new)["data"]) == {"hv1"} and worker_sees() == generations(new)
+    assert "data" not in send(new) and worker_sees() == generations(new)
+    mapped = FactsCache("wire-epoch-map", host_map={"guid": "hv0"})
+    fill(mapped, 1, ["hv0"])
+    assert mapped.prepared(["guid"]).epoch == -1  # resolved through the map: never skipped
+
+
 def test_guest_lists_travel_with_balance_calls_only_and_when_they_change() -> None:
     cache = FactsCache("wire-guests")
     g = GuestFacts(uuid="u1", name="vm1", state="running", vcpus=2, memory_mib=1024)

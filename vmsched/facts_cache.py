@@ -132,6 +132,7 @@ class FactsCache:
         self._hosts: dict[str, Entry] = {}
         self._vms: dict[str, tuple[str, GuestFacts]] = {}  # guest UUID -> (agent host ID, its facts)
         self._lock = threading.Lock()
+        self._epoch = 0  # entries stored so far (CallFacts.epoch)
         _CACHES.add(self)
         RECEIVED.labels(service)  # every series at 0 from start-up (docs/deploy.md, "Monitoring")
         for reason in ("oversized", "malformed", "version", "out_of_order", "host_mismatch"):
@@ -184,6 +185,7 @@ class FactsCache:
             if kept:
                 entry._guests_json = old._guests_json  # type: ignore[union-attr]
             self._hosts[message.host_id] = entry
+            self._epoch += 1
 
     # --- reading -----------------------------------------------------------------
     def resolve(self, host_id: str) -> tuple[Entry | None, str]:
@@ -258,6 +260,7 @@ class FactsCache:
         with self._lock:  # an agent reporting the engine's ID: the common case, one lock for all
             get = self._hosts.get
             refs: dict[str, Entry] = {h: e for h in hosts if (e := get(h)) is not None}
+            epoch = self._epoch  # read with refs: the same epoch means the same entries
         agents: dict[str, str] = {}
         missing: dict[str, str] = {}
         if len(refs) < len(hosts):
@@ -270,7 +273,9 @@ class FactsCache:
                 else:
                     refs[host_id], agents[host_id] = entry, resolved
         vm_view, problem = self._vm(vm)
-        return CallFacts(time.time(), refs, missing, vm_view, problem, with_guests, agents)  # type: ignore[arg-type]
+        # a host resolved through the map or the link: what it resolves to may change without a store
+        return CallFacts(time.time(), refs, missing, vm_view, problem, with_guests, agents,  # type: ignore[arg-type]
+                         epoch=-1 if agents else epoch)
 
     def _plugin_host(self, entry: Entry, agent_id: str, now: float, with_guests: bool) -> dict[str, Any]:
         view = {**entry.plugin_view, "agent_host_id": agent_id, "stale": self.is_stale(entry, now),

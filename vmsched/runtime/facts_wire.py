@@ -61,6 +61,9 @@ class CallFacts:
     vm_problem: str | None
     with_guests: bool = False
     agents: dict[str, str] = field(default_factory=dict)  # engine host ID -> agent host ID, where they differ
+    #: the cache's store count when ``refs`` were read (-1: not known). Two calls with the same epoch and hosts
+    #: have the same refs: a worker sent one holds the other's (FactsWire.encode skips the per-host pass).
+    epoch: int = -1
     _common: str = field(default="", repr=False)
     _hosts_key: str = field(default="", repr=False)
 
@@ -82,13 +85,14 @@ class CallFacts:
 
 
 class _Held:
-    __slots__ = ("hosts", "guests", "sent", "last_hosts", "__weakref__")
+    __slots__ = ("hosts", "guests", "sent", "last_hosts", "epoch", "__weakref__")
 
     def __init__(self) -> None:
         self.hosts: dict[str, int] = {}  # engine host ID -> generation the worker holds
         self.guests: dict[str, int] = {}  # engine host ID -> guest-list generation it holds
         self.sent = -1  # hosts and guest lists sent since the last reset; -1: the next frame resets
         self.last_hosts = ""  # hosts_key() of the worker's previous call
+        self.epoch = -1  # CallFacts.epoch of that call: it holds that call's generations of last_hosts
 
 
 class FactsWire:
@@ -112,21 +116,24 @@ class FactsWire:
         if reset:
             held.hosts.clear()
             held.guests.clear()
-            held.sent, held.last_hosts = 0, ""
+            held.sent, held.last_hosts, held.epoch = 0, "", -1
         data: list[str] = []
         guests: list[str] = []
-        hosts_held, guests_held = held.hosts, held.guests
-        for host_id, part in facts.refs.items():
-            if hosts_held.get(host_id) != part.gen:
-                agent_id = facts.agents.get(host_id, host_id)
-                data.append(f"{_dumps(host_id)}:[{part.gen},{_dumps(agent_id)},{part.fragment}]")
-                hosts_held[host_id] = part.gen
-            if facts.with_guests and guests_held.get(host_id) != part.guests_gen:
-                guests.append(f"{_dumps(host_id)}:[{part.guests_gen},{part.guests_json()}]")
-                guests_held[host_id] = part.guests_gen
+        key = facts.hosts_key()
+        if facts.with_guests or facts.epoch < 0 or facts.epoch != held.epoch or key != held.last_hosts:
+            hosts_held, guests_held = held.hosts, held.guests
+            for host_id, part in facts.refs.items():
+                if hosts_held.get(host_id) != part.gen:
+                    agent_id = facts.agents.get(host_id, host_id)
+                    data.append(f"{_dumps(host_id)}:[{part.gen},{_dumps(agent_id)},{part.fragment}]")
+                    hosts_held[host_id] = part.gen
+                if facts.with_guests and guests_held.get(host_id) != part.guests_gen:
+                    guests.append(f"{_dumps(host_id)}:[{part.guests_gen},{part.guests_json()}]")
+                    guests_held[host_id] = part.guests_gen
+            held.epoch = facts.epoch
+        # else: the worker's previous call had these hosts at this epoch, so it holds every one of them
         held.sent += len(data) + len(guests)
         text = "{" + facts.common() + f',"count":{held.sent}'
-        key = facts.hosts_key()
         if key == held.last_hosts:
             text += ',"same_hosts":true'
         else:
