@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_facts import summary  # noqa: E402
+from bench_facts_cpu import CpuMeter, rabbitmq_pids  # noqa: E402
 from bench_gateway import HOSTS, VM, arun, concurrent, free_port, pct, sequential, wait_ready  # noqa: E402
 from tests.engine_wire import call  # noqa: E402
 
@@ -98,6 +99,10 @@ class Stack:
             self.procs.append(subprocess.Popen([sys.executable, "-m", "vmsched.cli", *args], cwd=ROOT, stdout=log,
                                                stderr=subprocess.STDOUT, start_new_session=True, env=env))
 
+    def groups(self) -> dict[str, list[int]]:
+        """The stack's processes by name (gateway, scoring, discovery, balancer), for the CPU meter."""
+        return {name: [p.pid] for name, p in zip(("gateway", "scoring", "discovery", "balancer"), self.procs)}
+
     def stop(self) -> None:
         for p in self.procs:
             try:
@@ -115,7 +120,10 @@ class Stack:
 def feed(url: str) -> None:
     """Publish the 100 hosts' facts as their agents would: each host every INTERVAL, spread over it.
 
-    Runs in its own process (``--feed``, the URL in VMSCHED_AMQP_URL): a publishing thread in the load generator would hold its GIL.
+    Runs in its own process (``--feed``, the URL in VMSCHED_AMQP_URL): a publishing thread in the load generator
+    would hold its GIL. The feeder stands in for agents that run on the other hypervisors, so it is kept cheap:
+    each host's message is encoded once and only its ``seq`` and ``time`` are replaced per message, and it runs
+    at nice 19 (its own CPU is reported apart, ``feeder``).
     """
     from kombu import Producer
 
@@ -123,8 +131,23 @@ def feed(url: str) -> None:
     from vmsched.bus.topology import EVENTS_EXCHANGE
     from vmsched.facts import FactsMessage, GuestFacts, facts_key
 
+    os.nice(19)
     guests = [GuestFacts(uuid=str(uuid.UUID(int=(h << 16) + g)), name=f"vm{g}", state="running", vcpus=4,
                          memory_mib=4096) for h in range(len(HOSTS)) for g in range(20)]
+    marker = (987654321, 1234567890.25)  # stand-ins for seq and time, replaced in the encoded text
+
+    def template(i: int, first: bool) -> tuple[bytes, bytes, bytes]:
+        body = FactsMessage(host_id=HOSTS[i], instance="bench", seq=marker[0], time=marker[1], interval=INTERVAL,
+                            host=summary(i), guests=guests[i * 20:(i + 1) * 20] if first else None)
+        text = body.model_dump_json().encode()
+        head, _, rest = text.partition(b"%d" % marker[0])
+        middle, _, tail = rest.partition(repr(marker[1]).encode())
+        assert middle and tail, "seq and time must both be in the encoded message"
+        return head, middle, tail
+
+    first = [template(i, True) for i in range(len(HOSTS))]  # the guest list with the first message only
+    later = [template(i, False) for i in range(len(HOSTS))]
+    keys = [facts_key(h) for h in HOSTS]
     conn = open_connection(BusOptions(url=url))
     ensure_exchanges(conn, (EVENTS_EXCHANGE,))
     producer = Producer(conn.default_channel, auto_declare=False)
@@ -132,12 +155,10 @@ def feed(url: str) -> None:
     while True:
         seq += 1
         start = time.monotonic()
-        for i, host in enumerate(HOSTS):
-            mine = guests[i * 20:(i + 1) * 20] if seq == 1 else None  # the guest list with the first message
-            body = FactsMessage(host_id=host, instance="bench", seq=seq, time=time.time(), interval=INTERVAL,
-                                host=summary(i), guests=mine).model_dump_json().encode()
-            producer.publish(body, exchange=EVENTS_EXCHANGE, routing_key=facts_key(host),
-                             content_type="application/json")
+        for i in range(len(HOSTS)):
+            head, middle, tail = (first if seq == 1 else later)[i]
+            body = b"%b%d%b%r%b" % (head, seq, middle, time.time(), tail)
+            producer.publish(body, exchange=EVENTS_EXCHANGE, routing_key=keys[i], content_type="application/json")
             if seq > 1:
                 time.sleep(max(0.0, start + (i + 1) * INTERVAL / len(HOSTS) - time.monotonic()))
         if seq == 1:
@@ -163,6 +184,18 @@ def wait_for_facts(port: int, want: int, timeout: float = 60.0) -> None:
     raise RuntimeError(f"the facts of {want} hosts did not reach the plugins within {timeout:g} s")
 
 
+def spy(meter: CpuMeter, out: Path) -> list[subprocess.Popen[bytes]]:
+    """py-spy on the stack's gateway, scoring and scoring workers (raw folded stacks of the thread holding the GIL)."""
+    out.mkdir(parents=True, exist_ok=True)
+    exe = Path(sys.executable).with_name("py-spy")
+    found = [(name, pid) for name in ("gateway", "scoring", "scoring workers") for pid in meter.pids(name)]
+    spies = [subprocess.Popen([str(exe), "record", "-p", str(pid), "-f", "raw", "-r", "250", "--nonblocking", "--gil",
+                               "-o", str(out / f"{name.replace(' ', '-')}-{pid}.txt")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, pid in found]
+    time.sleep(1.0)  # py-spy attaching
+    return spies
+
+
 def spread(values: list[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
@@ -175,6 +208,8 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=5.0, help="duration of one concurrent run")
     ap.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/")
+    ap.add_argument("--py-spy", type=Path, metavar="DIR",
+                    help="record py-spy raw profiles of gateway, scoring and its workers in the last round, into DIR")
     ap.add_argument("--feed", action="store_true", help=argparse.SUPPRESS)  # the feeder process (URL in env)
     opts = ap.parse_args()
     if opts.feed:
@@ -184,7 +219,8 @@ def main() -> int:
     tmp.chmod(0o755)  # the plugin user (nobody, when run as root) reads the plugins folder
     stacks = [Stack("facts", True, opts.amqp, tmp), Stack("nofacts", False, opts.amqp, tmp)]
     feeder: subprocess.Popen[bytes] | None = None
-    results: dict[str, dict[str, list[float]]] = {s.name: {"p50": [], "rate": []} for s in stacks}
+    results: dict[str, dict[str, list[float]]] = {s.name: {"p50": [], "p99": [], "rate": []} for s in stacks}
+    cpu: dict[str, dict[str, list[float]]] = {s.name: {} for s in stacks}  # ms per request, by process
     try:
         for stack in stacks:
             stack.start()
@@ -199,11 +235,23 @@ def main() -> int:
         for r in range(opts.rounds):
             for stack in (stacks if r % 2 == 0 else stacks[::-1]):  # interleaved, order alternating
                 lat = arun(sequential(stack.port, FILTER_BODY, opts.calls))
+                meter = CpuMeter({**stack.groups(), "rabbitmq": rabbitmq_pids(), "feeder": [feeder.pid]})
+                meter.start()
+                spies = spy(meter, opts.py_spy / stack.name) if opts.py_spy and r == opts.rounds - 1 else []
                 done, elapsed = arun(concurrent(stack.port, [FILTER_BODY], opts.clients, opts.seconds))
+                used = meter.stop()
+                for one in spies:
+                    one.send_signal(signal.SIGINT)
+                    one.wait(30)
                 results[stack.name]["p50"].append(pct(lat, 0.5))
+                results[stack.name]["p99"].append(pct(lat, 0.99))
                 results[stack.name]["rate"].append(done / elapsed)
+                ours = sum(v for k, v in used.items() if k not in ("rabbitmq", "feeder"))
+                for name, seconds in {**used, "vmsched": ours, "total": sum(used.values())}.items():
+                    cpu[stack.name].setdefault(name, []).append(seconds * 1000 / done)
                 print(f"  round {r + 1} {stack.name:>8}: p50 {pct(lat, 0.5):.2f} ms, p99 {pct(lat, 0.99):.2f} ms, "
-                      f"{opts.clients} clients {done / elapsed:.0f} req/s", flush=True)
+                      f"{opts.clients} clients {done / elapsed:.0f} req/s, CPU per request "
+                      f"{sum(used.values()) * 1000 / done:.2f} ms", flush=True)
     finally:
         if feeder is not None:
             feeder.kill()
@@ -219,6 +267,18 @@ def main() -> int:
     print(f"  {opts.clients} clients, with facts:    {spread(with_['rate'], '{:.0f}')} req/s")
     print(f"  {opts.clients} clients, without facts: {spread(without['rate'], '{:.0f}')} req/s   "
           f"ratio {spread(rate_ratio)}")
+    p99_ratio = [a / b for a, b in zip(with_["p99"], without["p99"])]
+    print(f"  sequential p99, with facts:    {spread(with_['p99'])} ms")
+    print(f"  sequential p99, without facts: {spread(without['p99'])} ms   ratio {spread(p99_ratio)}")
+    print(f"CPU ms per request during the {opts.clients}-client runs (from /proc; 'workers': a service's plugin "
+          "workers; 'vmsched': the stack's own processes; rabbitmq (the whole broker, shared with anything else using "
+          "it) and the feeder (running all along, in both stacks' rounds) are counted in the rounds of the stack that ran)")
+    for name in cpu["facts"]:
+        a, b = cpu["facts"][name], cpu["nofacts"].get(name, [0.0])
+        ratio = f"   ratio {spread([x / y for x, y in zip(a, b)])}" if min(b) > 0 else ""
+        if max(a) == 0 and max(b) == 0:
+            continue
+        print(f"  {name:>17}: with {spread(a, '{:.3f}')}, without {spread(b, '{:.3f}')}{ratio}")
     return 0
 
 
