@@ -55,6 +55,9 @@ def _plugins(p: argparse.ArgumentParser) -> None:
                    help="most plugin worker processes per service; more start while calls queue (default 4)")
     p.add_argument("--pool-idle", type=float, metavar="S",
                    help="seconds a plugin worker above --pool-min may stay idle before it stops (default 60)")
+    p.add_argument("--plugin-bundle-ms", type=float, metavar="MS",
+                   help="the units of a request share one plugin worker while their mean run time together stays "
+                        "under this (default 2); 0: each unit on its own worker")
     p.add_argument("--plugin-timeout", type=float, metavar="S", help="default timeout of one plugin call in seconds (default 10)")
     p.add_argument("--plugin-timeouts", metavar="UNIT=S,...", help="per-unit timeouts, e.g. 'SlowFilter=30,Quick=2'")
     p.add_argument("--plugin-memory-mb", type=int, metavar="MIB", help="address-space limit of a plugin worker (default 1024)")

@@ -112,6 +112,7 @@ class Settings(BaseSettings):
     pool_min: int = Field(1, ge=1, description="plugin worker processes a service keeps when idle")
     pool_max: int = Field(4, ge=1, description="most plugin worker processes per service (more start while calls queue)")
     pool_idle: float = Field(60.0, gt=0, description="seconds a plugin worker above pool_min may stay idle before it stops")
+    plugin_bundle_ms: float = Field(2.0, ge=0, description="the units of a request share one plugin worker while their mean run time together stays under this, ms; 0: each unit on its own worker")
     plugin_timeout: float = Field(10.0, gt=0, le=110, description="default per-call plugin timeout, seconds")
     plugin_timeouts: Annotated[dict[str, float], NoDecode] = Field(default_factory=dict, description="per-unit timeouts NAME=SECONDS,...")
     plugin_memory_mb: int = Field(1024, ge=32, description="address-space limit of a plugin worker, MiB")

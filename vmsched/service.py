@@ -94,7 +94,7 @@ class PluginService:
         fewest, most = (pool_size, pool_size) if pool_size else pool_bounds or settings.pool_bounds()
         self.pool = PluginPool(
             settings.plugins_dir, min_size=fewest, max_size=most, idle_seconds=settings.pool_idle, limits=limits,
-            name=self.name, confinement=confinement,
+            name=self.name, confinement=confinement, bundle_seconds=settings.plugin_bundle_ms / 1000,
         )
         self.catalog = Catalog(settings.plugins_dir, self.pool, analyze_timeout=settings.plugin_timeout)
         self.worker: ServiceWorker | None = None
