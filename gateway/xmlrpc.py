@@ -21,6 +21,7 @@ from xml.sax.saxutils import escape
 from defusedxml.xmlrpc import DefusedExpatParser, monkey_patch
 
 from vmsched.gateway.render import INT32_MAX, INT32_MIN, clamp_int32
+from vmsched.gateway.xmlrpc_fast import read_call
 
 monkey_patch()  # refuse DTDs and entity expansion in request bodies (also for other users of xmlrpc.client)
 
@@ -67,6 +68,14 @@ def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
     """Return ``(method, params)`` or raise :class:`Fault` with a precise reason."""
     if not body.strip():
         raise Fault(PARSE_ERROR, "empty request body: expected an XML-RPC methodCall")
+    method, params = read_call(body) or _parse_full(body)
+    if not method:
+        raise Fault(PARSE_ERROR, "request has no methodName")
+    return method, tuple(params)
+
+
+def _parse_full(body: bytes) -> tuple[str, tuple[Any, ...]]:
+    """Any XML-RPC body, by the hardened stdlib parser (what :func:`read_call` does not read)."""
     reader = _Reader()
     try:
         parser = DefusedExpatParser(reader)
@@ -83,9 +92,7 @@ def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
                                  "dateTime.iso8601, base64, array, struct)") from None
     except Exception as exc:  # noqa: BLE001 - any parser complaint (a bad number, date, base64) is the client's
         raise Fault(PARSE_ERROR, f"malformed XML-RPC request: {type(exc).__name__}: {shown(str(exc))}") from None
-    if not method:
-        raise Fault(PARSE_ERROR, "request has no methodName")
-    return method, tuple(params)
+    return method, params
 
 
 #: Characters XML 1.0 cannot carry (control characters, lone surrogates): a plugin's
