@@ -1,8 +1,12 @@
-"""Bring guests to their policy: one guest (event, request) or all (sweep).
+"""Bring guests to their policy: one guest (event) or all (sweep); the changes
+requests make (set, delete) are the mixed-in half in changes.py.
 
 Everything here runs under the agent's lock, so allocations, metadata and
 pins change together. Reads are one ``XMLDesc`` per scope; writes happen
-only where the guest differs from what it should be.
+only where the guest differs from what it should be, and only while its
+definition is still the one the repair was decided from: when another
+writer (an admin, the guest's manager) changed it meanwhile, the repair is
+decided again from a new read (virt/apply.py says what is left of the race).
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ from typing import Callable
 import libvirt
 
 from . import metrics, tuned_sync
+from .changes import PolicyChanges
 from .overlaps import OverlapReporter, manager_pinned
 from .policy import cpuset
 from .policy.allocation import Pools, pin_conflicts, plan_pool
 from .policy.cpuset import CpuSet
-from .policy.errors import ApplyError, GuestNotFound, PolicyError
+from .policy.errors import ApplyError, DefinitionChanged, PolicyError
 from .policy.inventory import Guest, Inventory
-from .policy.model import DEFAULT_SHARES, GuestPolicy
 from .policy.tuning.state import TunedState
 from .policy.validation import Desired, GuestInfo, check_policy, desired_for
 from .transient import TransientPolicies
@@ -35,9 +39,10 @@ log = logging.getLogger(__name__)
 
 Publish = Callable[[str, dict], None]
 DRIFT_LOOP = (20, 10.0)  # restorations within seconds that mean a loop (a real one cycles ~20/s)
+CHANGED_RETRIES = 3  # repairs decided again when another writer keeps changing the definition under them
 
 
-class Enforcer:
+class Enforcer(PolicyChanges):
     def __init__(self, host_id: str, pools: Pools, inventory: Inventory, applier: Applier,
                  publish: Publish, save: Callable[[], None], release_on_stop: bool = False,
                  transient: TransientPolicies | None = None, hint_keys: frozenset[str] = frozenset()):
@@ -87,40 +92,66 @@ class Enforcer:
     def sync(self, snap: Snapshot, trigger: str, received: float | None = None, confine: bool = False,
              drift: bool = False) -> Result | None:
         """Refresh the cache from ``snap`` and verify/repair the guest. Errors are recorded, not raised."""
+        return self._sync(snap, trigger, received, confine, drift)[0]
+
+    def _sync(self, snap: Snapshot, trigger: str, received: float | None, confine: bool,
+              drift: bool) -> tuple[Result | None, Snapshot]:
+        """:meth:`sync`, deciding again from a new read while the definition changes under the repair
+        (another writer defined the guest after ``snap`` was read); returns the snapshot last used."""
         with self.lock:
-            src = self._metadata_of(snap)
-            g = self.observe(snap)
-            info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
-            error = src.metadata_error
-            desired: Desired | None = None
-            if error is None:
+            for _ in range(CHANGED_RETRIES):
                 try:
-                    desired = self._desired(g, info, snap.active, confine, src)
-                except PolicyError as exc:
-                    error = f"policy of {snap.name!r} cannot be enforced on this host: {exc}"
-            if desired is None:
-                # safe fallback: keep the guest on the shared set, off every dedicated CPU
-                desired = desired_for(None, info, self.pools, None, confine=True)
+                    return self._sync_once(snap, trigger, received, confine, drift), snap
+                except DefinitionChanged as exc:
+                    log.info("%s: %s; deciding again from the definition as it is now", trigger, exc)
+                try:
+                    snap = self.read(snap.dom)
+                except libvirt.libvirtError as exc:
+                    if snapshot.gone(exc):
+                        return None, snap
+                    raise
+            g = self.observe(snap)
+            self._record_error(g, f"the definition of {snap.name!r} changed under each of {CHANGED_RETRIES}"
+                                  " repairs; the next event or sweep tries again", "apply")
+            return None, snap
+
+    def _sync_once(self, snap: Snapshot, trigger: str, received: float | None, confine: bool,
+                   drift: bool) -> Result | None:
+        src = self._metadata_of(snap)
+        g = self.observe(snap)
+        info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
+        error = src.metadata_error
+        desired: Desired | None = None
+        if error is None:
             try:
-                result = tuned_sync.verify(self.applier, snap, g, desired, self.tuned, self.pools.shared)
-            except (ApplyError, libvirt.libvirtError) as exc:
-                if isinstance(exc, libvirt.libvirtError) and snapshot.gone(exc):
-                    return None
-                self._record_error(g, f"applying the policy of {snap.name!r} failed: {exc}", "apply")
+                desired = self._desired(g, info, snap.active, confine, src)
+            except PolicyError as exc:
+                error = f"policy of {snap.name!r} cannot be enforced on this host: {exc}"
+        if desired is None:
+            # safe fallback: keep the guest on the shared set, off every dedicated CPU
+            desired = desired_for(None, info, self.pools, None, confine=True)
+        try:
+            result = tuned_sync.verify(self.applier, snap, g, desired, self.tuned, self.pools.shared)
+        except DefinitionChanged:
+            raise
+        except (ApplyError, libvirt.libvirtError) as exc:
+            if isinstance(exc, libvirt.libvirtError) and snapshot.gone(exc):
                 return None
-            if self.transient is not None:
-                held = self.pools.allocations.get(g.uuid)
-                self.transient.mirror(snap, g, metadata.AllocationHint(self.host_id, held, self.pools.pool)
-                                      if held else None)
-            self._sync_hint(snap, g)
-            g.desired = desired
-            if error:
-                self._record_error(g, error, "validation")
-            else:
-                g.status, g.error = ("applied" if g.policy else "unmanaged"), None
-                g.applied_at = time.time()
-            self._count(g, trigger, result, received, drift)
-            return result
+            self._record_error(g, f"applying the policy of {snap.name!r} failed: {exc}", "apply")
+            return None
+        if self.transient is not None:
+            held = self.pools.allocations.get(g.uuid)
+            self.transient.mirror(snap, g, metadata.AllocationHint(self.host_id, held, self.pools.pool)
+                                  if held else None)
+        self._sync_hint(snap, g)
+        g.desired = desired
+        if error:
+            self._record_error(g, error, "validation")
+        else:
+            g.status, g.error = ("applied" if g.policy else "unmanaged"), None
+            g.applied_at = time.time()
+        self._count(g, trigger, result, received, drift)
+        return result
 
     def _desired(self, g: Guest, info: GuestInfo, active: bool, confine: bool,
                  src: DomainXml | None = None) -> Desired:
@@ -273,15 +304,16 @@ class Enforcer:
                 return 0
             return 1 if s.uuid in self.pools.allocations else 2
 
-        repaired, errors = 0, []
+        repaired, errors, used = 0, [], []
         for snap in sorted(snaps, key=order):
-            result = self.sync(snap, trigger, confine=confine)  # lock per guest: events interleave
+            result, snap = self._sync(snap, trigger, None, confine, False)  # lock per guest: events interleave
+            used.append(snap)
             g = self.inv.get(snap.uuid)
             if result is not None and result.changed:
                 repaired += 1
             if g is not None and g.error:
                 errors.append(g.error)
-        errors += self._report_overlaps(snaps)
+        errors += self._report_overlaps(used)
         duration = time.perf_counter() - started
         metrics.RECONCILE_DURATION.observe(duration)
         self.update_gauges()
@@ -295,118 +327,6 @@ class Enforcer:
         metrics.GUESTS_MANAGED.set(self.inv.managed())
         metrics.DEDICATED_CPUS.labels("allocated").set(len(self.pools.allocated))
         metrics.DEDICATED_CPUS.labels("free").set(len(self.pools.free))
-
-    # --- requests ----------------------------------------------------------------
-    def set_policy(self, conn: "libvirt.virConnect", key: str, policy: GuestPolicy,
-                   problems: list[str] | None = None) -> dict:
-        """Validate and apply ``policy``. ``problems`` are the request's own errors found while parsing it
-        (``policy`` is then made of its valid fields): refused together with the host-fit problems."""
-        with self.lock:
-            dom = self.lookup(conn, key)
-            snap = self.read(dom)
-            src = self._metadata_of(snap)
-            info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
-            try:
-                checked = check_policy(policy, info, self.pools, self.inv.graph(), self.inv.resolve,
-                                       self.inv.name_of)
-            except PolicyError as exc:
-                metrics.APPLICATIONS.labels("refused").inc()
-                raise PolicyError([*(problems or []), *exc.errors]) from None
-            if problems:
-                metrics.APPLICATIONS.labels("refused").inc()
-                raise PolicyError(problems)
-            if self.release_on_stop and not snap.active and policy.dedicated is not None:
-                # validated now; the CPUs are allocated when the guest starts
-                checked.allocation = None
-                stopped = policy.model_copy(update={"dedicated": None, "vcpu_pins": {}})
-                checked.desired = desired_for(stopped, info, self.pools, None)
-            if self.tuned is not None:
-                self.tuned.drop(snap.uuid)  # a new static policy: the tuners start again from it
-            old_alloc = self.pools.allocations.get(snap.uuid)
-            hint = metadata.AllocationHint(self.host_id, checked.allocation, self.pools.pool) if checked.allocation else None
-            store = self.transient if not snap.persistent else None
-            old_stored = store.get(snap.uuid) if store is not None else None
-            try:
-                if store is not None:
-                    store.put(snap.uuid, snap.name, policy)  # on disk first: it must outlive the guest
-                metadata.write(dom, policy, hint)
-                result = self.applier.verify_and_repair(dom, checked.desired, snap.active, snap.persistent)
-            except (ApplyError, libvirt.libvirtError) as exc:
-                self._rollback(snap, src, old_alloc)
-                if store is not None:
-                    store.restore(snap.uuid, old_stored)
-                metrics.APPLICATIONS.labels("error").inc()
-                raise ApplyError(f"applying the policy of {snap.name!r} failed, previous policy restored: {exc}") from exc
-            if checked.allocation:
-                self.pools.assign(snap.uuid, snap.name, checked.allocation)
-            else:
-                self.pools.release(snap.uuid)
-            self.save()
-            g = self.inv.upsert(snap.uuid, snap.name)
-            g.policy, g.hint, g.nvcpus, g.desired = policy, hint, src.nvcpus, checked.desired
-            g.status, g.error, g.warnings, g.applied_at = "applied", None, checked.warnings, time.time()
-            metrics.APPLICATIONS.labels("ok").inc()
-            self.update_gauges()
-            log.info("policy of %r set%s", snap.name, f": {', '.join(result.all())}" if result.changed else "")
-            self.publish("applied", {"guest": snap.name, "uuid": snap.uuid, "trigger": "set",
-                                     "changes": result.all(), "latency": None})
-            return self.view(g)
-
-    def _rollback(self, snap: Snapshot, src: DomainXml, old_alloc: CpuSet | None) -> None:
-        try:
-            if src.policy is not None:
-                metadata.write(snap.dom, src.policy, src.hint)
-            else:
-                metadata.clear(snap.dom)
-            g = self.inv.get(snap.uuid)
-            desired = g.desired if g is not None and g.desired is not None else None
-            if desired is not None:
-                self.applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent)
-        except (ApplyError, libvirt.libvirtError) as exc:
-            log.error("rolling back the policy of %r failed (the next sweep retries): %s", snap.name, exc)
-
-    def delete_policy(self, conn: "libvirt.virConnect", key: str) -> dict:
-        with self.lock:
-            try:
-                dom = self.lookup(conn, key)
-            except GuestNotFound:
-                stored = self.transient.find(key) if self.transient is not None else None
-                if stored is None:
-                    raise
-                self.transient.remove(stored.uuid)
-                log.info("stored policy of transient guest %r (%s, not running) deleted", stored.name, stored.uuid)
-                return {"guest": stored.name, "uuid": stored.uuid, "deleted": True}
-            snap = self.read(dom)
-            old = self._metadata_of(snap).policy
-            if old is None and self.pools.allocations.get(snap.uuid) is None:
-                return {"guest": snap.name, "uuid": snap.uuid, "deleted": False}
-            if self.transient is not None:
-                self.transient.remove(snap.uuid)  # first: a failure below must not bring it back
-            metadata.clear(dom)
-            self.pools.release(snap.uuid)
-            self.save()
-            info = GuestInfo(snap.uuid, snap.name, self._metadata_of(snap).nvcpus)
-            base = desired_for(None, info, self.pools, None, confine=True)
-            resets: dict[str, int] = {}
-            if old is not None and old.weight is not None:
-                resets["cpu_shares"] = DEFAULT_SHARES
-            if old is not None and old.effective_quota() is not None:
-                resets["vcpu_quota"] = -1
-            desired = Desired(base.vcpus, base.emulator, resets)
-            try:
-                self.applier.verify_and_repair(dom, desired, snap.active, snap.persistent)
-            except (ApplyError, libvirt.libvirtError) as exc:
-                metrics.APPLICATIONS.labels("error").inc()
-                raise ApplyError(f"policy of {snap.name!r} removed, but resetting its pins failed: {exc}") from exc
-            g = self.inv.upsert(snap.uuid, snap.name)
-            g.policy, g.hint, g.status, g.error, g.warnings = None, None, "unmanaged", None, []
-            g.desired = desired_for(None, info, self.pools, None)
-            metrics.APPLICATIONS.labels("ok").inc()
-            self.update_gauges()
-            log.info("policy of %r deleted", snap.name)
-            self.publish("applied", {"guest": snap.name, "uuid": snap.uuid, "trigger": "delete",
-                                     "changes": [], "latency": None})
-            return {"guest": snap.name, "uuid": snap.uuid, "deleted": True}
 
     def plan_pool(self, pool: CpuSet) -> Pools:
         """The pools after changing the dedicated pool; raises PolicyError when a guest cannot keep its CPUs."""

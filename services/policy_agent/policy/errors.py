@@ -41,6 +41,12 @@ class ApplyError(AgentError):
     code: str = ErrorCode.INTERNAL.value
 
 
+class DefinitionChanged(ApplyError):
+    """A guest's persistent definition changed between the read a repair was decided from and its writes
+    (another writer: an admin's define, the guest's manager): the repair is decided again from a new read,
+    never written over the newer definition."""
+
+
 def from_reply(code: str | None, message: str, details: list[str] | None = None) -> AgentError:
     """Rebuild the exception a remote agent raised, from its reply's code (an ErrorCode value)."""
     if code == ErrorCode.INVALID:

@@ -21,7 +21,7 @@ import libvirt
 
 from ..policy import cpuset
 from ..policy.cpuset import CpuSet
-from ..policy.errors import ApplyError
+from ..policy.errors import ApplyError, DefinitionChanged
 from ..policy.model import DEFAULT_PERIOD, DEFAULT_SHARES
 from ..policy.validation import Desired
 from . import domxml
@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 CONFIG = libvirt.VIR_DOMAIN_AFFECT_CONFIG
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
+INACTIVE = libvirt.VIR_DOMAIN_XML_INACTIVE
 
 
 @dataclass(frozen=True)
@@ -127,21 +128,38 @@ class Applier:
         config_xml: domxml.DomainXml | None = None,
         live_xml: domxml.DomainXml | None = None,
     ) -> Result:
-        """Bring the config, then the live guest, to ``desired``; raises ApplyError."""
+        """Bring the config, then the live guest, to ``desired``; raises ApplyError.
+
+        ``config_xml`` is the persistent definition ``desired`` was decided from (a snapshot). libvirt has
+        no conditional write, so before anything is written the definition is read again and must still
+        be that text, and after the config writes it must hold what was written; otherwise another writer
+        (an admin's define, the guest's manager) changed it meanwhile and :class:`DefinitionChanged` is
+        raised: the caller decides again from a new read instead of writing a decision made from the older
+        definition over the newer one (it would drop a manager's pins). What is left is one round trip:
+        a define that lands between that second read and the first write is overwritten unseen."""
         result = Result()
-        if persistent:
-            cfg = config_xml or self.read(dom, live=False)
-            # without pinVcpuFlags flags (test driver) config vCPU pins cannot be written at all
-            changes = diff(cfg, desired, self.host, self.caps, pins=self.caps.vcpu_pin_flags)
-            self._write_all(dom, changes, CONFIG)
-            result.config = [describe(c, cfg, self.host) for c in changes]
-            if changes:
-                _check_no_duplicates(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-        if active:
-            cur = live_xml or self.read(dom, live=True)
-            changes = diff(cur, desired, self.host, self.caps, live=True)
-            self._write_all(dom, changes, LIVE)
-            result.live = [describe(c, cur, self.host) for c in changes]
+        cfg = (config_xml or self.read(dom, live=False)) if persistent else None
+        # without pinVcpuFlags flags (test driver) config vCPU pins cannot be written at all
+        cfg_changes = diff(cfg, desired, self.host, self.caps, pins=self.caps.vcpu_pin_flags) if cfg else []
+        cur = (live_xml or self.read(dom, live=True)) if active else None
+        live_changes = diff(cur, desired, self.host, self.caps, live=True) if cur else []
+        base = config_xml if persistent and config_xml is not None and config_xml.raw else None
+        if base is not None and (cfg_changes or live_changes) and dom.XMLDesc(INACTIVE) != base.raw:
+            raise DefinitionChanged(f"the definition of {base.name!r} changed since it was read")
+        if cfg is not None and cfg_changes:
+            self._write_all(dom, cfg_changes, CONFIG)
+            result.config = [describe(c, cfg, self.host) for c in cfg_changes]
+            after = dom.XMLDesc(INACTIVE)
+            _check_no_duplicates(after)
+            if base is not None:
+                written = domxml.parse(after)
+                left = diff(written, desired, self.host, self.caps, pins=self.caps.vcpu_pin_flags)
+                if left:
+                    raise DefinitionChanged(f"the definition of {cfg.name!r} changed while it was written (now"
+                                            f" {', '.join(describe(c, written, self.host) for c in left)})")
+        if cur is not None and live_changes:
+            self._write_all(dom, live_changes, LIVE)
+            result.live = [describe(c, cur, self.host) for c in live_changes]
         return result
 
     def _write_all(self, dom: "libvirt.virDomain", changes: list[tuple], scope: int) -> None:

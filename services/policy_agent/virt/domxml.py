@@ -29,6 +29,7 @@ class DomainXml:
     policy: GuestPolicy | None = None
     hint: metadata.AllocationHint | None = None
     metadata_error: str | None = None
+    raw: str = field(default="", repr=False, compare=False)  # the XML text this was read from
 
     def effective_vcpus(self, host: CpuSet) -> dict[int, CpuSet]:
         default = self.vcpu_cpuset or host
@@ -49,7 +50,7 @@ def parse(text: str) -> DomainXml:
     if vcpu is not None and vcpu.get("cpuset"):
         vcpu_cpuset = cpuset.parse(vcpu.get("cpuset"))
     dom = DomainXml(name=root.findtext("name", ""), uuid=root.findtext("uuid", ""), nvcpus=nvcpus,
-                    vcpu_cpuset=vcpu_cpuset)
+                    vcpu_cpuset=vcpu_cpuset, raw=text)
     vcpus = root.find("vcpus")
     if vcpus is not None:
         dom.online = frozenset(int(v.get("id", "0")) for v in vcpus.findall("vcpu") if v.get("enabled", "yes") == "yes")
