@@ -64,15 +64,18 @@ def rabbitmq_pids() -> list[int]:
 
 
 class CpuMeter:
-    """CPU seconds each named group used between :meth:`start` and :meth:`stop` (processes found at start).
+    """CPU seconds each named group used between :meth:`start` and :meth:`stop`.
 
-    A group's descendants (plugin workers) are counted apart as ``<group> workers`` when it has any.
+    A group's descendants (plugin workers) are counted apart as ``<group> workers``: those found at start, those
+    started during the run (all their CPU), and those that ended during it (reaped: the roots' cutime + cstime,
+    which holds their whole life's CPU).
     """
 
     def __init__(self, groups: dict[str, list[int]]) -> None:
         self.groups = groups
         self._pids: dict[str, list[int]] = {}
         self._before: dict[int, int] = {}
+        self._reaped: dict[int, int] = {}
 
     def start(self) -> None:
         kids = _children()
@@ -83,11 +86,31 @@ class CpuMeter:
             if below:
                 self._pids[f"{name} workers"] = below
         self._before = ticks([p for pids in self._pids.values() for p in pids])
+        self._reaped = _reaped([p for roots in self.groups.values() for p in roots])
 
     def pids(self, name: str) -> list[int]:
         return self._pids.get(name, [])
 
     def stop(self) -> dict[str, float]:
-        after = ticks([p for pids in self._pids.values() for p in pids])
-        return {name: sum(after[p] - self._before[p] for p in pids if p in after and p in self._before) / TICK
-                for name, pids in self._pids.items()}
+        kids = _children()
+        reaped = _reaped([p for roots in self.groups.values() for p in roots])
+        out: dict[str, float] = {}
+        for name, roots in self.groups.items():
+            below = set(descendants(roots, kids)) - set(roots) | set(self._pids.get(f"{name} workers", ()))
+            for group, pids in ((name, list(roots)), (f"{name} workers", sorted(below))):
+                after = ticks(pids)
+                used = sum(after[p] - self._before.get(p, 0) for p in after)  # new processes: all their CPU
+                if group != name:
+                    used += sum(reaped.get(r, 0) - self._reaped.get(r, 0) for r in roots)
+                if pids or used:
+                    out[group] = used / TICK
+        return out
+
+
+def _reaped(pids: list[int]) -> dict[int, int]:
+    """cutime + cstime of each process: the CPU of its children that ended and were waited for."""
+    found = {}
+    for pid in pids:
+        if (fields := _stat(pid)) is not None:
+            found[pid] = int(fields[13]) + int(fields[14])
+    return found
