@@ -28,7 +28,7 @@ from typing import Any
 
 from vmsched.bus.connection import BusOptions
 from vmsched.facts_cache import FactsCache
-from vmsched.gateway import decision_ring, decisions
+from vmsched.gateway import decision_compact, decision_ring, decisions
 from vmsched.gateway.decision_peers import MAX_ANSWER, Gathered, PeerLink
 from vmsched.gateway.decision_ring import Ring
 
@@ -88,7 +88,7 @@ class DecisionLog:
             self.skipped += 1
             return
         try:
-            parts = decisions.compact(op, req, decision, outcomes)
+            parts = decision_compact.compact(op, req, decision, outcomes)
         except Exception:  # noqa: BLE001 - the log must never fail a scheduling request
             log.exception("keeping a %s decision failed", op)
             self.skipped += 1
@@ -110,7 +110,7 @@ class DecisionLog:
         while self._pending:
             parts, bus_failed, duration, at = self._pending.popleft()
             record_id = decisions.new_id()
-            ages = self._ages(parts[2]) if facts_known else {}
+            ages = self._ages(decision_compact.hosts(parts)) if facts_known else {}
             kept = (parts, bus_failed, self.gateway, duration, ages)  # atoms only: the collector stops tracking it
             self.ring.put(parts[0], record_id, at, kept)
             if self._thread is not None:

@@ -1,7 +1,7 @@
 """The decision log's bounded ring: the newest ``size`` decisions of each operation, in preallocated slots.
 
-A decision goes in as its compact parts (:func:`vmsched.gateway.decisions.compact`: tuples of strings and
-numbers) and its record is built from them when first read, then kept in the slot. The slots are a few lists
+A decision goes in as its compact parts (:func:`vmsched.gateway.decision_compact.compact`: a few flat
+objects) and its record is built from them when first read, then kept in the slot. The slots are a few lists
 made once: ringing a decision allocates no object that outlives the next young collection (an object per
 decision, kept for as long as the ring keeps it, was promoted through the collector's generations and made
 it run full collections over the gateway's whole heap). Thread-safe: the event loop writes and reads, the
@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Any
 
-from vmsched.gateway import decisions
+from vmsched.gateway import decision_compact, decisions
 
 log = logging.getLogger("vmsched.gateway.decisions")
 
@@ -41,7 +41,7 @@ def build(record_id: str, at: float, parts: Parts) -> dict[str, Any] | None:
     """A record from a slot's parts; None (logged) when that fails: the log must never take the gateway down."""
     compact, bus_failed, gateway, duration, facts_age = parts
     try:
-        return decisions.build_compact(compact, bus_failed=bus_failed, gateway=gateway, duration=duration,
+        return decision_compact.build_compact(compact, bus_failed=bus_failed, gateway=gateway, duration=duration,
                                        facts_age=facts_age, at=at, record_id=record_id)
     except Exception:  # noqa: BLE001
         log.exception("recording a %s decision failed", compact[0] if compact else "?")

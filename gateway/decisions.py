@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import secrets
 import time
-from types import SimpleNamespace
 from typing import Any, Callable
 
 
@@ -197,69 +196,6 @@ def build(op: str, req: Any, decision: Decision, outcomes: Any, *, bus_failed: b
         record["unit"] = getattr(req, "unit", "")
     record["summary"] = SUMMARIES[op](record)
     return record
-
-
-#: A decision as the log keeps it until a reader asks: tuples of strings and numbers only (the request's and
-#: outcomes' objects die with the request; the collector untracks such tuples the first time it sees them)
-Compact = tuple[Any, ...]
-
-
-def compact(op: str, req: Any, decision: Decision, outcomes: Any) -> Compact:
-    """What :func:`build` needs of one decision, without the objects: cheap (no copy of a string)."""
-    if isinstance(outcomes, list):
-        units = tuple(_compact_unit(o) for o in outcomes)
-    else:
-        units = (_compact_unit(outcomes),) if outcomes is not None else ()
-    result = decision.result
-    if op == "filter" and isinstance(result, list):
-        frozen: Any = tuple(result)
-    elif op == "score" and isinstance(result, list):
-        frozen = tuple(map(tuple, result))
-    elif op == "balance" and isinstance(result, list) and len(result) == 2:
-        frozen = (result[0], tuple(result[1]))
-    else:
-        frozen = result
-    errors = tuple((unit, tuple(texts)) for unit, texts in decision.plugin_errors.items())
-    unit = req.unit if op == "balance" else ""  # getattr(req, "unit", "") on another request: pydantic raises, 10 us
-    return (op, req.vm if op != "balance" else "", tuple(req.hosts), unit, units, frozen, errors, tuple(decision.errors))
-
-
-def _compact_unit(o: Any) -> tuple[Any, ...]:
-    reasons = tuple(o.reasons.items()) if o.reasons else ()
-    head = (o.kind, o.unit, o.ok, o.error, o.timed_out, o.duration, reasons)
-    if o.kind == "filter":
-        return head + (tuple(o.hosts),)
-    if o.kind == "score":
-        return head + (o.factor, tuple(o.scores))
-    return head + (o.vm, tuple(o.hosts), o.reason)
-
-
-def _thawed_unit(u: tuple[Any, ...]) -> SimpleNamespace:
-    kind, unit, ok, error, timed_out, duration, reasons = u[:7]
-    o = SimpleNamespace(kind=kind, unit=unit, ok=ok, error=error, timed_out=timed_out, duration=duration,
-                        reasons=dict(reasons))
-    if kind == "filter":
-        o.hosts = list(u[7])
-    elif kind == "score":
-        o.factor, o.scores = u[7], list(u[8])
-    else:
-        o.vm, o.hosts, o.reason = u[7], list(u[8]), u[9]
-    return o
-
-
-def build_compact(parts: Compact, **kwargs: Any) -> dict[str, Any]:
-    """The record of a decision kept by :func:`compact`; ``kwargs`` as for :func:`build`."""
-    op, vm, hosts, unit, units, result, plugin_errors, errors = parts
-    if op == "filter" and isinstance(result, tuple):
-        result = list(result)
-    elif op == "score" and isinstance(result, tuple):
-        result = [list(pair) for pair in result]
-    elif op == "balance" and isinstance(result, tuple):
-        result = [result[0], list(result[1])]
-    decision = Decision(result=result, plugin_errors={u: list(t) for u, t in plugin_errors}, errors=list(errors))
-    outcomes = [_thawed_unit(u) for u in units]
-    req = SimpleNamespace(vm=vm, hosts=list(hosts), unit=unit)
-    return build(op, req, decision, outcomes if op != "balance" else (outcomes[0] if outcomes else None), **kwargs)
 
 
 def has_errors(record: dict[str, Any]) -> bool:

@@ -14,7 +14,7 @@ from tests.conftest import Stack, wait_until
 from vmsched.bus.connection import BusOptions
 from vmsched.facts import FactsMessage, HostFacts
 from vmsched.facts_cache import FactsCache
-from vmsched.gateway import decision_log, decision_peers, decisions
+from vmsched.gateway import decision_compact, decision_log, decision_peers, decisions
 from vmsched.gateway.decision_log import DecisionLog, Ring, gateway_label
 from vmsched.gateway.render import Decision, balance_decision, filter_decision, score_decision
 from vmsched.messages import (
@@ -221,30 +221,31 @@ def test_the_kept_form_holds_no_object_of_the_request() -> None:
                 FilterOutcome(unit="B", ok=False, error="boom", timed_out=True)]
     req = FilterRequest(units=["A", "B"], hosts=H[:4], vm=VM)
     decision = filter_decision(H[:4], outcomes)
-    kept = decisions.compact("filter", req, decision, outcomes)
+    kept = decision_compact.compact("filter", req, decision, outcomes)
 
-    def atoms_only(value: Any) -> bool:
+    def atoms_only(value: Any) -> bool:  # and no object of the request: the collector tracks none of it for long
         if isinstance(value, tuple):
             return all(atoms_only(v) for v in value)
         return value is None or isinstance(value, (str, int, float, bool))
 
     assert atoms_only(kept)
-    again = decisions.build_compact(kept, bus_failed=False, gateway="gw-a", duration=0.01, at=1.0, record_id="1" * 32)
+    again = decision_compact.build_compact(kept, bus_failed=False, gateway="gw-a", duration=0.01, at=1.0,
+                                           record_id="1" * 32)
     direct = decisions.build("filter", req, decision, outcomes, bus_failed=False, gateway="gw-a", duration=0.01,
                              at=1.0, record_id="1" * 32)
     assert again == direct and again["plugin_errors"]["B"] and again["units"][0]["reasons"] == {H[3]: "why"}
     scores = [ScoreOutcome(unit="S", ok=True, factor=2, scores=[(H[0], 1.5), (H[1], 0.5)], reasons={H[0]: "r"})]
     sreq = ScoreRequest.model_validate({"units": [{"name": "S", "factor": 2}], "hosts": H[:2], "vm": VM})
     sdec = score_decision(H[:2], scores)
-    assert atoms_only(decisions.compact("score", sreq, sdec, scores))
-    assert decisions.build_compact(decisions.compact("score", sreq, sdec, scores), bus_failed=False, gateway="g",
+    assert atoms_only(decision_compact.compact("score", sreq, sdec, scores))
+    assert decision_compact.build_compact(decision_compact.compact("score", sreq, sdec, scores), bus_failed=False, gateway="g",
                                    duration=0.0, at=1.0, record_id="2" * 32) == decisions.build(
         "score", sreq, sdec, scores, bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="2" * 32)
     balance = BalanceOutcome(unit="Bal", ok=True, vm=VM, hosts=H[:2], reason="busy")
     breq = BalanceRequest.model_validate({"unit": "Bal", "hosts": H[:3]})
     bdec = balance_decision(H[:3], balance)
-    assert atoms_only(decisions.compact("balance", breq, bdec, balance))
-    assert decisions.build_compact(decisions.compact("balance", breq, bdec, balance), bus_failed=False, gateway="g",
+    assert atoms_only(decision_compact.compact("balance", breq, bdec, balance))
+    assert decision_compact.build_compact(decision_compact.compact("balance", breq, bdec, balance), bus_failed=False, gateway="g",
                                    duration=0.0, at=1.0, record_id="3" * 32) == decisions.build(
         "balance", breq, bdec, balance, bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="3" * 32)
 
