@@ -119,3 +119,22 @@ def test_units_of_a_bundle_all_see_the_host_facts(plugins: Path, make_pool: Call
             assert result.value["seen"] == expected(cache, hosts) and "nope" in result.value["missing"], seq
         assert len({r.value["pid"] for r in results}) == 1
         fill(cache, seq, hosts[:2], memory_free_mib=100 + seq)
+
+
+def test_answers_decode_as_the_standard_library_wrote_them(plugins: Path, make_pool: Callable[..., PluginPool]) -> None:
+    """The service reads replies with orjson; what orjson reads otherwise (integers past 64 bits, NaN,
+    Infinity, lone surrogates) still arrives exactly as the plugin returned it."""
+    import math
+
+    write_plugin(plugins, "n", """
+        class Big:
+            def do_score(self, hosts, vm, args):
+                return [(hosts[0], 10 ** 30), (hosts[1], -(2 ** 63) - 1), (hosts[2], 2 ** 64 - 1)]
+        class Odd:
+            def do_score(self, hosts, vm, args):
+                return [(hosts[0], float("nan")), (hosts[1], float("inf")), (hosts[2], "\\ud800")]
+    """)
+    big, odd = make_pool(size=1).run([call("n", "Big", "do_score"), call("n", "Odd", "do_score")])
+    assert big.value == [["h1", 10 ** 30], ["h2", -(2 ** 63) - 1], ["h3", 2 ** 64 - 1]]
+    assert all(type(v) is int for _, v in big.value)
+    assert math.isnan(odd.value[0][1]) and odd.value[1][1] == math.inf and odd.value[2][1] == "\ud800"

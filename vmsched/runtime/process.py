@@ -1,4 +1,4 @@
-"""One plugin worker process, as the pool sees it: the process and its pipes.
+"""One plugin worker process, as the pool sees it: the process and its pipes (service side only).
 
 Also how a worker's death is explained to the caller whose call it killed.
 """
@@ -14,9 +14,27 @@ import subprocess
 import time
 from typing import Any
 
+import orjson
+
 from vmsched.runtime.progress import Progress
-from vmsched.runtime.protocol import HEADER, write_all
+from vmsched.runtime.protocol import HEADER, LONG_NUMBERS, write_all
 from vmsched.runtime.types import Limits
+
+
+def loads(payload: bytes) -> Any:
+    """A reply frame's JSON: orjson, or the standard library where orjson would read it otherwise.
+
+    The worker writes with the standard library (it imports nothing else), which may write what orjson
+    refuses (NaN, Infinity, 1e400, lone surrogates) or reads as a float (an integer past 64 bits, which
+    the worker marks: protocol.LONG_NUMBERS). Those frames are read by ``json`` as before, so every
+    reply decodes to what it did. (A worker that omits the mark only changes its own unit's answer.)
+    """
+    if not payload.endswith(LONG_NUMBERS):
+        try:
+            return orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(payload)
 
 
 class WorkerGone(Exception):
@@ -63,7 +81,7 @@ class Worker:
         payload = bytes(self._buffer[HEADER.size : end])
         del self._buffer[:end]
         try:
-            message = json.loads(payload)
+            message = loads(payload)
         except ValueError as exc:
             raise WorkerGone(f"sent a bad frame ({exc})") from None
         if not isinstance(message, dict):

@@ -36,6 +36,19 @@ def encode_frame_bytes(payload: bytes) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
+#: The end of a reply frame that holds a run of 19 digits or more: an integer of 10**18 or more, which the
+#: pool's orjson would read as a float when past 64 bits (no float is written with such a run).
+LONG_NUMBERS = b',"long_numbers":true}'
+_DIGITS = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))  # digits -> "0", anything else -> " "
+
+
+def reply_frame(body: bytes) -> bytes:
+    """The frame of a reply (a JSON object), marked with LONG_NUMBERS if it needs the pool's stdlib reader."""
+    if b"0" * 19 in body.translate(_DIGITS):
+        body = body[:-1] + LONG_NUMBERS
+    return encode_frame_bytes(body)
+
+
 def write_all(fd: int, data: bytes) -> None:
     """Write ``data`` completely (a pipe may accept a large frame in pieces)."""
     view = memoryview(data)

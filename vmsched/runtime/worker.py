@@ -44,7 +44,7 @@ from typing import Any
 from vmsched.runtime import children, sandbox, worker_errors
 from vmsched.runtime.capture import Capture, OutputLimitExceeded, _Redirect
 from vmsched.runtime.progress import Progress
-from vmsched.runtime.protocol import Channel, encode_frame, encode_frame_bytes, encode_json
+from vmsched.runtime.protocol import Channel, encode_frame, encode_json, reply_frame
 from vmsched.runtime.worker_errors import PluginError, describe_exception, parse_output
 from vmsched.runtime.worker_modules import Modules, list_units, reads_facts
 from vmsched.plugin import _held as held_facts
@@ -72,7 +72,7 @@ class Runner:
         if request.get("op") == "batch":
             return self.batch(request)
         stderr = Capture(self.max_output, strict=False)
-        return self._encode(self._run(request, stderr), stderr)
+        return reply_frame(self._encode(self._run(request, stderr), stderr))
 
     def batch(self, request: dict[str, Any]) -> bytes:
         """One reply frame for the units of one request, run in order (each as a ``call``)."""
@@ -91,9 +91,8 @@ class Runner:
             stderr = Capture(self.max_output, strict=False)
             reply = self._run({**call, "op": "call"}, stderr)
             reply["t"] = time.monotonic() - began
-            parts.append(self._encode(reply, stderr, framed=False))
-        body = b'{"replies":[' + b",".join(parts) + b"]}"
-        return encode_frame_bytes(body)
+            parts.append(self._encode(reply, stderr))
+        return reply_frame(b'{"replies":[' + b",".join(parts) + b"]}")
 
     def _run(self, request: dict[str, Any], stderr: Capture) -> dict[str, Any]:
         try:
@@ -118,8 +117,9 @@ class Runner:
             return self.warm(request["plugins"], stderr)
         return {"ok": False, "error": f"unknown request {op!r}"}
 
-    def _encode(self, reply: dict[str, Any], stderr: Capture, framed: bool = True) -> bytes:
-        encode = encode_frame if framed else encode_json
+    def _encode(self, reply: dict[str, Any], stderr: Capture) -> bytes:
+        """The reply's JSON (an error in its place if it cannot be encoded or is too large)."""
+        encode = encode_json
         try:
             data = encode(reply)
         except (TypeError, ValueError, RecursionError, OverflowError) as exc:
