@@ -87,6 +87,11 @@ class Job:
         """The label of what failed (a batch: the unit that overran)."""
         return self.label
 
+    @property
+    def calls(self) -> int:
+        """Calls it makes on its worker (counted against the pool's max_calls)."""
+        return 1
+
     def frame_for(self, worker: Worker) -> bytes:
         """The frame to send ``worker`` (a call with host facts sends each worker what it lacks)."""
         return self.frame
@@ -216,7 +221,7 @@ class Batch:
             self._pending.appendleft(job)
             self._pool.replace(worker, "crash", "died while idle")
             return
-        worker.calls += 1
+        worker.calls += job.calls
         self._running[worker.read_fd] = (worker, job)
         self._poller.register(worker.read_fd, select.POLLIN)
 

@@ -74,6 +74,10 @@ class Bundle(Job):
     def blamed(self) -> str:
         return self._blamed
 
+    @property
+    def calls(self) -> int:
+        return len(self.units)
+
     def frame_for(self, worker: Worker) -> bytes:
         self.worker = worker
         calls = ",".join(u.head + (',"held":true}' if u.facts is not None else "}") for u in self.units)
