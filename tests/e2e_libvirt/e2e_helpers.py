@@ -306,6 +306,18 @@ def guest_xml(name: str, vcpus: int = 2, memory_mib: int = 64, virt_type: str = 
 </domain>"""
 
 
+def with_cputune(xml: str, tune: str) -> str:
+    """A manager's edit of a definition: its ``<cputune>`` (the agent's confinement, if any) replaced by its
+    own, made of the elements ``tune``."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(xml)
+    for old in root.findall("cputune"):
+        root.remove(old)
+    root.append(ET.fromstring(f"<cputune>{tune}</cputune>"))
+    return ET.tostring(root, encoding="unicode")
+
+
 def remove_guest(conn: Any, name: str) -> None:
     """Destroy (if running) and undefine a guest; quiet when it is already gone."""
     import libvirt
