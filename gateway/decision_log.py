@@ -1,10 +1,12 @@
 """The gateway's decision log: a bounded ring per operation, filled off the request path.
 
-:meth:`DecisionLog.submit` is all the request path pays: it keeps the raw
-parts of a decision (request, outcomes, decision). Every :data:`PAUSE`
-seconds the event loop, between requests and in one go, puts the waiting
-ones in the ring; a record (:mod:`vmsched.gateway.decisions`) is built from
-its parts when first read. With ``--decisions-log`` an output thread writes
+:meth:`DecisionLog.submit` is all the request path pays: it keeps the
+decision in its compact form (:mod:`vmsched.gateway.decision_compact`: no
+object of the request outlives it). Every :data:`PAUSE` seconds the event
+loop, between requests and in one go, puts the waiting ones in the ring
+(:mod:`vmsched.gateway.decision_ring`); a record
+(:mod:`vmsched.gateway.decisions`) is built from its compact form when first
+read. With ``--decisions-log`` an output thread writes
 each record as one JSON line to stdout. Nothing is published per decision:
 with several replicas on RabbitMQ a reader's gateway asks the others when it
 is read (:mod:`vmsched.gateway.decision_peers`) and merges their answers
