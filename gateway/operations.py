@@ -21,12 +21,13 @@ from pydantic import BaseModel
 from vmsched.gateway import xmlrpc
 from vmsched.gateway.render import Decision, RenderOptions, balance_decision, filter_decision, score_decision
 from vmsched.messages import (
+    ALIGNED_SCORES,
     BalanceReply,
     BalanceRequest,
     FilterReply,
     FilterRequest,
     Op,
-    ScoreReply,
+    ScoreReplyOnBus,
     ScoreRequest,
 )
 
@@ -44,6 +45,22 @@ class Operation:
     decide: Callable[[Any, Any, RenderOptions], Decision]  # (request, reply, options) -> the engine's decision
     outcomes: Callable[[Any], Any]  # reply -> the per-unit outcomes the JSON API shows
     no_outcomes: Callable[[], Any]  # the outcomes shown when nothing ran
+    accepts: tuple[str, ...] = ()  # lighter reply forms read here (Envelope.accepts)
+    complete: Callable[[Any, Any], Any] = lambda req, reply: reply  # (request, reply) -> the reply in full
+
+
+def paired_scores(req: ScoreRequest, reply: ScoreReplyOnBus) -> ScoreReplyOnBus:
+    """The reply with every unit's aligned values (ALIGNED_SCORES) paired again with the requested hosts."""
+    for o in reply.outcomes:
+        if o.values is None:
+            continue
+        if len(o.values) == len(req.hosts):
+            o.scores = list(zip(req.hosts, o.values))
+        else:
+            o.ok, o.scores = False, []
+            o.error = f"the scoring service sent {len(o.values)} aligned scores for {len(req.hosts)} hosts"
+        o.values = None
+    return reply
 
 
 def _filter_request(params: tuple[Any, ...]) -> FilterRequest:
@@ -92,12 +109,14 @@ SCORE = Operation(
     xmlrpc_arity=4,
     from_xmlrpc=_score_request,
     request=ScoreRequest,
-    reply=ScoreReply,
+    reply=ScoreReplyOnBus,
     fallback=lambda req: Decision(result=[]),
     nothing_to_run=lambda req: not req.units,
     decide=lambda req, reply, opts: score_decision(req.hosts, reply.outcomes, opts.score_per_unit),
     outcomes=lambda reply: reply.outcomes,
     no_outcomes=list,
+    accepts=(ALIGNED_SCORES,),
+    complete=paired_scores,
 )
 
 BALANCE = Operation(

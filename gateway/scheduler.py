@@ -74,9 +74,11 @@ class Scheduler:
                 return operation.fallback(req), operation.no_outcomes(), False
             try:
                 reply = await self.bus.call(REQUEST_QUEUES[op], op.value, req.model_dump(),
-                                            self._deadline(req.timeout), operation.reply)  # type: ignore[attr-defined]
+                                            self._deadline(req.timeout), operation.reply,  # type: ignore[attr-defined]
+                                            operation.accepts)
             except BusError as exc:
                 return _failed(operation.fallback(req), exc, outcome), operation.no_outcomes(), True
+            reply = operation.complete(req, reply)
             decision = operation.decide(req, reply, self.render)
             outcome.append("ok" if decision.result_code == 0 else "error")
             return decision, operation.outcomes(reply), False

@@ -72,12 +72,20 @@ class _Versioned(BaseModel):
         return None
 
 
+#: A reply form the sender reads besides the plain one (Envelope.accepts): score units' numbers aligned with
+#: the request's hosts (ScoreOutcomeOnBus.values) instead of (host, score) pairs.
+ALIGNED_SCORES = "aligned_scores"
+
+
 class Envelope(_Versioned):
     """A request on a bus queue: what to do, for whom, until when."""
 
     op: str
     deadline: float = Field(description="absolute UNIX time after which nobody waits for the answer")
     body: dict[str, Any] = Field(default_factory=dict)
+    accepts: list[str] = Field(default_factory=list, description=(
+        "lighter reply forms the sender reads (ALIGNED_SCORES); absent from an older sender, ignored by an "
+        "older reader, which answers in the plain form"))
 
     def remaining(self, now: float | None = None) -> float:
         return self.deadline - (time.time() if now is None else now)
@@ -224,6 +232,15 @@ class ScoreOutcome(UnitOutcome):
     scores: list[tuple[str, float]] = Field(default_factory=list, description="raw (host, score) pairs")
 
 
+class ScoreOutcomeOnBus(ScoreOutcome):
+    """A score outcome as the scoring service sends it on the bus: to a sender that accepts ALIGNED_SCORES,
+    a unit that scored every requested host once, in the request's order, sends only its numbers."""
+
+    values: list[float] | None = Field(None, description=(
+        "the unit's score of each requested host, in order (then scores is empty); absent from an older "
+        "service, or when the unit's pairs were not exactly the requested hosts"))
+
+
 class BalanceOutcome(UnitOutcome):
     kind: Literal["balance"] = "balance"
     vm: str = ""
@@ -237,6 +254,12 @@ class FilterReply(BaseModel):
 
 class ScoreReply(BaseModel):
     outcomes: list[ScoreOutcome]
+
+
+class ScoreReplyOnBus(BaseModel):
+    """A score reply on the bus (:class:`ScoreOutcomeOnBus`); the gateway pairs aligned values with its hosts."""
+
+    outcomes: list[ScoreOutcomeOnBus]
 
 
 class BalanceReply(BaseModel):

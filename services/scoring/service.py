@@ -8,14 +8,15 @@ from pydantic import BaseModel
 
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.messages import (
+    ALIGNED_SCORES,
     Envelope,
     FilterOutcome,
     FilterReply,
     FilterRequest,
     Kind,
     Op,
-    ScoreOutcome,
-    ScoreReply,
+    ScoreOutcomeOnBus,
+    ScoreReplyOnBus,
     ScoreRequest,
 )
 from vmsched.pending import PendingBook, attach
@@ -55,7 +56,10 @@ class ScoringService(PluginService):
         outcomes = [_score_outcome(run, unit.factor, req.hosts) for run, unit in zip(runs, req.units)]
         if self.facts is not None:
             self.pending.placed(self.facts, req.vm, req.hosts, [(o.factor, o.scores) for o in outcomes if o.ok])
-        return ScoreReply(outcomes=outcomes)
+        if ALIGNED_SCORES in env.accepts:
+            for o in outcomes:
+                _align(o, req.hosts)
+        return ScoreReplyOnBus(outcomes=outcomes)
 
 
 def _common(run: UnitRun) -> dict[str, Any]:
@@ -75,8 +79,8 @@ def _filter_outcome(run: UnitRun, hosts: list[str]) -> FilterOutcome:
     return outcome
 
 
-def _score_outcome(run: UnitRun, factor: int, hosts: list[str]) -> ScoreOutcome:
-    outcome = ScoreOutcome(**_common(run), factor=factor)
+def _score_outcome(run: UnitRun, factor: int, hosts: list[str]) -> ScoreOutcomeOnBus:
+    outcome = ScoreOutcomeOnBus(**_common(run), factor=factor)
     if run.result.ok:
         try:
             verdict = _SCORE.read(run.result.value, hosts)
@@ -84,3 +88,10 @@ def _score_outcome(run: UnitRun, factor: int, hosts: list[str]) -> ScoreOutcome:
         except BadResult as exc:
             outcome.ok, outcome.error = False, str(exc)
     return outcome
+
+
+def _align(outcome: ScoreOutcomeOnBus, hosts: list[str]) -> None:
+    """Only the numbers, when the unit scored every requested host once and in order (the sender pairs them)."""
+    pairs = outcome.scores
+    if outcome.ok and len(pairs) == len(hosts) and [p[0] for p in pairs] == hosts:
+        outcome.values, outcome.scores = [p[1] for p in pairs], []

@@ -126,35 +126,40 @@ class AsyncBusClient:
     async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> dict[str, Any]: ...
 
     @overload
-    async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M]) -> M: ...
+    async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M],
+                   accepts: tuple[str, ...] = ()) -> M: ...
 
     async def call(
-        self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M] | None = None
+        self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M] | None = None,
+        accepts: tuple[str, ...] = (),
     ) -> dict[str, Any] | M:
         """Send a request and wait for its reply body, at most ``timeout`` seconds.
 
         With ``model`` the reply is parsed in one pass into that type. An error
         reply (of this contract version or the previous one) raises
-        :class:`RequestError` carrying the reply's ``code``.
+        :class:`RequestError` carrying the reply's ``code``. ``accepts``: the
+        lighter reply forms the caller reads (``Envelope.accepts``).
         """
         reply_type = TypedReply[model] if model else ReplyEnvelope  # type: ignore[valid-type]
-        reply = await self.request(queue, op, body, timeout, reply_type)
+        reply = await self.request(queue, op, body, timeout, reply_type, accepts)
         error = reply_error(reply, queue)
         if error is not None:
             raise error
         return reply.body
 
     async def request(
-        self, queue: str, op: str, body: dict[str, Any], timeout: float, reply_type: type[R] = ReplyEnvelope
+        self, queue: str, op: str, body: dict[str, Any], timeout: float, reply_type: type[R] = ReplyEnvelope,
+        accepts: tuple[str, ...] = (),
     ) -> R:
         """Send a request and return its whole reply (ok or not), parsed as ``reply_type``."""
-        raw = await self._roundtrip(queue, op, body, timeout)
+        raw = await self._roundtrip(queue, op, body, timeout, accepts)
         try:
             return reply_type.model_validate_json(raw)
         except ValidationError as exc:
             raise RequestError(f"malformed reply from {queue}: {exc.errors()[0]['msg']}", "internal") from None
 
-    async def _roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> bytes:
+    async def _roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float,
+                         accepts: tuple[str, ...] = ()) -> bytes:
         if self._conn is None and not self._recovering:
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
         assert self._loop is not None
@@ -163,7 +168,8 @@ class AsyncBusClient:
         future: asyncio.Future[bytes] = self._loop.create_future()
         deadline = time.time() + timeout
         exchange, key = route(queue)
-        request = _Request(queue, exchange, key, Envelope(op=op, deadline=deadline, body=body).model_dump_json().encode(),
+        request = _Request(queue, exchange, key, Envelope(op=op, deadline=deadline, body=body,
+                                                                  accepts=list(accepts)).model_dump_json().encode(),
                            deadline, resend=exchange is not AGENT_EXCHANGE)
         self._pending[cid] = future
         self._requests[cid] = request
