@@ -29,10 +29,9 @@ import socket
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable, TypeVar, overload
 
-from kombu import Connection, Consumer, Exchange, Producer
+from kombu import Connection, Consumer, Producer
 from kombu.message import Message
 from pydantic import BaseModel, ValidationError
 
@@ -42,7 +41,8 @@ from vmsched.bus.confirms import Confirms
 from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, note_lost, \
     open_connection, safe_release
 from vmsched.bus.memory import QueueWatch
-from vmsched.bus.reads import buffer_reads, nonblocking
+from vmsched.bus.outgoing import Outgoing as _Request
+from vmsched.bus.reads import buffer_reads, nonblocking, nothing_buffered as _nothing
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, PING, REPLY_EXCHANGE, REPLY_VIA, reply_queue, request_queue, route
 from vmsched.bus.urls import mask
 from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
@@ -56,23 +56,6 @@ _REPLY_HEADERS = {REPLY_VIA: REPLY_EXCHANGE.name}
 _RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
 _MAX_SENDS = 5  # a request the broker keeps refusing or not confirming fails after this many sends (a node loss
 # can take three: the send to the dying node, the re-send at each reconnection while the cluster settles)
-
-
-def _nothing() -> int:
-    return 0
-
-
-@dataclass
-class _Request:
-    queue: str
-    exchange: Exchange
-    key: str
-    payload: bytes
-    deadline: float  # time.time()
-    resend: bool  # a scheduling request (no side effects) may be sent again
-    sent: int = 0
-    failed: int = 0  # publishes that broke the connection
-    why: str = "reconnect"  # why it goes out again after the next reconnection
 
 
 class AsyncBusClient:

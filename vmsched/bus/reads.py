@@ -46,6 +46,11 @@ class ChunkedRecv:
         return len(self._data) - self._at
 
 
+def nothing_buffered() -> int:
+    """What :func:`buffer_reads` returns where nothing is buffered."""
+    return 0
+
+
 def buffer_reads(transport: object) -> Callable[[], int]:
     """Install a :class:`ChunkedRecv` on a py-amqp TCP transport; returns how many bytes it holds (a
     function, always 0 when nothing was installed: TLS, the embedded bus)."""
