@@ -3,7 +3,8 @@
 No HTTP and no plugins: a ``ServiceWorker`` (its own process, the shipped defaults: quorum request queue,
 2 handler threads, prefetch 8, the in-flight journal) answers runFilters requests of 3 units x 100 hosts with a
 typed reply of the same size as the scoring service's (every host kept), built in the handler without
-running anything; ``--op score`` answers 3 x 100 (host, score) pairs. The caller is the gateway's
+running anything; ``--op score`` answers 3 x 100 (host, score) pairs (aligned numbers when the caller,
+like the gateway, accepts them: ``Envelope.accepts``), paired again on the caller's side as the gateway does. The caller is the gateway's
 ``AsyncBusClient`` (publisher confirms on) with ``--clients`` concurrent calls for ``--seconds``.
 Reported: CPU milliseconds per request of the service process and of the calling process (from
 /proc), and the rate. Old/new comparisons: run it with ``PYTHONPATH`` at an exported tree of the old
@@ -45,6 +46,11 @@ def filt(env):
 
 def score(env):
     req = ScoreRequest.model_validate(env.body)
+    if "aligned_scores" in getattr(env, "accepts", ()):  # what the scoring service sends such a sender
+        from vmsched.messages import ScoreOutcomeOnBus, ScoreReplyOnBus
+        return ScoreReplyOnBus(outcomes=[ScoreOutcomeOnBus(unit=u.name, ok=True, duration=0.001, factor=u.factor,
+                                                           values=[float(i % 7) for i in range(len(req.hosts))])
+                                         for u in req.units])
     return ScoreReply(outcomes=[ScoreOutcome(unit=u.name, ok=True, duration=0.001, factor=u.factor,
                                              scores=[(h, float(i % 7)) for i, h in enumerate(req.hosts)]) for u in req.units])
 
@@ -78,10 +84,17 @@ async def drive(url: str, op: str, clients: int, seconds: float, service_pid: in
     else:
         queue, model = REQUEST_QUEUES[Op.SCORE], ScoreReply
         req = ScoreRequest.model_validate({"units": [{"name": u, "factor": 2} for u in UNITS], "hosts": HOSTS})
+    from vmsched.gateway.operations import SCORE
+    accepts = getattr(SCORE, "accepts", ()) if op == "score" else ()  # as the gateway asks (aligned scores)
+    if accepts:
+        model = SCORE.reply
 
     async def one() -> None:
-        reply = await bus.call(queue, op, req.model_dump(), 5.0, model)
-        assert len(reply.outcomes) == 3 and reply.outcomes[0].ok, reply
+        if accepts:
+            reply = SCORE.complete(req, await bus.call(queue, op, req.model_dump(), 5.0, model, accepts))
+        else:
+            reply = await bus.call(queue, op, req.model_dump(), 5.0, model)
+        assert len(reply.outcomes) == 3 and reply.outcomes[0].ok and len(reply.outcomes[0].scores) == 100, reply
 
     for _ in range(200):  # warm-up
         await one()
