@@ -111,3 +111,26 @@ def test_bounds_are_checked(plugins: Path) -> None:
         PluginPool(plugins, min_size=3, max_size=2)
     with pytest.raises(ValueError):
         PluginPool(plugins, min_size=0, max_size=2)
+
+
+def test_the_maximum_holds_while_a_crashed_worker_is_replaced(plugins: Path,
+                                                             make_pool: Callable[..., PluginPool]) -> None:
+    write_plugin(plugins, "crash", """
+        import os, time
+        class P:
+            def do_filter(self, hosts, vm, args):
+                if args.get("exit"):
+                    os._exit(3)
+                return [os.getpid()]
+    """)
+    pool = make_pool(min_size=1, max_size=1, idle_seconds=3600)
+    for _ in range(3):
+        crash = threading.Thread(target=pool.run, args=([call("crash", args=(["h"], "vm", {"exit": True}))],))
+        crash.start()
+        time.sleep(0.02)  # the worker died; the next request waits (past GROW_AFTER) while its successor starts
+        [result] = pool.run([call("crash")])
+        crash.join()
+        assert result.ok, result.error
+        wait_until(lambda: pool.idle == 1)
+        time.sleep(0.3)  # a worker started past the maximum would be idle by now
+        assert pool.workers == 1 and pool.idle == 1

@@ -306,10 +306,13 @@ class PluginPool:
             tail = self._drain.tail(worker.proc.stderr.fileno())
             why += f"; its last output (escaped): {tail}" if tail else ""
         log.log(level, "plugin pool %s: replacing worker %d (%s): %s", self.name, worker.pid, reason, why)
+        with self._lock:
+            self._growing += 1  # its successor counts from now: grow() must not start one more meanwhile
         threading.Thread(target=self._respawn, args=(worker,), name=f"{self.name}-respawn", daemon=True).start()
 
     def _respawn(self, old: Worker | None) -> None:
-        """Start a worker in the background: the successor of ``old``, or (None) one that grows the pool."""
+        """Start a worker in the background (counted in ``_growing`` until spawned): the successor of
+        ``old``, or (None) one that grows the pool."""
         grow = old is None
         if old is not None:
             self._reap(old)
@@ -317,7 +320,7 @@ class PluginPool:
         while not self.closed:
             worker = None
             try:
-                worker = self._spawn(growing=grow)
+                worker = self._spawn(growing=True)
                 self._await_ready(worker)
             except Exception as exc:
                 if worker is not None:
@@ -328,6 +331,8 @@ class PluginPool:
                         log.error("plugin pool %s: cannot start a worker (%s)", self.name, exc)
                     return
                 log.error("plugin pool %s: cannot start a worker (%s); retrying in %.1f s", self.name, exc, delay)
+                with self._lock:
+                    self._growing += 1  # the successor counts again while it is retried
                 if self._closed.wait(delay):
                     return
                 delay = min(delay * 2, 30.0)
