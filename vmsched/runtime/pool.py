@@ -53,19 +53,11 @@ class PoolUnavailable(RuntimeError):
 class PluginPool:
     """Persistent plugin worker processes shared by the threads of a service."""
 
-    def __init__(
-        self,
-        plugins_dir: Path,
-        size: int = 4,
-        limits: Limits = Limits(),
-        name: str = "pool",
-        max_calls: int = 10000,
-        confinement: Confinement = Confinement(),
-        bundle_seconds: float = BUNDLE_SECONDS,
-        min_size: int | None = None,
-        max_size: int | None = None,
-        idle_seconds: float = IDLE_SECONDS,
-    ) -> None:
+    def __init__(self, plugins_dir: Path, size: int = 4, limits: Limits = Limits(), name: str = "pool",
+                 max_calls: int = 10000, confinement: Confinement = Confinement(),
+                 bundle_seconds: float = BUNDLE_SECONDS, min_size: int | None = None,
+                 max_size: int | None = None, idle_seconds: float = IDLE_SECONDS) -> None:
+        """``size`` N: a fixed pool of N workers; ``min_size``/``max_size``: an adaptive one."""
         self.max_size = size if max_size is None else max_size
         self.min_size = self.max_size if min_size is None else min_size
         if not 1 <= self.min_size <= self.max_size:
@@ -85,7 +77,7 @@ class PluginPool:
         self._idle: list[Worker] = []
         self._workers: set[Worker] = set()
         self._waiters: deque[Waiter] = deque()
-        self._growing = 0  # workers being started to grow the pool, not yet in _workers
+        self._growing = 0  # workers being started (growth or successors), not yet in _workers
         self._warm_plugins: list[str] = []  # what a new worker imports before it serves (warm())
         self._started = False
         self._closed = threading.Event()
