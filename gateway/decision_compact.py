@@ -23,9 +23,10 @@ Compact = tuple[Any, ...]
 def compact(op: str, req: Any, decision: Decision, outcomes: Any) -> Compact:
     """What :func:`decisions.build` needs of one decision."""
     if isinstance(outcomes, list):
-        units = tuple(_unit(o) for o in outcomes)
+        offered = set(req.hosts) if op == "filter" else None
+        units = tuple(_unit(o, offered) for o in outcomes)
     else:
-        units = (_unit(outcomes),) if outcomes is not None else ()
+        units = (_unit(outcomes, None),) if outcomes is not None else ()
     result = decision.result
     if op == "filter" and isinstance(result, list):
         frozen: Any = tuple(result)
@@ -40,22 +41,27 @@ def compact(op: str, req: Any, decision: Decision, outcomes: Any) -> Compact:
     return (op, req.vm if op != "balance" else "", tuple(req.hosts), unit, units, frozen, errors, tuple(decision.errors))
 
 
-def _unit(o: Any) -> tuple[Any, ...]:
+def _unit(o: Any, offered: set[str] | None) -> tuple[Any, ...]:
     reasons = tuple(o.reasons.items()) if o.reasons else ()
     head = (o.kind, o.unit, o.ok, o.error, o.timed_out, o.duration, reasons)
-    if o.kind == "filter":
-        return head + (tuple(o.hosts),)
+    if o.kind == "filter":  # only the hosts it dropped: the engine's own strings, not the reply's 90 kept ones
+        return head + ((tuple(offered.difference(o.hosts)), True) if offered is not None else (tuple(o.hosts), False))
     if o.kind == "score":
         return head + (o.factor, tuple(o.scores))
     return head + (o.vm, tuple(o.hosts), o.reason)
 
 
-def _thawed(u: tuple[Any, ...]) -> SimpleNamespace:
+def _thawed(u: tuple[Any, ...], hosts: tuple[str, ...]) -> SimpleNamespace:
     kind, unit, ok, error, timed_out, duration, reasons = u[:7]
     o = SimpleNamespace(kind=kind, unit=unit, ok=ok, error=error, timed_out=timed_out, duration=duration,
                         reasons=dict(reasons))
     if kind == "filter":
-        o.hosts = list(u[7])
+        dropped, only_dropped = u[7], u[8]
+        if only_dropped:  # what build needs of the hosts it kept: those it did not drop
+            gone = set(dropped)
+            o.hosts = [h for h in hosts if h not in gone]
+        else:
+            o.hosts = list(dropped)
     elif kind == "score":
         o.factor, o.scores = u[7], list(u[8])
     else:
@@ -73,7 +79,7 @@ def build_compact(parts: Compact, **kwargs: Any) -> dict[str, Any]:
     elif op == "balance" and isinstance(result, tuple):
         result = [result[0], list(result[1])]
     decision = Decision(result=result, plugin_errors={u: list(t) for u, t in plugin_errors}, errors=list(errors))
-    outcomes = [_thawed(u) for u in units]
+    outcomes = [_thawed(u, hosts) for u in units]
     req = SimpleNamespace(vm=vm, hosts=list(hosts), unit=unit)
     return decisions.build(op, req, decision, outcomes if op != "balance" else (outcomes[0] if outcomes else None),
                            **kwargs)

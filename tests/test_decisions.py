@@ -250,6 +250,18 @@ def test_the_kept_form_holds_no_object_of_the_request() -> None:
         "balance", breq, bdec, balance, bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="3" * 32)
 
 
+def test_a_filter_keeps_only_what_it_dropped_and_its_record_is_the_same() -> None:
+    outcomes = [FilterOutcome(unit="A", ok=True, hosts=[H[0], "not-offered"]),  # a unit returning a stranger
+                FilterOutcome(unit="B", ok=False, error="boom")]  # a failing one drops nothing
+    req = FilterRequest(units=["A", "B"], hosts=H[:3], vm=VM)
+    decision = filter_decision(req.hosts, outcomes)
+    kept = decision_compact.compact("filter", req, decision, outcomes)
+    assert set(kept[4][0][7]) == {H[1], H[2]} and "not-offered" not in repr(kept)
+    assert decision_compact.build_compact(kept, bus_failed=False, gateway="g", duration=0.0, at=1.0,
+                                          record_id="4" * 32) == decisions.build(
+        "filter", req, decision, outcomes, bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="4" * 32)
+
+
 def test_facts_age_of_the_hosts_with_facts() -> None:
     cache = FactsCache("decisions-test")
     collected = time.time() - 7.0
