@@ -256,7 +256,7 @@ def test_a_filter_keeps_only_what_it_dropped_and_its_record_is_the_same() -> Non
     req = FilterRequest(units=["A", "B"], hosts=H[:3], vm=VM)
     decision = filter_decision(req.hosts, outcomes)
     kept = decision_compact.compact("filter", req, decision, outcomes)
-    assert set(kept[4][0][7]) == {H[1], H[2]} and "not-offered" not in repr(kept)
+    assert set(kept[4][0][7]) == {H[1], H[2]} and "not-offered" not in repr(kept[4][0])  # (the errors name it)
     assert decision_compact.build_compact(kept, bus_failed=False, gateway="g", duration=0.0, at=1.0,
                                           record_id="4" * 32) == decisions.build(
         "filter", req, decision, outcomes, bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="4" * 32)
