@@ -138,3 +138,27 @@ def test_answers_decode_as_the_standard_library_wrote_them(plugins: Path, make_p
     assert big.value == [["h1", 10 ** 30], ["h2", -(2 ** 63) - 1], ["h3", 2 ** 64 - 1]]
     assert all(type(v) is int for _, v in big.value)
     assert math.isnan(odd.value[0][1]) and odd.value[1][1] == math.inf and odd.value[2][1] == "\ud800"
+
+
+def test_units_with_and_without_facts_share_a_frame(plugins: Path, make_pool: Callable[..., PluginPool]) -> None:
+    from tests.test_facts_wire import PROBE, expected, fill
+    from vmsched.facts_cache import FactsCache
+    from vmsched.runtime import Call
+
+    (plugins / "probe.py").write_text(PROBE)
+    write_plugin(plugins, "u", UNITS)
+    pool = make_pool(size=1)
+    cache = FactsCache("bundle-mixed")
+    hosts = [f"hv{i}" for i in range(3)]
+    fill(cache, 1, hosts, memory_free_mib=100)
+    for seq in range(2, 4):
+        facts = cache.prepared(hosts)
+        args = (hosts, "", {})
+        first, plain, last = pool.run([Call("probe", "Probe", "do_filter", args, 10.0, facts),
+                                       Call("u", "Pid", "do_filter", args, 10.0),
+                                       Call("probe", "Probe", "do_filter", args, 10.0, facts)])
+        assert plain.ok and plain.value == [first.value["pid"]]  # one frame, one worker
+        for result in (first, last):
+            assert result.ok, result.error
+            assert result.value["seen"] == expected(cache, hosts), seq
+        fill(cache, seq, hosts[:1], memory_free_mib=100 + seq)
