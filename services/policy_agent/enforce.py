@@ -107,9 +107,10 @@ class Enforcer(PolicyChanges):
                 try:
                     snap = self.read(snap.dom)
                 except libvirt.libvirtError as exc:
-                    if snapshot.gone(exc):
-                        return None, snap
-                    raise
+                    if not snapshot.gone(exc):
+                        self._record_error(self.observe(snap), f"reading {snap.name!r} again failed: {exc}",
+                                           "libvirt")
+                    return None, snap
             g = self.observe(snap)
             self._record_error(g, f"the definition of {snap.name!r} changed under each of {CHANGED_RETRIES}"
                                   " repairs; the next event or sweep tries again", "apply")
