@@ -92,7 +92,11 @@ def _requested_scores(hosts: dict[str, None], o: ScoreOutcome,
                       decision: Decision) -> tuple[dict[str, float], dict[str, list[float]]]:
     """A working unit's finite scores of requested hosts: one per host, and every score of a host it scored
     more than once (rare); foreign IDs and non-finite scores reported."""
-    single: dict[str, float] = {}
+    single = {host: float(score) for host, score in o.scores}
+    total = sum(single.values())
+    if len(single) == len(o.scores) and total - total == 0.0 and hosts.keys() >= single.keys():
+        return single, {}  # the common case in one pass: each host once, all requested, all finite
+    single = {}
     repeated: dict[str, list[float]] = {}
     foreign, broken = [], []
     for host, score in o.scores:
