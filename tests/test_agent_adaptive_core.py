@@ -44,6 +44,22 @@ def test_hotspot_moves_the_most_waiting_guest_after_k_intervals():
     assert "saturated for 3 intervals" in d.reason and "CPU 1 100%" in d.reason
 
 
+def test_after_a_move_the_next_one_waits_k_fresh_intervals_of_the_host():
+    """The interval of a move straddles it: CPU 1 still looks saturated and the guest left behind still looks
+    as if it waited. It must not follow the first guest at once (on 2 CPUs the two would swap back and forth)."""
+    e = Engine(TunerConfig(hysteresis=3))
+    pol = {"vcpu_pins": {0: "1"}, "adaptive": {"may_move": True, "target_wait_percent": 20}}
+    a, b = view("a", pol, {0: frozenset({1})}), view("b", pol, {0: frozenset({1})})
+    host = {0: 30.0, 1: 100.0, 2: 95.0, 3: 95.0}
+    samples = {"a": GuestSample(50, 45), "b": GuestSample(50, 48)}
+    (d,) = run(e, 3, host, samples, [a, b])
+    assert d.uuid == "b" and d.outcome == "applied"
+    b = view("b", pol, d.after)  # in force now
+    assert [x for x in run(e, 2, host, samples, [a, b]) if x.tuner == "hotspot"] == []  # 2 fresh intervals
+    (again,) = [x for x in run(e, 1, host, samples, [a, b]) if x.tuner == "hotspot"]  # the 3rd: still hot
+    assert again.uuid == "a"
+
+
 def test_hotspot_leaves_a_guest_alone_below_its_wait_target_or_without_may_move():
     e = Engine(TunerConfig(hysteresis=2))
     host = {0: 10.0, 1: 100.0, 2: 10.0, 3: 10.0}

@@ -125,7 +125,8 @@ def test_tunable_drift_is_restored_and_counted(conn, make_agent):
     inject(a, dom, "tunable")
     wait_until(lambda: live_pins(dom)[0] == "4")
     wait_until(lambda: metric("vmsched_agent_drift_corrections_total") == drift + 1)
-    assert any(e == "drift" and b["guest"] == "t-drift" for e, b in a.events)
+    # the counter goes up just before the event is published: wait for the event too (not only the counter)
+    wait_until(lambda: any(e == "drift" and b["guest"] == "t-drift" for e, b in a.events))
 
 
 def test_reboot_events_are_debounced(conn, make_agent):

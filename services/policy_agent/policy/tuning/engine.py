@@ -82,6 +82,8 @@ class Engine:
             self.decisions.setdefault(p.uuid, collections.deque(maxlen=KEEP_DECISIONS)).append(d)
             if why is None:  # hysteresis: the condition must hold again K intervals (also in dry-run: no flood)
                 self._guests.pop(p.uuid, None)
+                if p.field == "vcpus":  # the host's CPU use before a move no longer describes it: judge the
+                    self._host.clear()  # next move on K fresh intervals (else a second guest follows the first)
         return out
 
     def amend(self, old: Decision, new: Decision) -> None:
