@@ -19,20 +19,6 @@ from vmsched.gateway.render import Decision
 
 Compact = tuple[Any, ...]
 
-#: One string object per host ID across the kept decisions (the engine sends the same hosts again and again):
-#: the ring then keeps tuples of pointers to a few shared strings, not each request's own copies, so the
-#: request's strings die with it and the memory the gateway allocates from stays the same few, cache-warm
-#: pages, as without a decision log. Bounded: emptied when it passes :data:`MAX_SHARED`.
-_SHARED: dict[str, str] = {}
-MAX_SHARED = 100_000
-
-
-def _same(hosts: Any) -> tuple[str, ...]:
-    """``hosts`` as the shared string objects (new IDs become the shared ones)."""
-    if len(_SHARED) > MAX_SHARED:
-        _SHARED.clear()
-    return tuple(map(_SHARED.setdefault, hosts, hosts))
-
 
 def compact(op: str, req: Any, decision: Decision, outcomes: Any) -> Compact:
     """What :func:`decisions.build` needs of one decision."""
@@ -43,7 +29,7 @@ def compact(op: str, req: Any, decision: Decision, outcomes: Any) -> Compact:
         units = (_unit(outcomes, None),) if outcomes is not None else ()
     result = decision.result
     if op == "filter" and isinstance(result, list):
-        frozen: Any = _same(result)
+        frozen: Any = tuple(result)
     elif op == "score" and isinstance(result, list):
         frozen = tuple(map(tuple, result))
     elif op == "balance" and isinstance(result, list) and len(result) == 2:
@@ -52,14 +38,14 @@ def compact(op: str, req: Any, decision: Decision, outcomes: Any) -> Compact:
         frozen = result
     errors = tuple((unit, tuple(texts)) for unit, texts in decision.plugin_errors.items())
     unit = req.unit if op == "balance" else ""  # getattr(req, "unit", "") on another request: pydantic raises, 10 us
-    return (op, req.vm if op != "balance" else "", _same(req.hosts), unit, units, frozen, errors, tuple(decision.errors))
+    return (op, req.vm if op != "balance" else "", tuple(req.hosts), unit, units, frozen, errors, tuple(decision.errors))
 
 
 def _unit(o: Any, offered: set[str] | None) -> tuple[Any, ...]:
     reasons = tuple(o.reasons.items()) if o.reasons else ()
     head = (o.kind, o.unit, o.ok, o.error, o.timed_out, o.duration, reasons)
     if o.kind == "filter":  # only the hosts it dropped: the engine's own strings, not the reply's 90 kept ones
-        return head + ((_same(offered.difference(o.hosts)), True) if offered is not None else (tuple(o.hosts), False))
+        return head + ((tuple(offered.difference(o.hosts)), True) if offered is not None else (tuple(o.hosts), False))
     if o.kind == "score":
         return head + (o.factor, tuple(o.scores))
     return head + (o.vm, tuple(o.hosts), o.reason)

@@ -262,28 +262,6 @@ def test_a_filter_keeps_only_what_it_dropped_and_its_record_is_the_same() -> Non
         "filter", req, decision, outcomes, bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="4" * 32)
 
 
-def test_kept_decisions_share_one_string_per_host() -> None:
-    """Two requests parse their own copies of the same host IDs; the kept forms point at one object per ID, so
-    the ring does not keep each request's strings alive (and the shared table is bounded)."""
-    def copies() -> list[str]:
-        return [(h + "x")[:-1] for h in H[:4]]  # equal strings, new objects, as each parsed request has
-
-    kept = []
-    for _ in range(2):
-        hosts = copies()
-        outcomes = [FilterOutcome(unit="A", ok=True, hosts=copies()[:2])]
-        req = FilterRequest(units=["A"], hosts=hosts, vm=VM)
-        kept.append(decision_compact.compact("filter", req, filter_decision(req.hosts, outcomes), outcomes))
-    first, second = kept
-    assert first[2] == second[2] == tuple(H[:4])
-    assert all(a is b for a, b in zip(first[2], second[2]))  # the same objects, not only equal strings
-    assert all(a is b for a, b in zip(first[5], second[5])) and first[5] == tuple(H[:2])  # the kept hosts too
-    assert set(map(id, first[4][0][7])) <= set(map(id, first[2]))  # the dropped hosts: the same objects
-    decision_compact._SHARED.update((str(n), str(n)) for n in range(decision_compact.MAX_SHARED + 1))
-    decision_compact.compact("filter", FilterRequest(units=["A"], hosts=H[:1], vm=VM), Decision(result=H[:1]), [])
-    assert len(decision_compact._SHARED) == 1  # past its bound the table starts again
-
-
 def test_facts_age_of_the_hosts_with_facts() -> None:
     cache = FactsCache("decisions-test")
     collected = time.time() - 7.0
