@@ -67,9 +67,13 @@ def part(stack: list[str]) -> str:
     return "other"
 
 
-def cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
+def cpu_ticks(pid: int) -> int | None:
+    """utime + stime; None for a process that has ended (an adaptive pool stops idle plugin workers)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except FileNotFoundError:
+        return None
+    return int(fields[11]) + int(fields[12])
 
 
 def tree(roots: list[int]) -> list[tuple[int, str]]:
@@ -104,14 +108,24 @@ def profile(name: str, port: int, body: bytes, roots: list[int], opts: argparse.
         spy.send_signal(signal.SIGINT)
     for spy in spies:
         spy.wait(30)
-    cpu = {pid: (cpu_ticks(pid) - before[pid]) / tick for pid, _ in procs}
+    for pid, what in tree(roots):  # started during the run (an adaptive pool grows): all their CPU counts
+        if pid not in before:
+            procs.append((pid, f"{what} (started during the run)"))
+            before[pid] = 0
+    after = {pid: cpu_ticks(pid) for pid, _ in procs}
+    ended = {pid for pid, ticks in after.items() if ticks is None or before[pid] is None}
+    cpu = {pid: 0.0 if pid in ended else (after[pid] - before[pid]) / tick for pid, _ in procs}  # type: ignore[operator]
+    if ended:
+        print(f"  (processes that ended during the run, CPU not counted: {sorted(ended)})")
     print(f"\n[{name}] {done} requests in {elapsed:.1f} s ({_rate((done, elapsed)):.0f} req/s); "
           "CPU ms per request (from /proc; includes the 1 s py-spy start):")
     parts: collections.Counter[str] = collections.Counter()
     for pid, what in procs:
         counts = _read_raw(out / f"{name}-{pid}.txt")
         total = sum(n for key, n in counts.items() if key != "(waiting)") or 1
-        print(f"  {what[:60]:62} {cpu[pid] * 1000 / done:6.3f}  ({total} samples)")
+        if not any(key != "(waiting)" for key in counts):  # not sampled (started during the run, or idle)
+            parts["(not sampled: processes started during the run)"] += cpu[pid]
+        print(f"  {what[:90]:92} {cpu[pid] * 1000 / done:6.3f}  ({total} samples)")
         for key, n in counts.items():
             if key == "(waiting)":
                 continue
