@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 import xmlrpc.client
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -191,17 +192,26 @@ def plugin_copy(tmp_path: Path) -> Path:
     return target
 
 
-@pytest.fixture(scope="session")
-def rabbit_vhost() -> Iterator[str]:
-    """A private vhost on the real broker, so test stacks never share queues."""
+@contextmanager
+def private_vhost(prefix: str) -> Iterator[str]:
+    """A vhost of its own on the shared test broker (guest may use it), deleted after: its name."""
     if not rabbit_up():
         pytest.fail(f"RabbitMQ is not running on {RABBIT_HOST}:{RABBIT_PORT} (scripts/test starts it)")
-    vhost = f"vmsched-test-{uuid.uuid4().hex[:8]}"
+    vhost = f"{prefix}-{uuid.uuid4().hex[:8]}"
     subprocess.run(["rabbitmqctl", "-q", "add_vhost", vhost], check=True, capture_output=True)
     subprocess.run(["rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"],
                    check=True, capture_output=True)
-    yield RABBIT_URL + vhost
-    subprocess.run(["rabbitmqctl", "-q", "delete_vhost", vhost], capture_output=True)
+    try:
+        yield vhost
+    finally:
+        subprocess.run(["rabbitmqctl", "-q", "delete_vhost", vhost], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def rabbit_vhost() -> Iterator[str]:
+    """A private vhost on the real broker, so test stacks never share queues."""
+    with private_vhost("vmsched-test") as vhost:
+        yield RABBIT_URL + vhost
 
 
 def bus_args(folder: Path, url: str) -> list[str]:

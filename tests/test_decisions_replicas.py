@@ -8,14 +8,13 @@ that does not answer in time (docs/console.md, "Several replicas").
 from __future__ import annotations
 
 import signal
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from tests.conftest import (RABBIT_URL, SCORING_QUEUES, Proc, Stack, bus_args, free_port, plugin_copy, rabbit_up,
+from tests.conftest import (RABBIT_URL, SCORING_QUEUES, Proc, Stack, bus_args, free_port, plugin_copy, private_vhost,
                             wait_until)
 
 H = [f"aaaaaaaa-0000-0000-0000-00000000000{i}" for i in range(5)]
@@ -24,12 +23,11 @@ H = [f"aaaaaaaa-0000-0000-0000-00000000000{i}" for i in range(5)]
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Stack]]:
     """gw-1 and gw-2 (vmsched gateway), one scoring and one discovery service, on their own vhost."""
-    if not rabbit_up():
-        pytest.fail("RabbitMQ is not running (scripts/test starts it)")
-    vhost = f"vmsched-test-replicas-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["rabbitmqctl", "-q", "add_vhost", vhost], check=True, capture_output=True)
-    subprocess.run(["rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"],
-                   check=True, capture_output=True)
+    with private_vhost("vmsched-test-replicas") as vhost:
+        yield from _replicas(vhost, tmp_path_factory)
+
+
+def _replicas(vhost: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Stack]]:
     tmp = tmp_path_factory.mktemp("replicas")
     plugins = plugin_copy(tmp)
     bus = bus_args(tmp, RABBIT_URL + vhost)
@@ -52,7 +50,6 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, 
     finally:
         for proc in [*services, *(p for s in stacks for p in s.procs)]:
             proc.kill(signal.SIGTERM)
-        subprocess.run(["rabbitmqctl", "-q", "delete_vhost", vhost], capture_output=True)
 
 
 def _list(stack: Stack, **params: str) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 import pytest
 from kombu import Connection, Exchange, Producer
 
-from tests.conftest import RABBIT_URL, ROOT, SERVICE_QUEUES, TEST_ENV, Proc, Stack, bus_args, free_port, rabbit_up, \
+from tests.conftest import RABBIT_URL, ROOT, SERVICE_QUEUES, TEST_ENV, Proc, Stack, bus_args, free_port, private_vhost, \
     wait_until
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
@@ -70,14 +70,8 @@ VM = str(uuid.UUID(int=99))
 @pytest.fixture
 def vhost() -> Iterator[str]:
     """A vhost of this test's own: the poisoned queues and their dead letters are seen by nobody else."""
-    if not rabbit_up():
-        pytest.fail("RabbitMQ is not running on the test broker (scripts/test starts it)")
-    name = f"vmsched-poison-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["rabbitmqctl", "-q", "add_vhost", name], check=True, capture_output=True)
-    subprocess.run(["rabbitmqctl", "-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*"],
-                   check=True, capture_output=True)
-    yield name
-    subprocess.run(["rabbitmqctl", "-q", "delete_vhost", name], capture_output=True)
+    with private_vhost("vmsched-poison") as name:
+        yield name
 
 
 def _ancestors(pid: int) -> Iterator[int]:
