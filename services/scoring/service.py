@@ -20,7 +20,7 @@ from vmsched.messages import (
     ScoreRequest,
 )
 from vmsched.pending import PendingBook, attach
-from vmsched.runtime.contract import KIND, BadResult
+from vmsched.runtime.contract import KIND, BadResult, checked_aligned
 from vmsched.service import PluginService, UnitRun
 
 _FILTER, _SCORE = KIND[Kind.FILTER], KIND[Kind.SCORE]
@@ -33,6 +33,7 @@ class ScoringService(PluginService):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.pool.aligned_scores = True  # a unit that scored every host in order sends its numbers alone
         self.pending = PendingBook()  # VMs ranked first moments ago (vmsched/pending.py)
 
     def _call_facts(self, hosts: list[str], vm: str) -> Any:
@@ -55,10 +56,14 @@ class ScoringService(PluginService):
                               lambda: self._call_facts(req.hosts, req.vm))
         outcomes = [_score_outcome(run, unit.factor, req.hosts) for run, unit in zip(runs, req.units)]
         if self.facts is not None:
-            self.pending.placed(self.facts, req.vm, req.hosts, [(o.factor, o.scores) for o in outcomes if o.ok])
-        if ALIGNED_SCORES in env.accepts:
-            for o in outcomes:
+            self.pending.placed(self.facts, req.vm, req.hosts, [(o.factor, _pairs(o, req.hosts)) for o in outcomes
+                                                                 if o.ok])
+        aligned = ALIGNED_SCORES in env.accepts
+        for o in outcomes:
+            if aligned:
                 _align(o, req.hosts)
+            elif o.values is not None:  # an older sender: the pairs
+                o.scores, o.values = _pairs(o, req.hosts), None
         return ScoreReplyOnBus(outcomes=outcomes)
 
 
@@ -83,15 +88,25 @@ def _score_outcome(run: UnitRun, factor: int, hosts: list[str]) -> ScoreOutcomeO
     outcome = ScoreOutcomeOnBus(**_common(run), factor=factor)
     if run.result.ok:
         try:
-            verdict = _SCORE.read(run.result.value, hosts)
-            outcome.scores, outcome.reasons = verdict.value, verdict.reasons
+            if run.result.scores is not None:  # its worker found them aligned (contract.aligned_scores)
+                outcome.values = checked_aligned(run.result.scores, hosts)
+            else:
+                verdict = _SCORE.read(run.result.value, hosts)
+                outcome.scores, outcome.reasons = verdict.value, verdict.reasons
         except BadResult as exc:
             outcome.ok, outcome.error = False, str(exc)
     return outcome
 
 
+def _pairs(outcome: ScoreOutcomeOnBus, hosts: list[str]) -> list[tuple[str, float]]:
+    """The outcome's (host, score) pairs (its aligned numbers paired with the requested hosts)."""
+    return outcome.scores if outcome.values is None else list(zip(hosts, outcome.values))
+
+
 def _align(outcome: ScoreOutcomeOnBus, hosts: list[str]) -> None:
     """Only the numbers, when the unit scored every requested host once and in order (the sender pairs them)."""
     pairs = outcome.scores
+    if outcome.values is not None:
+        return
     if outcome.ok and len(pairs) == len(hosts) and [p[0] for p in pairs] == hosts:
         outcome.values, outcome.scores = [p[1] for p in pairs], []

@@ -121,6 +121,47 @@ def score_result(value: Any, hosts: Sequence[str] | None = None) -> Verdict:
     return Verdict(pairs, reasons)
 
 
+def aligned_scores(value: Any, hosts: Any) -> list[float] | None:
+    """The numbers of a score result that is exactly one ``(host, number)`` pair per requested host, in the
+    request's order, each number finite (a float, or an int that a float holds); None for anything else.
+
+    The worker sends such a result as the bare numbers (the pool's ``aligned_scores``): :func:`score_result`
+    of the pairs would give these same floats, paired with ``hosts`` in order, and no reasons. Anything else
+    (NaN, infinity, bool, a reason, a foreign, missing or duplicate host, another order) goes the usual way.
+    """
+    if type(value) not in (list, tuple) or type(hosts) is not list or len(value) != len(hosts):
+        return None
+    numbers: list[float] = []
+    for entry, host in zip(value, hosts):
+        if type(entry) not in (list, tuple) or len(entry) != 2 or type(entry[0]) is not str or entry[0] != host:
+            return None
+        score = entry[1]
+        kind = type(score)
+        if kind is float:
+            if not math.isfinite(score):
+                return None
+        elif kind is int:
+            try:
+                score = float(score)  # what score_result makes of it; past a float's range it goes the usual way
+            except OverflowError:
+                return None
+        else:
+            return None
+        numbers.append(score)
+    return numbers
+
+
+def checked_aligned(numbers: Any, hosts: Sequence[str]) -> list[float]:
+    """A worker's aligned numbers (:func:`aligned_scores`) as read from its reply, checked again cheaply
+    (the plugin's process could write anything): one finite float per requested host; BadResult otherwise."""
+    if type(numbers) is not list or len(numbers) != len(hosts):
+        raise BadResult(f"the plugin's worker sent {_kind(numbers)} as aligned scores for {len(hosts)} hosts")
+    for score in numbers:
+        if type(score) is not float or score - score != 0.0:  # NaN and infinity give NaN
+            raise BadResult(f"the plugin's worker sent a bad aligned score: {score!r:.80}")
+    return numbers
+
+
 def balance_result(value: Any, hosts: Sequence[str] | None = None) -> Verdict:
     """``(vm_id or None/"", [host_ids])``, optionally a third element: a reason or ``{host ID: reason}``."""
     if not (isinstance(value, list) and len(value) in (2, 3)):

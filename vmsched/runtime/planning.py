@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vmsched.runtime.bundle import Bundle, Unit
+from vmsched.runtime.contract import KIND
 from vmsched.runtime.facts_wire import CallFacts
 from vmsched.runtime.protocol import _ENCODER
 from vmsched.runtime.types import Call, CallResult
@@ -21,6 +22,7 @@ from vmsched.runtime.types import Call, CallResult
 #: (seconds); a slower unit gets a worker of its own. 0: every unit alone.
 BUNDLE_SECONDS = 0.002
 _INF = float("inf")
+_SCORE_METHOD = KIND["score"].method
 
 
 class Planner:
@@ -31,6 +33,8 @@ class Planner:
         self.frame_size = frame_size  # largest reply frame of one unit
         self.bundle_seconds = bundle_seconds
         self._cost: dict[str, float] = {}  # unit label -> mean run time (s)
+        #: score calls may answer with their numbers alone (contract.aligned_scores, CallResult.scores)
+        self.aligned_scores = False
 
     def units(self, calls: Sequence[Call], now: float, hard_end: float) -> list[Unit]:
         units: list[Unit] = []
@@ -47,6 +51,8 @@ class Planner:
                     args = args_json[id(call.args)] = _ENCODER.encode(list(call.args))
                 head = _ENCODER.encode({"plugin": call.plugin, "cls": call.cls, "method": call.method})[:-1]
                 unit.head = f'{head},"args":{args}'
+                if self.aligned_scores and call.method == _SCORE_METHOD:
+                    unit.head += ',"aligned":true'
                 if call.facts is not None and not held:  # host facts in full (vmsched.plugin.facts)
                     unit.head += ',"facts":' + _ENCODER.encode(call.facts)
             except (TypeError, ValueError, RecursionError) as exc:
@@ -82,6 +88,7 @@ class Planner:
         self._cost[unit.label] = unit.duration if previous is None else previous + (unit.duration - previous) / 8
         stderr = reply.get("stderr") or ""
         if reply.get("ok"):
-            return CallResult(ok=True, value=reply.get("value"), duration=unit.duration, stderr=stderr)
+            return CallResult(ok=True, value=reply.get("value"), duration=unit.duration, stderr=stderr,
+                              scores=reply.get("scores"))
         error = reply.get("error") or "unknown error"
         return CallResult(ok=False, error=error, duration=unit.duration, stderr=stderr)

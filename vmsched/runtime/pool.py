@@ -153,6 +153,16 @@ class PluginPool:
         self._plan.bundle_seconds = value
 
     @property
+    def aligned_scores(self) -> bool:
+        """Score calls (``do_score``) whose result is one finite number per requested host, in order, come
+        back as those numbers alone (CallResult.scores, value None): set by a caller that reads them."""
+        return self._plan.aligned_scores
+
+    @aligned_scores.setter
+    def aligned_scores(self, value: bool) -> None:
+        self._plan.aligned_scores = value
+
+    @property
     def workers(self) -> int:
         """Worker processes running or starting right now (a snapshot)."""
         with self._lock:

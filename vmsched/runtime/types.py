@@ -49,6 +49,9 @@ class CallResult:
     timed_out: bool = False
     duration: float = 0.0  # seconds
     stderr: str = ""  # what the plugin wrote to stderr (logged, not an error)
+    #: a score unit's numbers, one per requested host in order, in place of ``value`` (the pool's
+    #: ``aligned_scores``; unchecked: they come from the plugin's process, contract.checked_aligned)
+    scores: list[Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,11 @@ Requests (one at a time, each answered by exactly one reply):
 - ``{"op": "batch", "calls": [{"plugin", "cls", "method", "args", "held"?, "facts"?}, ...], "facts"?}`` ->
   ``{"replies": [{"ok": true, "value", "stderr", "t"} or {"ok": false, "error", "stderr", "t"}, ...]}``:
   the units of one request that the pool gave this worker, run one after the other, each with its own
-  stdout capture, CPU limit and clean-up; ``t`` is the unit's run time in seconds. Before each unit the
-  worker writes its index and start time to the progress page (:mod:`vmsched.runtime.progress`), so that
-  the pool can tell which unit overran its budget or crashed the worker. ``facts`` (the held form of
+  stdout capture, CPU limit and clean-up; ``t`` is the unit's run time in seconds. A score call marked
+  ``"aligned": true`` whose result is one finite number per requested host, in order, is answered
+  ``{"ok": true, "scores": [numbers], "stderr", "t"}`` instead (:func:`vmsched.runtime.contract.aligned_scores`).
+  Before each unit the worker writes its index and start time to the progress page
+  (:mod:`vmsched.runtime.progress`), so that the pool can tell which unit overran its budget or crashed the worker. ``facts`` (the held form of
   :mod:`vmsched.runtime.facts_wire`) is installed once, for the calls marked ``held``;
 - ``{"op": "call", "plugin", "cls", "method", "args"}`` -> one reply as above (without ``t``);
 - ``{"op": "analyze", "path"}`` -> ``{"ok": true, "units": [...]}`` or an error
@@ -43,6 +45,7 @@ from typing import Any
 
 from vmsched.runtime import children, sandbox, worker_errors
 from vmsched.runtime.capture import Capture, OutputLimitExceeded, _Redirect
+from vmsched.runtime.contract import KIND, aligned_scores
 from vmsched.runtime.progress import Progress
 from vmsched.runtime.protocol import Channel, encode_frame, encode_json, reply_frame
 from vmsched.runtime.worker_errors import PluginError, describe_exception, parse_output
@@ -51,6 +54,9 @@ from vmsched.plugin import _held as held_facts
 
 #: Members of a held-form facts payload that must be installed only once per frame.
 _ONCE = ("data", "guests", "reset", "hosts")
+#: A score unit's method, and where its arguments hold the requested hosts (calls marked "aligned").
+_SCORE_METHOD = KIND["score"].method
+_SCORE_HOSTS = KIND["score"].params.index("hosts")
 
 
 class Runner:
@@ -91,7 +97,7 @@ class Runner:
             stderr = Capture(self.max_output, strict=False)
             reply = self._run({**call, "op": "call"}, stderr)
             reply["t"] = time.monotonic() - began
-            parts.append(self._encode(reply, stderr))
+            parts.append(self._encode_aligned(call, reply) or self._encode(reply, stderr))
         return reply_frame(b'{"replies":[' + b",".join(parts) + b"]}")
 
     def _run(self, request: dict[str, Any], stderr: Capture) -> dict[str, Any]:
@@ -116,6 +122,25 @@ class Runner:
         if op == "warm":
             return self.warm(request["plugins"], stderr)
         return {"ok": False, "error": f"unknown request {op!r}"}
+
+    def _encode_aligned(self, call: dict[str, Any], reply: dict[str, Any]) -> bytes | None:
+        """A score call marked ``aligned`` whose result is one finite number per requested host, in order:
+        ``{"ok": true, "scores": [numbers], ...}`` (contract.aligned_scores). None: encode it the usual way
+        (any other result, or one whose pairs might not fit in a reply: the usual way says so)."""
+        if not (call.get("aligned") and reply.get("ok") and call.get("method") == _SCORE_METHOD):
+            return None
+        args = call.get("args")
+        hosts = args[_SCORE_HOSTS] if type(args) is list and len(args) > _SCORE_HOSTS else None
+        numbers = aligned_scores(reply.get("value"), hosts)
+        if numbers is None:
+            return None
+        short = {**reply, "scores": numbers}
+        del short["value"]
+        data = encode_json(short)
+        # the pairs' JSON is at most this much longer (a host ID's JSON: at most 12 bytes a character + 2)
+        if len(data) + 12 * sum(map(len, hosts)) + 5 * len(hosts) > self.max_reply:  # type: ignore[arg-type]
+            return None
+        return data
 
     def _encode(self, reply: dict[str, Any], stderr: Capture) -> bytes:
         """The reply's JSON (an error in its place if it cannot be encoded or is too large)."""
