@@ -5,8 +5,12 @@ Runs a PluginPool with the bench plugins of ``bench_gateway.py`` and drives it l
 CPU milliseconds per request of this process and of the plugin workers (from /proc, exact), and the rate.
 
     .venv/bin/python bench/pool_micro.py [--op filter|score] [--threads 2] [--seconds 3] [--pool-size 4]
+        [--read] [--aligned]
 
-To compare two trees (old and new), run it with PYTHONPATH pointing at each, interleaved.
+``--read`` also reads each unit's result as the scoring service does (its per-unit outcome, pydantic model
+included); ``--aligned`` sets the pool's ``aligned_scores`` (score results as bare numbers, checked again
+by that read). To compare two trees (old and new), run it with PYTHONPATH pointing at each, interleaved;
+to compare aligned scores, run ``--op score --read`` with and without ``--aligned``, interleaved.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from bench_gateway import HOSTS, PLUGINS  # noqa: E402
 
 from vmsched.runtime.pool import PluginPool  # noqa: E402
 from vmsched.runtime.types import Call, Confinement  # noqa: E402
+from vmsched.service import UnitRun  # noqa: E402
+from vmsched.services.scoring.service import _filter_outcome, _score_outcome  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -51,6 +57,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--pool-size", type=int, default=4)
     parser.add_argument("--bundle-seconds", type=float, help="PluginPool bundle_seconds (0: every unit alone)")
+    parser.add_argument("--read", action="store_true", help="read each result as the scoring service does")
+    parser.add_argument("--aligned", action="store_true", help="the pool's aligned_scores on (score results as numbers)")
     parser.add_argument("--json", action="store_true")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="pool-micro-"))
@@ -63,6 +71,7 @@ def main() -> int:
     extra = {} if options.bundle_seconds is None else {"bundle_seconds": options.bundle_seconds}
     pool = PluginPool(folder, size=options.pool_size, name="micro", confinement=confinement, max_calls=10**9,
                       **extra)  # never recycled: a recycled worker's CPU would be lost to the count
+    pool.aligned_scores = options.aligned
     pool.start()
     pool.warm(["bench"])
     stop = threading.Event()
@@ -72,6 +81,12 @@ def main() -> int:
         while not stop.is_set():
             results = pool.run([Call("bench", n, method, args, 10.0) for n in names], deadline=time.time() + 10)
             assert all(r.ok for r in results), results
+            assert all((r.scores is not None) == (options.aligned and options.op == "score") for r in results)
+            if options.read:
+                hosts = args[0]
+                outcomes = [_filter_outcome(UnitRun(n, r), hosts) if options.op == "filter" else
+                            _score_outcome(UnitRun(n, r), 1, hosts) for n, r in zip(names, results)]
+                assert all(o.ok for o in outcomes), outcomes
             counts[i] += 1
 
     for _ in range(50):
