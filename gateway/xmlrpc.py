@@ -114,6 +114,26 @@ def _text(value: str) -> str:
 
 
 _PAIR = "<value><array><data><value><string>%s</string></value><value><int>%d</int></value></data></array></value>"
+_PAIR_HEAD, _PAIR_MID, _PAIR_TAIL = _PAIR.split("%s")[0], _PAIR.split("%s")[1].split("%d")[0], _PAIR.split("%d")[1]
+
+
+def _score_pairs(value: list[Any]) -> str | None:
+    """A score reply's ``[[host ID, int32 weight], ...]`` written at once (C-level joins), when every item is
+    such a pair of plain types and no host ID needs escaping: the same text as :func:`_marshal` writes item
+    by item. None for anything else (which :func:`_marshal` then writes as before)."""
+    for item in value:
+        if type(item) is not list or len(item) != 2:
+            return None
+    hosts = [item[0] for item in value]
+    weights = [item[1] for item in value]
+    if set(map(type, hosts)) != {str} or set(map(type, weights)) != {int}:
+        return None  # also an empty list: written as before
+    if min(weights) < INT32_MIN or max(weights) > INT32_MAX:
+        return None
+    joined = "".join(hosts)
+    if not joined.isprintable() or "&" in joined or "<" in joined or ">" in joined:
+        return None  # _text would change some host ID
+    return _PAIR_HEAD + (_PAIR_TAIL + _PAIR_HEAD).join(map(_PAIR_MID.join, zip(hosts, map(str, weights)))) + _PAIR_TAIL
 
 
 def _marshal(value: Any, out: list[str]) -> None:
@@ -126,6 +146,11 @@ def _marshal(value: Any, out: list[str]) -> None:
         out.append("<value><int>%d</int></value>" % clamp_int32(value))
     elif isinstance(value, (list, tuple)):
         out.append("<value><array><data>")
+        pairs = _score_pairs(value) if type(value) is list and len(value) > 1 else None
+        if pairs is not None:
+            out.append(pairs)
+            out.append("</data></array></value>")
+            return
         for item in value:
             if type(item) is list and len(item) == 2 and type(item[0]) is str and type(item[1]) is int:
                 # the common [host ID, weight] pair of a score reply, written inline
