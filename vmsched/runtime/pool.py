@@ -154,8 +154,7 @@ class PluginPool:
 
     @property
     def aligned_scores(self) -> bool:
-        """Score calls (``do_score``) whose result is one finite number per requested host, in order, come
-        back as those numbers alone (CallResult.scores, value None): set by a caller that reads them."""
+        """Score calls may answer with their numbers alone (CallResult.scores; planning, contract)."""
         return self._plan.aligned_scores
 
     @aligned_scores.setter

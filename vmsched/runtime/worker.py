@@ -17,8 +17,9 @@ Requests (one at a time, each answered by exactly one reply):
   ``"aligned": true`` whose result is one finite number per requested host, in order, is answered
   ``{"ok": true, "scores": [numbers], "stderr", "t"}`` instead (:func:`vmsched.runtime.contract.aligned_scores`).
   Before each unit the worker writes its index and start time to the progress page
-  (:mod:`vmsched.runtime.progress`), so that the pool can tell which unit overran its budget or crashed the worker. ``facts`` (the held form of
-  :mod:`vmsched.runtime.facts_wire`) is installed once, for the calls marked ``held``;
+  (:mod:`vmsched.runtime.progress`), so that the pool can tell which unit overran its budget or crashed
+  the worker. ``facts`` (the held form of :mod:`vmsched.runtime.facts_wire`) is installed once, for the
+  calls marked ``held``;
 - ``{"op": "call", "plugin", "cls", "method", "args"}`` -> one reply as above (without ``t``);
 - ``{"op": "analyze", "path"}`` -> ``{"ok": true, "units": [...]}`` or an error
 - ``{"op": "warm", "plugins": [...]}`` -> ``{"ok": true, "loaded": [...]}``
