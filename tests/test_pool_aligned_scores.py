@@ -55,8 +55,14 @@ RESULTS = {
     "HugeInt": "[[h, 10 ** 400] for h in hosts]",
     "TooManyDigits": "[[h, 10 ** 5000] for h in hosts]",
     "Raises": "1 / 0",
+    # a plugin that changes the list of hosts it was given: compared with the hosts as requested
+    "Reverses": "hosts.reverse() or [[h, float(i)] for i, h in enumerate(hosts)]",
+    "Appends": "hosts.append('extra') or [[h, 1.0] for h in hosts]",
+    "Pops": "hosts.pop() and [[h, 1.0] for h in hosts]",
+    "Renames": "hosts.__setitem__(0, 'other') or [[h, 1.0] for h in hosts]",
+    "SameAfterChange": "hosts.append('x') or hosts.pop() and [[h, 1.0] for h in hosts]",
 }
-ALIGNED = {"Floats", "Ints", "Tuples", "Mixed", "BigInts", "Past64Bits", "Printed"}
+ALIGNED = {"Floats", "Ints", "Tuples", "Mixed", "BigInts", "Past64Bits", "Printed", "SameAfterChange"}
 
 
 def _plugin() -> str:

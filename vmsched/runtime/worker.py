@@ -95,10 +95,11 @@ class Runner:
                 if not installed:  # later units get the same facts without what must be stored only once
                     installed = True
                     payload = {k: v for k, v in payload.items() if k not in _ONCE}
+            hosts = _requested_hosts(call)  # a copy: the plugin gets the list and may change it
             stderr = Capture(self.max_output, strict=False)
             reply = self._run({**call, "op": "call"}, stderr)
             reply["t"] = time.monotonic() - began
-            parts.append(self._encode_aligned(call, reply) or self._encode(reply, stderr))
+            parts.append((hosts is not None and self._encode_aligned(hosts, reply)) or self._encode(reply, stderr))
         return reply_frame(b'{"replies":[' + b",".join(parts) + b"]}")
 
     def _run(self, request: dict[str, Any], stderr: Capture) -> dict[str, Any]:
@@ -124,22 +125,18 @@ class Runner:
             return self.warm(request["plugins"], stderr)
         return {"ok": False, "error": f"unknown request {op!r}"}
 
-    def _encode_aligned(self, call: dict[str, Any], reply: dict[str, Any]) -> bytes | None:
-        """A score call marked ``aligned`` whose result is one finite number per requested host, in order:
-        ``{"ok": true, "scores": [numbers], ...}`` (contract.aligned_scores). None: encode it the usual way
-        (any other result, or one whose pairs might not fit in a reply: the usual way says so)."""
-        if not (call.get("aligned") and reply.get("ok") and call.get("method") == _SCORE_METHOD):
-            return None
-        args = call.get("args")
-        hosts = args[_SCORE_HOSTS] if type(args) is list and len(args) > _SCORE_HOSTS else None
-        numbers = aligned_scores(reply.get("value"), hosts)
+    def _encode_aligned(self, hosts: list[Any], reply: dict[str, Any]) -> bytes | None:
+        """The reply of a score call marked ``aligned`` whose result is one finite number per requested host,
+        in order: ``{"ok": true, "scores": [numbers], ...}`` (contract.aligned_scores). None: encode it the
+        usual way (any other result, or one whose pairs might not fit in a reply: the usual way says so)."""
+        numbers = aligned_scores(reply.get("value"), hosts) if reply.get("ok") else None
         if numbers is None:
             return None
         short = {**reply, "scores": numbers}
         del short["value"]
         data = encode_json(short)
         # the pairs' JSON is at most this much longer (a host ID's JSON: at most 12 bytes a character + 2)
-        if len(data) + 12 * sum(map(len, hosts)) + 5 * len(hosts) > self.max_reply:  # type: ignore[arg-type]
+        if len(data) + 12 * sum(map(len, hosts)) + 5 * len(hosts) > self.max_reply:
             return None
         return data
 
@@ -250,6 +247,15 @@ class Runner:
             except PluginError:
                 pass
         return {"ok": True, "loaded": loaded}
+
+
+def _requested_hosts(call: dict[str, Any]) -> list[Any] | None:
+    """A copy of the hosts of a score call marked ``aligned`` (None for any other call)."""
+    if not (call.get("aligned") and call.get("method") == _SCORE_METHOD):
+        return None
+    args = call.get("args")
+    hosts = args[_SCORE_HOSTS] if type(args) is list and len(args) > _SCORE_HOSTS else None
+    return list(hosts) if type(hosts) is list else None
 
 
 # --- process setup ---------------------------------------------------------------
