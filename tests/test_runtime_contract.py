@@ -59,6 +59,8 @@ def test_checks_accept_the_contract_shapes(kind: str, value: object, expected: o
         ("filter", {"a": 3}, "the reason must be a string"),
         ("score", [["a", 1, ["why"]]], "the reason must be a string"),
         ("score", [["a", 1, "why", "more"]], "bad score entry"),
+        ("score", [["a", 10 ** 400]], "bad score for host a: an integer too large for a float"),  # was OverflowError
+        ("score", [["a", -10 ** 5000, "why"]], "bad score for host a: an integer too large for a float"),
         ("balance", ["vm", ["a"], 7], "the reason must be a string"),
         ("balance", ["vm", ["a"], "why", "more"], "expected (vm_id, [host_ids])"),
     ],

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,10 @@ def filter_result(value: Any, hosts: Sequence[str] | None = None) -> Verdict:
     return Verdict([h for h in hosts if h not in value], reasons)
 
 
+#: the largest integer a float holds (about 1.8e308); past it float() raises OverflowError
+_FLOAT_INT = int(sys.float_info.max)
+
+
 def score_result(value: Any, hosts: Sequence[str] | None = None) -> Verdict:
     """``[(host ID, number), ...]`` or ``(host ID, number, reason)`` triples; numbers become floats."""
     if not isinstance(value, list):
@@ -103,7 +108,8 @@ def score_result(value: Any, hosts: Sequence[str] | None = None) -> Verdict:
         if type(entry) is list and len(entry) == 2:  # the common (host, number) pair, checked at once
             host, score = entry
             kind = type(score)
-            if type(host) is str and (kind is int or (kind is float and score == score)):  # NaN != NaN
+            if type(host) is str and ((kind is int and -_FLOAT_INT <= score <= _FLOAT_INT)
+                                      or (kind is float and score == score)):  # NaN != NaN
                 pairs.append((host, float(score)))
                 continue
         if not (isinstance(entry, list) and len(entry) in (2, 3) and isinstance(entry[0], str)):
@@ -113,6 +119,8 @@ def score_result(value: Any, hosts: Sequence[str] | None = None) -> Verdict:
             raise BadResult(f"bad score for host {entry[0]}: {score!r} is not a number")
         if isinstance(score, float) and math.isnan(score):
             raise BadResult(f"bad score for host {entry[0]}: NaN")
+        if not isinstance(score, float) and not -_FLOAT_INT <= score <= _FLOAT_INT:
+            raise BadResult(f"bad score for host {entry[0]}: an integer too large for a float (over 1.8e308)")
         pairs.append((entry[0], float(score)))
         if len(entry) == 3:
             why = reason_text(entry[2], f"score for host {entry[0][:64]}")
