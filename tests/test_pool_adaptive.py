@@ -12,6 +12,7 @@ import pytest
 
 from tests.test_runtime_pool import call, make_pool, wait_until, write_plugin  # noqa: F401 (fixture)
 
+from vmsched.metrics import REGISTRY
 from vmsched.runtime import PluginPool
 
 SLOW = """
@@ -77,8 +78,9 @@ def test_shrinks_to_its_minimum_after_the_idle_period(plugins: Path, make_pool: 
         thread.start()
     for thread in threads:
         thread.join()
-    assert pool.workers >= 2
+    assert pool.workers >= 2 and _gauge(pool) == pool.workers  # the pool's size, as Prometheus reads it
     wait_until(lambda: pool.workers == 1, limit=10)
+    assert _gauge(pool) == 1
     [result] = pool.run([call("slow")])  # the one left serves
     assert result.ok
 
@@ -134,3 +136,7 @@ def test_the_maximum_holds_while_a_crashed_worker_is_replaced(plugins: Path,
         wait_until(lambda: pool.idle == 1)
         time.sleep(0.3)  # a worker started past the maximum would be idle by now
         assert pool.workers == 1 and pool.idle == 1
+
+
+def _gauge(pool: PluginPool) -> float | None:
+    return REGISTRY.get_sample_value("vmsched_plugin_workers", {"pool": pool.name})

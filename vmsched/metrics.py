@@ -94,6 +94,12 @@ PLUGIN_WORKER_RESTARTS = Counter(
     ["pool", "reason"],
     registry=REGISTRY,
 )
+PLUGIN_WORKERS = Gauge(
+    "vmsched_plugin_workers",
+    "Plugin worker processes running or starting, by pool (an adaptive pool moves between its minimum and maximum)",
+    ["pool"],
+    registry=REGISTRY,
+)
 PLUGIN_RAW_OUTPUT = Counter(
     "vmsched_plugin_raw_output_bytes_total",
     "Bytes plugin workers wrote to their fd 1/2 directly (never logged), by pool and fate (written; dropped: beyond the tail kept for diagnosis)",

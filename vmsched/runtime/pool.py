@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from vmsched.metrics import PLUGIN_CONFINEMENT, PLUGIN_WORKER_RESTARTS
+from vmsched.metrics import PLUGIN_CONFINEMENT, PLUGIN_WORKER_RESTARTS, PLUGIN_WORKERS
 from vmsched.runtime import spawn
 from vmsched.runtime.batch import Batch, Job, PoolClosed, Waiter
 from vmsched.runtime.drain import OutputDrain
@@ -95,6 +95,7 @@ class PluginPool:
                 raise RuntimeError(f"plugin pool {self.name} already started")
             self._started = True
         make_non_dumpable()  # a same-uid worker cannot read our environment or memory
+        PLUGIN_WORKERS.labels(pool=self.name).set_function(lambda: self.workers)  # read at scrape time
         self._drain = OutputDrain(self.name)
         workers: list[Worker] = []
         try:
