@@ -72,12 +72,7 @@ def test_never_grows_past_its_maximum(plugins: Path, make_pool: Callable[..., Pl
 def test_shrinks_to_its_minimum_after_the_idle_period(plugins: Path, make_pool: Callable[..., PluginPool]) -> None:
     write_plugin(plugins, "slow", SLOW)
     pool = make_pool(min_size=1, max_size=3, idle_seconds=0.5)
-    threads = [threading.Thread(target=pool.run, args=([call("slow", args=(["h"], "vm", {"sleep": 0.3}))],))
-               for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _three_slow_calls_at_once(pool)
     assert pool.workers >= 2 and _gauge(pool) == pool.workers  # the pool's size, as Prometheus reads it
     wait_until(lambda: pool.workers == 1, limit=10)
     assert _gauge(pool) == 1
@@ -88,12 +83,7 @@ def test_shrinks_to_its_minimum_after_the_idle_period(plugins: Path, make_pool: 
 def test_shrink_stops_only_the_longest_idle_above_the_minimum(plugins: Path, make_pool: Callable[..., PluginPool]) -> None:
     write_plugin(plugins, "slow", SLOW)
     pool = make_pool(min_size=2, max_size=3, idle_seconds=3600)
-    threads = [threading.Thread(target=pool.run, args=([call("slow", args=(["h"], "vm", {"sleep": 0.3}))],))
-               for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _three_slow_calls_at_once(pool)
     wait_until(lambda: pool.idle == 3)
     assert pool.shrink(time.monotonic()) == 0  # none idle long enough
     assert pool.shrink(time.monotonic() + 3600) == 1  # all are, but two is the minimum
@@ -140,3 +130,13 @@ def test_the_maximum_holds_while_a_crashed_worker_is_replaced(plugins: Path,
 
 def _gauge(pool: PluginPool) -> float | None:
     return REGISTRY.get_sample_value("vmsched_plugin_workers", {"pool": pool.name})
+
+
+def _three_slow_calls_at_once(pool: PluginPool) -> None:
+    """Three callers, each holding a worker for 0.3 s: a pool of fewer than three grows (up to its maximum)."""
+    threads = [threading.Thread(target=pool.run, args=([call("slow", args=(["h"], "vm", {"sleep": 0.3}))],))
+               for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
