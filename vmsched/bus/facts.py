@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import socket
 from typing import Callable
 
 from kombu import Connection, Consumer, Producer, Queue
@@ -72,22 +71,6 @@ class FactsSubscriber(ConsumerLoop):
 
     def _received(self, message: Message) -> None:
         hand_over(message, self.on_message, f"{self.service} facts")
-
-    def _drain(self, conn: Connection) -> None:
-        """Like ConsumerLoop._drain, but after each message, wait ``linger`` s and take all that came meanwhile."""
-        self.ready.set()
-        while not self._stop.is_set():
-            try:
-                conn.drain_events(timeout=1.0)
-            except socket.timeout:
-                conn.heartbeat_check()
-                continue
-            if self.linger > 0 and not self._stop.wait(self.linger):
-                try:
-                    while not self._stop.is_set():
-                        conn.drain_events(timeout=0)
-                except socket.timeout:
-                    pass
 
 
 class SnapshotListener(ConsumerLoop):

@@ -65,6 +65,10 @@ def hand_over(message: Message, on_message: Callable[[bytes, str], object], what
 class ConsumerLoop:
     """One consumer thread with its own connection, reconnecting with backoff; subclasses give ``_serve``."""
 
+    #: seconds to wait after a message has woken the thread, then take all that came meanwhile (one wake-up per
+    #: batch instead of per message); 0: handle each message as it comes
+    linger = 0.0
+
     def __init__(self, options: BusOptions, name: str) -> None:
         self.options = options.without_confirms()
         self.name = name
@@ -92,6 +96,13 @@ class ConsumerLoop:
                 conn.drain_events(timeout=1.0)
             except socket.timeout:
                 conn.heartbeat_check()
+                continue
+            if self.linger > 0 and not self._stop.wait(self.linger):
+                try:
+                    while not self._stop.is_set():
+                        conn.drain_events(timeout=0)
+                except socket.timeout:
+                    pass
 
     def _serve(self, conn: Connection) -> None:
         raise NotImplementedError
