@@ -8,9 +8,12 @@ and ``small`` (a ring of 5 per operation instead of 200: what retention costs).
 
 A round measures every side in turn (the order rotates from round to round):
 ``--calls`` sequential runFilters (3 filters, 100 hosts, a new connection
-per call, like the engine), reading the side's gateway process CPU time per
-call from /proc, then ``--clients`` concurrent clients for ``--seconds``
-(the rate and the CPU per call under load). Each round gives a paired ratio
+per call, like the engine; ``--op score``: runCostFunctions, 3 score units),
+reading the side's gateway process CPU time per call from /proc, then
+``--clients`` concurrent clients for ``--seconds`` (the rate and the CPU per
+call under load: the gateway's, and the whole request path's, which is the
+side's process group with its plugin workers and, on RabbitMQ, the shared
+services and the broker too, who serve only that side while it runs). Each round gives a paired ratio
 per side against ``off``; reported are the median of those ratios over the
 rounds and their spread (lowest to highest).
 
@@ -27,7 +30,7 @@ on a private vhost of the RabbitMQ at ``--amqp``, all sharing one set of
 services (started once); there ``on`` also links with its peers (presence
 on the bus; nothing is published per decision).
 
-    .venv/bin/python bench/bench_decisions.py [--mode embedded|rabbitmq] [--rounds 7] [--calls 1000] [--seconds 8]
+    .venv/bin/python bench/bench_decisions.py [--mode embedded|rabbitmq] [--op filter|score] [--rounds 7] [--calls 1000] [--seconds 8]
         [--sides on,off,off2[,small,local,before]] [--gc] [--keep] [--hashseed 0|random] [--before DIR/src]
 
 ``before``: the decision log on, running the code of a ``bench/snapshot.sh`` tree (e.g. this tree with an older
@@ -52,7 +55,10 @@ from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gateway import FILTER_BODY, PLUGINS, ROOT, arun, concurrent, free_port, pct, sequential, wait_ready  # noqa: E402
+from bench_gateway import (FILTER_BODY, PLUGINS, ROOT, SCORE_BODY, arun, concurrent, free_port, pct,  # noqa: E402
+                           sequential, wait_ready)
+
+BODIES = {"filter": FILTER_BODY, "score": SCORE_BODY}
 
 ENV = {"on": {}, "before": {}, "local": {"VMSCHED_DECISIONS_SHARE": "false"}, "small": {"VMSCHED_DECISIONS_SIZE": "5"},
        "off": {"VMSCHED_DECISIONS_SIZE": "0"},
@@ -71,6 +77,44 @@ def cpu_seconds(pid: int) -> float:
         except (OSError, ValueError, IndexError):
             pass
     return total / 1e9
+
+
+def group_cpu_seconds(groups: set[int], pids: tuple[int, ...] = ()) -> float:
+    """CPU time of every process in the process groups ``groups`` (a side, the services: each is started in a
+    session of its own, plugin workers included) and of ``pids`` (the broker)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            pgrp = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2])
+        except (OSError, ValueError, IndexError):
+            continue
+        if pgrp in groups or int(entry.name) in pids:
+            total += cpu_seconds(int(entry.name))
+    return total
+
+
+def broker_pids() -> tuple[int, ...]:
+    """The shared RabbitMQ's Erlang VM (not a test's private node): its CPU is part of the request path."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "beam.smp":
+                cmd = (entry / "cmdline").read_bytes()
+                if b"rabbit" in cmd and b"vmsched-test" not in cmd:
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return tuple(found)
+
+
+@dataclass
+class Shared:
+    """Where a side's request path runs besides its own process group: the shared services and the broker."""
+
+    groups: set[int] = field(default_factory=set)
+    pids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -99,6 +143,7 @@ class Figures:
     cpu: list[float] = field(default_factory=list)  # gateway CPU ms per sequential call
     rate: list[float] = field(default_factory=list)  # concurrent req/s
     load_cpu: list[float] = field(default_factory=list)  # gateway CPU ms per call under concurrent load
+    path_cpu: list[float] = field(default_factory=list)  # CPU ms per call under load of the whole path
     gc: list[float] = field(default_factory=list)  # collector CPU ms per sequential call
     full: list[int] = field(default_factory=list)  # full (generation 2) collections during the sequential run
 
@@ -150,7 +195,7 @@ def launch(names: list[str], opts: argparse.Namespace, tmp: Path, env: dict[str,
 
 def measure(side: Side, opts: argparse.Namespace, figures: Figures) -> None:
     used, (gc_used, full) = cpu_seconds(side.proc.pid), side.gc()
-    figures.p50.append(pct(arun(sequential(side.port, FILTER_BODY, opts.calls)), 0.50))
+    figures.p50.append(pct(arun(sequential(side.port, BODIES[opts.op], opts.calls)), 0.50))
     calls = opts.calls + 50  # + the warm-up
     figures.cpu.append(1000 * (cpu_seconds(side.proc.pid) - used) / calls)
     if side.stats is not None:
@@ -160,22 +205,30 @@ def measure(side: Side, opts: argparse.Namespace, figures: Figures) -> None:
     figures.full.append(full_now - full)
 
 
-def measure_load(side: Side, opts: argparse.Namespace, figures: Figures) -> None:
-    used = cpu_seconds(side.proc.pid)
-    done, elapsed = arun(concurrent(side.port, [FILTER_BODY], opts.clients, opts.seconds))
+def measure_load(side: Side, opts: argparse.Namespace, figures: Figures, shared: Shared) -> None:
+    """The rate under load, the gateway's CPU per call and the whole path's (the side's processes, plugin workers
+    included; on RabbitMQ also the services and the broker, which serve only this side while it runs)."""
+    groups = {side.proc.pid, *shared.groups}
+    path_used, used = group_cpu_seconds(groups, shared.pids), cpu_seconds(side.proc.pid)
+    done, elapsed = arun(concurrent(side.port, [BODIES[opts.op]], opts.clients, opts.seconds))
+    gateway = cpu_seconds(side.proc.pid) - used
+    path = group_cpu_seconds(groups, shared.pids) - path_used
     figures.rate.append(done / elapsed)
-    figures.load_cpu.append(1000 * (cpu_seconds(side.proc.pid) - used) / max(done, 1))
+    figures.load_cpu.append(1000 * gateway / max(done, 1))
+    figures.path_cpu.append(1000 * path / max(done, 1))
 
 
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the stacks on SIGTERM too (the finally blocks)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--calls", type=int, default=1000, help="sequential runFilters per side and round")
+    ap.add_argument("--calls", type=int, default=1000, help="sequential calls per side and round")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=8.0, help="length of one concurrent run per side and round")
     ap.add_argument("--sides", default="on,off,off2", help="of on, local, small, before, off, off2; 'off' is the baseline")
     ap.add_argument("--mode", choices=["embedded", "rabbitmq"], default="embedded")
+    ap.add_argument("--op", choices=sorted(BODIES), default="filter",
+                    help="runFilters (3 filters) or runCostFunctions (3 score units), 100 hosts")
     ap.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/", help="the broker (rabbitmq mode)")
     ap.add_argument("--keep", action="store_true", help="start the sides once, not afresh every round")
     ap.add_argument("--hashseed", default="0", help="PYTHONHASHSEED of every side ('random': none set)")
@@ -205,6 +258,7 @@ def main() -> None:
                                      stdout=(tmp / f"{service}.log").open("ab"), stderr=subprocess.STDOUT,
                                      start_new_session=True, env={**os.environ, **env})
                     for service in ("scoring", "discovery")]
+    shared = Shared({p.pid for p in services}, broker_pids() if vhost else ())
     figures = {n: Figures() for n in names}
     sides: dict[str, Side] = {}
     try:
@@ -215,10 +269,11 @@ def main() -> None:
             for name in order:
                 measure(sides[name], opts, figures[name])
             for name in order:
-                measure_load(sides[name], opts, figures[name])
+                measure_load(sides[name], opts, figures[name], shared)
             print(f"round {i + 1}: " + "; ".join(
                 f"{n} p50 {f.p50[-1]:.3f} ms, CPU {f.cpu[-1]:.3f} ms/call (gc {f.gc[-1]:.3f}, {f.full[-1]} full), "
-                f"{f.rate[-1]:.0f} req/s ({f.load_cpu[-1]:.3f} CPU ms/call)" for n, f in figures.items()), flush=True)
+                f"{f.rate[-1]:.0f} req/s ({f.load_cpu[-1]:.3f} CPU ms/call, path {f.path_cpu[-1]:.3f})"
+                for n, f in figures.items()), flush=True)
             if not opts.keep:
                 _stop([s.proc for s in sides.values()])
                 sides = {}
@@ -235,14 +290,16 @@ def report(figures: dict[str, Figures], opts: argparse.Namespace) -> None:
     except OSError:
         load = ""
     how = "the same processes every round" if opts.keep else "fresh processes every round"
-    print(f"\nrunFilters ({opts.mode}), {opts.rounds} interleaved rounds, {how}, PYTHONHASHSEED {opts.hashseed}; "
+    what = {"filter": "runFilters", "score": "runCostFunctions"}[opts.op]
+    print(f"\n{what} ({opts.mode}), {opts.rounds} interleaved rounds, {how}, PYTHONHASHSEED {opts.hashseed}; "
           f"{os.cpu_count()} CPUs, load generator included{load}:")
     med = statistics.median
     for n, f in figures.items():
         print(f"  {n:5}  sequential p50 {med(f.p50):.3f} ms ({min(f.p50):.3f}-{max(f.p50):.3f}); gateway CPU "
               f"{med(f.cpu):.3f} ms/call ({min(f.cpu):.3f}-{max(f.cpu):.3f}), of it gc {med(f.gc):.3f}, "
               f"{med(f.full)} full collections per run; {opts.clients} clients {med(f.rate):.0f} req/s "
-              f"({min(f.rate):.0f}-{max(f.rate):.0f}) at {med(f.load_cpu):.3f} CPU ms/call")
+              f"({min(f.rate):.0f}-{max(f.rate):.0f}) at {med(f.load_cpu):.3f} gateway CPU ms/call, "
+              f"{med(f.path_cpu):.3f} for the whole path")
     base = figures["off"]
     for n, f in figures.items():
         if n == "off":
@@ -252,6 +309,7 @@ def report(figures: dict[str, Figures], opts: argparse.Namespace) -> None:
             "gateway CPU/call": [100 * (a / b - 1) for a, b in zip(f.cpu, base.cpu)],  # + : the log costs CPU
             f"{opts.clients}-client rate": [100 * (b / a - 1) for a, b in zip(f.rate, base.rate)],  # + : costs rate
             f"CPU/call, {opts.clients} clients": [100 * (a / b - 1) for a, b in zip(f.load_cpu, base.load_cpu)],
+            "path CPU/call": [100 * (a / b - 1) for a, b in zip(f.path_cpu, base.path_cpu)],  # the request path's
         }
         print(f"  cost of '{n}' vs 'off', median of the per-round ratios (spread):")
         for what, values in rows.items():

@@ -390,3 +390,36 @@ def test_api_refuses_bad_queries(stack: Stack) -> None:
     assert stack.get("/v1/decisions/not-an-id").status_code == 400
     assert stack.get("/v1/decisions", params={"op": "nope"}).status_code == 400
     assert stack.get("/v1/decisions", params={"errors": "all"}).status_code == 400
+
+
+def test_a_score_decision_is_kept_in_a_few_tuples_whatever_the_number_of_hosts() -> None:
+    """The collector tracks a kept tuple until a collection sees it, and a request path that frees what it made
+    starts few: one tuple per (host, score) pair filled the young generation (docs/performance.md)."""
+    many = [f"host-{i:03d}" for i in range(100)]
+
+    def tuples(value: Any) -> int:
+        return 1 + sum(tuples(v) for v in value) if isinstance(value, tuple) else 0
+
+    def kept(hosts: list[str], per_unit: bool) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        scores = [ScoreOutcome(unit=u, ok=True, factor=f, scores=[(h, float(i * f)) for i, h in enumerate(hosts)])
+                  for u, f in (("S", 1), ("T", 3))]
+        req = ScoreRequest.model_validate({"units": [{"name": "S"}, {"name": "T", "factor": 3}], "hosts": hosts,
+                                           "vm": VM})
+        dec = score_decision(hosts, scores, per_unit)
+        parts = decision_compact.compact("score", req, dec, scores)
+        args: dict[str, Any] = dict(bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="5" * 32)
+        return tuples(parts), decision_compact.build_compact(parts, **args), decisions.build("score", req, dec,
+                                                                                              scores, **args)
+
+    for per_unit in (False, True):  # pairs, or [host, weight, unit] per unit
+        few, built, direct = kept(many[:3], per_unit)
+        assert built == direct and len(built["result"]) == (6 if per_unit else 3)
+        lots, built, direct = kept(many, per_unit)
+        assert built == direct and len(built["result"]) == (200 if per_unit else 100)
+        assert lots == few  # the same tuples for 100 hosts as for 3
+
+
+def test_rows_of_mixed_lengths_are_kept_as_they_are() -> None:
+    rows = [["a", 1], ["b", 2, "x"]]
+    assert decision_compact._rows(decision_compact._columns(rows), list) == rows
+    assert decision_compact._rows(decision_compact._columns([]), list) == []
