@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import add, mul
 from typing import Any
 
 from vmsched.gateway.scores import common_denominator, encode, fill_worst, finite, scaled
@@ -123,7 +125,7 @@ def _exact(single: dict[str, float], repeated: dict[str, list[float]], den: int)
     # den is a power of two (floats are dyadic): v * den is exact in floating point unless it overflows
     factor = float(den) if den < 2**1000 else 0.0
     if factor and max(map(abs, single.values()), default=0.0) * factor < 1e300:
-        exact = {h: int(v * factor) for h, v in single.items()}
+        exact = dict(zip(single, map(int, map(mul, single.values(), repeat(factor)))))
     else:
         exact = {h: scaled(v, den) for h, v in single.items()}
     for h, vs in repeated.items():
@@ -166,11 +168,10 @@ def score_decision(hosts: list[str], outcomes: list[ScoreOutcome], per_unit: boo
         for o, weights in table:
             decision.result += [[h, w, o.unit] for h, w in zip(weights, encode(list(weights.values()), den))]
         return decision
-    totals = dict.fromkeys(requested, 0)
-    for o, weights in table:
-        for host, value in weights.items():
-            totals[host] += o.factor * value
-    decision.result = [[h, w] for h, w in zip(totals, encode(list(totals.values()), den))]
+    totals = [0] * len(requested)
+    for o, weights in table:  # each unit's weights are keyed by the requested hosts, in their order
+        totals = list(map(add, totals, map(mul, repeat(o.factor), weights.values())))
+    decision.result = list(map(list, zip(requested, encode(totals, den))))
     return decision
 
 

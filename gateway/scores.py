@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from itertools import repeat
+from operator import add, floordiv, mul
 
 #: Largest weight sent to the engine; weights are in [0, SCORE_BOUND].
 SCORE_BOUND = 2**20
@@ -56,6 +58,8 @@ def fill_worst(hosts: Sequence[str], scored: dict[str, int], factor: int) -> dic
     """
     if not scored:
         return dict.fromkeys(hosts, 0)
+    if len(scored) == len(hosts) and list(scored) == hosts:
+        return dict(scored)  # every host scored, in order (the common case)
     worst = max(scored.values()) if factor >= 0 else min(scored.values())
     return {h: scored.get(h, worst) for h in hosts}
 
@@ -72,13 +76,26 @@ def encode(values: Sequence[int], den: int = 1, bound: int = SCORE_BOUND) -> lis
     if len(distinct) > bound + 1:
         raise ValueError(f"{len(distinct)} distinct totals cannot be distinct integers in [0, {bound}]")
     lo, hi = distinct[0], distinct[-1]
+    shifted = None
     for p, q in _scales(hi - lo, den, bound):  # scale p/q on the real values (value / den)
+        if (hi - lo) * p <= (len(distinct) - 2) * q * den:
+            continue  # the last int is below the first + len - 1: some two would tie (see _distinct_ints)
         offset = 0 if lo >= 0 and hi * p <= bound * q * den else lo
-        # half up: floor((v - offset) * p / (q * den) + 1/2); so 0.5, 1.5 -> 1, 2
-        ints = [(2 * (v - offset) * p + q * den) // (2 * q * den) for v in distinct]
-        if 0 <= ints[0] and ints[-1] <= bound and all(a < b for a, b in zip(ints, ints[1:])):
+        ints = _distinct_ints(distinct if offset == 0 else shifted or (shifted := [v - lo for v in distinct]),
+                              p, q * den)
+        if ints is not None and 0 <= ints[0] and ints[-1] <= bound:
             return _mapped(values, distinct, ints)
     return _mapped(values, distinct, range(len(distinct)))
+
+
+def _distinct_ints(ascending: list[int], p: int, qden: int) -> list[int] | None:
+    """``floor(v * p / qden + 1/2)`` of each value (half up: 0.5, 1.5 -> 1, 2) when no two are equal, else None.
+
+    The values ascend, so the ints never descend: they are strictly increasing when they are all distinct, and
+    the last is below the first + (number of values - 1) when ``span x p <= (number - 2) x qden``.
+    """
+    ints = list(map(floordiv, map(add, map(mul, ascending, repeat(2 * p)), repeat(qden)), repeat(2 * qden)))
+    return ints if len(set(ints)) == len(ints) else None
 
 
 def _scales(span: int, den: int, bound: int) -> Iterable[tuple[int, int]]:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vmsched.gateway.render import score_decision
-from vmsched.gateway.scores import SCORE_BOUND, encode
+from vmsched.gateway.scores import SCORE_BOUND, _scales, encode, fill_worst
 from vmsched.messages import ScoreOutcome
 
 HOSTS = [f"00000000-0000-0000-0000-{i:012d}" for i in range(12)]
@@ -97,3 +97,38 @@ def test_encode_keeps_exact_order_within_any_bound(values, bound):
 def test_integers_that_fit_are_sent_unchanged():
     assert encode([0, 3, 1000, SCORE_BOUND]) == [0, 3, 1000, SCORE_BOUND]
     assert encode([0, 6, 2000], den=2) == [0, 3, 1000]
+
+
+def _reference_encode(values, den=1, bound=SCORE_BOUND):
+    """encode as first written: every scale tried in turn, smallest first, each int computed in a loop."""
+    distinct = sorted(set(values))
+    lo, hi = distinct[0], distinct[-1]
+    for p, q in _scales(hi - lo, den, bound):
+        offset = 0 if lo >= 0 and hi * p <= bound * q * den else lo
+        ints = [(2 * (v - offset) * p + q * den) // (2 * q * den) for v in distinct]
+        if 0 <= ints[0] and ints[-1] <= bound and all(a < b for a, b in zip(ints, ints[1:])):
+            return [dict(zip(distinct, ints))[v] for v in values]
+    return [distinct.index(v) for v in values]
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.integers(-10**6, 10**6), min_size=1, max_size=40),
+       st.sampled_from([1, 2, 10, 1024, 2**52]), st.sampled_from([SCORE_BOUND, 1000, 50, 7]))
+def test_encode_picks_the_same_ints_as_trying_every_scale(values, den, bound):
+    """The scales encode skips (too narrow for its distinct values) are ones that would tie: same ints."""
+    values = values[: bound + 1]
+    assert encode(values, den, bound) == _reference_encode(values, den, bound)
+
+
+def test_encode_skips_scales_too_narrow_and_keeps_the_smallest_that_separates():
+    assert encode([0, 1, 3, 4], den=2) == [0, 5, 15, 20]  # 0, .5, 1.5, 2: at scale 1 the last two tie
+    assert encode([5, 15, 25], den=10) == [1, 2, 3]  # 0.5, 1.5, 2.5 half up, at scale 1
+
+
+def test_fill_worst_copies_a_complete_in_order_unit_and_fills_the_others():
+    scored = {"a": 1, "b": 5}
+    filled = fill_worst(["a", "b"], scored, 1)
+    assert filled == scored and filled is not scored
+    assert list(fill_worst(["b", "a"], scored, 1)) == ["b", "a"]  # the request's order, not the unit's
+    assert fill_worst(["a", "b", "c"], scored, 1) == {"a": 1, "b": 5, "c": 5}
+    assert fill_worst(["a", "b", "c"], scored, -1) == {"a": 1, "b": 5, "c": 1}
