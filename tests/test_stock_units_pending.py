@@ -141,6 +141,20 @@ def test_a_placement_expires_moves_with_a_migration_and_is_replaced_by_a_new_ran
     assert book.view(migrating) == {}  # arrived
 
 
+def test_a_ranking_is_not_read_when_the_vms_memory_is_unknown() -> None:
+    class NoMemory(Cache):
+        def payload(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> dict[str, Any]:
+            return {"hosts": {}, "missing": {}, "vm": None, "vm_problem": "unknown VM"}
+
+    def ranking():  # the scoring service pairs each unit's numbers with the hosts only when read
+        raise AssertionError("the ranking was read for a VM whose memory is unknown")
+        yield
+
+    book = PendingBook()
+    assert book.placed(NoMemory(), "vm1", ["a", "b"], ranking()) is None and len(book) == 0
+    assert book.placed(Cache(), "vm1", ["a", "b"], iter([(1, [("a", 0), ("b", 9)])])) == "a"  # known: read
+
+
 def test_attach_puts_the_view_in_the_calls_vm_facts() -> None:
     payload = {"hosts": {}, "vm": {"id": "vm1", "memory_mib": 1}}
     assert attach(payload, lambda: {"a": [5]})["vm"]["pending"] == {"a": [5]}

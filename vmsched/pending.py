@@ -27,7 +27,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 #: Seconds a placement stays pending at most (the agent sees a start within its event-driven collection).
 TTL = 60.0
@@ -47,7 +47,7 @@ class Placement:
     was_on: str  # the host the VM ran on then ("" when not running on a host with facts)
 
 
-def best_host(hosts: Sequence[str], units: Sequence[tuple[int, Sequence[tuple[str, float]]]]) -> str | None:
+def best_host(hosts: Sequence[str], units: Iterable[tuple[int, Sequence[tuple[str, float]]]]) -> str | None:
     """The one host with the lowest total of ``factor x score`` over the units, or None (no units, a tie)."""
     totals = dict.fromkeys(hosts, 0.0)
     used = False
@@ -80,13 +80,17 @@ class PendingBook:
                 self._entries.popitem(last=False)
 
     def placed(self, facts: VmFacts, vm: str, hosts: Sequence[str],
-               units: Sequence[tuple[int, Sequence[tuple[str, float]]]]) -> str | None:
-        """Record a ranking's best host for ``vm`` when its memory is known; the host, or None."""
+               units: Iterable[tuple[int, Sequence[tuple[str, float]]]]) -> str | None:
+        """Record a ranking's best host for ``vm`` when its memory is known; the host, or None.
+
+        ``units`` is read only then (a generator may build the pairs lazily)."""
         if not vm:
             return None
-        host = best_host(hosts, units)
         view = facts.payload([], vm).get("vm")
-        if host is None or not isinstance(view, dict) or int(view.get("memory_mib") or 0) <= 0:
+        if not isinstance(view, dict) or int(view.get("memory_mib") or 0) <= 0:
+            return None
+        host = best_host(hosts, units)
+        if host is None:
             return None
         was_on = str(view.get("host_id") or "") if view.get("source") == "host facts" else ""
         if host == was_on:

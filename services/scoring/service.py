@@ -56,8 +56,8 @@ class ScoringService(PluginService):
                               lambda: self._call_facts(req.hosts, req.vm))
         outcomes = [_score_outcome(run, unit.factor, req.hosts) for run, unit in zip(runs, req.units)]
         if self.facts is not None:
-            self.pending.placed(self.facts, req.vm, req.hosts, [(o.factor, _pairs(o, req.hosts)) for o in outcomes
-                                                                 if o.ok])
+            self.pending.placed(self.facts, req.vm, req.hosts, ((o.factor, _pairs(o, req.hosts)) for o in outcomes
+                                                                 if o.ok))  # paired only if the VM's memory is known
         aligned = ALIGNED_SCORES in env.accepts
         for o in outcomes:
             if aligned:
