@@ -7,6 +7,7 @@ numbers; anything else takes the usual way. Either way the scoring service's rep
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,8 +20,12 @@ from tests.test_runtime_pool import make_pool, write_plugin  # noqa: F401 (fixtu
 from vmsched.bus.replies import _ok
 from vmsched.messages import ALIGNED_SCORES, Envelope, Kind, ScoreRequest
 from vmsched.runtime import PluginPool
+from vmsched.runtime.bundle import Unit
 from vmsched.runtime.contract import BadResult, aligned_scores, checked_aligned
+from vmsched.runtime.planning import Planner
+from vmsched.runtime.protocol import pack_floats, unpack_floats
 from vmsched.runtime.types import Call, CallResult
+from vmsched.runtime.worker import Runner
 from vmsched.service import UnitRun
 from vmsched.services.scoring.service import ScoringService
 
@@ -187,3 +192,37 @@ def test_forged_numbers_from_a_worker_fail_the_unit() -> None:
     env = Envelope(op="score", deadline=time.time() + 30, body=req.model_dump(), accepts=[ALIGNED_SCORES])
     outcome = ScoringService.score(_Forged(None), env).outcomes[0]  # type: ignore[arg-type]
     assert not outcome.ok and "bad aligned score" in (outcome.error or "") and outcome.values is None
+
+
+def test_packed_floats_are_exact_and_anything_malformed_is_refused() -> None:
+    numbers = [0.0, -0.0, 1.5, -2.25, 5e-324, 1.7976931348623157e308, 0.1]
+    back = unpack_floats(pack_floats(numbers))
+    assert back == numbers and [math.copysign(1, x) for x in back] == [math.copysign(1, x) for x in numbers]
+    assert unpack_floats(pack_floats([])) == []
+    for forged in (None, 1, [1.0], "not base64!", "AAAA", "é", pack_floats([1.0])[:-4]):
+        assert unpack_floats(forged) is None, forged
+
+
+def test_the_pool_reads_packed_numbers_the_numbers_of_an_older_worker_and_refuses_forged_ones() -> None:
+    planner = Planner(wire=None, frame_size=1 << 20)
+
+    def read(reply: dict[str, Any]) -> CallResult:
+        unit = Unit("", "s.S.do_score", 10.0, math.inf, math.inf, None)
+        unit.reply, unit.duration = reply, 0.01
+        return planner.result(unit)
+
+    assert read({"ok": True, "packed": pack_floats([1.0, 2.5]), "stderr": ""}).scores == [1.0, 2.5]
+    assert read({"ok": True, "scores": [1.0, 2.5], "stderr": ""}).scores == [1.0, 2.5]  # a worker without packing
+    forged = read({"ok": True, "packed": "AAAA", "stderr": "x"})
+    assert not forged.ok and "malformed packed scores" in (forged.error or "") and forged.stderr == "x"
+
+
+def test_a_pool_asks_for_packed_numbers_and_its_worker_sends_them(pools: tuple[PluginPool, PluginPool]) -> None:
+    _, new = pools
+    unit = new._plan.units([Call("s", "Floats", "do_score", (HOSTS, "vm", {}), 10.0)], time.monotonic(), math.inf)[0]
+    assert unit.head.endswith(',"aligned":true,"packed":true')
+    runner = Runner(".", 30, 1 << 20)
+    value = [[h, i * 0.1] for i, h in enumerate(HOSTS)]
+    frame = runner._encode_aligned(list(HOSTS), {"ok": True, "value": value, "stderr": "", "t": 0.0}, packed=True)
+    sent = json.loads(frame)
+    assert "scores" not in sent and unpack_floats(sent["packed"]) == [s for _, s in value]
