@@ -14,6 +14,7 @@ import math
 import re
 import reprlib
 import xmlrpc.client
+from operator import itemgetter
 from typing import Any
 from xml.parsers.expat import ExpatError
 from xml.sax.saxutils import escape
@@ -117,21 +118,30 @@ _PAIR = "<value><array><data><value><string>%s</string></value><value><int>%d</i
 _PAIR_HEAD, _PAIR_MID, _PAIR_TAIL = _PAIR.split("%s")[0], _PAIR.split("%s")[1].split("%d")[0], _PAIR.split("%d")[1]
 
 
+_LIST, _TWO, _STR, _INT = {list}, {2}, {str}, {int}
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+#: ASCII that _text changes: what str.isprintable refuses (C0 controls, DEL) and what escape() replaces
+_NOT_PLAIN_ASCII = bytes([*range(0x20), 0x7F]) + b"&<>"
+
+
 def _score_pairs(value: list[Any]) -> str | None:
     """A score reply's ``[[host ID, int32 weight], ...]`` written at once (C-level joins), when every item is
     such a pair of plain types and no host ID needs escaping: the same text as :func:`_marshal` writes item
     by item. None for anything else (which :func:`_marshal` then writes as before)."""
-    for item in value:
-        if type(item) is not list or len(item) != 2:
-            return None
-    hosts = [item[0] for item in value]
-    weights = [item[1] for item in value]
-    if set(map(type, hosts)) != {str} or set(map(type, weights)) != {int}:
+    if set(map(type, value)) != _LIST or set(map(len, value)) != _TWO:
+        return None
+    hosts = list(map(_FIRST, value))
+    weights = list(map(_SECOND, value))
+    if set(map(type, hosts)) != _STR or set(map(type, weights)) != _INT:
         return None  # also an empty list: written as before
     if min(weights) < INT32_MIN or max(weights) > INT32_MAX:
         return None
     joined = "".join(hosts)
-    if not joined.isprintable() or "&" in joined or "<" in joined or ">" in joined:
+    if joined.isascii():  # the common case: one C pass over the bytes (isprintable looks each character up)
+        plain = joined.encode("ascii")
+        if len(plain.translate(None, _NOT_PLAIN_ASCII)) != len(plain):
+            return None  # _text would change some host ID
+    elif not joined.isprintable() or "&" in joined or "<" in joined or ">" in joined:
         return None  # _text would change some host ID
     return _PAIR_HEAD + (_PAIR_TAIL + _PAIR_HEAD).join(map(_PAIR_MID.join, zip(hosts, map(str, weights)))) + _PAIR_TAIL
 

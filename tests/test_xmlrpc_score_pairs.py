@@ -41,6 +41,14 @@ def test_plain_pairs_take_the_bulk_way_and_parse_back() -> None:
 
 @pytest.mark.parametrize("value", [
     [["a", 1], ["b&c", 2]], [["a", 1], ["b", True]], [["a", 1], ["b", 2**31]], [["a", 1], ("b", 2)],
-    [["a", 1], ["b", 2.0]], [["a", 1], ["b", 2, 3]], [["a", 1], ["\x01", 2]], [], [["a", 1], [3, 2]]])
+    [["a", 1], ["b", 2.0]], [["a", 1], ["b", 2, 3]], [["a", 1], ["\x01", 2]], [], [["a", 1], [3, 2]],
+    [["a", 1], ["b\x7f", 2]], [["a", 1], ["b>", 2]], [["a", 1], ["<b", 2]], [["é", 1], ["\x85", 2]], [["é", 1], ["&", 2]]])
 def test_anything_else_goes_item_by_item(value: list[Any]) -> None:
     assert xmlrpc._score_pairs(value) is None
+
+
+def test_printable_host_ids_beyond_ascii_take_the_bulk_way_too() -> None:
+    value = [["hôte-é", 1], ["主机", 2]]
+    assert xmlrpc._score_pairs(value) is not None
+    (parsed,), _ = stdlib_xmlrpc.loads(xmlrpc.dump_response(value))
+    assert parsed == value
