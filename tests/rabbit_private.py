@@ -13,16 +13,20 @@ broker on 127.0.0.1:5672 is only ever used through a private vhost.
 
 :class:`PrivateCluster` joins several such nodes (a shared Erlang cookie,
 ``rabbitmqctl join_cluster``) into one RabbitMQ cluster on this machine.
+A node's ports are held (:func:`hold_port`) from its creation until it listens;
+a first launch that exits because one was in use all the same is relaunched once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,10 +34,48 @@ from pathlib import Path
 from urllib.parse import quote
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: Where rabbitmqctl and the other CLI tools listen for Erlang distribution (rabbitmq-env: the first free port of
+#: RABBITMQ_CTL_DIST_PORT_MIN..MAX): inside Linux's ephemeral range, so never a node's port; and the shared ports.
+CTL_DIST_PORTS = range(35672, 35682 + 1)
+SHARED_PORTS = frozenset({4369, 5671, 5672, 15672, 25672})
+
+
+def hold_port(avoid: frozenset[int] | set[int] = frozenset()) -> socket.socket:
+    """A socket bound (SO_REUSEADDR, not listening) to a free port of 127.0.0.1 that is not in ``avoid``,
+    CTL_DIST_PORTS or SHARED_PORTS. While held, the kernel gives the port to no other bind to port 0 nor outgoing
+    connection, yet a node can listen on it (RabbitMQ's listeners set SO_REUSEADDR too): close it once it does."""
+    rejected: list[socket.socket] = []
+    try:
+        for _ in range(100):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", 0))
+            if s.getsockname()[1] not in avoid | SHARED_PORTS and s.getsockname()[1] not in CTL_DIST_PORTS:
+                return s
+            rejected.append(s)  # kept bound meanwhile, so the kernel does not offer it again
+    finally:
+        for s in rejected:
+            s.close()
+    raise RuntimeError("no free port for a private RabbitMQ node in 100 tries")
+
+
+#: How RabbitMQ 3.10's log says a port of its own was in use: the distribution port (prelaunch check), a listener.
+PORT_IN_USE = (re.compile(r"dist_port_already_used,(\d+)"),
+               re.compile(r"listen_error,\{acceptor,\{[\d,]+\},(\d+)\},eaddrinuse"))
+
+
+def ports_in_use(log: str, ports: dict[str, int | None]) -> set[str]:
+    """Which of ``ports`` (field name -> port) the node's log says were in use."""
+    named = {int(m.group(1)) for pattern in PORT_IN_USE for m in pattern.finditer(log)}
+    return {name for name, port in ports.items() if port in named}
+
+
+class PortInUse(RuntimeError):
+    """A private node exited while starting because one of its own ports was in use (its log says so)."""
+
+    def __init__(self, message: str, why: str, fields: set[str]) -> None:
+        super().__init__(message)
+        self.why, self.fields = why, fields
 
 
 #: The real scripts, not Debian's wrappers in /usr/sbin (those switch to the rabbitmq user, who cannot
@@ -68,14 +110,23 @@ class TlsFiles:
 class PrivateRabbit:
     base: Path
     name: str = field(default_factory=lambda: f"vmsched-test-{uuid.uuid4().hex[:8]}")
-    port: int = field(default_factory=_free_port)
-    dist_port: int = field(default_factory=_free_port)
+    port: int = 0  # 0: a port held here until the node listens (hold_port)
+    dist_port: int = 0  # likewise
     tls: TlsFiles | None = None
-    tls_port: int | None = None
+    tls_port: int | None = None  # with tls, None: likewise
     plugins: tuple[str, ...] = ()
     extra_config: tuple[str, ...] = ()
     cookie: str | None = None  # the Erlang cookie (the same on every node of a cluster); default: a new one
     proc: subprocess.Popen[bytes] | None = None
+    relaunched: str = field(default="", init=False)  # why its first launch was given up for fresh ports, if it was
+    _auto: set[str] = field(default_factory=set, init=False, repr=False)  # the port fields chosen here
+    _holds: list[socket.socket] = field(default_factory=list, init=False, repr=False)
+    _has_started: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.base = Path(self.base)
+        self._auto = {f for f in ("port", "dist_port", "tls_port")[:3 if self.tls else 2] if not getattr(self, f)}
+        self._choose_ports()
 
     @classmethod
     def start_new(cls, base: Path, timeout: float = 90.0, **kwargs: object) -> "PrivateRabbit":
@@ -88,6 +139,21 @@ class PrivateRabbit:
     def node(self) -> str:
         return f"{self.name}@localhost"
 
+    def ports(self) -> list[int]:
+        return [p for p in (self.port, self.dist_port, self.tls_port) if p]
+
+    def _choose_ports(self, avoid: frozenset[int] | set[int] = frozenset()) -> None:
+        taken = set(avoid) | set(self.ports())
+        for name in sorted(self._auto):
+            self._holds.append(hold_port(taken))
+            setattr(self, name, self._holds[-1].getsockname()[1])
+            taken.add(getattr(self, name))
+
+    def release_ports(self) -> None:
+        for s in self._holds:
+            s.close()
+        self._holds.clear()
+
     def url(self, user: str = "guest", password: str = "guest", vhost: str = "/", tls: bool = False) -> str:
         scheme, port = ("amqps", self.tls_port) if tls else ("amqp", self.port)
         return f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@localhost:{port}/{quote(vhost, safe='')}"
@@ -97,8 +163,6 @@ class PrivateRabbit:
         lines = [f"listeners.tcp.default = 127.0.0.1:{self.port}", "log.console = false",
                  "log.file.level = info", *self.extra_config]
         if self.tls is not None:
-            if self.tls_port is None:
-                self.tls_port = _free_port()
             lines += [
                 f"listeners.ssl.default = 127.0.0.1:{self.tls_port}",
                 f"ssl_options.cacertfile = {self.tls.ca}",
@@ -127,6 +191,7 @@ class PrivateRabbit:
             "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
             "ERL_EPMD_ADDRESS": "127.0.0.1",
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+            "ERL_CRASH_DUMP": str(d / "erl_crash.dump"),  # not into the test's working folder
         }
 
     # --- lifecycle --------------------------------------------------------------
@@ -151,21 +216,65 @@ class PrivateRabbit:
                 cookie.chmod(0o600)
             cookie.write_text(self.cookie)
             cookie.chmod(0o400)  # Erlang refuses a cookie others may read
-        out = (self.base / "server.out").open("ab")
-        self.proc = subprocess.Popen([_tool("rabbitmq-server")], env=self.env(), stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        with (self.base / "server.out").open("ab") as out:
+            self.proc = subprocess.Popen([_tool("rabbitmq-server")], env=self.env(), stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                         cwd=self.base)
 
     def wait_started(self, timeout: float = 90.0) -> "PrivateRabbit":
+        """Wait until the node answers. A first start that exits because ports chosen here were in use
+        (:class:`PortInUse`) is relaunched once with fresh ports (``relaunched`` says why); nothing else is."""
+        try:
+            return self._wait_started(timeout)
+        except PortInUse as clash:
+            if self._has_started or self.relaunched or not clash.fields <= self._auto:
+                raise
+            self._relaunch(clash)
+        return self._wait_started(timeout)
+
+    def _wait_started(self, timeout: float) -> "PrivateRabbit":
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"private RabbitMQ {self.node} exited ({self.proc.returncode}): {self.log_tail()}")
+                self.release_ports()
+                why = f"exited while starting (status {self.proc.returncode})"
+                own = {f: getattr(self, f) for f in ("port", "dist_port", "tls_port")}
+                fields = ports_in_use(self._log_text(), own)
+                if not fields:
+                    raise RuntimeError(self._failure(why))
+                why += f" because its {', '.join(f'{f} {own[f]}' for f in sorted(fields))} was in use"
+                raise PortInUse(self._failure(why), why, fields)
             if self._answers():
+                self._has_started = True
+                self.release_ports()  # it listens on them itself now
                 return self
             time.sleep(0.25)
         self.stop()
-        raise RuntimeError(f"private RabbitMQ {self.node} did not start within {timeout:g} s: {self.log_tail()}")
+        raise RuntimeError(self._failure(f"did not start within {timeout:g} s"))
+
+    def _failure(self, what: str) -> str:
+        again = f" after a relaunch with fresh ports (the first launch {self.relaunched})" if self.relaunched else ""
+        out = self.base / "server.out"  # the Erlang VM's last word, often above the log tail's shutdown lines
+        last = [line for line in (out.read_text(errors="replace") if out.exists() else "").splitlines()
+                if line.startswith(("Kernel pid terminated", '{"init terminating in do_boot"'))][-1:]
+        return f"private RabbitMQ {self.node} {what}{again}; {''.join(last)[:1500]}\nlog tail:\n{self.log_tail()}"
+
+    def _relaunch(self, clash: PortInUse) -> None:
+        old = set(self.ports())
+        self.release_ports()
+        kept = self.base / "first-launch"  # its log and data, out of the second launch's way
+        kept.mkdir(exist_ok=True)
+        for name in ("server.out", "log", "mnesia", "erl_crash.dump"):
+            if (self.base / name).exists():
+                shutil.move(self.base / name, kept / name)
+        for name in self._auto:
+            setattr(self, name, 0)
+        self._choose_ports(avoid=old)
+        self.relaunched = clash.why
+        print(f"private RabbitMQ {self.node} {clash.why}: relaunched, ports {self.ports()}; first launch: {kept}",
+              file=sys.stderr)
+        self.launch()
 
     def _answers(self) -> bool:
         try:
@@ -196,14 +305,18 @@ class PrivateRabbit:
                 self.proc.wait(5)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            self.ctl("stop", check=False, timeout=30)
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-        self.kill()
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.ctl("stop", check=False, timeout=30)
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+            self.kill()
+        self.release_ports()
+
+    def _log_text(self) -> str:
+        paths = [self.base / "server.out", *sorted((self.base / "log").glob("*.log"))]
+        return "\n".join(path.read_text(errors="replace") for path in paths if path.exists())
 
     def log_tail(self, lines: int = 30) -> str:
         texts = []
@@ -229,14 +342,19 @@ class PrivateCluster:
     def start_new(cls, base: Path, size: int = 3, timeout: float = 120.0, **kwargs: object) -> "PrivateCluster":
         cookie = uuid.uuid4().hex
         prefix = f"vmsched-test-{uuid.uuid4().hex[:6]}"
-        nodes = [PrivateRabbit(Path(base) / f"node{i}", name=f"{prefix}-{i}", cookie=cookie, **kwargs)  # type: ignore[arg-type]
-                 for i in range(1, size + 1)]
+        nodes: list[PrivateRabbit] = []
         cluster = cls(nodes)
         try:
+            for i in range(1, size + 1):  # each holds its ports until it listens: they all differ
+                nodes.append(PrivateRabbit(Path(base) / f"node{i}", name=f"{prefix}-{i}", cookie=cookie,
+                                           **kwargs))  # type: ignore[arg-type]
             for node in nodes:  # all at once: a node takes seconds to boot
                 node.launch()
             for node in nodes:
-                node.wait_started(timeout)
+                node.wait_started(timeout)  # relaunched once with fresh ports if its own were in use
+            ports = [port for node in nodes for port in node.ports()]
+            if len(set(ports)) != len(ports):
+                raise RuntimeError(f"private cluster nodes share a port: {[(n.node, n.ports()) for n in nodes]}")
             for node in nodes[1:]:
                 node.ctl("stop_app")
                 node.ctl("join_cluster", nodes[0].node)
@@ -285,6 +403,7 @@ class PrivateCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.kill()  # a cluster's nodes wait for each other on a clean stop; the data folders go with the test
+            node.release_ports()
 
     def __enter__(self) -> "PrivateCluster":
         return self
