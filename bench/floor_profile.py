@@ -52,8 +52,17 @@ PARTS = [
 _COMPILED = [(name, re.compile(pattern)) for name, pattern in PARTS]
 #: Leaf frames blocked in a wait (poll, select, a blocking read, a condition): py-spy does not always see
 #: them as idle on a loaded machine. They cost no CPU: the process's CPU is split over the other samples.
-WAITING = re.compile(r"protocol\.py:44\)|batch\.py:190\)|bus/worker\.py:(188|285)\)|Condition\.wait|selectors\.py"
-                     r"|multiprocessing/connection\.py:378\)|memory\.py:101\)")
+def _line_of(path: str, text: str) -> int:
+    """The number of the first line of ``path`` (in this repository) that holds ``text``; 0 if none."""
+    lines = (Path(__file__).resolve().parents[1] / path).read_text().splitlines()
+    return next((n for n, line in enumerate(lines, 1) if text in line), 0)
+
+
+#: the plugin worker's blocking read of the next request, and the pool's poll of its workers' pipes
+_WORKER_READ = _line_of("vmsched/runtime/protocol.py", "header = self._reader.read(HEADER.size)")
+_POOL_POLL = _line_of("vmsched/runtime/batch.py", "self._poller.poll(timeout)")
+WAITING = re.compile(rf"protocol\.py:{_WORKER_READ}\)|batch\.py:{_POOL_POLL}\)|bus/worker\.py:(188|285)\)"
+                     r"|Condition\.wait|selectors\.py|multiprocessing/connection\.py:378\)|memory\.py:101\)")
 _FLOOR_WORKER_READ = re.compile(r"amqp/transport\.py:648\)")
 
 
