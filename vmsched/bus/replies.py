@@ -81,7 +81,7 @@ class Replier:
 
     def _invoke(self, handler: Handler, env: Envelope) -> ReplyEnvelope | bytes:
         op = env.op
-        in_flight = metrics.IN_FLIGHT.labels(self.service, op)
+        in_flight = metrics.child(metrics.IN_FLIGHT, self.service, op)  # looked up once per series
         in_flight.inc()
         started = time.perf_counter()
         outcome = "ok"
@@ -102,8 +102,8 @@ class Replier:
                                  code=ErrorCode.INTERNAL)
         finally:
             in_flight.dec()
-            metrics.REQUESTS.labels(self.service, op, outcome).inc()
-            metrics.REQUEST_DURATION.labels(self.service, op).observe(time.perf_counter() - started)
+            metrics.child(metrics.REQUESTS, self.service, op, outcome).inc()
+            metrics.child(metrics.REQUEST_DURATION, self.service, op).observe(time.perf_counter() - started)
 
 
 def _ok(result: BaseModel | dict) -> bytes:
