@@ -111,9 +111,9 @@ def test_malformed_request_gets_an_error_reply(url: str, echo):
         try:
             loop_future = asyncio.get_running_loop().create_future()
             client._pending["bad-1"] = loop_future  # a raw publish, answered like any request
-            client._producer.publish(b"{not json", routing_key=queue, content_type="application/json",
-                                     content_encoding="utf-8", correlation_id="bad-1",
-                                     reply_to=client._reply_queue)
+            client._publisher.producer.publish(b"{not json", routing_key=queue, content_type="application/json",
+                                               content_encoding="utf-8", correlation_id="bad-1",
+                                               reply_to=client._reply_queue)
             reply = ReplyEnvelope.model_validate_json(await asyncio.wait_for(loop_future, 5))
             assert not reply.ok and "malformed request" in reply.error
         finally:
@@ -155,8 +155,9 @@ def _raw(url: str, queue: str, payload: bytes) -> dict:
         try:
             future = asyncio.get_running_loop().create_future()
             client._pending["raw-1"] = future
-            client._producer.publish(payload, routing_key=queue, content_type="application/json",
-                                     content_encoding="utf-8", correlation_id="raw-1", reply_to=client._reply_queue)
+            client._publisher.producer.publish(payload, routing_key=queue, content_type="application/json",
+                                               content_encoding="utf-8", correlation_id="raw-1",
+                                               reply_to=client._reply_queue)
             return await asyncio.wait_for(future, 5)
         finally:
             await client.close()

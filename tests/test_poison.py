@@ -438,13 +438,14 @@ def test_triage_of_requests_that_were_in_a_dead_process(tmp_path: Path):
         assert worker._triage(queue, True, _Message("among-2", {"x-death": rejected})) is _PASS
         published: list[dict[str, Any]] = []
         message = _Message("among-2", {"x-death": rejected})
-        worker._pass(queue, message, SimpleNamespace(publish=lambda body, **kw: published.append(kw)))
+        sink = SimpleNamespace(producer=SimpleNamespace(publish=lambda body, **kw: published.append(kw)))
+        worker._pass(queue, message, sink)
         assert message.acked and published[0]["headers"][PASSED_BY] == [worker.journal.identity]
         assert published[0]["exchange"] == "vmsched.dead" and published[0]["routing_key"] == queue
         for passes in (1, 2):  # it came back (the broker may hand it to the same replica): passed on again
             back = _Message("among-2", published[-1]["headers"])
             assert worker._triage(queue, True, back) is _PASS
-            worker._pass(queue, back, SimpleNamespace(publish=lambda body, **kw: published.append(kw)))
+            worker._pass(queue, back, sink)
         assert published[-1]["headers"][PASSED_BY] == [worker.journal.identity] * 3
         back = _Message("among-2", published[-1]["headers"])
         assert worker._triage(queue, True, back) == SECOND  # no other replica took it: run here

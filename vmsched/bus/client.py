@@ -42,6 +42,7 @@ from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensur
     open_connection, safe_release
 from vmsched.bus.memory import QueueWatch
 from vmsched.bus.outgoing import Outgoing as _Request
+from vmsched.bus.publish import Publisher
 from vmsched.bus.reads import buffer_reads, nonblocking, nothing_buffered as _nothing
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, PING, REPLY_EXCHANGE, REPLY_VIA, reply_queue, request_queue, route
 from vmsched.bus.urls import mask
@@ -69,7 +70,7 @@ class AsyncBusClient:
         self._requests: dict[str, _Request] = {}  # correlation id -> what to (re)send
         self._resent_answered: OrderedDict[str, None] = OrderedDict()
         self._conn: Connection | None = None
-        self._producer: Producer | None = None
+        self._publisher: Publisher | None = None
         self._consumer: Consumer | None = None
         self._watch: QueueWatch | None = None
         self._fd: int | None = None
@@ -178,23 +179,22 @@ class AsyncBusClient:
 
     def _send(self, cid: str, request: _Request) -> None:
         """Publish ``request``; a broken connection is replaced and the request sent again from there."""
-        assert self._producer is not None and self._conn is not None
+        assert self._publisher is not None and self._conn is not None
         try:
             if request.queue not in self._declared and request.exchange is not AGENT_EXCHANGE:
                 # scheduling queues wait for their service; an agent declares its own queue
                 request_queue(request.queue, self.options.delivery_limit)(self._conn.default_channel).declare()
                 self._declared.add(request.queue)
-            self._producer.publish(
+            self._publisher.publish(
                 request.payload,
-                routing_key=request.key,
-                exchange=request.exchange,
+                request.exchange,
+                request.key,
                 headers=_REPLY_HEADERS,
                 content_type="application/json",
                 content_encoding="utf-8",
                 correlation_id=cid,
                 reply_to=self._reply_queue,
                 expiration=max(0.001, request.deadline - time.time()),
-                retry=False,
                 confirm_timeout=self.options.confirm_timeout,
             )
         except CONNECTION_ERRORS as exc:
@@ -280,7 +280,7 @@ class AsyncBusClient:
         for name in self._declare:
             request_queue(name, self.options.delivery_limit)(channel).declare()
             self._declared.add(name)
-        self._producer = Producer(channel, auto_declare=False)
+        self._publisher = Publisher(Producer(channel, auto_declare=False))
         if self.options.confirms and not self.options.embedded:
             self._confirms.reset(channel)  # a refused or missing confirm sends the request again or fails it
         if self.options.embedded:
@@ -301,7 +301,7 @@ class AsyncBusClient:
             self._watch.close()
             self._watch = None
         safe_release(self._conn)
-        self._conn = self._producer = self._consumer = None
+        self._conn = self._publisher = self._consumer = None
         metrics.BUS_UP.labels(self.service).set(0)
 
     def _lost(self, exc: BaseException, recovering: bool = True) -> None:
@@ -391,7 +391,6 @@ class AsyncBusClient:
         if again and self._loop is not None:
             conn = self._conn
             self._loop.call_soon(lambda: self._conn is conn and conn is not None and self._lost(error))
-
 
     def _on_reply(self, message: Message) -> None:
         cid = message.properties.get("correlation_id")

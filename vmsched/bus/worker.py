@@ -42,6 +42,7 @@ from vmsched.bus.connection import BusOptions, ensure_exchanges
 from vmsched.bus.cork import corked
 from vmsched.bus.journal import FIRST, SECOND, Journal
 from vmsched.bus.loop import run_reconnecting
+from vmsched.bus.publish import Publisher
 from vmsched.bus.reads import buffer_reads
 from vmsched.bus.replies import Handler, Replier
 from vmsched.bus.topology import DEAD_EXCHANGE, REPLY_EXCHANGE, REPLY_VIA, dead_letter_queue, is_versioned, \
@@ -162,7 +163,7 @@ class ServiceWorker:
         ensure_exchanges(conn, {route(name)[0].name: route(name)[0] for name in self.routes}.values())
         ensure_exchanges(conn, (REPLY_EXCHANGE, DEAD_EXCHANGE))
         channel = self._channel = conn.channel()  # before consuming: deliveries may come while subscribing
-        producer = Producer(channel, auto_declare=False)
+        producer = Publisher(Producer(channel, auto_declare=False))  # replies: vmsched.bus.publish
         # a dead-letter queue's consumer holds one request: a second chance runs apart from other suspects
         # (declared first: a quorum queue drops what it dead-letters to an exchange without a bound queue)
         channel.basic_qos(0, 1, False)
@@ -188,7 +189,7 @@ class ServiceWorker:
         finally:
             self._set_connected(-1)
 
-    def _pump(self, conn: Connection, producer: Producer, channel: object) -> None:
+    def _pump(self, conn: Connection, producer: Publisher, channel: object) -> None:
         """Read the socket and the handlers' wake-up pipe; send what the handlers finished."""
         sock = conn.connection.sock
         buffered = buffer_reads(conn.connection.transport)  # bytes received that a select cannot see
@@ -210,7 +211,7 @@ class ServiceWorker:
                 beat = time.monotonic()
         self._flush(producer, channel)
 
-    def _flush(self, producer: Producer, channel: object) -> None:
+    def _flush(self, producer: Publisher, channel: object) -> None:
         """Send the replies the handlers finished, each followed by its ack, in one socket write."""
         if self._done.empty():
             return
@@ -232,7 +233,7 @@ class ServiceWorker:
             except BlockingIOError:
                 pass  # a wake-up is already pending
 
-    def _callback(self, name: str, dead: bool, producer: Producer, slot: int | None) -> Callable[[Message], None]:
+    def _callback(self, name: str, dead: bool, producer: Publisher, slot: int | None) -> Callable[[Message], None]:
         return lambda message: self._on_message(name, dead, message, producer, slot)
 
     def _set_connected(self, delta: int) -> None:
@@ -241,7 +242,7 @@ class ServiceWorker:
             metrics.BUS_UP.labels(self.service).set(1 if self._connected else 0)
 
     # --- one message (on the bus thread) -----------------------------------
-    def _on_message(self, name: str, dead: bool, message: Message, producer: Producer, slot: int | None) -> None:
+    def _on_message(self, name: str, dead: bool, message: Message, producer: Publisher, slot: int | None) -> None:
         verdict = self._triage(name, dead, message)
         if verdict is None:  # a second chance, from the dead-letter queue
             message.reject(requeue=False)
@@ -315,15 +316,16 @@ class ServiceWorker:
     def _identity(self) -> str:
         return self.journal.identity if self.journal is not None else ""
 
-    def _pass(self, name: str, message: Message, producer: Producer) -> None:
+    def _pass(self, name: str, message: Message, producer: Publisher) -> None:
         """Put a second chance back on its dead-letter queue for another replica (back here a 4th time, it runs)."""
         log.warning("%s: request %s on %s was among those the previous process on this host was handling when "
                     "it died: its second chance is left to another replica", self.service, _cid(message), name)
         headers = message.headers or {}
-        producer.publish(message.body, exchange=DEAD_EXCHANGE.name, routing_key=name, retry=False,
-                         headers={**headers, PASSED_BY: [*_passes(headers), self._identity]},
-                         content_type=message.content_type, content_encoding=message.content_encoding,
-                         correlation_id=_cid(message), reply_to=message.properties.get("reply_to"))
+        # through kombu: the content type as received (kombu reads a missing one as application/data)
+        producer.producer.publish(message.body, exchange=DEAD_EXCHANGE.name, routing_key=name, retry=False,
+                                  headers={**headers, PASSED_BY: [*_passes(headers), self._identity]},
+                                  content_type=message.content_type, content_encoding=message.content_encoding,
+                                  correlation_id=_cid(message), reply_to=message.properties.get("reply_to"))
         message.ack()
 
     # --- handler threads ---------------------------------------------------
@@ -353,7 +355,7 @@ class ServiceWorker:
             if journal is not None and cid:
                 journal.end(slot)
 
-    def _send(self, message: Message, reply: bytes | None, producer: Producer) -> None:
+    def _send(self, message: Message, reply: bytes | None, producer: Publisher) -> None:
         reply_to = message.properties.get("reply_to")
         if reply is not None and reply_to:
             # the reply exchange when the sender asks for it; a sender older than the exchanges waits on the
@@ -361,12 +363,11 @@ class ServiceWorker:
             via = (message.headers or {}).get(REPLY_VIA)
             producer.publish(
                 reply,
-                routing_key=reply_to,
-                exchange=REPLY_EXCHANGE if via == REPLY_EXCHANGE.name else "",
+                REPLY_EXCHANGE if via == REPLY_EXCHANGE.name else "",
+                reply_to,
                 content_type="application/json",
                 content_encoding="utf-8",
                 correlation_id=message.properties.get("correlation_id"),
-                retry=False,
             )
 
 
