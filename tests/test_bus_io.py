@@ -135,3 +135,42 @@ def test_nonblocking_sets_the_timeout_once_and_restores_it() -> None:
         assert b.gettimeout() is None
     with nonblocking(object()):
         pass
+
+
+class _CountingSocket(socket.socket):
+    settimeouts = 0
+
+    def settimeout(self, value: float | None) -> None:
+        type(self).settimeouts += 1
+        super().settimeout(value)
+
+
+def test_a_message_read_with_the_timeout_set_once() -> None:
+    """The service worker reads a message's three frames with py-amqp's 0.05 s timeout: set once, not per frame."""
+    a, raw = socket.socketpair()
+    b = _CountingSocket(fileno=raw.detach())
+    with a, b:
+        transport = TCPTransport.__new__(TCPTransport)
+        transport.sock = b
+        transport._setup_transport()
+        transport.raise_on_initial_eintr = True
+        buffer_reads(transport)
+        a.sendall(b"".join([_frame(1, b"method"), _frame(2, b"header"), _frame(3, b"body")]))
+
+        def read_message() -> list[bytes]:
+            frames = []
+            for _ in range(3):
+                with transport.having_timeout(0.05):  # what py-amqp's drain_events does for each frame
+                    frames.append(transport.read_frame()[2])
+            return frames
+
+        _CountingSocket.settimeouts = 0
+        with nonblocking(transport, 0.05):
+            assert read_message() == [b"method", b"header", b"body"]
+            assert b.gettimeout() == 0.05
+        assert b.gettimeout() is None
+        assert _CountingSocket.settimeouts == 2  # set and restored once
+        a.sendall(b"".join([_frame(1, b"method"), _frame(2, b"header"), _frame(3, b"body")]))
+        _CountingSocket.settimeouts = 0
+        read_message()
+        assert _CountingSocket.settimeouts == 6  # without: py-amqp's set and restore around each frame

@@ -64,15 +64,16 @@ def buffer_reads(transport: object) -> Callable[[], int]:
 
 
 @contextmanager
-def nonblocking(transport: object) -> Iterator[None]:
-    """The transport's socket without a timeout for a block of reads with ``timeout=0``: py-amqp sets and
-    restores the socket's timeout around every read (two system calls), here once for the block."""
+def nonblocking(transport: object, timeout: float = 0.0) -> Iterator[None]:
+    """The transport's socket with ``timeout`` (default none: non-blocking) for a block of reads with that
+    same timeout: py-amqp sets and restores the socket's timeout around every frame it reads (two system
+    calls each, six for a message), here once for the block."""
     sock = getattr(transport, "sock", None)
     if sock is None or not hasattr(sock, "settimeout"):
         yield
         return
     before = sock.gettimeout()
-    sock.settimeout(0)
+    sock.settimeout(timeout)
     try:
         yield
     finally:

@@ -43,7 +43,7 @@ from vmsched.bus.cork import corked
 from vmsched.bus.journal import FIRST, SECOND, Journal
 from vmsched.bus.loop import run_reconnecting
 from vmsched.bus.publish import Publisher
-from vmsched.bus.reads import buffer_reads
+from vmsched.bus.reads import buffer_reads, nonblocking
 from vmsched.bus.replies import Handler, Replier
 from vmsched.bus.topology import DEAD_EXCHANGE, REPLY_EXCHANGE, REPLY_VIA, dead_letter_queue, is_versioned, \
     request_queue, route
@@ -61,6 +61,7 @@ _PASSES = 3  # times a replica passes the same second chance on before it runs i
 #: seconds: while the replica its first delivery killed is restarting, running it could kill the last one alive.
 HOLD_SECONDS = 15.0
 _HOLD_CHECK = 0.25  # how often held second chances look for another replica, seconds
+_READ_TIMEOUT = 0.05  # the bus thread's wait for the rest of a message it has begun to read, seconds
 
 
 class ServiceWorker:
@@ -202,8 +203,9 @@ class ServiceWorker:
             if self._wake[0] in readable:
                 os.read(self._wake[0], 4096)
             if sock in readable:
-                try:
-                    conn.drain_events(timeout=0.05)  # one complete message; a partial frame is kept
+                try:  # the socket's timeout set once for the message's three frames (vmsched.bus.reads)
+                    with nonblocking(conn.connection.transport, _READ_TIMEOUT):
+                        conn.drain_events(timeout=_READ_TIMEOUT)  # one complete message; a partial frame is kept
                 except socket.timeout:
                     pass
             if time.monotonic() - beat >= 1.0:
