@@ -61,13 +61,22 @@ def _line_of(path: str, text: str) -> int:
 #: the plugin worker's blocking read of the next request, and the pool's poll of its workers' pipes
 _WORKER_READ = _line_of("vmsched/runtime/protocol.py", "header = self._reader.read(HEADER.size)")
 _POOL_POLL = _line_of("vmsched/runtime/batch.py", "self._poller.poll(timeout)")
-WAITING = re.compile(rf"protocol\.py:{_WORKER_READ}\)|batch\.py:{_POOL_POLL}\)|bus/worker\.py:(188|285)\)"
+#: a service worker's bus thread waiting for the socket or a finished reply, its handler threads for a request
+_BUS_SELECT = _line_of("vmsched/bus/worker.py", "select.select([sock, self._wake[0]]")
+_BUS_WORK = _line_of("vmsched/bus/worker.py", "item = self._work.get()")
+WAITING = re.compile(rf"protocol\.py:{_WORKER_READ}\)|batch\.py:{_POOL_POLL}\)|bus/worker\.py:({_BUS_SELECT}|{_BUS_WORK})\)"
                      r"|Condition\.wait|selectors\.py|multiprocessing/connection\.py:378\)|memory\.py:101\)")
 _FLOOR_WORKER_READ = re.compile(r"amqp/transport\.py:648\)")
+#: the blocking reads of the gateway's and services' subscribers: host facts, the decision log's peer link
+_FACTS_DRAIN = _line_of("vmsched/bus/loop.py", "conn.drain_events(timeout=1.0)")
+_PEERS_DRAIN = _line_of("gateway/decision_peers.py", "conn.drain_events(timeout=1.0)")
+_BLOCKING_DRAIN = re.compile(rf"serve \(worker\.py|ConsumerLoop\._drain \(vmsched/bus/loop\.py:{_FACTS_DRAIN}\)"
+                             rf"|PeerLink\._serve \(gateway/decision_peers\.py:{_PEERS_DRAIN}\)")
 
 
 def part(stack: list[str]) -> str:
-    if WAITING.search(stack[-1]) or (_FLOOR_WORKER_READ.search(stack[-1]) and "serve (worker.py" in ";".join(stack)):
+    # a blocking read of a whole connection: the floor's worker, vmsched's subscribers
+    if WAITING.search(stack[-1]) or (_FLOOR_WORKER_READ.search(stack[-1]) and _BLOCKING_DRAIN.search(";".join(stack))):
         return "(waiting)"
     for frame in reversed(stack):
         for name, pattern in _COMPILED:
