@@ -2,20 +2,21 @@
 
 :func:`compact` is cheap (about 6 µs for 3 filters on 100 hosts: no string is copied; a filter keeps only
 the hosts it dropped, the engine's own strings) and keeps none of the request's objects: the request, the
-units' outcomes and the engine's decision die with the request, as without a decision log. It also keeps
-few objects the collector tracks: a score's pairs are kept as columns (one tuple of hosts, one of scores),
-not as one tuple per pair. The collector stops tracking a tuple of atoms only when a collection of its
-generation sees it, and a request that frees what it made starts hardly any: 400 pair tuples per score
-decision, 80,000 in a ring of 200, stayed tracked in the young generation until a collection walked them
-and moved them to the old one, whose full collections then walked the whole heap (about 0.1 ms of collector
-CPU per score call on RabbitMQ, against none without the log; docs/performance.md, "Decision log cost").
-Keeping each decision's request, outcome and decision objects did the same, about 75 µs per call.
-:func:`build_compact` turns the tuples back into exactly the record :func:`decisions.build` makes from the
-objects.
+units' outcomes and the engine's decision die with the request, as without a decision log. It writes them
+into **one flat tuple** of strings, numbers, None and bools: the collector stops tracking such a tuple the
+first time a collection sees it. Nested tuples are not so lucky: a collection untracks one level at a time
+(its pass over the young objects may meet a parent before its children), so the outer levels survive into
+older generations; a score decision's 400 pair tuples and their parents, kept for as long as the ring kept
+the decision, reached the old one and set off full collections that walked the whole heap: about 80 µs of
+collector CPU per score call, one full collection every 600-700 calls, none without the log
+(docs/performance.md, "Decision log cost"). Keeping each decision's request, outcome and decision objects did
+the same, about 75 µs per call. :func:`build_compact` reads the flat tuple back (:func:`_read`) into exactly
+the record :func:`decisions.build` makes from the objects.
 """
 
 from __future__ import annotations
 
+from itertools import chain
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,34 +27,113 @@ Compact = tuple[Any, ...]
 
 
 def compact(op: str, req: Any, decision: Decision, outcomes: Any) -> Compact:
-    """What :func:`decisions.build` needs of one decision."""
+    """What :func:`decisions.build` needs of one decision, as one flat tuple of strings, numbers, None and bools
+    (the layout is :func:`_read`'s)."""
+    hosts = req.hosts
+    out: list[Any] = [op, req.vm if op != "balance" else "", req.unit if op == "balance" else "", len(hosts)]
+    out += hosts  # getattr(req, "unit", "") on another request: pydantic raises, 10 us
     if isinstance(outcomes, list):
-        offered = set(req.hosts) if op == "filter" else None
-        units = tuple(_unit(o, offered) for o in outcomes)
+        offered = set(hosts) if op == "filter" else None
+        out.append(len(outcomes))
+        for o in outcomes:
+            _unit(out, o, offered)
+    elif outcomes is not None:
+        out.append(1)
+        _unit(out, outcomes, None)
     else:
-        units = (_unit(outcomes, None),) if outcomes is not None else ()
-    result = decision.result
-    if op == "filter" and isinstance(result, list):
-        frozen: Any = tuple(result)
-    elif op == "score" and isinstance(result, list):
-        frozen = _columns(result)
-    elif op == "balance" and isinstance(result, list) and len(result) == 2:
-        frozen = (result[0], tuple(result[1]))
-    else:
-        frozen = result
-    errors = tuple((unit, tuple(texts)) for unit, texts in decision.plugin_errors.items())
-    unit = req.unit if op == "balance" else ""  # getattr(req, "unit", "") on another request: pydantic raises, 10 us
-    return (op, req.vm if op != "balance" else "", tuple(req.hosts), unit, units, frozen, errors, tuple(decision.errors))
+        out.append(0)
+    _result(out, op, decision.result)
+    out.append(len(decision.plugin_errors))
+    for unit, texts in decision.plugin_errors.items():
+        out += (unit, len(texts), *texts)
+    out.append(len(decision.errors))
+    out += decision.errors
+    return tuple(out)
 
 
-def _unit(o: Any, offered: set[str] | None) -> tuple[Any, ...]:
-    reasons = tuple(o.reasons.items()) if o.reasons else ()
-    head = (o.kind, o.unit, o.ok, o.error, o.timed_out, o.duration, reasons)
+def _unit(out: list[Any], o: Any, offered: set[str] | None) -> None:
+    reasons = o.reasons
+    out += (o.kind, o.unit, o.ok, o.error, o.timed_out, o.duration, len(reasons))
+    if reasons:
+        out += chain.from_iterable(reasons.items())
     if o.kind == "filter":  # only the hosts it dropped: the engine's own strings, not the reply's 90 kept ones
-        return head + ((tuple(offered.difference(o.hosts)), True) if offered is not None else (tuple(o.hosts), False))
-    if o.kind == "score":
-        return head + (o.factor, _columns(o.scores))
-    return head + (o.vm, tuple(o.hosts), o.reason)
+        kept = offered.difference(o.hosts) if offered is not None else o.hosts
+        out += (offered is not None, len(kept), *kept)
+    elif o.kind == "score":  # (host, score) pairs (the model's), as 2n cells
+        out += (o.factor, len(o.scores))
+        out += chain.from_iterable(o.scores)
+    else:
+        out += (o.vm, len(o.hosts), *o.hosts, o.reason)
+
+
+def _result(out: list[Any], op: str, result: Any) -> None:
+    if op == "score" and isinstance(result, list) and result:
+        widths = set(map(len, result))
+        if len(widths) == 1:  # [host, weight] (or [host, weight, unit] per unit) rows as cells
+            out += ("rows", widths.pop(), len(result))
+            out += chain.from_iterable(result)
+            return
+    if isinstance(result, list) and (op != "balance" or len(result) == 2) and (op != "score" or not result):
+        if op == "balance":
+            out += ("balance", result[0], len(result[1]), *result[1])
+        else:
+            out += ("list", len(result), *result)
+        return
+    out += ("as is", result)
+
+
+def _read(flat: Compact) -> tuple[Any, ...]:
+    """:func:`compact`'s flat tuple back in the nested form :func:`build_compact` reads."""
+    at = 4 + flat[3]
+    op, vm, unit, hosts = flat[0], flat[1], flat[2], flat[4:at]
+    units = []
+    for _ in range(flat[at]):
+        at += 1
+        kind, name, ok, error, timed_out, duration, count = flat[at:at + 7]
+        at += 7
+        reasons = _pairs(flat[at:at + 2 * count], 2)
+        at += 2 * count
+        head = (kind, name, ok, error, timed_out, duration, reasons)
+        if kind == "filter":
+            only_dropped, count = flat[at], flat[at + 1]
+            units.append(head + (flat[at + 2:at + 2 + count], only_dropped))
+            at += 1 + count
+        elif kind == "score":
+            factor, count = flat[at], flat[at + 1]
+            units.append(head + (factor, _pairs(flat[at + 2:at + 2 + 2 * count], 2)))
+            at += 1 + 2 * count
+        else:
+            vm_moved, count = flat[at], flat[at + 1]
+            units.append(head + (vm_moved, flat[at + 2:at + 2 + count], flat[at + 2 + count]))
+            at += 2 + count
+    at += 1
+    form = flat[at]
+    if form == "rows":
+        width, count = flat[at + 1], flat[at + 2]
+        result: Any = _pairs(flat[at + 3:at + 3 + width * count], width)
+        at += 3 + width * count
+    elif form == "balance":
+        count = flat[at + 2]
+        result = (flat[at + 1], flat[at + 3:at + 3 + count])
+        at += 3 + count
+    elif form == "list":
+        count = flat[at + 1]
+        result = flat[at + 2:at + 2 + count]
+        at += 2 + count
+    else:
+        result = flat[at + 1]
+        at += 2
+    errors = []
+    for _ in range(flat[at]):
+        name, count = flat[at + 1], flat[at + 2]
+        errors.append((name, flat[at + 3:at + 3 + count]))
+        at += 2 + count
+    count = flat[at + 1]
+    return (op, vm, hosts, unit, tuple(units), result, tuple(errors), flat[at + 2:at + 2 + count])
+
+
+def _pairs(cells: tuple[Any, ...], width: int) -> tuple[tuple[Any, ...], ...]:
+    return tuple(zip(*[iter(cells)] * width))
 
 
 def _thawed(u: tuple[Any, ...], hosts: tuple[str, ...]) -> SimpleNamespace:
@@ -68,19 +148,19 @@ def _thawed(u: tuple[Any, ...], hosts: tuple[str, ...]) -> SimpleNamespace:
         else:
             o.hosts = list(dropped)
     elif kind == "score":
-        o.factor, o.scores = u[7], _rows(u[8], tuple)
+        o.factor, o.scores = u[7], list(u[8])
     else:
         o.vm, o.hosts, o.reason = u[7], list(u[8]), u[9]
     return o
 
 
-def build_compact(parts: Compact, **kwargs: Any) -> dict[str, Any]:
+def build_compact(kept: Compact, **kwargs: Any) -> dict[str, Any]:
     """The record of a decision kept by :func:`compact`; ``kwargs`` as for :func:`decisions.build`."""
-    op, vm, hosts, unit, units, result, plugin_errors, errors = parts
+    op, vm, hosts, unit, units, result, plugin_errors, errors = _read(kept)
     if op == "filter" and isinstance(result, tuple):
         result = list(result)
     elif op == "score" and isinstance(result, tuple):
-        result = _rows(result, list)
+        result = [list(pair) for pair in result]
     elif op == "balance" and isinstance(result, tuple):
         result = [result[0], list(result[1])]
     decision = Decision(result=result, plugin_errors={u: list(t) for u, t in plugin_errors}, errors=list(errors))
@@ -90,23 +170,6 @@ def build_compact(parts: Compact, **kwargs: Any) -> dict[str, Any]:
                            **kwargs)
 
 
-def _columns(rows: Any) -> tuple[Any, ...]:
-    """Rows of one length (pairs) as ("columns", one tuple per column): a few tuples instead of one per row;
-    rows of mixed lengths as ("rows", the rows as tuples)."""
-    if rows and rows[0]:
-        try:
-            return ("columns", tuple(zip(*rows, strict=True)))  # 2 µs for 100 pairs
-        except ValueError:  # rows of mixed lengths
-            pass
-    return ("rows", tuple(map(tuple, rows)))
-
-
-def _rows(kept: tuple[Any, ...], row: type) -> list[Any]:
-    """The rows that :func:`_columns` kept, each a ``row`` (tuple or list)."""
-    form, data = kept
-    return [row(r) for r in (zip(*data) if form == "columns" else data)]
-
-
 def hosts(parts: Compact) -> tuple[str, ...]:
     """The engine's hosts of a kept decision."""
-    return parts[2]
+    return parts[4:4 + parts[3]]

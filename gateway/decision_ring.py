@@ -1,7 +1,7 @@
 """The decision log's bounded ring: the newest ``size`` decisions of each operation, in preallocated slots.
 
-A decision goes in as its compact parts (:func:`vmsched.gateway.decision_compact.compact`: a few flat
-objects) and its record is built from them when first read, then kept in the slot. The slots are a few lists
+A decision goes in as its compact parts (:func:`vmsched.gateway.decision_compact.compact`: one flat
+tuple of strings and numbers) and its record is built from them when first read, then kept in the slot. The slots are a few lists
 made once: ringing a decision allocates no object that outlives the next young collection (an object per
 decision, kept for as long as the ring keeps it, was promoted through the collector's generations and made
 it run full collections over the gateway's whole heap). Thread-safe: the event loop writes and reads, the
@@ -44,7 +44,7 @@ def build(record_id: str, at: float, parts: Parts) -> dict[str, Any] | None:
         return decision_compact.build_compact(compact, bus_failed=bus_failed, gateway=gateway, duration=duration,
                                        facts_age=facts_age, at=at, record_id=record_id)
     except Exception:  # noqa: BLE001
-        log.exception("recording a %s decision failed", compact[0] if compact else "?")
+        log.exception("recording decision %s failed", record_id)
         return None
 
 

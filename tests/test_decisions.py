@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 import uuid
@@ -256,7 +257,8 @@ def test_a_filter_keeps_only_what_it_dropped_and_its_record_is_the_same() -> Non
     req = FilterRequest(units=["A", "B"], hosts=H[:3], vm=VM)
     decision = filter_decision(req.hosts, outcomes)
     kept = decision_compact.compact("filter", req, decision, outcomes)
-    assert set(kept[4][0][7]) == {H[1], H[2]} and "not-offered" not in repr(kept[4][0])  # (the errors name it)
+    unit_a = decision_compact._read(kept)[4][0]
+    assert set(unit_a[7]) == {H[1], H[2]} and "not-offered" not in repr(unit_a)  # (the errors name it)
     assert decision_compact.build_compact(kept, bus_failed=False, gateway="g", duration=0.0, at=1.0,
                                           record_id="4" * 32) == decisions.build(
         "filter", req, decision, outcomes, bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="4" * 32)
@@ -392,34 +394,25 @@ def test_api_refuses_bad_queries(stack: Stack) -> None:
     assert stack.get("/v1/decisions", params={"errors": "all"}).status_code == 400
 
 
-def test_a_score_decision_is_kept_in_a_few_tuples_whatever_the_number_of_hosts() -> None:
-    """The collector tracks a kept tuple until a collection sees it, and a request path that frees what it made
-    starts few: one tuple per (host, score) pair filled the young generation (docs/performance.md)."""
+def test_the_ring_keeps_each_decision_as_one_flat_tuple_the_collector_untracks_at_once() -> None:
+    """A collection untracks nested tuples one level at a time, and a request path that frees what it made starts
+    few: a score decision's 400 pair tuples and their parents, kept, set off full collections (docs/performance.md).
+    One flat tuple of atoms is untracked by the first collection that sees it."""
     many = [f"host-{i:03d}" for i in range(100)]
-
-    def tuples(value: Any) -> int:
-        return 1 + sum(tuples(v) for v in value) if isinstance(value, tuple) else 0
-
-    def kept(hosts: list[str], per_unit: bool) -> tuple[int, dict[str, Any], dict[str, Any]]:
-        scores = [ScoreOutcome(unit=u, ok=True, factor=f, scores=[(h, float(i * f)) for i, h in enumerate(hosts)])
-                  for u, f in (("S", 1), ("T", 3))]
-        req = ScoreRequest.model_validate({"units": [{"name": "S"}, {"name": "T", "factor": 3}], "hosts": hosts,
-                                           "vm": VM})
-        dec = score_decision(hosts, scores, per_unit)
-        parts = decision_compact.compact("score", req, dec, scores)
-        args: dict[str, Any] = dict(bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="5" * 32)
-        return tuples(parts), decision_compact.build_compact(parts, **args), decisions.build("score", req, dec,
-                                                                                              scores, **args)
-
-    for per_unit in (False, True):  # pairs, or [host, weight, unit] per unit
-        few, built, direct = kept(many[:3], per_unit)
-        assert built == direct and len(built["result"]) == (6 if per_unit else 3)
-        lots, built, direct = kept(many, per_unit)
-        assert built == direct and len(built["result"]) == (200 if per_unit else 100)
-        assert lots == few  # the same tuples for 100 hosts as for 3
-
-
-def test_rows_of_mixed_lengths_are_kept_as_they_are() -> None:
-    rows = [["a", 1], ["b", 2, "x"]]
-    assert decision_compact._rows(decision_compact._columns(rows), list) == rows
-    assert decision_compact._rows(decision_compact._columns([]), list) == []
+    scores = [ScoreOutcome(unit=u, ok=True, factor=f, scores=[(h, i * f + 0.1) for i, h in enumerate(many)],
+                           reasons={many[0]: "why"}) for u, f in (("S", 1), ("T", 3))]
+    req = ScoreRequest.model_validate({"units": [{"name": "S"}, {"name": "T", "factor": 3}], "hosts": many, "vm": VM})
+    dec = score_decision(many, scores)
+    log = DecisionLog(10, "gw-a")
+    log.submit("score", req, dec, scores, False, 0.01)  # not on an event loop: ringed at once
+    (slot,) = [p for p in log.ring._ops["score"].parts if p is not None]
+    flat = slot[0]
+    assert isinstance(flat, tuple) and not any(isinstance(cell, (tuple, list, dict, set)) for cell in flat)
+    gc.collect(0)
+    assert not gc.is_tracked(flat)
+    args: dict[str, Any] = dict(bus_failed=False, gateway="gw-a", duration=0.01, at=1.0, record_id="5" * 32)
+    assert decision_compact.build_compact(flat, **args) == decisions.build("score", req, dec, scores, **args)
+    for per_unit in (True, False):  # result rows [host, weight, unit] or [host, weight]
+        dec = score_decision(many, scores, per_unit)
+        kept = decision_compact.compact("score", req, dec, scores)
+        assert decision_compact.build_compact(kept, **args) == decisions.build("score", req, dec, scores, **args)
