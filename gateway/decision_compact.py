@@ -30,8 +30,9 @@ def compact(op: str, req: Any, decision: Decision, outcomes: Any) -> Compact:
     """What :func:`decisions.build` needs of one decision, as one flat tuple of strings, numbers, None and bools
     (the layout is :func:`_read`'s)."""
     hosts = req.hosts
+    # req.unit only on a balance request: getattr(req, "unit", "") on another one makes pydantic raise, 10 us
     out: list[Any] = [op, req.vm if op != "balance" else "", req.unit if op == "balance" else "", len(hosts)]
-    out += hosts  # getattr(req, "unit", "") on another request: pydantic raises, 10 us
+    out += hosts
     if isinstance(outcomes, list):
         offered = set(hosts) if op == "filter" else None
         out.append(len(outcomes))
@@ -67,19 +68,21 @@ def _unit(out: list[Any], o: Any, offered: set[str] | None) -> None:
 
 
 def _result(out: list[Any], op: str, result: Any) -> None:
-    if op == "score" and isinstance(result, list) and result:
-        widths = set(map(len, result))
-        if len(widths) == 1:  # [host, weight] (or [host, weight, unit] per unit) rows as cells
-            out += ("rows", widths.pop(), len(result))
-            out += chain.from_iterable(result)
-            return
-    if isinstance(result, list) and (op != "balance" or len(result) == 2) and (op != "score" or not result):
-        if op == "balance":
-            out += ("balance", result[0], len(result[1]), *result[1])
-        else:
+    if isinstance(result, list):
+        if op == "score" and result:
+            widths = set(map(len, result))
+            if len(widths) == 1:  # [host, weight] (or [host, weight, unit] per unit) rows as cells
+                out += ("rows", widths.pop(), len(result))
+                out += chain.from_iterable(result)
+                return
+        elif op == "balance":
+            if len(result) == 2:
+                out += ("balance", result[0], len(result[1]), *result[1])
+                return
+        else:  # a filter's hosts, or no scores
             out += ("list", len(result), *result)
-        return
-    out += ("as is", result)
+            return
+    out += ("as is", result)  # rows of mixed widths, anything unexpected
 
 
 def _read(flat: Compact) -> tuple[Any, ...]:

@@ -1,11 +1,11 @@
 """The decision log's bounded ring: the newest ``size`` decisions of each operation, in preallocated slots.
 
 A decision goes in as its compact parts (:func:`vmsched.gateway.decision_compact.compact`: one flat
-tuple of strings and numbers) and its record is built from them when first read, then kept in the slot. The slots are a few lists
-made once: ringing a decision allocates no object that outlives the next young collection (an object per
-decision, kept for as long as the ring keeps it, was promoted through the collector's generations and made
-it run full collections over the gateway's whole heap). Thread-safe: the event loop writes and reads, the
-output thread and the link to the other replicas read.
+tuple of strings and numbers) and its record is built from them when first read, then kept in the slot.
+The slots are a few lists made once: ringing a decision allocates no object that outlives the next young
+collection (an object per decision, kept for as long as the ring keeps it, was promoted through the
+collector's generations and made it run full collections over the gateway's whole heap). Thread-safe: the
+event loop writes and reads, the output thread and the link to the other replicas read.
 """
 
 from __future__ import annotations
