@@ -12,9 +12,9 @@ per call, like the engine; ``--op score``: runCostFunctions, 3 score units),
 reading the side's gateway process CPU time per call from /proc, then
 ``--clients`` concurrent clients for ``--seconds`` (the rate and the CPU per
 call under load: the gateway's, and the whole request path's, which is the
-side's process group with its plugin workers and, on RabbitMQ, the shared
-services and the broker too, who serve only that side while it runs). Each round gives a paired ratio
-per side against ``off``; reported are the median of those ratios over the
+side's process with its plugin workers and, on RabbitMQ, the shared services
+with theirs and the broker too, who serve only that side while it runs). Each
+round gives a paired ratio per side against ``off``; reported are the median of those ratios over the
 rounds and their spread (lowest to highest).
 
 Fairness: by default every side's processes are started afresh for every
@@ -55,6 +55,7 @@ from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_facts_cpu import CpuMeter, rabbitmq_pids  # noqa: E402
 from bench_gateway import (FILTER_BODY, PLUGINS, ROOT, SCORE_BODY, arun, concurrent, free_port, pct,  # noqa: E402
                            sequential, wait_ready)
 
@@ -77,44 +78,6 @@ def cpu_seconds(pid: int) -> float:
         except (OSError, ValueError, IndexError):
             pass
     return total / 1e9
-
-
-def group_cpu_seconds(groups: set[int], pids: tuple[int, ...] = ()) -> float:
-    """CPU time of every process in the process groups ``groups`` (a side, the services: each is started in a
-    session of its own, plugin workers included) and of ``pids`` (the broker)."""
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            pgrp = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2])
-        except (OSError, ValueError, IndexError):
-            continue
-        if pgrp in groups or int(entry.name) in pids:
-            total += cpu_seconds(int(entry.name))
-    return total
-
-
-def broker_pids() -> tuple[int, ...]:
-    """The shared RabbitMQ's Erlang VM (not a test's private node): its CPU is part of the request path."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "beam.smp":
-                cmd = (entry / "cmdline").read_bytes()
-                if b"rabbit" in cmd and b"vmsched-test" not in cmd:
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return tuple(found)
-
-
-@dataclass
-class Shared:
-    """Where a side's request path runs besides its own process group: the shared services and the broker."""
-
-    groups: set[int] = field(default_factory=set)
-    pids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -205,17 +168,18 @@ def measure(side: Side, opts: argparse.Namespace, figures: Figures) -> None:
     figures.full.append(full_now - full)
 
 
-def measure_load(side: Side, opts: argparse.Namespace, figures: Figures, shared: Shared) -> None:
-    """The rate under load, the gateway's CPU per call and the whole path's (the side's processes, plugin workers
-    included; on RabbitMQ also the services and the broker, which serve only this side while it runs)."""
-    groups = {side.proc.pid, *shared.groups}
-    path_used, used = group_cpu_seconds(groups, shared.pids), cpu_seconds(side.proc.pid)
+def measure_load(side: Side, opts: argparse.Namespace, figures: Figures, shared: list[int]) -> None:
+    """The rate under load, the gateway's CPU per call and the whole path's: the side's process and its plugin
+    workers, and on RabbitMQ the services (with theirs) and the broker, which serve only this side while it runs
+    (bench_facts_cpu.CpuMeter: 10 ms ticks)."""
+    path = CpuMeter({"path": [side.proc.pid, *shared]})
+    path.start()
+    used = cpu_seconds(side.proc.pid)
     done, elapsed = arun(concurrent(side.port, [BODIES[opts.op]], opts.clients, opts.seconds))
     gateway = cpu_seconds(side.proc.pid) - used
-    path = group_cpu_seconds(groups, shared.pids) - path_used
     figures.rate.append(done / elapsed)
     figures.load_cpu.append(1000 * gateway / max(done, 1))
-    figures.path_cpu.append(1000 * path / max(done, 1))
+    figures.path_cpu.append(1000 * sum(path.stop().values()) / max(done, 1))
 
 
 def main() -> None:
@@ -258,7 +222,7 @@ def main() -> None:
                                      stdout=(tmp / f"{service}.log").open("ab"), stderr=subprocess.STDOUT,
                                      start_new_session=True, env={**os.environ, **env})
                     for service in ("scoring", "discovery")]
-    shared = Shared({p.pid for p in services}, broker_pids() if vhost else ())
+    shared = [p.pid for p in services] + (rabbitmq_pids() if vhost else [])  # serve whichever side runs
     figures = {n: Figures() for n in names}
     sides: dict[str, Side] = {}
     try:
