@@ -50,12 +50,16 @@ class Operation:
 
 
 def paired_scores(req: ScoreRequest, reply: ScoreReplyOnBus) -> ScoreReplyOnBus:
-    """The reply with every unit's aligned values (ALIGNED_SCORES) paired again with the requested hosts."""
+    """The reply with every unit's aligned values (ALIGNED_SCORES) paired again with the requested hosts.
+
+    The values stay aside (``_aligned``: the decision log keeps them packed,
+    :mod:`vmsched.gateway.decision_compact`)."""
     for o in reply.outcomes:
         if o.values is None:
             continue
         if len(o.values) == len(req.hosts):
             o.scores = list(zip(req.hosts, o.values))
+            o._aligned = o.values
         else:
             o.ok, o.scores = False, []
             o.error = f"the scoring service sent {len(o.values)} aligned scores for {len(req.hosts)} hosts"

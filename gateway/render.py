@@ -37,6 +37,9 @@ class Decision:
     result: Any
     plugin_errors: dict[str, list[str]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: score_decision's weights, one per requested host in their order, when ``result`` is exactly those hosts
+    #: with them (``[[host, weight], ...]``): what the decision log keeps (not sent; not compared)
+    weights: list[int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def result_code(self) -> int:
@@ -171,7 +174,10 @@ def score_decision(hosts: list[str], outcomes: list[ScoreOutcome], per_unit: boo
     totals = [0] * len(requested)
     for o, weights in table:  # each unit's weights are keyed by the requested hosts, in their order
         totals = list(map(add, totals, map(mul, repeat(o.factor), weights.values())))
-    decision.result = list(map(list, zip(requested, encode(totals, den))))
+    weights = encode(totals, den)
+    decision.result = list(map(list, zip(requested, weights)))
+    if len(requested) == len(hosts):  # no host asked twice: the rows are the requested hosts, in order
+        decision.weights = weights
     return decision
 
 

@@ -17,6 +17,7 @@ from vmsched.facts import FactsMessage, HostFacts
 from vmsched.facts_cache import FactsCache
 from vmsched.gateway import decision_compact, decision_log, decision_peers, decisions
 from vmsched.gateway.decision_log import DecisionLog, Ring, gateway_label
+from vmsched.gateway.operations import paired_scores
 from vmsched.gateway.render import Decision, balance_decision, filter_decision, score_decision
 from vmsched.messages import (
     BalanceOutcome,
@@ -24,6 +25,8 @@ from vmsched.messages import (
     FilterOutcome,
     FilterRequest,
     ScoreOutcome,
+    ScoreOutcomeOnBus,
+    ScoreReplyOnBus,
     ScoreRequest,
 )
 
@@ -227,7 +230,7 @@ def test_the_kept_form_holds_no_object_of_the_request() -> None:
     def atoms_only(value: Any) -> bool:  # and no object of the request: the collector tracks none of it for long
         if isinstance(value, tuple):
             return all(atoms_only(v) for v in value)
-        return value is None or isinstance(value, (str, int, float, bool))
+        return value is None or isinstance(value, (str, bytes, int, float, bool))
 
     assert atoms_only(kept)
     again = decision_compact.build_compact(kept, bus_failed=False, gateway="gw-a", duration=0.01, at=1.0,
@@ -416,3 +419,36 @@ def test_the_ring_keeps_each_decision_as_one_flat_tuple_the_collector_untracks_a
         dec = score_decision(many, scores, per_unit)
         kept = decision_compact.compact("score", req, dec, scores)
         assert decision_compact.build_compact(kept, **args) == decisions.build("score", req, dec, scores, **args)
+
+
+def test_a_score_decision_keeps_few_objects_and_reads_back_the_same() -> None:
+    """Each object the ring keeps is freed, out of a cold cache, when the decision leaves: the engine's hosts are one
+    string, a unit's aligned scores and the result's weights one bytes object each (not a cell per host)."""
+    many = [f"host-{i:03d}" for i in range(100)]
+    req = ScoreRequest.model_validate({"units": [{"name": "S"}, {"name": "T", "factor": 3}], "hosts": many, "vm": VM})
+    reply = ScoreReplyOnBus(outcomes=[
+        ScoreOutcomeOnBus(unit="S", ok=True, values=[i + 0.25 for i in range(100)]),
+        ScoreOutcomeOnBus(unit="T", ok=True, factor=3, values=[float(100 - i) for i in range(100)]),
+        ScoreOutcomeOnBus(unit="U", ok=True, values=[1.0, 2.0]),  # not one per host: fails, keeps no values
+        ScoreOutcomeOnBus(unit="V", ok=True, scores=[(many[1], 2.0), (many[0], 1.0)])])  # pairs, as an older service
+    outcomes = paired_scores(req, reply).outcomes
+    assert outcomes[2]._aligned is None and not outcomes[2].ok and outcomes[0]._aligned is not None
+    args: dict[str, Any] = dict(bus_failed=False, gateway="gw-a", duration=0.01, at=1.0, record_id="6" * 32)
+    for per_unit in (False, True):
+        dec = score_decision(many, outcomes, per_unit)
+        kept = decision_compact.compact("score", req, dec, outcomes)
+        assert decision_compact.build_compact(kept, **args) == decisions.build("score", req, dec, outcomes, **args)
+        assert decision_compact.hosts(kept) == tuple(many)
+        again = decision_compact.compact("score", req.model_copy(update={"hosts": list(many)}), dec, outcomes)
+        assert again[4] is kept[4]  # the same hosts as the last decision: one string for both
+        packed = [cell for cell in kept if isinstance(cell, bytes)]
+        assert len(packed) == (2 if per_unit else 3)  # S's and T's scores, and the weights unless per unit
+        assert len(kept) - (3 * 3 * 100 if per_unit else 0) < 60  # per unit: [host, weight, unit] rows as cells
+    dup = ScoreRequest.model_validate({"units": [{"name": "S"}], "hosts": many[:3] + many[:1], "vm": VM})
+    alone = paired_scores(dup, ScoreReplyOnBus(outcomes=[ScoreOutcomeOnBus(unit="S", ok=True, values=[1.0] * 4)]))
+    dec = score_decision(dup.hosts, alone.outcomes)  # a repeated host: three rows for four hosts, kept as rows
+    kept = decision_compact.compact("score", dup, dec, alone.outcomes)
+    assert decision_compact.build_compact(kept, **args) == decisions.build("score", dup, dec, alone.outcomes, **args)
+    odd = FilterRequest(units=["A"], hosts=["a\0b", "c"], vm=VM)  # a host holding the separator: kept one by one
+    kept = decision_compact.compact("filter", odd, Decision(result=list(odd.hosts)), [])
+    assert decision_compact.hosts(kept) == ("a\0b", "c")
