@@ -96,7 +96,7 @@ def _unit(out: list[Any], o: Any, offered: set[str] | None) -> None:
         kept = offered.difference(o.hosts) if offered is not None else o.hosts
         out += (offered is not None, len(kept), *kept)
     elif o.kind == "score":
-        values = getattr(o, "_aligned", None)
+        values = getattr(o, "values", None)
         if values is not None:  # a score of each requested host, in order (paired_scores): packed doubles
             out += (o.factor, -1, struct.pack(f"{len(values)}d", *values))
         else:  # (host, score) pairs (the model's), as 2n cells

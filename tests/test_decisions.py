@@ -432,7 +432,7 @@ def test_a_score_decision_keeps_few_objects_and_reads_back_the_same() -> None:
         ScoreOutcomeOnBus(unit="U", ok=True, values=[1.0, 2.0]),  # not one per host: fails, keeps no values
         ScoreOutcomeOnBus(unit="V", ok=True, scores=[(many[1], 2.0), (many[0], 1.0)])])  # pairs, as an older service
     outcomes = paired_scores(req, reply).outcomes
-    assert outcomes[2]._aligned is None and not outcomes[2].ok and outcomes[0]._aligned is not None
+    assert outcomes[2].values is None and not outcomes[2].ok and outcomes[0].values is not None
     args: dict[str, Any] = dict(bus_failed=False, gateway="gw-a", duration=0.01, at=1.0, record_id="6" * 32)
     for per_unit in (False, True):
         dec = score_decision(many, outcomes, per_unit)

@@ -12,7 +12,7 @@ import time
 from enum import Enum
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 
 class Op(str, Enum):
@@ -239,9 +239,6 @@ class ScoreOutcomeOnBus(ScoreOutcome):
     values: list[float] | None = Field(None, description=(
         "the unit's score of each requested host, in order (then scores is empty); absent from an older "
         "service, or when the unit's pairs were not exactly the requested hosts"))
-    #: the gateway's, once it paired the values with its hosts (vmsched.gateway.operations.paired_scores): the same
-    #: numbers, in the requested hosts' order, which its decision log keeps packed; never sent
-    _aligned: list[float] | None = PrivateAttr(None)
 
 
 class BalanceOutcome(UnitOutcome):
