@@ -39,7 +39,9 @@ on the bus; nothing is published per decision).
         [--sides on,off,off2[,small,local,before]] [--gc] [--keep] [--hashseed 0|random] [--before DIR/src] [--mixed]
 
 ``before``: the decision log on, running the code of a ``bench/snapshot.sh`` tree (e.g. this tree with an older
-decision log), interleaved with the others: a before/after comparison on the same machine at the same time.
+decision log), interleaved with the others: a before/after comparison on the same machine at the same time;
+``before_off``: that tree with the log off (what ``before`` costs is read against it, as the code around the log
+may differ too).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from bench_gateway import (FILTER_BODY, PLUGINS, ROOT, SCORE_BODY, arun, check, 
 
 BODIES = {"filter": FILTER_BODY, "score": SCORE_BODY}
 
-ENV = {"on": {}, "before": {}, "local": {"VMSCHED_DECISIONS_SHARE": "false"}, "small": {"VMSCHED_DECISIONS_SIZE": "5"},
+ENV = {"on": {}, "before": {}, "before_off": {"VMSCHED_DECISIONS_SIZE": "0"}, "local": {"VMSCHED_DECISIONS_SHARE": "false"}, "small": {"VMSCHED_DECISIONS_SIZE": "5"},
        "off": {"VMSCHED_DECISIONS_SIZE": "0"},
        "off2": {"VMSCHED_DECISIONS_SIZE": "0"}}  # off2: a second 'off', the control (its 'cost' is the noise)
 PROBE = Path(__file__).resolve().parent / "gc_probe.py"
@@ -155,7 +157,7 @@ def launch(names: list[str], opts: argparse.Namespace, tmp: Path, env: dict[str,
             args = ["gateway", "--port", str(port), "--metrics-port", "0", "--log-level", "WARNING"]
         else:
             args = ["run", "--amqp", "memory://", "--port", str(port), "--metrics-port", "0", *plugins]
-        tree = opts.before if name == "before" else None
+        tree = opts.before if name.startswith("before") else None
         sides[name] = Side(name, port, _start(name, args, tmp / f"{name}.log", env, stats, tree), stats)
     for side in sides.values():
         wait_ready(side.port)
@@ -274,7 +276,7 @@ def main() -> None:
                     help="serve the sides call by call in turn, not one after the other (measure_mixed); the rate "
                          "is then 1/p50 of a client under load")
     opts = ap.parse_args()
-    names = [n for n in opts.sides.split(",") if n in ENV and (n != "before" or opts.before)]
+    names = [n for n in opts.sides.split(",") if n in ENV and (not n.startswith("before") or opts.before)]
     if "off" not in names or len(names) < 2:
         ap.error("--sides needs 'off' and at least one other")
     tmp = Path(tempfile.mkdtemp(prefix="vmsched-bench-decisions-"))
@@ -344,10 +346,11 @@ def report(figures: dict[str, Figures], opts: argparse.Namespace) -> None:
               f"{med(f.full)} full collections per run; {opts.clients} clients {med(f.rate):.0f} req/s "
               f"({min(f.rate):.0f}-{max(f.rate):.0f}) at {med(f.load_cpu):.3f} gateway CPU ms/call, "
               f"{med(f.path_cpu):.3f} for the whole path")
-    base = figures["off"]
     for n, f in figures.items():
-        if n == "off":
+        if n in ("off", "before_off"):
             continue
+        against = "before_off" if n == "before" and "before_off" in figures else "off"
+        base = figures[against]
         rows = {
             "sequential p50": [100 * (a / b - 1) for a, b in zip(f.p50, base.p50)],  # + : the log makes a call slower
             "gateway CPU/call": [100 * (a / b - 1) for a, b in zip(f.cpu, base.cpu)],  # + : the log costs CPU
@@ -356,12 +359,13 @@ def report(figures: dict[str, Figures], opts: argparse.Namespace) -> None:
             f"CPU/call, {opts.clients} clients": [100 * (a / b - 1) for a, b in zip(f.load_cpu, base.load_cpu)],
             "path CPU/call": [100 * (a / b - 1) for a, b in zip(f.path_cpu, base.path_cpu)],  # the request path's
         }
-        print(f"  cost of '{n}' vs 'off', median of the per-round ratios (spread):")
+        print(f"  cost of '{n}' vs '{against}', median of the per-round ratios (spread):")
         for what, values in rows.items():
             print(f"    {what:20} {med(values):+.1f} %  ({_spread(values)})")
         if opts.gc:
             extra = [1000 * (a - b) for a, b in zip(f.gc, base.gc)]
-            print(f"    collector CPU/call   {med(extra):+.1f} us more than 'off' ({min(extra):+.1f} .. {max(extra):+.1f})")
+            print(f"    collector CPU/call   {med(extra):+.1f} us more than '{against}' "
+                  f"({min(extra):+.1f} .. {max(extra):+.1f})")
 
 
 if __name__ == "__main__":

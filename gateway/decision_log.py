@@ -113,7 +113,12 @@ class DecisionLog:
             parts, bus_failed, duration, at = self._pending.popleft()
             record_id = decisions.new_id()
             ages = self._ages(decision_compact.hosts(parts)) if facts_known else {}
-            kept = (parts, bus_failed, self.gateway, duration, ages)  # atoms only: the collector stops tracking it
+            try:
+                kept = decision_ring.kept(parts, bus_failed, self.gateway, duration, ages)  # one bytes object
+            except ValueError:  # noqa: PERF203 - an unmarshallable cell (a bug): that decision alone is lost
+                log.exception("keeping a %s decision failed", parts[0])
+                self.skipped += 1
+                continue
             self.ring.put(parts[0], record_id, at, kept)
             if self._thread is not None:
                 batch.append((parts[0], record_id, at, kept))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import marshal
 import time
 import uuid
 from typing import Any
@@ -409,7 +410,8 @@ def test_the_ring_keeps_each_decision_as_one_flat_tuple_the_collector_untracks_a
     log = DecisionLog(10, "gw-a")
     log.submit("score", req, dec, scores, False, 0.01)  # not on an event loop: ringed at once
     (slot,) = [p for p in log.ring._ops["score"].parts if p is not None]
-    flat = slot[0]
+    assert isinstance(slot, bytes)  # one object per decision (decision_ring.kept), holding the flat tuple
+    flat = marshal.loads(slot)[0]
     assert isinstance(flat, tuple) and not any(isinstance(cell, (tuple, list, dict, set)) for cell in flat)
     gc.collect(0)
     assert not gc.is_tracked(flat)
@@ -452,3 +454,11 @@ def test_a_score_decision_keeps_few_objects_and_reads_back_the_same() -> None:
     odd = FilterRequest(units=["A"], hosts=["a\0b", "c"], vm=VM)  # a host holding the separator: kept one by one
     kept = decision_compact.compact("filter", odd, Decision(result=list(odd.hosts)), [])
     assert decision_compact.hosts(kept) == ("a\0b", "c")
+
+
+def test_a_decision_that_cannot_be_kept_is_counted_not_raised() -> None:
+    log = DecisionLog(10, "gw-a")
+    req = FilterRequest(units=["A"], hosts=H[:2], vm=VM)
+    log.submit("filter", req, Decision(result=object()), [], False, 0.01)  # a cell marshal cannot write (a bug)
+    log.submit("filter", req, Decision(result=H[:2]), [], False, 0.01)
+    assert log.skipped == 1 and len(log.ring) == 1
