@@ -13,11 +13,13 @@ collector CPU per score call, one full collection every 600-700 calls, none with
 the same, about 75 µs per call. :func:`build_compact` reads the flat tuple back (:func:`_read`) into exactly
 the record :func:`decisions.build` makes from the objects.
 
-Every object the tuple keeps is one more to free, out of a cold cache, when the ring lets the decision go. So
-the engine's hosts are kept as one string (joined by :data:`SEP`, which XML cannot carry; one by one if a host
-holds it; shared with the last decision when it asked about the same hosts, as the engine does), a score unit's aligned scores (one per requested host, in order) as one ``bytes`` of doubles, and the
-result's weights (:attr:`Decision.weights`, one per requested host) as one ``bytes`` of integers: a score
-decision on 100 hosts keeps about 10 objects, not 900.
+The ring keeps the tuple marshalled into one bytes object (:func:`vmsched.gateway.decision_ring.kept`), so
+what matters here is how many cells the tuple has: each is written on the request path and marshalled once.
+The engine's hosts are one string (joined by :data:`SEP`, which XML cannot carry; one by one if a host holds
+it; when the hosts are those of the last decision, as the engine sends them, its string is reused instead of
+joined again), a score unit's aligned scores (one per requested host, in order) one ``bytes`` of doubles,
+and the result's weights (:attr:`Decision.weights`, one per requested host) one ``bytes`` of integers: a
+score decision on 100 hosts is about 40 cells, not 900.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ _last: tuple[list[str] | None, str | None] = (None, None)  # the hosts of the la
 
 def _joined(hosts: list[str]) -> str | None:
     """The hosts as one string, or None if a host holds SEP. The engine asks about the same hosts again and again
-    (a cluster's): the same hosts as the last request share its string (compared, not joined again)."""
+    (a cluster's): the same hosts as the last request reuse its string (compared, not joined again)."""
     global _last
     last, joined = _last
     if hosts == last:

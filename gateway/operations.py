@@ -54,8 +54,8 @@ def paired_scores(req: ScoreRequest, reply: ScoreReplyOnBus) -> ScoreReplyOnBus:
 
     A unit's ``values`` stay beside its pairs (the decision log keeps them packed,
     :mod:`vmsched.gateway.decision_compact`) only when they are one per requested host; a unit whose values are
-    not fails and keeps none. (A private attribute instead would cost every outcome model a Python call: +1.4 %
-    of the gateway's CPU per score call, docs/performance.md.)"""
+    not fails and keeps none. (Not a pydantic private attribute: that runs a Python hook for every outcome
+    model; docs/performance.md, "Decision log cost".)"""
     for o in reply.outcomes:
         if o.values is None:
             continue

@@ -424,8 +424,8 @@ def test_the_ring_keeps_each_decision_as_one_flat_tuple_the_collector_untracks_a
 
 
 def test_a_score_decision_keeps_few_objects_and_reads_back_the_same() -> None:
-    """Each object the ring keeps is freed, out of a cold cache, when the decision leaves: the engine's hosts are one
-    string, a unit's aligned scores and the result's weights one bytes object each (not a cell per host)."""
+    """Few cells to write and marshal per decision: the engine's hosts are one string, a unit's aligned scores and
+    the result's weights one bytes object each (not a cell per host)."""
     many = [f"host-{i:03d}" for i in range(100)]
     req = ScoreRequest.model_validate({"units": [{"name": "S"}, {"name": "T", "factor": 3}], "hosts": many, "vm": VM})
     reply = ScoreReplyOnBus(outcomes=[
