@@ -228,8 +228,7 @@ async def _mixed_concurrent(ports: list[int], body: bytes, clients: int, seconds
     return lat
 
 
-def measure_mixed(sides: list[Side], opts: argparse.Namespace, figures: dict[str, Figures],
-                  shared: list[int]) -> None:
+def measure_mixed(sides: list[Side], opts: argparse.Namespace, figures: dict[str, Figures]) -> None:
     """--mixed: every side served in the same seconds, call by call, so that the machine's moods (a 2-vCPU guest
     whose speed moves by 10-30 % from second to second) fall on all sides alike. Sequential: each side's p50 and
     gateway CPU per call; under load: each side's p50 (the rate's measure: clients that wait longer make fewer
@@ -237,13 +236,17 @@ def measure_mixed(sides: list[Side], opts: argparse.Namespace, figures: dict[str
     shared services and the broker serve all sides at once: not counted)."""
     ports = [side.port for side in sides]
     used = [cpu_seconds(side.proc.pid) for side in sides]
+    collected = [side.gc() for side in sides]
     lat = arun(_mixed_sequential(ports, BODIES[opts.op], opts.calls))
-    for side, before, own in zip(sides, used, lat):
+    if opts.gc:
+        time.sleep(0.6)  # the probes' next write
+    for side, before, (gc_used, full), own in zip(sides, used, collected, lat):
         f = figures[side.name]
         f.p50.append(pct(own, 0.50))
         f.cpu.append(1000 * (cpu_seconds(side.proc.pid) - before) / (opts.calls + 50))
-        f.gc.append(0.0)
-        f.full.append(0)
+        gc_now, full_now = side.gc()
+        f.gc.append(1000 * (gc_now - gc_used) / (opts.calls + 50))
+        f.full.append(full_now - full)
     meters = [CpuMeter({"path": [side.proc.pid]}) for side in sides]
     for meter in meters:
         meter.start()
@@ -308,7 +311,7 @@ def main() -> None:
                 sides = launch(names, opts, tmp, env, url)
             order = names[i % len(names):] + names[:i % len(names)]  # each side first in turn
             if opts.mixed:
-                measure_mixed([sides[name] for name in order], opts, figures, shared)
+                measure_mixed([sides[name] for name in order], opts, figures)
             else:
                 for name in order:
                     measure(sides[name], opts, figures[name])
