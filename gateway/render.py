@@ -40,6 +40,10 @@ class Decision:
     #: score_decision's weights, one per requested host in their order, when ``result`` is exactly those hosts
     #: with them (``[[host, weight], ...]``): what the decision log keeps (not sent; not compared)
     weights: list[int] | None = field(default=None, compare=False, repr=False)
+    #: filter_decision's hosts each unit dropped (None for a failed unit), one per outcome, when ``result`` is
+    #: exactly the requested hosts that no working unit dropped, in order: what the decision log keeps instead of
+    #: the result (not sent; not compared)
+    dropped: list[set[str] | None] | None = field(default=None, compare=False, repr=False)
 
     @property
     def result_code(self) -> int:
@@ -78,18 +82,24 @@ def _excerpt(value: object, size: int = 16) -> str:
 def filter_decision(hosts: list[str], outcomes: list[FilterOutcome]) -> Decision:
     decision = Decision(result=list(hosts))
     requested = set(hosts)
-    kept: list[set[str]] = []
+    dropped: list[set[str] | None] = []
     for o in outcomes:
         if not o.ok:
             decision.report(o.unit, o.error or "failed")
+            dropped.append(None)
             continue
-        _foreign(o.unit, [h for h in o.hosts if h not in requested], decision)
-        kept.append(set(o.hosts))
-    if outcomes and not kept:
+        gone = requested.difference(o.hosts)
+        if len(o.hosts) != len(requested) - len(gone):  # not each a requested host once: a foreign one, or twice
+            _foreign(o.unit, [h for h in o.hosts if h not in requested], decision)
+        dropped.append(gone)
+    decision.dropped = dropped
+    working = [gone for gone in dropped if gone is not None]
+    if outcomes and not working:
         decision.errors.append(ALL_FILTERS_FAILED)
         return decision
-    common = set.intersection(*kept)
-    decision.result = [h for h in hosts if h in common]
+    gone = set().union(*working)  # kept by every working unit: the requested hosts none of them dropped
+    if gone:
+        decision.result = [h for h in hosts if h not in gone]
     return decision
 
 

@@ -11,6 +11,8 @@ import uuid
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import Stack, wait_until
 from vmsched.bus.connection import BusOptions
@@ -266,6 +268,34 @@ def test_a_filter_keeps_only_what_it_dropped_and_its_record_is_the_same() -> Non
     assert decision_compact.build_compact(kept, bus_failed=False, gateway="g", duration=0.0, at=1.0,
                                           record_id="4" * 32) == decisions.build(
         "filter", req, decision, outcomes, bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="4" * 32)
+
+
+def _filter_rule(hosts: list[str], outcomes: list[FilterOutcome]) -> tuple[list[str], set[str]]:
+    """The engine protocol's filter rule, spelled out: the requested hosts every working unit kept, in input order
+    (every host when none works); the units that returned a host not requested."""
+    working = [set(o.hosts) for o in outcomes if o.ok]
+    common = set.intersection(*working) if working else set(hosts)
+    return [h for h in hosts if h in common], {o.unit for o in outcomes if o.ok and set(o.hosts) - set(hosts)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(H), max_size=8),
+       st.lists(st.tuples(st.booleans(), st.lists(st.sampled_from([*H, "stranger"]), max_size=9)), max_size=4))
+def test_a_filter_decision_is_read_back_from_what_its_units_dropped(
+        hosts: list[str], units: list[tuple[bool, list[str]]]) -> None:
+    """The result is kept as a marker, not as hosts (filter_decision's dropped sets): read back, it is the rule's
+    result, for hosts asked twice, returned twice, not requested, failing units and no working unit."""
+    outcomes = [FilterOutcome(unit=f"u{i}", ok=ok, hosts=kept, error=None if ok else "boom")
+                for i, (ok, kept) in enumerate(units)]
+    req = FilterRequest(units=[o.unit for o in outcomes], hosts=hosts, vm=VM)
+    decision = filter_decision(hosts, outcomes)
+    result, foreign = _filter_rule(hosts, outcomes)
+    assert decision.result == result
+    assert {u for u, texts in decision.plugin_errors.items() if "not in the request" in texts[0]} == foreign
+    kept = decision_compact.compact("filter", req, decision, outcomes)
+    assert "derived" in kept and not set(kept) & (set(result) - {kept[4]})  # no cell per kept host
+    args = {"bus_failed": False, "gateway": "g", "duration": 0.0, "at": 1.0, "record_id": "5" * 32}
+    assert decision_compact.build_compact(kept, **args) == decisions.build("filter", req, decision, outcomes, **args)
 
 
 def test_facts_age_of_the_hosts_with_facts() -> None:
