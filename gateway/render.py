@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import chain, repeat
 from operator import add, mul
 from typing import Any
 
@@ -133,14 +133,18 @@ def _requested_scores(hosts: dict[str, None], o: ScoreOutcome,
     return single, repeated
 
 
-def _exact(single: dict[str, float], repeated: dict[str, list[float]], den: int) -> dict[str, int]:
-    """Each host's score (the sum of its scores) times ``den``, exactly."""
+def _exact_values(values: list[float], den: int) -> list[int]:
+    """Each value times ``den``, exactly."""
     # den is a power of two (floats are dyadic): v * den is exact in floating point unless it overflows
     factor = float(den) if den < 2**1000 else 0.0
-    if factor and max(map(abs, single.values()), default=0.0) * factor < 1e300:
-        exact = dict(zip(single, map(int, map(mul, single.values(), repeat(factor)))))
-    else:
-        exact = {h: scaled(v, den) for h, v in single.items()}
+    if factor and max(map(abs, values), default=0.0) * factor < 1e300:
+        return list(map(int, map(mul, values, repeat(factor))))
+    return [scaled(v, den) for v in values]
+
+
+def _exact(single: dict[str, float], repeated: dict[str, list[float]], den: int) -> dict[str, int]:
+    """Each host's score (the sum of its scores) times ``den``, exactly."""
+    exact = dict(zip(single, _exact_values(list(single.values()), den)))
     for h, vs in repeated.items():
         exact[h] = sum(scaled(v, den) for v in vs)
     return exact
@@ -176,6 +180,10 @@ def score_decision(hosts: list[str], outcomes: list[ScoreOutcome], per_unit: boo
     """
     decision = Decision(result=[])
     requested = dict.fromkeys(hosts)
+    if not per_unit and len(requested) == len(hosts):
+        aligned = _aligned(len(hosts), outcomes)
+        if aligned is not None:
+            return _aligned_decision(hosts, outcomes, aligned, decision)
     table, den = _unit_table(requested, outcomes, decision)
     if per_unit and table:
         for o, weights in table:
@@ -188,6 +196,41 @@ def score_decision(hosts: list[str], outcomes: list[ScoreOutcome], per_unit: boo
     decision.result = list(map(list, zip(requested, weights)))
     if len(requested) == len(hosts):  # no host asked twice: the rows are the requested hosts, in order
         decision.weights = weights
+    return decision
+
+
+def _aligned(count: int, outcomes: list[ScoreOutcome]) -> list[tuple[ScoreOutcome, list[float]]] | None:
+    """Each working unit's score of every requested host, in order (the aligned values that paired_scores leaves
+    beside a unit's pairs), when every working unit has them and they are all finite; else None."""
+    found = []
+    for o in outcomes:
+        if o.ok:
+            values = getattr(o, "values", None)
+            if values is None or len(values) != count:
+                return None
+            values = list(map(float, values))
+            total = sum(values)
+            if total - total != 0.0:  # an infinite or NaN score (or a sum past the floats): the general path
+                return None
+            found.append((o, values))
+    return found
+
+
+def _aligned_decision(hosts: list[str], outcomes: list[ScoreOutcome], aligned: list[tuple[ScoreOutcome, list[float]]],
+                      decision: Decision) -> Decision:
+    """score_decision's weights from aligned values: the same as from the pairs, without a dict per unit (no host
+    asked twice; every working unit scored every host once, with a finite number: nothing foreign, nothing
+    filled in)."""
+    for o in outcomes:
+        if not o.ok:
+            decision.report(o.unit, o.error or "failed")
+    den = common_denominator(chain.from_iterable(values for _, values in aligned))
+    totals = [0] * len(hosts)
+    for o, values in aligned:
+        totals = list(map(add, totals, map(mul, repeat(o.factor), _exact_values(values, den))))
+    weights = encode(totals, den)
+    decision.result = list(map(list, zip(hosts, weights)))
+    decision.weights = weights
     return decision
 
 

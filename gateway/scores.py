@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from itertools import repeat
+from itertools import filterfalse, repeat
 from operator import add, floordiv, mul
 
 #: Largest weight sent to the engine; weights are in [0, SCORE_BOUND].
@@ -41,8 +41,15 @@ def finite(value: object) -> bool:
 
 
 def common_denominator(values: Iterable[float]) -> int:
-    """The smallest ``den`` such that every value times ``den`` is an integer (floats are dyadic)."""
-    return math.lcm(1, *{v.as_integer_ratio()[1] for v in values if not v.is_integer()})
+    """A ``den`` such that every value times ``den`` is an integer: a power of two (floats are dyadic).
+
+    A float of exponent ``e`` (``math.frexp``) is an integer times ``2 ** (e - 53)``, and the smallest value that
+    is not an integer has the smallest such exponent, so ``2 ** (53 - e)`` of it will do (1 if all are integers).
+    Not always the smallest such ``den`` (0.5 gets 2^53, not 2): any common one gives the same weights, as
+    :func:`encode` works on ``value / den``; this one is found in one C-level pass, without a ratio per value.
+    """
+    smallest = min(map(abs, filterfalse(float.is_integer, values)), default=None)
+    return 1 if smallest is None else 1 << (53 - math.frexp(smallest)[1])
 
 
 def scaled(value: float, den: int) -> int:
@@ -111,5 +118,4 @@ def _scales(span: int, den: int, bound: int) -> Iterable[tuple[int, int]]:
 
 
 def _mapped(values: Sequence[int], distinct: list[int], ints: Iterable[int]) -> list[int]:
-    table = dict(zip(distinct, ints))
-    return [table[v] for v in values]
+    return list(map(dict(zip(distinct, ints)).__getitem__, values))

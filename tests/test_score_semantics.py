@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vmsched.gateway.render import score_decision
-from vmsched.gateway.scores import SCORE_BOUND, _scales, encode, fill_worst
-from vmsched.messages import ScoreOutcome
+from vmsched.gateway.scores import SCORE_BOUND, _scales, common_denominator, encode, fill_worst
+from vmsched.messages import ScoreOutcome, ScoreOutcomeOnBus
 
 HOSTS = [f"00000000-0000-0000-0000-{i:012d}" for i in range(12)]
 
@@ -132,3 +132,36 @@ def test_fill_worst_copies_a_complete_in_order_unit_and_fills_the_others():
     assert list(fill_worst(["b", "a"], scored, 1)) == ["b", "a"]  # the request's order, not the unit's
     assert fill_worst(["a", "b", "c"], scored, 1) == {"a": 1, "b": 5, "c": 5}
     assert fill_worst(["a", "b", "c"], scored, -1) == {"a": 1, "b": 5, "c": 1}
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(_units(), st.booleans())
+def test_aligned_values_give_the_same_decision_as_pairs(case, infinite):
+    """score_decision reads a unit's aligned values (paired_scores leaves them beside its pairs) without a dict
+    per unit: the same result, weights and reports as from the pairs, or the pairs' path when a value is not
+    finite."""
+    hosts, outcomes = case
+    aligned = []
+    for o in outcomes:
+        given_ = dict(o.scores)
+        values = [float(given_.get(h, i)) for i, h in enumerate(hosts)]
+        if infinite and o.ok:
+            values[-1] = math.inf
+        aligned.append(ScoreOutcomeOnBus(unit=o.unit, ok=o.ok, factor=o.factor, error=None if o.ok else "boom",
+                                         scores=list(zip(hosts, values)), values=values))
+    pairs_only = [o.model_copy(update={"values": None}) for o in aligned]
+    fast, plain = score_decision(hosts, aligned), score_decision(hosts, pairs_only)
+    assert (fast.result, fast.plugin_errors, fast.errors, fast.weights) == (
+        plain.result, plain.plugin_errors, plain.errors, plain.weights)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(st.lists(_reals.map(float), min_size=1, max_size=20), st.lists(st.integers(-3, 100), min_size=20, max_size=20))
+def test_any_common_denominator_gives_the_same_weights(values, factors):
+    """common_denominator's power of two makes every value an integer, and the weights are those of the smallest
+    common denominator (the lcm of the values' own)."""
+    den = common_denominator(values)
+    assert den & (den - 1) == 0 and all((Fraction(v) * den).denominator == 1 for v in values)
+    least = math.lcm(1, *(v.as_integer_ratio()[1] for v in values))
+    totals = [f * Fraction(v) for f, v in zip(factors, values)]
+    assert encode([int(t * den) for t in totals], den) == encode([int(t * least) for t in totals], least)
