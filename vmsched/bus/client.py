@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import secrets
 import socket
 import time
 import uuid
@@ -44,6 +43,7 @@ from vmsched.bus.memory import QueueWatch
 from vmsched.bus.outgoing import Outgoing as _Request
 from vmsched.bus.publish import Publisher
 from vmsched.bus.reads import buffer_reads, nonblocking, nothing_buffered as _nothing
+from vmsched.bus.tokens import Unguessable
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, PING, REPLY_EXCHANGE, REPLY_VIA, reply_queue, request_queue, route
 from vmsched.bus.urls import mask
 from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
@@ -54,6 +54,8 @@ R = TypeVar("R", bound=BaseModel)
 log = logging.getLogger("vmsched.bus")
 
 _REPLY_HEADERS = {REPLY_VIA: REPLY_EXCHANGE.name}
+
+
 _RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
 _MAX_SENDS = 5  # a request the broker keeps refusing or not confirming fails after this many sends (a node loss
 # can take three: the send to the dying node, the re-send at each reconnection while the cluster settles)
@@ -66,6 +68,7 @@ class AsyncBusClient:
         self._declare = declare
         self._reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
         self._ids = itertools.count()
+        self._token = Unguessable()  # used on the event loop's thread only
         self._pending: dict[str, asyncio.Future[bytes]] = {}  # correlation id -> the caller's future
         self._requests: dict[str, _Request] = {}  # correlation id -> what to (re)send
         self._resent_answered: OrderedDict[str, None] = OrderedDict()
@@ -148,7 +151,7 @@ class AsyncBusClient:
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
         assert self._loop is not None
         # unguessable, so that no other user of the reply exchange can answer in an agent's place
-        cid = f"{secrets.token_hex(8)}-{next(self._ids)}"
+        cid = f"{self._token()}-{next(self._ids)}"
         future: asyncio.Future[bytes] = self._loop.create_future()
         deadline = time.time() + timeout
         exchange, key = route(queue)

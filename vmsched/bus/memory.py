@@ -8,6 +8,7 @@ on a condition, and an asyncio loop can watch a pipe registered for a queue.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import threading
@@ -65,8 +66,16 @@ class _Signal:
 SIGNAL = _Signal()
 
 
+_TAGS = itertools.count(1)
+
+
 class Channel(memory.Channel):
     body_encoding = None  # bodies stay bytes in memory: no base64 round trip
+
+    def _next_delivery_tag(self):  # type: ignore[no-untyped-def]
+        # unique in the process, as kombu's uuid4 per delivery is, without its getrandom call, which releases the
+        # GIL: in the all-in-one process each release can hand it to another thread (two per request)
+        return next(_TAGS)
 
     def _put(self, queue, message, **kwargs):  # type: ignore[no-untyped-def]
         super()._put(queue, message, **kwargs)
