@@ -132,8 +132,10 @@ class QueueWatch:
         SIGNAL.watch(queue, self._wfd)
 
     def clear(self) -> None:
+        # one read when it does not fill the buffer (each os.read releases the GIL): a put after it writes
+        # another byte, so the loop wakes again for that message
         try:
-            while os.read(self.fd, 4096):
+            while len(os.read(self.fd, 4096)) == 4096:
                 pass
         except BlockingIOError:
             pass
