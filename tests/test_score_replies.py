@@ -21,6 +21,12 @@ class OnlyFirst:
     def do_score(self, hosts, vm, args):
         "Scores the first host only (the case that made unscored hosts win)."
         return [(hosts[0], 50)]
+
+
+class Unbounded:
+    def do_score(self, hosts, vm, args):
+        "Scores the first host infinite and the second minus infinite."
+        return [(hosts[0], float("inf")), (hosts[1], -float("inf")), (hosts[2], 3), (hosts[3], 1.5)]
 '''
 
 
@@ -50,6 +56,19 @@ def test_unscored_hosts_get_the_units_worst_score(totals: Stack):
     r = totals.post("/v1/score", json={"units": [{"name": "OnlyFirst", "factor": 1}], "hosts": H, "vm": VM})
     assert r.json()["units"][0]["missing"] == H[1:]
     assert r.json()["result"] == [[h, 50] for h in H]
+
+
+def test_an_infinite_score_costs_its_host_not_the_reply(totals: Stack):
+    # JSON has no infinity: the service's reply once carried null, which the gateway refused as a malformed
+    # reply, and the engine got no weights at all for any unit
+    reply = totals.xmlrpc("runCostFunctions", [["Unbounded", 2], ["OnlyFirst", 1]], H, VM, {})
+    assert reply["result"] == [[H[0], 56], [H[1], 56], [H[2], 56], [H[3], 53]] and not reply["errors"]
+    assert list(reply["plugin_errors"]) == ["Unbounded"]
+    assert "2 host(s) a score that is not a finite number" in reply["plugin_errors"]["Unbounded"][0]
+    r = totals.post("/v1/score", json={"units": [{"name": "Unbounded", "factor": 1}], "hosts": H, "vm": VM})
+    assert r.status_code == 200 and r.json()["units"][0]["missing"] == H[:2]
+    weights = dict(r.json()["result"])
+    assert weights[H[0]] == weights[H[1]] == weights[H[2]] > weights[H[3]]  # the broken ones rank with the worst
 
 
 def test_per_unit_triples_leave_the_factor_to_the_engine(per_unit: Stack):

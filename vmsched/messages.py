@@ -234,7 +234,14 @@ class ScoreOutcome(UnitOutcome):
 
 class ScoreOutcomeOnBus(ScoreOutcome):
     """A score outcome as the scoring service sends it on the bus: to a sender that accepts ALIGNED_SCORES,
-    a unit that scored every requested host once, in the request's order, sends only its numbers."""
+    a unit that scored every requested host once, in the request's order, sends only its numbers.
+
+    An infinite score travels as the string ``"Infinity"`` or ``"-Infinity"`` (JSON has no infinity; pydantic's
+    default, ``null``, is no number, and the gateway refused the whole reply): read back as a float, the gateway
+    gives that host the unit's worst score and reports it (gateway.render). NaN never gets here: it fails its
+    unit in the service (vmsched.runtime.contract)."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
 
     values: list[float] | None = Field(None, description=(
         "the unit's score of each requested host, in order (then scores is empty); absent from an older "
