@@ -74,7 +74,8 @@ def _score_units(outcomes: list[ScoreOutcome]) -> list[dict[str, Any]]:
     for o in outcomes:
         unit = _base(o)
         unit["factor"] = o.factor
-        unit["scores"] = {h: s for h, s in o.scores}
+        # JSON has no infinity: a plugin's infinite score shows as null (strict JSON for the API and the log lines)
+        unit["scores"] = {h: s if s - s == 0.0 else None for h, s in o.scores}
         units.append(unit)
     return units
 

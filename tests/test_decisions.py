@@ -124,6 +124,30 @@ def test_score_record_keeps_raw_scores_and_factor() -> None:
     assert not record["fallback"]
 
 
+def test_an_infinite_raw_score_is_kept_as_null_so_the_record_stays_strict_json(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    outcomes = [ScoreOutcome(unit="Unbounded", ok=True, scores=[(H[0], float("inf")), (H[1], -float("inf")),
+                                                                (H[2], 1.0)])]
+    req = ScoreRequest.model_validate({"units": [{"name": "Unbounded"}], "hosts": H[:3], "vm": VM})
+    log = DecisionLog(10, "gw-a", stdout=True)
+    log.start()
+
+    async def engine_call() -> None:
+        log.submit("score", req, score_decision(H[:3], outcomes), outcomes, False, 0.01)
+
+    asyncio.run(engine_call())
+    log.flush()
+    log.stop()
+    line = capsys.readouterr().out.strip()
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    record = json.loads(line, parse_constant=refuse)  # what Loki's and ELK's parsers read (--decisions-log)
+    assert record["units"][0]["scores"] == {H[0]: None, H[1]: None, H[2]: 1.0}
+    assert "not a finite number" in record["plugin_errors"]["Unbounded"][0]
+
+
 def test_balance_record_and_its_timeout_fallback() -> None:
     req = BalanceRequest(unit="Drain", hosts=H[:3])
     good = BalanceOutcome(unit="Drain", ok=True, vm=VM, hosts=H[1:3])
