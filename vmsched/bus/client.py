@@ -5,7 +5,9 @@ between threads and no message is handed between threads: the loop watches
 the broker socket (or, embedded, a wake-up pipe of the reply queue) and
 drains it without blocking; publishing is a socket write plus, on RabbitMQ,
 a publisher confirm awaited asynchronously (:mod:`vmsched.bus.confirms`).
-Replies are matched to callers by correlation id.
+Replies are matched to callers by correlation id. Embedded, a scheduling
+request goes to its service's inbox and its reply comes back from the
+service's thread through ``call_soon_threadsafe`` (:mod:`vmsched.bus.local`).
 
 When the connection breaks (its node died, a channel error, or the broker
 cancelled the consumer of the exclusive reply queue: the queue was deleted),
@@ -22,6 +24,7 @@ while reconnecting wait for it; when no node answers, calls fail at once with
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import socket
@@ -37,6 +40,7 @@ from pydantic import BaseModel, ValidationError
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, RequestError, reply_error
 from vmsched.bus.confirms import Confirms
+from vmsched.bus.local import CARRIED, LANES, Request as InboxRequest
 from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, note_lost, \
     open_connection, safe_release
 from vmsched.bus.memory import QueueWatch
@@ -182,6 +186,10 @@ class AsyncBusClient:
 
     def _send(self, cid: str, request: _Request) -> None:
         """Publish ``request``; a broken connection is replaced and the request sent again from there."""
+        if self.options.embedded and request.queue in CARRIED:  # to a service of this process, no transport
+            LANES.put(InboxRequest(request.queue, request.payload, cid, functools.partial(self._from_thread, cid)))
+            request.sent += 1
+            return
         assert self._publisher is not None and self._conn is not None
         try:
             if request.queue not in self._declared and request.exchange is not AGENT_EXCHANGE:
@@ -396,11 +404,21 @@ class AsyncBusClient:
             self._loop.call_soon(lambda: self._conn is conn and conn is not None and self._lost(error))
 
     def _on_reply(self, message: Message) -> None:
-        cid = message.properties.get("correlation_id")
+        body = message.body
+        self._resolve(message.properties.get("correlation_id"), body if isinstance(body, bytes) else str(body).encode())
+
+    def _from_thread(self, cid: str, body: bytes) -> None:
+        """A reply from a service's thread in this process (vmsched.bus.local)."""
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._resolve, cid, body)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits for it
+
+    def _resolve(self, cid: str | None, body: bytes) -> None:
         future = self._pending.get(cid) if cid else None
         if future is None or future.done():
             if cid in self._resent_answered or (cid in self._requests and self._requests[cid].sent > 1):
                 metrics.BUS_DUPLICATE_REPLIES.labels(self.service).inc()
             return  # else the caller gave up already
-        body = message.body
-        future.set_result(body if isinstance(body, bytes) else str(body).encode())
+        future.set_result(body)

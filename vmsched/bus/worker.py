@@ -19,7 +19,8 @@ process, that reached the queue's delivery limit, or that the in-flight journal
 (:mod:`vmsched.bus.journal`) shows this process's dead predecessor was handling alone, is
 answered with an error naming its units and never run again.
 
-The embedded bus (``memory://``) keeps one connection per handler thread, handling inline.
+The embedded bus (``memory://``) keeps one connection per handler thread, handling inline; a worker of
+scheduling queues takes its requests from an inbox there instead (:mod:`vmsched.bus.local`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from vmsched import metrics
 from vmsched.bus.connection import BusOptions, ensure_exchanges
 from vmsched.bus.cork import corked
 from vmsched.bus.journal import FIRST, SECOND, Journal
+from vmsched.bus.local import LANES, Inbox, Request, carries, serve
 from vmsched.bus.loop import run_reconnecting
 from vmsched.bus.publish import Publisher
 from vmsched.bus.reads import buffer_reads, nonblocking
@@ -98,6 +100,7 @@ class ServiceWorker:
         self._done: queues.SimpleQueue[tuple[Message, bytes | None]] = queues.SimpleQueue()
         self._wake: tuple[int, int] = (-1, -1)
         self._channel: object = None  # the channel of the live connection (pumped mode)
+        self._inbox: Inbox | None = None  # embedded bus, scheduling queues: where the requests come (vmsched.bus.local)
         self._held: list[tuple[float, str, Message]] = []  # second chances waiting for another replica (bus thread)
         self._next_check = 0.0
         self.ready = threading.Event()  # set once every consumer has subscribed at least once
@@ -112,6 +115,11 @@ class ServiceWorker:
             except OSError as exc:
                 log.warning("%s: no in-flight journal (%s): a restarted process may run again a request that "
                             "killed it, within --delivery-limit", self.service, exc)
+        if self.options.embedded and carries(self.routes):
+            inbox = self._inbox = LANES.bind(self.routes)
+            for i in range(self.consumers):
+                self._spawn(lambda slot=i: self._serve_inbox(slot, inbox), f"{self.service}-consumer-{i}")
+            return
         if self.options.embedded:
             for i in range(self.consumers):
                 self._spawn(lambda slot=i: self._run(slot), f"{self.service}-consumer-{i}")
@@ -136,9 +144,15 @@ class ServiceWorker:
             t.join(timeout)
         self._stop.set()
         self._poke()
+        if self._inbox is not None:
+            for _ in self._threads:
+                self._inbox.put(None)  # wakes a thread waiting for a request
         for t in self._threads:
             t.join(timeout)
         self._threads.clear()
+        if self._inbox is not None:
+            LANES.release(self._inbox)  # what still waits in it, waits for the next worker
+            self._inbox = None
         for fd in self._wake:
             if fd >= 0:
                 os.close(fd)
@@ -150,6 +164,24 @@ class ServiceWorker:
     @property
     def connected(self) -> bool:
         return self._connected > 0
+
+    # --- the embedded bus's inbox (scheduling queues) -----------------------
+    def _serve_inbox(self, slot: int, inbox: Inbox) -> None:
+        """Answer the requests put in ``inbox`` (vmsched.bus.local) on this thread, as the embedded bus's
+        consumers answer theirs: no triage (in one process nothing is redelivered) and nothing to acknowledge."""
+        self._set_connected(+1)
+        self.ready.set()
+        try:
+            serve(inbox, self._stop, lambda request: self._answer(slot, request))
+        finally:
+            self._set_connected(-1)
+
+    def _answer(self, slot: int, request: Request) -> bytes | None:
+        try:
+            return self._handle(slot, request.queue, request.body, request.cid, FIRST)
+        except Exception:  # noqa: BLE001 - the replier answers every handler error; this is the journal's
+            log.exception("%s: request %s on %s not handled", self.service, request.cid, request.queue)
+            return None
 
     # --- the bus thread ----------------------------------------------------
     def _run(self, slot: int | None = None) -> None:
@@ -263,7 +295,7 @@ class ServiceWorker:
         elif slot is None:
             self._work.put((name, message, verdict))
         else:  # embedded bus: inline
-            self._send(message, self._handle(slot, name, message, verdict), producer)
+            self._send(message, self._handle(slot, name, message.body, _cid(message), verdict), producer)
             message.ack()
 
     def _triage(self, name: str, dead: bool, message: Message) -> bytes | str | None:
@@ -340,19 +372,19 @@ class ServiceWorker:
             if message.channel is not self._channel:
                 continue  # its connection broke: the broker has returned it
             try:
-                reply = self._handle(slot, name, message, kind)
+                reply = self._handle(slot, name, message.body, _cid(message), kind)
             except Exception:  # noqa: BLE001 - the replier answers every handler error; this is the journal's
                 log.exception("%s: request %s on %s not handled", self.service, _cid(message), name)
                 reply = None  # acked unanswered rather than held until the connection closes
             self._done.put((message, reply))
             self._poke()
 
-    def _handle(self, slot: int, name: str, message: Message, kind: bytes) -> bytes | None:
-        journal, cid = self.journal, _cid(message)
+    def _handle(self, slot: int, name: str, body: bytes | str, cid: str | None, kind: bytes) -> bytes | None:
+        journal = self.journal
         if journal is not None and cid:
             journal.begin(slot, cid, kind)
         try:
-            return self.replier.handle(name, message.body)
+            return self.replier.handle(name, body)
         finally:
             if journal is not None and cid:
                 journal.end(slot)
