@@ -111,7 +111,37 @@ def _value(text: str, at: int, depth: int) -> tuple[Any, int]:
     return _struct(text, at, depth + 1)
 
 
+#: A compact array of strings, all bare or all typed (the engine's): its items' tags and what separates them.
+_BARE = ("<value>", "</value>", "</value><value>", 2)  # opening, closing, separator, '<' per item
+_TYPED = ("<value><string>", "</string></value>", "</string></value><value><string>", 4)
+_COMPACT_END = "</data></array></value>"
+
+
+def _compact_strings(text: str, at: int) -> tuple[list[str], int] | None:
+    """An array of strings written with no space between tags, read by splitting (C speed, no match per item):
+    the items hold no ``<`` when the text holds exactly the tags' ``<`` of that many items. None for any other
+    array (the regular expressions read it, or find it is not plain)."""
+    if not text.startswith("<data>", at):
+        return None
+    end = text.find(_COMPACT_END, at)
+    if end < 0:
+        return None
+    items = text[at + 6:end]
+    if not items:
+        return [], end + len(_COMPACT_END)
+    opening, closing, separator, tags = _TYPED if items.startswith(_TYPED[0]) else _BARE
+    if not (items.startswith(opening) and items.endswith(closing)):
+        return None
+    values = items[len(opening):-len(closing)].split(separator)
+    if items.count("<") != tags * len(values):  # another tag inside: a typed value among bare ones, a nested array
+        return None
+    return values, end + len(_COMPACT_END)
+
+
 def _array(text: str, at: int, depth: int) -> tuple[list[Any], int]:
+    compact = _compact_strings(text, at)
+    if compact is not None:
+        return compact
     strings = _STRINGS.match(text, at)
     if strings is not None:
         return [a + b for a, b in _ITEM.findall(strings.group(1))], strings.end()
