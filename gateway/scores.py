@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from itertools import filterfalse, repeat
-from operator import add, floordiv, mul
+from operator import add, floordiv, mul, sub
 
 #: Largest weight sent to the engine; weights are in [0, SCORE_BOUND].
 SCORE_BOUND = 2**20
@@ -83,26 +83,49 @@ def encode(values: Sequence[int], den: int = 1, bound: int = SCORE_BOUND) -> lis
     if len(distinct) > bound + 1:
         raise ValueError(f"{len(distinct)} distinct totals cannot be distinct integers in [0, {bound}]")
     lo, hi = distinct[0], distinct[-1]
-    shifted = None
+    gaps = list(map(sub, distinct[1:], distinct))  # between neighbours
+    nearest = min(range(len(gaps)), key=gaps.__getitem__, default=0)
+    closest: list[tuple[int, int]] | None = None
     for p, q in _scales(hi - lo, den, bound):  # scale p/q on the real values (value / den)
-        if (hi - lo) * p <= (len(distinct) - 2) * q * den:
-            continue  # the last int is below the first + len - 1: some two would tie (see _distinct_ints)
-        offset = 0 if lo >= 0 and hi * p <= bound * q * den else lo
-        ints = _distinct_ints(distinct if offset == 0 else shifted or (shifted := [v - lo for v in distinct]),
-                              p, q * den)
-        if ints is not None and 0 <= ints[0] and ints[-1] <= bound:
-            return _mapped(values, distinct, ints)
+        qden = q * den
+        if (hi - lo) * p <= (len(distinct) - 2) * qden:
+            continue  # the last int is below the first + len - 1: some two would tie (see _tie)
+        offset = 0 if lo >= 0 and hi * p <= bound * qden else lo
+        if _int(lo - offset, p, qden) < 0 or _int(hi - offset, p, qden) > bound:
+            continue
+        if gaps and _tie(distinct, offset, [(gaps[nearest], nearest)], p, qden):
+            continue  # the nearest neighbours tie (totals a rounding error apart tie at every scale in reach)
+        if closest is None:  # neighbours by their gap, the closest first
+            closest = sorted(zip(gaps, range(len(gaps))))
+        if not _tie(distinct, offset, closest, p, qden):
+            return _mapped(values, distinct, _ints(distinct, offset, p, qden))
     return _mapped(values, distinct, range(len(distinct)))
 
 
-def _distinct_ints(ascending: list[int], p: int, qden: int) -> list[int] | None:
-    """``floor(v * p / qden + 1/2)`` of each value (half up: 0.5, 1.5 -> 1, 2) when no two are equal, else None.
+def _int(value: int, p: int, qden: int) -> int:
+    """``floor(value * p / qden + 1/2)``: rounded half up (0.5, 1.5 -> 1, 2)."""
+    return (2 * value * p + qden) // (2 * qden)
 
-    The values ascend, so the ints never descend: they are strictly increasing when they are all distinct, and
-    the last is below the first + (number of values - 1) when ``span x p <= (number - 2) x qden``.
+
+def _ints(ascending: list[int], offset: int, p: int, qden: int) -> list[int]:
+    shifted = ascending if offset == 0 else list(map(sub, ascending, repeat(offset)))
+    return list(map(floordiv, map(add, map(mul, shifted, repeat(2 * p)), repeat(qden)), repeat(2 * qden)))
+
+
+def _tie(ascending: list[int], offset: int, closest: list[tuple[int, int]], p: int, qden: int) -> bool:
+    """Whether two of the values, less ``offset``, get the same int at scale ``p / qden``.
+
+    The ints never descend as the values ascend, so only neighbours can tie, and only those less than
+    ``qden / p`` apart (one unit after scaling: the int of the larger is then at least one more). Looked at
+    closest first, so values that no scale in reach separates (totals a rounding error apart) cost one look
+    per scale, not one int per value.
     """
-    ints = list(map(floordiv, map(add, map(mul, ascending, repeat(2 * p)), repeat(qden)), repeat(2 * qden)))
-    return ints if len(set(ints)) == len(ints) else None
+    for gap, i in closest:
+        if gap * p >= qden:
+            return False
+        if _int(ascending[i] - offset, p, qden) == _int(ascending[i + 1] - offset, p, qden):
+            return True
+    return False
 
 
 def _scales(span: int, den: int, bound: int) -> Iterable[tuple[int, int]]:

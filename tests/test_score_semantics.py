@@ -120,6 +120,16 @@ def test_encode_picks_the_same_ints_as_trying_every_scale(values, den, bound):
     assert encode(values, den, bound) == _reference_encode(values, den, bound)
 
 
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.tuples(st.integers(-300, 300), st.integers(-3, 3)), min_size=1, max_size=60),
+       st.sampled_from([1, 10, 1024, 2**50]), st.sampled_from([5, 10, 2**40]), st.sampled_from([SCORE_BOUND, 1000, 7]))
+def test_encode_of_near_ties_is_the_same_as_trying_every_scale(values, den, unit, bound):
+    """Totals on a grid (a tenth, a hundredth) with some a rounding error apart, as float scores make them: the
+    closest neighbours are looked at first, and the ints are still those of every scale tried in turn."""
+    totals = [(grid * den) // unit + noise for grid, noise in values][: bound + 1]
+    assert encode(totals, den, bound) == _reference_encode(totals, den, bound)
+
+
 def test_encode_skips_scales_too_narrow_and_keeps_the_smallest_that_separates():
     assert encode([0, 1, 3, 4], den=2) == [0, 5, 15, 20]  # 0, .5, 1.5, 2: at scale 1 the last two tie
     assert encode([5, 15, 25], den=10) == [1, 2, 3]  # 0.5, 1.5, 2.5 half up, at scale 1
