@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import floor  # noqa: E402
 from tests.engine_wire import call  # noqa: E402
 
 HOSTS = [str(uuid.UUID(int=i + 1)) for i in range(100)]
@@ -105,10 +106,14 @@ async def one_call(port: int, payload: bytes) -> bytes:
 
 
 def check(reply: bytes) -> None:
-    """A vmsched reply: HTTP 200 and result code 0."""
+    """A vmsched reply: HTTP 200 and result code 0 (parsed once per distinct body: floor.verified)."""
     head, _, body = reply.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200"):
         raise RuntimeError(f"bad reply: {head[:100]!r}")
+    floor.verified("vmsched", body, _check_body)
+
+
+def _check_body(body: bytes) -> None:
     (value,), _ = xmlrpc.client.loads(body)
     if value["result_code"] != 0:
         raise RuntimeError(f"scheduling error: {value}")
@@ -239,8 +244,6 @@ SYSTEMS = ("floor", "embedded", "rabbitmq")
 def run_floor(opts: argparse.Namespace) -> None:
     """The floor prototype, embedded vmsched and vmsched on RabbitMQ, started once and measured in interleaved
     rounds (the order rotates each round); ratios are taken within a round, then their median and spread."""
-    import floor
-
     tmp = Path(tempfile.mkdtemp(prefix="vmsched-bench-floor-"))
     plugins = tmp / "plugins"
     plugins.mkdir()
@@ -320,8 +323,6 @@ def _print_ratios(rounds: list[dict[str, float]]) -> None:
 
 
 def _print_rss(when: str, procs: dict[str, list[subprocess.Popen[bytes]]]) -> None:
-    import floor
-
     print(f"\nRSS ({when}), MiB:")
     for name, group in procs.items():
         rows = floor.rss_tree([p.pid for p in group])
