@@ -16,6 +16,7 @@ from vmsched.bus import memory
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.local import LANES, Lanes, Request, carries
+from vmsched.bus.rpc import call
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.bus.worker import ServiceWorker
 from vmsched.messages import Envelope, Op
@@ -149,3 +150,12 @@ def test_inboxes_of_one_process() -> None:
     alone = lanes.bind([FILTER])  # the filter queue may be served alone now, and gets only its own requests
     assert alone is not inbox and [alone.get_nowait().body] == [b"5"] and alone.empty()
     assert [lanes.bind([SCORE]).get_nowait().body] == [b"4"]
+
+
+def test_a_blocking_call_takes_the_inbox_too(scoring: ServiceWorker) -> None:
+    """vmsched.bus.rpc.call (the CLI's and tools' client) on memory:// reaches the services of its process."""
+    assert call(EMBEDDED, FILTER, "filter", {"a": 2}, timeout=5)["echo"] == {"a": 2}
+    with pytest.raises(RequestError, match="refused: no"):
+        call(EMBEDDED, SCORE, "score", {"refuse": "no"}, timeout=5)
+    with pytest.raises(BusTimeout, match=f"no reply from {BALANCE} within 0.3 s"):
+        call(EMBEDDED, BALANCE, "balance", {}, timeout=0.3)  # no balancer in this process: it waits, then fails

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 import uuid
 from typing import Any
@@ -12,6 +13,7 @@ from kombu.message import Message
 
 from vmsched.bus import BusTimeout, BusUnavailable, reply_error
 from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, ensure_exchanges, open_connection, safe_release
+from vmsched.bus.local import CARRIED, LANES, Request
 from vmsched.bus.urls import mask
 from vmsched.bus.topology import REPLY_EXCHANGE, REPLY_VIA, reply_queue as make_reply_queue, route
 from pydantic import ValidationError
@@ -32,14 +34,13 @@ def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeo
     cid = uuid.uuid4().hex  # unguessable: only the requester knows which reply it waits for
     exchange, key = route(queue)
     reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
+    if options.embedded and queue in CARRIED:  # a service of this process takes it from its inbox
+        return _from_inbox(queue, Envelope(op=op, deadline=deadline, body=body).model_dump_json().encode(), cid,
+                           timeout)
 
     def on_reply(message: Message) -> None:
         if message.properties.get("correlation_id") == cid:
-            try:
-                replies.append(ReplyEnvelope.model_validate_json(message.body))
-            except ValidationError as exc:
-                replies.append(ReplyEnvelope(ok=False, error=f"malformed reply from {queue}: {exc.errors()[0]['msg']}",
-                                             code=ErrorCode.INTERNAL))
+            replies.append(_parsed(message.body, queue))
 
     returned: list[str] = []
 
@@ -81,7 +82,29 @@ def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeo
         raise BusUnavailable(f"message bus unavailable at {options.where}: {mask(str(exc))}") from None
     finally:
         safe_release(conn)
-    error = reply_error(replies[0], queue)
+    return _body(replies[0], queue)
+
+
+def _from_inbox(queue: str, payload: bytes, cid: str, timeout: float) -> dict[str, Any]:
+    """The embedded bus's scheduling request (vmsched.bus.local), waited for at most ``timeout`` seconds."""
+    answered = threading.Event()
+    replies: list[bytes] = []
+    LANES.put(Request(queue, payload, cid, lambda raw: (replies.append(raw), answered.set())))
+    if not answered.wait(timeout):
+        raise BusTimeout(f"no reply from {queue} within {timeout:g} s (is the service running?)")
+    return _body(_parsed(replies[0], queue), queue)
+
+
+def _parsed(raw: bytes | str, queue: str) -> ReplyEnvelope:
+    try:
+        return ReplyEnvelope.model_validate_json(raw)
+    except ValidationError as exc:
+        return ReplyEnvelope(ok=False, error=f"malformed reply from {queue}: {exc.errors()[0]['msg']}",
+                             code=ErrorCode.INTERNAL)
+
+
+def _body(reply: ReplyEnvelope, queue: str) -> dict[str, Any]:
+    error = reply_error(reply, queue)
     if error is not None:
         raise error
-    return replies[0].body
+    return reply.body
