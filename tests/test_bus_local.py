@@ -135,7 +135,7 @@ def test_inboxes_of_one_process() -> None:
         lanes.bind([FILTER, "test.echo"])
     for queue, body in ((SCORE, b"1"), (FILTER, b"2"), (SCORE, b"3")):
         lanes.put(Request(queue, body, body.decode(), None))
-    inbox = lanes.bind([FILTER, SCORE])  # what waited in both queues, now one inbox, in the order of the queues
+    inbox = lanes.bind([FILTER, SCORE])  # what waited in both queues, now one inbox (each queue's in its order)
     taken = [inbox.get_nowait() for _ in range(3)]
     assert sorted(r.body for r in taken) == [b"1", b"2", b"3"] and inbox.empty()
     assert [r.body for r in taken if r.queue == SCORE] == [b"1", b"3"]

@@ -67,7 +67,7 @@ class Lanes:
                     raise ValueError(f"queues {sorted(names)} overlap another worker's {sorted(self._bound[key][0])}")
             if len(found) == 1:
                 inbox = next(iter(found.values()))
-            else:  # none yet, or requests waiting in several: one inbox, in the order of the queues
+            else:  # none yet, or requests waiting in several: one inbox (each queue's requests in their order)
                 inbox = SimpleQueue()
                 for waiting in found.values():
                     while not waiting.empty():
