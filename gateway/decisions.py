@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 
 from vmsched.gateway.render import ALL_FILTERS_FAILED, Decision
+from vmsched.gateway.scores import finite
 from vmsched.messages import BalanceOutcome, FilterOutcome, ScoreOutcome
 
 #: hosts named in one summary clause at most
@@ -75,7 +76,7 @@ def _score_units(outcomes: list[ScoreOutcome]) -> list[dict[str, Any]]:
         unit = _base(o)
         unit["factor"] = o.factor
         # JSON has no infinity: a plugin's infinite score shows as null (strict JSON for the API and the log lines)
-        unit["scores"] = {h: s if s - s == 0.0 else None for h, s in o.scores}
+        unit["scores"] = {h: s if finite(s) else None for h, s in o.scores}
         units.append(unit)
     return units
 

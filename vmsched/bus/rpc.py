@@ -30,13 +30,13 @@ def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeo
     """
     options = url if isinstance(url, BusOptions) else BusOptions(url=url, connect_timeout=min(timeout, 2.0))
     deadline = time.time() + timeout
-    replies: list[ReplyEnvelope] = []
     cid = uuid.uuid4().hex  # unguessable: only the requester knows which reply it waits for
-    exchange, key = route(queue)
-    reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
     if options.embedded and queue in CARRIED:  # a service of this process takes it from its inbox
         return _from_inbox(queue, Envelope(op=op, deadline=deadline, body=body).model_dump_json().encode(), cid,
                            timeout)
+    replies: list[ReplyEnvelope] = []
+    exchange, key = route(queue)
+    reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
 
     def on_reply(message: Message) -> None:
         if message.properties.get("correlation_id") == cid:

@@ -177,11 +177,7 @@ class ServiceWorker:
             self._set_connected(-1)
 
     def _answer(self, slot: int, request: Request) -> bytes | None:
-        try:
-            return self._handle(slot, request.queue, request.body, request.cid, FIRST)
-        except Exception:  # noqa: BLE001 - the replier answers every handler error; this is the journal's
-            log.exception("%s: request %s on %s not handled", self.service, request.cid, request.queue)
-            return None
+        return self._handled(slot, request.queue, request.body, request.cid, FIRST)
 
     # --- the bus thread ----------------------------------------------------
     def _run(self, slot: int | None = None) -> None:
@@ -371,13 +367,17 @@ class ServiceWorker:
             name, message, kind = item
             if message.channel is not self._channel:
                 continue  # its connection broke: the broker has returned it
-            try:
-                reply = self._handle(slot, name, message.body, _cid(message), kind)
-            except Exception:  # noqa: BLE001 - the replier answers every handler error; this is the journal's
-                log.exception("%s: request %s on %s not handled", self.service, _cid(message), name)
-                reply = None  # acked unanswered rather than held until the connection closes
-            self._done.put((message, reply))
+            reply = self._handled(slot, name, message.body, _cid(message), kind)
+            self._done.put((message, reply))  # None: acked unanswered rather than held until the connection closes
             self._poke()
+
+    def _handled(self, slot: int, name: str, body: bytes | str, cid: str | None, kind: bytes) -> bytes | None:
+        """:meth:`_handle` on a handler thread, which must survive anything: None if it failed (logged)."""
+        try:
+            return self._handle(slot, name, body, cid, kind)
+        except Exception:  # noqa: BLE001 - the replier answers every handler error; this is the journal's
+            log.exception("%s: request %s on %s not handled", self.service, cid, name)
+            return None
 
     def _handle(self, slot: int, name: str, body: bytes | str, cid: str | None, kind: bytes) -> bytes | None:
         journal = self.journal
