@@ -17,6 +17,7 @@ import cProfile
 import pstats
 import sys
 import time
+import zlib
 from pathlib import Path
 
 from vmsched.bus.client import AsyncBusClient
@@ -28,9 +29,17 @@ from vmsched.gateway.scheduler import Scheduler
 from vmsched.messages import FilterOutcome, FilterReply, ScoreOutcome, ScoreReply
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gateway import FILTER_BODY, HOSTS, SCORE_BODY  # noqa: E402
+from bench_gateway import FILTER_BODY, HOSTS, SCORE_BODY, VM  # noqa: E402
 
 SCORE_UNITS = [("BenchLoadScore", 1), ("BenchSpreadScore", 2), ("BenchPreferScore", 5)]
+
+
+def _bench_values() -> list[list[float]]:
+    """What bench_gateway.py's three score units give for SCORE_BODY's hosts (the spread unit's are tenths)."""
+    def h(s: str) -> int:
+        return zlib.crc32(s.encode())
+    return [[float(h(x) % 100) for x in HOSTS], [(h(x + VM) % 1000) / 10.0 for x in HOSTS],
+            [0.0 if x == HOSTS[7] else 10.0 for x in HOSTS]]
 
 
 def canned(op: str) -> tuple[bytes, bytes]:
@@ -41,8 +50,8 @@ def canned(op: str) -> tuple[bytes, bytes]:
     if getattr(SCORE, "accepts", ()):
         from vmsched.messages import ScoreOutcomeOnBus, ScoreReplyOnBus
         return SCORE_BODY, _ok(ScoreReplyOnBus(outcomes=[
-            ScoreOutcomeOnBus(unit=u, ok=True, duration=0.001, factor=f, values=[float(i % 7) for i in range(len(HOSTS))])
-            for u, f in SCORE_UNITS]))
+            ScoreOutcomeOnBus(unit=u, ok=True, duration=0.001, factor=f, values=values)
+            for (u, f), values in zip(SCORE_UNITS, _bench_values())]))
     return SCORE_BODY, _ok(ScoreReply(outcomes=[
         ScoreOutcome(unit=u, ok=True, duration=0.001, factor=f, scores=[(h, float(i % 7)) for i, h in enumerate(HOSTS)])
         for u, f in SCORE_UNITS]))

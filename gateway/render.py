@@ -133,6 +133,15 @@ def _requested_scores(hosts: dict[str, None], o: ScoreOutcome,
     return single, repeated
 
 
+def _exact_terms(values: list[float], factor: int, den: int) -> list[int]:
+    """Each value times ``factor`` and ``den``, exactly."""
+    if factor & (factor - 1) == 0 and factor > 0 and den < 2**1000:  # a power of two: folded into the float product
+        scale = float(den * factor) if den * factor < 2**1000 else 0.0
+        if scale and max(map(abs, values), default=0.0) * scale < 1e300:
+            return list(map(int, map(mul, values, repeat(scale))))  # exact: a power of two, no overflow
+    return list(map(mul, repeat(factor), _exact_values(values, den)))
+
+
 def _exact_values(values: list[float], den: int) -> list[int]:
     """Each value times ``den``, exactly."""
     # den is a power of two (floats are dyadic): v * den is exact in floating point unless it overflows
@@ -225,10 +234,12 @@ def _aligned_decision(hosts: list[str], outcomes: list[ScoreOutcome], aligned: l
         if not o.ok:
             decision.report(o.unit, o.error or "failed")
     den = common_denominator(chain.from_iterable(values for _, values in aligned))
-    totals = [0] * len(hosts)
+    totals: list[int] | None = None
     for o, values in aligned:
-        totals = list(map(add, totals, map(mul, repeat(o.factor), _exact_values(values, den))))
-    weights = encode(totals, den)
+        if o.factor:  # a factor of 0 adds nothing
+            terms = _exact_terms(values, o.factor, den)
+            totals = terms if totals is None else list(map(add, totals, terms))
+    weights = encode([0] * len(hosts) if totals is None else totals, den)
     decision.result = list(map(list, zip(hosts, weights)))
     decision.weights = weights
     return decision

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from itertools import filterfalse, repeat
-from operator import add, floordiv, mul, sub
+from itertools import compress, filterfalse, repeat
+from operator import add, floordiv, lt, mul, sub
 
 #: Largest weight sent to the engine; weights are in [0, SCORE_BOUND].
 SCORE_BOUND = 2**20
@@ -84,8 +84,7 @@ def encode(values: Sequence[int], den: int = 1, bound: int = SCORE_BOUND) -> lis
         raise ValueError(f"{len(distinct)} distinct totals cannot be distinct integers in [0, {bound}]")
     lo, hi = distinct[0], distinct[-1]
     gaps = list(map(sub, distinct[1:], distinct))  # between neighbours
-    nearest = min(range(len(gaps)), key=gaps.__getitem__, default=0)
-    closest: list[tuple[int, int]] | None = None
+    nearest = gaps.index(min(gaps)) if gaps else 0
     for p, q in _scales(hi - lo, den, bound):  # scale p/q on the real values (value / den)
         qden = q * den
         if (hi - lo) * p <= (len(distinct) - 2) * qden:
@@ -93,11 +92,9 @@ def encode(values: Sequence[int], den: int = 1, bound: int = SCORE_BOUND) -> lis
         offset = 0 if lo >= 0 and hi * p <= bound * qden else lo
         if _int(lo - offset, p, qden) < 0 or _int(hi - offset, p, qden) > bound:
             continue
-        if gaps and _tie(distinct, offset, [(gaps[nearest], nearest)], p, qden):
+        if gaps and _tie(distinct, offset, [nearest], p, qden):
             continue  # the nearest neighbours tie (totals a rounding error apart tie at every scale in reach)
-        if closest is None:  # neighbours by their gap, the closest first
-            closest = sorted(zip(gaps, range(len(gaps))))
-        if not _tie(distinct, offset, closest, p, qden):
+        if not _tie(distinct, offset, _close(gaps, p, qden), p, qden):
             return _mapped(values, distinct, _ints(distinct, offset, p, qden))
     return _mapped(values, distinct, range(len(distinct)))
 
@@ -112,17 +109,18 @@ def _ints(ascending: list[int], offset: int, p: int, qden: int) -> list[int]:
     return list(map(floordiv, map(add, map(mul, shifted, repeat(2 * p)), repeat(qden)), repeat(2 * qden)))
 
 
-def _tie(ascending: list[int], offset: int, closest: list[tuple[int, int]], p: int, qden: int) -> bool:
-    """Whether two of the values, less ``offset``, get the same int at scale ``p / qden``.
+def _close(gaps: list[int], p: int, qden: int) -> list[int]:
+    """The neighbours (by the index of the lower) less than one unit apart at scale ``p / qden``: the only ones that
+    can get the same int (the int of the larger is otherwise at least one more)."""
+    return list(compress(range(len(gaps)), map(lt, gaps, repeat(-(-qden // p)))))  # gap * p < qden
 
-    The ints never descend as the values ascend, so only neighbours can tie, and only those less than
-    ``qden / p`` apart (one unit after scaling: the int of the larger is then at least one more). Looked at
-    closest first, so values that no scale in reach separates (totals a rounding error apart) cost one look
-    per scale, not one int per value.
-    """
-    for gap, i in closest:
-        if gap * p >= qden:
-            return False
+
+def _tie(ascending: list[int], offset: int, neighbours: Iterable[int], p: int, qden: int) -> bool:
+    """Whether some of the ``neighbours`` (``i``: values ``i`` and ``i + 1``), less ``offset``, get the same int at
+    scale ``p / qden``. The ints never descend as the values ascend, so only neighbours can tie, and only those
+    :func:`_close`; the nearest is looked at first, so that values no scale in reach separates (totals a rounding
+    error apart) cost one look per scale, not one int per value."""
+    for i in neighbours:
         if _int(ascending[i] - offset, p, qden) == _int(ascending[i + 1] - offset, p, qden):
             return True
     return False
