@@ -1,4 +1,5 @@
-"""The score reply's pairs written at once (gateway.xmlrpc._score_pairs): the same bytes as item by item."""
+"""The score reply's pairs and the filter reply's host IDs written at once (gateway.xmlrpc._score_pairs,
+_strings): the same bytes as item by item."""
 
 from __future__ import annotations
 
@@ -21,11 +22,13 @@ _pairs = st.lists(st.tuples(_host, st.integers(-(2**31), 2**31 - 1)).map(list), 
 def _item_by_item(value: Any, monkeypatch: pytest.MonkeyPatch) -> bytes:
     with monkeypatch.context() as m:
         m.setattr(xmlrpc, "_score_pairs", lambda _: None)
+        m.setattr(xmlrpc, "_strings", lambda _: None)
         return xmlrpc.dump_response(value)
 
 
 @settings(max_examples=400, deadline=None, derandomize=True, database=None)
-@given(value=st.one_of(_pairs, st.lists(_item, max_size=8), st.builds(lambda p, i: p + [i], _pairs, _item)))
+@given(value=st.one_of(_pairs, st.lists(_item, max_size=8), st.builds(lambda p, i: p + [i], _pairs, _item),
+                       st.lists(_host, max_size=30), st.builds(lambda h, i: h + [i], st.lists(_host, max_size=8), _item)))
 def test_the_same_bytes_as_item_by_item(value: Any) -> None:
     with pytest.MonkeyPatch.context() as monkeypatch:
         assert xmlrpc.dump_response(value) == _item_by_item(value, monkeypatch)
@@ -52,3 +55,19 @@ def test_printable_host_ids_beyond_ascii_take_the_bulk_way_too() -> None:
     assert xmlrpc._score_pairs(value) is not None
     (parsed,), _ = stdlib_xmlrpc.loads(xmlrpc.dump_response(value))
     assert parsed == value
+
+
+def test_plain_host_ids_take_the_bulk_way_and_parse_back() -> None:
+    value = [f"8c4a5d3c-6f3e-4a6a-9a0e-{i:012d}" for i in range(100)] + ["hôte-é", "主机"]
+    assert xmlrpc._strings(value) is not None
+    (parsed,), _ = stdlib_xmlrpc.loads(xmlrpc.dump_response(value))
+    assert parsed == value
+
+
+@pytest.mark.parametrize("value", [
+    ["a", "b&c"], ["a", "<b"], ["a", "b>"], ["a", "\x01"], ["a", "b\x7f"], ["a", "x\r"], ["é", "\x85"], ["a", 1],
+    ["a", None], ["a", ["b"]], ["a", True]])
+def test_host_ids_that_need_escaping_or_are_not_strings_go_item_by_item(value: list[Any]) -> None:
+    assert xmlrpc._strings(value) is None
+    (parsed,), _ = stdlib_xmlrpc.loads(xmlrpc.dump_response(value))
+    assert len(parsed) == len(value)
