@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.conftest import TEST_TOKEN, Stack, start_all_in_one, wait_until
+from tests.conftest import TEST_TOKEN, Stack, plugin_copy, start_all_in_one, wait_until
 from tests.engine_wire import call
 
 H = [f"dddddddd-0000-0000-0000-00000000000{i}" for i in range(4)]
@@ -47,8 +47,10 @@ class BalancesWithReason:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = start_all_in_one(tmp_path_factory.mktemp("reasons"), "memory://")
-    (s.plugins / "with_reasons.py").write_text(PLUGIN)
+    tmp = tmp_path_factory.mktemp("reasons")
+    plugins = plugin_copy(tmp)
+    (plugins / "with_reasons.py").write_text(PLUGIN)  # before the start: every service loads it as it starts
+    s = start_all_in_one(tmp, "memory://", plugins=plugins)
     wait_until(lambda: "DropsWithReason" in {u["name"] for u in s.get("/v1/units").json()["units"]}, 30, 0.2,
                "the plugin with reasons loaded")
     yield s
@@ -66,7 +68,11 @@ def _decision(stack: Stack, vm: str, op: str) -> dict[str, Any]:
     def found() -> list[dict[str, Any]]:
         return stack.get("/v1/decisions", params={"vm": vm, "op": op}).json()["decisions"]
 
-    wait_until(lambda: len(found()) == 1, 10, 0.05, f"the {op} decision in the log")
+    try:
+        wait_until(lambda: len(found()) == 1, 10, 0.05, f"the {op} decision in the log")
+    except AssertionError as exc:  # say what the log holds for this operation instead
+        held = stack.get("/v1/decisions", params={"op": op}).json()["decisions"]
+        raise AssertionError(f"{exc}; the {op} decisions held: {held}") from None
     return stack.get(f"/v1/decisions/{found()[0]['id']}").json()
 
 
