@@ -135,10 +135,8 @@ def _requested_scores(hosts: dict[str, None], o: ScoreOutcome,
 
 def _exact_terms(values: list[float], factor: int, den: int) -> list[int]:
     """Each value times ``factor`` and ``den``, exactly."""
-    if factor & (factor - 1) == 0 and factor > 0 and den < 2**1000:  # a power of two: folded into the float product
-        scale = float(den * factor) if den * factor < 2**1000 else 0.0
-        if scale and max(map(abs, values), default=0.0) * scale < 1e300:
-            return list(map(int, map(mul, values, repeat(scale))))  # exact: a power of two, no overflow
+    if factor > 0 and factor & (factor - 1) == 0:  # a power of two, like den: one exact float product per value
+        return _exact_values(values, den * factor)
     return list(map(mul, repeat(factor), _exact_values(values, den)))
 
 
