@@ -17,8 +17,8 @@ import cProfile
 import pstats
 import sys
 import time
-import zlib
 from pathlib import Path
+from typing import Any
 
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
@@ -29,17 +29,16 @@ from vmsched.gateway.scheduler import Scheduler
 from vmsched.messages import FilterOutcome, FilterReply, ScoreOutcome, ScoreReply
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gateway import FILTER_BODY, HOSTS, SCORE_BODY, VM  # noqa: E402
+from bench_gateway import FILTER_BODY, HOSTS, PLUGINS, SCORE_BODY, VM  # noqa: E402
 
 SCORE_UNITS = [("BenchLoadScore", 1), ("BenchSpreadScore", 2), ("BenchPreferScore", 5)]
 
 
 def _bench_values() -> list[list[float]]:
-    """What bench_gateway.py's three score units give for SCORE_BODY's hosts (the spread unit's are tenths)."""
-    def h(s: str) -> int:
-        return zlib.crc32(s.encode())
-    return [[float(h(x) % 100) for x in HOSTS], [(h(x + VM) % 1000) / 10.0 for x in HOSTS],
-            [0.0 if x == HOSTS[7] else 10.0 for x in HOSTS]]
+    """What bench_gateway.py's three score units (its PLUGINS, run here) give for SCORE_BODY's hosts and VM."""
+    units: dict[str, Any] = {}
+    exec(PLUGINS, units)  # noqa: S102 - the bench's own plugin source
+    return [[score for _, score in units[name]().do_score(HOSTS, VM, {"prefer": HOSTS[7]})] for name, _ in SCORE_UNITS]
 
 
 def canned(op: str) -> tuple[bytes, bytes]:
