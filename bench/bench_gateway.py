@@ -3,16 +3,32 @@
 Each call opens a new HTTP connection (the engine does not keep connections
 alive), sends an Apache-style body, reads the reply to EOF and checks it.
 Workload: runFilters with 3 filters and runCostFunctions with 3 scores on 100
-hosts. Reported: sequential p50/p99 latency and throughput with N concurrent
-clients, in embedded mode (memory://) and over RabbitMQ.
+hosts. Without ``--floor``: sequential p50/p99 latency and throughput with N
+concurrent clients, one deployment after the other:
 
     .venv/bin/python bench/bench_gateway.py [--modes embedded,rabbitmq,rabbitmq-classic] [--calls 2000]
 
 ``rabbitmq`` uses the request queues of this release (quorum queues with a delivery limit);
 ``rabbitmq-classic`` makes the gateway publish to the unversioned classic queues of older
 releases, which the services still consume (docs/upgrading.md): the cost of the delivery limit.
-"""
 
+``--floor`` measures, in one run and interleaved rounds, the two floors of ``../shared/perf-floor``
+(``floor``: a classic request queue; ``floor-quorum``: ``PROTO_QUEUE_TYPE=quorum``, a broker doing
+the same work per request as vmsched's quorum queues) beside vmsched's deployments (``--deployments``),
+and prints the speed to hold (:data:`TARGETS`): the embedded all-in-one against the classic floor,
+vmsched on RabbitMQ against the quorum floor, runCostFunctions / runFilters on both.
+
+``--before DIR/src`` (a ``bench/snapshot.sh`` tree) adds, per deployment, a side running that tree's
+code (``embedded-before``) and a second side running this tree (``embedded-again``: the control, whose
+difference from ``embedded`` is the noise alone), and prints this tree's change against the before
+tree. Use it with ``--mixed``: every side is then served call by call in turn (sequential calls, and
+under load each client calls every side in turn; the rate is read as 1 / a client's p50 under that
+shared load), so that the machine's moods fall on all sides alike. Blocks of one side after the other
+spread by 20-40 % on a shared 2-core machine and cannot resolve 5 %.
+
+    .venv/bin/python bench/bench_gateway.py --floor [--mixed] [--rounds 5] [--calls 500] [--seconds 4]
+        [--deployments embedded,rabbitmq] [--before DIR/src] [--keep]
+"""
 from __future__ import annotations
 
 import argparse
@@ -28,6 +44,8 @@ import time
 import uuid
 import xmlrpc.client
 from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +105,8 @@ class BenchPreferScore:
 
 FILTER_BODY = call("runFilters", ["BenchCpuFilter", "BenchMemFilter", "BenchLabelFilter"], HOSTS, VM,
                    {"deny": HOSTS[3]})
+#: the floor's runFilters: its three plugin processes (which return their input)
+FLOOR_BODY = call("runFilters", floor.FLOOR_UNITS, HOSTS, VM, {})
 SCORE_BODY = call("runCostFunctions", [["BenchLoadScore", 1], ["BenchSpreadScore", 2], ["BenchPreferScore", 5]],
                   HOSTS, VM, {"prefer": HOSTS[7]})
 
@@ -177,24 +197,42 @@ CLASSIC_GATEWAY = ("import sys; from vmsched.bus import topology as t; "
                    "from vmsched.cli import main; sys.argv[0] = 'vmsched'; sys.exit(main())")
 
 
-def start(args: list[str], log: Path, amqp: str | None = None, classic: bool = False) -> subprocess.Popen[bytes]:
-    env = {**os.environ, **({"VMSCHED_AMQP_URL": amqp} if amqp else {})}  # the broker password never in argv
+def start(args: list[str], log: Path, amqp: str | None = None, classic: bool = False,
+          tree: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """One vmsched process; ``tree``: a ``bench/snapshot.sh`` copy (DIR/src) whose code it runs."""
+    env = {**os.environ, **(env or {}), **({"VMSCHED_AMQP_URL": amqp} if amqp else {}),  # the password never in argv
+           **({"PYTHONPATH": str(tree)} if tree is not None else {})}
     entry = ["-c", CLASSIC_GATEWAY] if classic else ["-m", "vmsched.cli"]
-    return subprocess.Popen([sys.executable, *entry, *args], cwd=ROOT, stdout=log.open("ab"),
+    return subprocess.Popen([sys.executable, *entry, *args], cwd=tree or ROOT, stdout=log.open("ab"),
                             stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
-def launch(mode: str, plugins: Path, tmp: Path, port: int, amqp: str) -> list[subprocess.Popen[bytes]]:
+def launch(mode: str, plugins: Path, tmp: Path, port: int, amqp: str, tree: Path | None = None,
+           env: dict[str, str] | None = None, tag: str = "") -> list[subprocess.Popen[bytes]]:
     common = ["--plugins", str(plugins), "--log-level", "WARNING"]
     if mode == "embedded":
-        return [start(["run", "--amqp", "memory://", "--port", str(port), "--metrics-port", "0", *common], tmp / "run.log")]
+        return [start(["run", "--amqp", "memory://", "--port", str(port), "--metrics-port", "0", *common],
+                      tmp / f"run{tag}.log", tree=tree, env=env)]
     return [
-        start(["gateway", "--port", str(port), "--metrics-port", "0", "--log-level", "WARNING"], tmp / "gateway.log", amqp,
-              classic=mode == "rabbitmq-classic"),
-        start(["scoring", *common], tmp / "scoring.log", amqp),
-        start(["discovery", *common], tmp / "discovery.log", amqp),
-        start(["balancer", *common], tmp / "balancer.log", amqp),
+        start(["gateway", "--port", str(port), "--metrics-port", "0", "--log-level", "WARNING"],
+              tmp / f"gateway{tag}.log", amqp, classic=mode == "rabbitmq-classic", tree=tree, env=env),
+        *(start([service, *common], tmp / f"{service}{tag}.log", amqp, tree=tree, env=env)
+          for service in ("scoring", "discovery", "balancer")),
     ]
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
 
 
 def pct(lat: list[float], q: float) -> float:
@@ -225,10 +263,7 @@ def run_mode(mode: str, opts: argparse.Namespace) -> dict[str, float]:
         rate_m = [_rate(arun(concurrent(port, [FILTER_BODY, SCORE_BODY], opts.clients, opts.seconds)))
                   for _ in range(opts.repeat)]
     finally:
-        for p in procs:
-            os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            p.wait(15)
+        stop(procs)
     return {
         "filter_p50": pct(f, 0.50), "filter_p99": pct(f, 0.99), "filter_mean": statistics.mean(f) * 1000,
         "score_p50": pct(s, 0.50), "score_p99": pct(s, 0.99),
@@ -238,95 +273,258 @@ def run_mode(mode: str, opts: argparse.Namespace) -> dict[str, float]:
     }
 
 
-SYSTEMS = ("floor", "embedded", "rabbitmq")
+# --- --floor: the floors, vmsched and optionally a before tree, in one run -------------------------------------
+
+#: The speed to hold (the lowest throughput ratio, the highest p50 ratio), each deployment against the floor whose
+#: broker does the same work per request: the embedded all-in-one against the classic floor, vmsched on RabbitMQ
+#: (quorum request queues) against the quorum floor; and runCostFunctions / runFilters throughput on both.
+TARGETS = {"embedded": ("floor", 0.85, 1.10), "rabbitmq": ("floor-quorum", 0.75, 1.40)}
+SCORE_MIX_TARGET = 0.70
+FLOORS = ("floor", "floor-quorum")
+
+
+@dataclass
+class Side:
+    """One install measured by ``--floor``: a floor (its queue type), or a vmsched deployment running this tree,
+    a before tree (``-before``) or this tree again (``-again``: the control, whose difference from this tree is
+    what the machine's noise alone produces)."""
+
+    name: str
+    deployment: str  # floor, embedded, rabbitmq
+    tree: Path | None = None
+    port: int = 0
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        return ("filter",) if self.deployment == "floor" else ("filter", "score")
+
+    def body(self, op: str) -> bytes:
+        if self.deployment == "floor":
+            return FLOOR_BODY
+        return FILTER_BODY if op == "filter" else SCORE_BODY
+
+    def payload(self, op: str) -> bytes:
+        return http_request(self.body(op), self.port)
+
+    def check(self, reply: bytes) -> None:
+        (floor.check_floor if self.deployment == "floor" else check)(reply)
+
+
+def floor_sides(opts: argparse.Namespace) -> list[Side]:
+    sides = [Side(name, "floor") for name in FLOORS]
+    for deployment in opts.deployments.split(","):
+        sides.append(Side(deployment, deployment))
+        if opts.before is not None:
+            sides += [Side(f"{deployment}-before", deployment, opts.before), Side(f"{deployment}-again", deployment)]
+    return sides
+
+
+def _start_sides(sides: list[Side], urls: dict[str, str], plugins: Path, tmp: Path, env: dict[str, str]) -> None:
+    for side in sides:
+        side.port = free_port()
+        if side.deployment == "floor":
+            side.procs = floor.start_floor(side.port, urls[side.name], tmp,
+                                           "quorum" if side.name == "floor-quorum" else "classic")
+        else:
+            side.procs = launch(side.deployment, plugins, tmp, side.port, urls.get(side.name, ""), side.tree, env,
+                                tag=f"-{side.name}")
+    for side in sides:
+        if side.deployment == "floor":
+            payload = side.payload("filter")
+            floor.wait_answering(lambda: arun(one_call(side.port, payload)), side.check)
+        else:
+            wait_ready(side.port)
+
+
+Target = tuple[Side, str]  # a side and one of its operations
+
+
+async def _mixed_sequential(targets: list[Target], n: int) -> list[list[float]]:
+    """``n`` sequential calls to each target, one target after the other in turn (the order rotating): each
+    target's latencies, taken in the same seconds as the others'."""
+    payloads = [side.payload(op) for side, op in targets]
+    for _ in range(50):  # warm-up
+        for (side, _op), payload in zip(targets, payloads):
+            side.check(await one_call(side.port, payload))
+    lat: list[list[float]] = [[] for _ in targets]
+    for i in range(n):
+        for k in range(len(targets)):
+            j = (i + k) % len(targets)
+            side = targets[j][0]
+            t = time.perf_counter()
+            reply = await one_call(side.port, payloads[j])
+            lat[j].append(time.perf_counter() - t)
+            side.check(reply)
+    return lat
+
+
+async def _mixed_concurrent(targets: list[Target], clients: int, seconds: float) -> list[list[float]]:
+    """``clients`` clients, each calling every target in turn: each target's latencies under the same load."""
+    payloads = [side.payload(op) for side, op in targets]
+    lat: list[list[float]] = [[] for _ in targets]
+    stop_at = time.perf_counter() + seconds
+
+    async def client(i: int) -> None:
+        k = i
+        while time.perf_counter() < stop_at:
+            j = k % len(targets)
+            side = targets[j][0]
+            t = time.perf_counter()
+            reply = await one_call(side.port, payloads[j])
+            lat[j].append(time.perf_counter() - t)
+            side.check(reply)
+            k += 1
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return lat
+
+
+def _measure_mixed(targets: list[Target], opts: argparse.Namespace) -> dict[str, float]:
+    """Every target served in the same seconds, call by call, so that the machine's moods fall on all alike. The
+    rate under load is read as 1 / a client's p50 (clients that wait longer make fewer calls)."""
+    fig: dict[str, float] = {}
+    for (side, op), lat in zip(targets, arun(_mixed_sequential(targets, opts.calls))):
+        fig[f"{side.name} {op} p50"] = pct(lat, .5)
+        fig[f"{side.name} {op} p99"] = pct(lat, .99)
+    for (side, op), lat in zip(targets, arun(_mixed_concurrent(targets, opts.clients, opts.seconds * len(targets)))):
+        fig[f"{side.name} {op} rate"] = 1000 / pct(lat, .5)
+    return fig
+
+
+def _measure_blocks(targets: list[Target], opts: argparse.Namespace) -> dict[str, float]:
+    """Each target in turn: its sequential calls, then its clients' req/s."""
+    fig: dict[str, float] = {}
+    for side, op in targets:
+        lat = arun(sequential(side.port, side.body(op), opts.calls, side.check))
+        fig[f"{side.name} {op} p50"] = pct(lat, .5)
+        fig[f"{side.name} {op} p99"] = pct(lat, .99)
+    for side, op in targets:
+        done = arun(concurrent(side.port, [side.body(op)], opts.clients, opts.seconds, side.check))
+        fig[f"{side.name} {op} rate"] = _rate(done)
+    return fig
 
 
 def run_floor(opts: argparse.Namespace) -> None:
-    """The floor prototype, embedded vmsched and vmsched on RabbitMQ, started once and measured in interleaved
-    rounds (the order rotates each round); ratios are taken within a round, then their median and spread."""
+    """The floors (classic and quorum request queue), vmsched's deployments and, with ``--before``, each deployment
+    running a before tree and this tree a second time (the control), measured in interleaved rounds (the order
+    rotates each round; ``--mixed``: call by call); ratios are taken within a round, then their median and
+    spread."""
     tmp = Path(tempfile.mkdtemp(prefix="vmsched-bench-floor-"))
     plugins = tmp / "plugins"
     plugins.mkdir()
     (plugins / "bench.py").write_text(PLUGINS)
-    ports = {name: free_port() for name in SYSTEMS}
-    body = {"floor": call("runFilters", floor.FLOOR_UNITS, HOSTS, VM, {}), "embedded": FILTER_BODY,
-            "rabbitmq": FILTER_BODY}
-    checks = {"floor": floor.check_floor, "embedded": check, "rabbitmq": check}
-    procs: dict[str, list[subprocess.Popen[bytes]]] = {}
-    with floor.vhost(opts.amqp, "vmsched-bench-floor") as floor_url, floor.vhost(opts.amqp, "vmsched-bench") as url:
+    env = {"PYTHONHASHSEED": "0"}
+    if os.geteuid() == 0:  # as root, plugin workers cannot drop to 'nobody' when Python lives under /root
+        env["VMSCHED_ALLOW_ROOT_PLUGINS"] = os.environ.get("VMSCHED_ALLOW_ROOT_PLUGINS", "true")
+    sides = floor_sides(opts)
+    rounds: list[dict[str, float]] = []
+    with ExitStack() as stack:
+        urls = {side.name: stack.enter_context(floor.vhost(opts.amqp, f"vmsched-bench-{side.name}"))
+                for side in sides if side.deployment in ("floor", "rabbitmq")}
         try:
-            procs["floor"] = floor.start_floor(ports["floor"], floor_url, tmp)
-            procs["embedded"] = launch("embedded", plugins, tmp, ports["embedded"], url)
-            procs["rabbitmq"] = launch("rabbitmq", plugins, tmp, ports["rabbitmq"], url)
-            wait_ready(ports["embedded"])
-            wait_ready(ports["rabbitmq"])
-            fp = http_request(body["floor"], ports["floor"])
-            floor.wait_answering(lambda: arun(one_call(ports["floor"], fp)), floor.check_floor)
-            time.sleep(3)
-            _print_rss("idle, after start", procs)
-            print(f"\ncold burst: {opts.clients} clients start at once against the idle install; calls started "
-                  "in the first second")
-            for name in SYSTEMS:
-                payload = http_request(body[name], ports[name])
-                lat = arun(floor.cold_burst(lambda: one_call(ports[name], payload), checks[name], opts.clients))
-                print(f"  {name:9} {len(lat):4} calls  p50 {pct(lat, .5):7.2f} ms  p90 {pct(lat, .9):7.2f} ms  "
-                      f"max {max(lat) * 1000:7.2f} ms  first to finish {lat[0] * 1000:.2f} ms")
-            rounds = [_floor_round(r, opts, ports, body, checks) for r in range(opts.rounds)]
-            _print_rss("after the rounds", procs)
-            if opts.idle_wait > 0:
-                time.sleep(opts.idle_wait)
-                _print_rss(f"idle again, {opts.idle_wait:.0f} s after the rounds", procs)
+            for r in range(opts.rounds):
+                if r == 0 or not opts.keep:
+                    _start_sides(sides, urls, plugins, tmp, env)
+                if r == 0:
+                    _first_look(sides, opts)
+                targets = [(side, op) for side in sides for op in side.ops]
+                turn = r % len(targets)
+                targets = targets[turn:] + targets[:turn]
+                fig = (_measure_mixed if opts.mixed else _measure_blocks)(targets, opts)
+                rounds.append(fig)
+                _print_round(r, sides, fig, opts)
+                if r == opts.rounds - 1 and opts.idle_wait > 0:
+                    time.sleep(opts.idle_wait)
+                    _print_rss(f"idle again, {opts.idle_wait:.0f} s after the rounds", sides)
+                if not opts.keep or r == opts.rounds - 1:
+                    if r == opts.rounds - 1:
+                        _print_rss("after the rounds", sides)
+                    stop([p for side in sides for p in side.procs])
         finally:
-            for group in procs.values():
-                for p in group:
-                    os.killpg(p.pid, signal.SIGTERM)
-            for group in procs.values():
-                for p in group:
-                    p.wait(15)
-    _print_ratios(rounds)
+            stop([p for side in sides for p in side.procs])
+    _report(sides, rounds, opts)
 
 
-def _floor_round(r: int, opts: argparse.Namespace, ports: dict[str, int], body: dict[str, bytes],
-                 checks: dict[str, Callable[[bytes], None]]) -> dict[str, float]:
-    order = SYSTEMS[r % 3:] + SYSTEMS[:r % 3]
-    fig: dict[str, float] = {}
-    for name in order:
-        lat = arun(sequential(ports[name], body[name], opts.calls, checks[name]))
-        fig[f"{name}_p50"] = pct(lat, .5)
-        fig[f"{name}_p99"] = pct(lat, .99)
-        fig[f"{name}_rps"] = _rate(arun(concurrent(ports[name], [body[name]], opts.clients, opts.seconds, checks[name])))
-        if name != "floor":
-            fig[f"{name}_score_rps"] = _rate(arun(concurrent(ports[name], [SCORE_BODY], opts.clients, opts.seconds)))
-    print(f"\nround {r + 1} (order {', '.join(order)})")
-    for name in SYSTEMS:
-        extra = f"  runCostFunctions {fig[f'{name}_score_rps']:5.0f} req/s" if name != "floor" else ""
-        print(f"  {name:9} seq p50 {fig[f'{name}_p50']:6.2f} ms  p99 {fig[f'{name}_p99']:6.2f} ms  "
-              f"{opts.clients} clients runFilters {fig[f'{name}_rps']:5.0f} req/s{extra}")
-    return fig
+def _first_look(sides: list[Side], opts: argparse.Namespace) -> None:
+    time.sleep(3)
+    _print_rss("idle, after start", sides)
+    print(f"\ncold burst: {opts.clients} clients start at once against the idle install; calls started "
+          "in the first second")
+    for side in sides:
+        payload = side.payload("filter")
+        lat = arun(floor.cold_burst(lambda: one_call(side.port, payload), side.check, opts.clients))
+        print(f"  {side.name:16} {len(lat):4} calls  p50 {pct(lat, .5):7.2f} ms  p90 {pct(lat, .9):7.2f} ms  "
+              f"max {max(lat) * 1000:7.2f} ms  first to finish {lat[0] * 1000:.2f} ms")
 
 
-def _print_ratios(rounds: list[dict[str, float]]) -> None:
-    def show(label: str, values: list[float], target: str) -> None:
-        print(f"  {label:44} {statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})  target {target}")
-
-    print(f"\nratios, median of {len(rounds)} interleaved rounds (min-max):")
-    for name in ("embedded", "rabbitmq"):
-        show(f"{name}: seq p50 / floor's", [f[f"{name}_p50"] / f["floor_p50"] for f in rounds], "<= 1.15x")
-        show(f"{name}: 8-client runFilters req/s / floor's", [f[f"{name}_rps"] / f["floor_rps"] for f in rounds],
-             ">= 0.85x")
-        show(f"{name}: runCostFunctions / runFilters req/s",
-             [f[f"{name}_score_rps"] / f[f"{name}_rps"] for f in rounds], ">= 0.80x")
-    for key in ("p50", "rps", "score_rps"):
-        cols = [f"{name} {statistics.median([f[f'{name}_{key}'] for f in rounds if f'{name}_{key}' in f]):.2f}"
-                for name in SYSTEMS if f"{name}_{key}" in rounds[0]]
-        print(f"  median {key:9}: " + ", ".join(cols))
+def _print_round(r: int, sides: list[Side], fig: dict[str, float], opts: argparse.Namespace) -> None:
+    rate = "rate (1/p50 under load)" if opts.mixed else "req/s"
+    print(f"\nround {r + 1}" + (" (call by call)" if opts.mixed else ""), flush=True)
+    for side in sides:
+        cols = [f"{op} seq p50 {fig[f'{side.name} {op} p50']:6.2f} ms p99 {fig[f'{side.name} {op} p99']:6.2f}, "
+                f"{opts.clients} clients {fig[f'{side.name} {op} rate']:5.0f}" for op in side.ops]
+        print(f"  {side.name:16} " + "; ".join(cols) + f"  ({rate})", flush=True)
 
 
-def _print_rss(when: str, procs: dict[str, list[subprocess.Popen[bytes]]]) -> None:
+def _ratio_line(label: str, values: list[float], target: str = "") -> str:
+    med = statistics.median(values)
+    return f"  {label:58} {med:.2f}x ({min(values):.2f}-{max(values):.2f}){target}"
+
+
+def _report(sides: list[Side], rounds: list[dict[str, float]], opts: argparse.Namespace) -> None:
+    try:
+        load = " (load average %.1f %.1f %.1f at the end)" % os.getloadavg()
+    except OSError:
+        load = ""
+    how = ("served call by call; rate = 1 / a client's p50 under the shared load" if opts.mixed
+           else "each install in turn; rate = req/s")
+    print(f"\n{len(rounds)} interleaved rounds ({how}); {os.cpu_count()} CPUs, load generator included{load}")
+    print("median (min-max) over the rounds:")
+    for side in sides:
+        for op in side.ops:
+            for key, unit in (("p50", "ms"), ("rate", "/s")):
+                values = [f[f"{side.name} {op} {key}"] for f in rounds]
+                print(f"  {side.name:16} {op:6} {key:4} {statistics.median(values):8.2f} {unit} "
+                      f"({min(values):.2f}-{max(values):.2f})")
+    print("\nspeed to hold: per-round ratios, median (min-max):")
+    names = {side.name for side in sides}
+    for deployment, (against, low, high) in TARGETS.items():
+        if deployment not in names:
+            continue
+        for base in FLOORS:
+            aim = base == against
+            rate = [f[f"{deployment} filter rate"] / f[f"{base} filter rate"] for f in rounds]
+            p50 = [f[f"{deployment} filter p50"] / f[f"{base} filter p50"] for f in rounds]
+            print(_ratio_line(f"{deployment}: runFilters rate under load / {base}'s", rate,
+                              f"  target >= {low:.2f}x: {_met(statistics.median(rate) >= low)}" if aim else ""))
+            print(_ratio_line(f"{deployment}: seq p50 / {base}'s", p50,
+                              f"  target <= {high:.2f}x: {_met(statistics.median(p50) <= high)}" if aim else ""))
+        mix = [f[f"{deployment} score rate"] / f[f"{deployment} filter rate"] for f in rounds]
+        print(_ratio_line(f"{deployment}: runCostFunctions / runFilters rate", mix,
+                          f"  target >= {SCORE_MIX_TARGET:.2f}x: {_met(statistics.median(mix) >= SCORE_MIX_TARGET)}"))
+    if opts.before is not None:
+        print(f"\nthis tree against the before tree ({opts.before}), and again against this tree (the control: "
+              "the noise), per-round changes, median (spread):")
+        for deployment in opts.deployments.split(","):
+            for other, base in ((deployment, f"{deployment}-before"), (f"{deployment}-again", deployment)):
+                for op in ("filter", "score"):
+                    p50 = [100 * (f[f"{other} {op} p50"] / f[f"{base} {op} p50"] - 1) for f in rounds]
+                    rate = [100 * (f[f"{other} {op} rate"] / f[f"{base} {op} rate"] - 1) for f in rounds]
+                    print(f"  {other:16} vs {base:16} {op:6} seq p50 {statistics.median(p50):+6.1f} % "
+                          f"({min(p50):+.1f} .. {max(p50):+.1f}); rate {statistics.median(rate):+6.1f} % "
+                          f"({min(rate):+.1f} .. {max(rate):+.1f})")
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def _print_rss(when: str, sides: list[Side]) -> None:
     print(f"\nRSS ({when}), MiB:")
-    for name, group in procs.items():
-        rows = floor.rss_tree([p.pid for p in group])
-        print(f"  {name}: {sum(rss for _, _, rss in rows):.0f} MiB in {len(rows)} processes")
+    for side in sides:
+        rows = floor.rss_tree([p.pid for p in side.procs])
+        print(f"  {side.name}: {sum(rss for _, _, rss in rows):.0f} MiB in {len(rows)} processes")
         for depth, what, rss in rows:
             print(f"    {'  ' * depth}{what[:70]:72} {rss:6.1f}")
 
@@ -339,37 +537,43 @@ def _rate(result: tuple[int, float]) -> float:
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the stacks on SIGTERM too (the finally blocks)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="embedded,rabbitmq")
-    ap.add_argument("--calls", type=int, default=2000, help="sequential calls per operation")
+    ap.add_argument("--modes", default="embedded,rabbitmq", help="without --floor: the deployments, one at a time")
+    ap.add_argument("--calls", type=int, default=2000, help="sequential calls per operation (and side, and round)")
     ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--seconds", type=float, default=10.0, help="duration of one concurrent run")
-    ap.add_argument("--repeat", type=int, default=3, help="concurrent runs per mix (the median is reported)")
+    ap.add_argument("--seconds", type=float, default=10.0,
+                    help="duration of one concurrent run (--mixed: per side and operation, all served together)")
+    ap.add_argument("--repeat", type=int, default=3, help="without --floor: concurrent runs per mix (the median)")
     ap.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672//")
     ap.add_argument("--floor", action="store_true",
-                    help="interleave the floor prototype (../shared/perf-floor), embedded and RabbitMQ (own vhosts)")
+                    help="interleave both floor prototypes (../shared/perf-floor, classic and quorum request queue) "
+                         "and vmsched's deployments, each on its own vhost")
+    ap.add_argument("--deployments", default="embedded,rabbitmq", help="--floor: vmsched's deployments measured")
+    ap.add_argument("--before", type=Path,
+                    help="--floor: a bench/snapshot.sh tree (DIR/src); each deployment also runs its code, and this "
+                         "tree a second time (the control)")
+    ap.add_argument("--mixed", action="store_true",
+                    help="--floor: serve every side call by call in turn instead of one after the other")
+    ap.add_argument("--keep", action="store_true", help="--floor: start the sides once, not afresh every round")
     ap.add_argument("--rounds", type=int, default=5, help="--floor: interleaved rounds")
     ap.add_argument("--idle-wait", type=float, default=0.0,
                     help="--floor: after the rounds, wait this long (past --pool-idle, default 60 s) and report RSS "
                          "again: the adaptive plugin pools back at their minimum")
     opts = ap.parse_args()
+    if opts.before is not None and not (opts.before / "vmsched").is_dir():
+        ap.error(f"--before {opts.before}: not a bench/snapshot.sh tree (no vmsched/ in it): give DIR/src")
     if opts.floor:
         run_floor(opts)
         return
     print(f"vmsched gateway benchmark: 3 filters / 3 scores on {len(HOSTS)} hosts, new connection per call, "
-          f"{os.cpu_count()} CPUs (load generator included)")
+          f"{os.cpu_count()} CPUs (load generator included); targets are ratios to the floor: use --floor")
     for mode in opts.modes.split(","):
         r = run_mode(mode, opts)
         print(f"\n[{mode}]")
-        print(f"  runFilters       sequential p50 {r['filter_p50']:.2f} ms  p99 {r['filter_p99']:.2f} ms  "
-              f"(targets 2.5 / 6 ms: p50 {r['filter_p50'] / 2.5:.2f}x, p99 {r['filter_p99'] / 6:.2f}x of target)")
+        print(f"  runFilters       sequential p50 {r['filter_p50']:.2f} ms  p99 {r['filter_p99']:.2f} ms")
         print(f"  runCostFunctions sequential p50 {r['score_p50']:.2f} ms  p99 {r['score_p99']:.2f} ms")
-        print(f"  {opts.clients} clients, runFilters only:    {r['throughput_filter']:.0f} req/s "
-              f"({r['throughput_filter'] / 800:.2f}x the 800 req/s target)")
-        print(f"  {opts.clients} clients, filter+score mix: {r['throughput']:.0f} req/s "
-              f"({r['throughput'] / 800:.2f}x the 800 req/s target)")
+        print(f"  {opts.clients} clients, runFilters only:    {r['throughput_filter']:.0f} req/s")
+        print(f"  {opts.clients} clients, filter+score mix: {r['throughput']:.0f} req/s")
         print(f"  (median of {opts.repeat} runs; {r['spread']})")
-        print(f"  vs the old daemon (~32 ms per runFilters, ~124 calls/s): "
-              f"{32 / r['filter_p50']:.1f}x faster p50, {r['throughput'] / 124:.1f}x throughput")
 
 
 if __name__ == "__main__":

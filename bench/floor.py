@@ -19,7 +19,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-FLOOR_DIR = Path(os.environ.get("VMSCHED_FLOOR_DIR", Path(__file__).resolve().parents[2] / "shared" / "perf-floor"))
+#: ``../shared/perf-floor`` beside the checkout (or beside the folder of worktrees it is in), or $VMSCHED_FLOOR_DIR
+FLOOR_DIR = Path(os.environ.get("VMSCHED_FLOOR_DIR") or next(
+    (p for p in (Path(__file__).resolve().parents[n] / "shared" / "perf-floor" for n in (2, 3)) if p.is_dir()),
+    Path(__file__).resolve().parents[2] / "shared" / "perf-floor"))
 FLOOR_UNITS = ["a", "b", "c"]  # the prototype's three plugin processes
 
 
@@ -68,12 +71,13 @@ def vhost(base_url: str, prefix: str) -> Iterator[str]:
         subprocess.run(["rabbitmqctl", "-q", "delete_vhost", name], capture_output=True, timeout=60)
 
 
-def start_floor(port: int, amqp: str, logdir: Path) -> list[subprocess.Popen[bytes]]:
-    """The prototype's worker (3 plugin processes) and its design-L gateway."""
+def start_floor(port: int, amqp: str, logdir: Path, queue_type: str = "classic") -> list[subprocess.Popen[bytes]]:
+    """The prototype's worker (3 plugin processes) and its design-L gateway; ``queue_type`` "quorum": its request
+    queue is a durable quorum queue, as vmsched's (``PROTO_QUEUE_TYPE``, see its README)."""
     if not (FLOOR_DIR / "gateway.py").is_file():
         raise SystemExit(f"the floor prototype is not at {FLOOR_DIR}: set VMSCHED_FLOOR_DIR to its folder")
-    env = {**os.environ, "PROTO_AMQP_URL": amqp}
-    out = (logdir / "floor.log").open("ab")
+    env = {**os.environ, "PROTO_AMQP_URL": amqp, "PROTO_QUEUE_TYPE": queue_type}
+    out = (logdir / f"floor-{queue_type}.log").open("ab")
 
     def run(*args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, *args], cwd=FLOOR_DIR, stdout=out, stderr=subprocess.STDOUT,
