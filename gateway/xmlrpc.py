@@ -1,8 +1,9 @@
 """XML-RPC as the oVirt engine speaks it (Apache XML-RPC 3.1, extensions on).
 
-Requests may carry bare ``<value>`` strings, ``<i4>`` and ``<ex:nil/>``; the
-stdlib parser (hardened by defusedxml against entity expansion) reads all of
-them, arrays and structs nested at most :data:`MAX_DEPTH` deep. Replies never
+Requests may carry bare ``<value>`` strings, ``<i4>`` and ``<ex:nil/>``; every
+body is read by one parser, defusedxml's expat parser (no entity expansion, no
+external references) feeding the stdlib's unmarshaller, with arrays and
+structs nested at most :data:`MAX_DEPTH` deep. Nothing is patched process-wide. Replies never
 contain nil, doubles or integers outside int32: :func:`dump_response` enforces
 that on every reply, whatever a bug upstream did. Every check of a request
 raises :class:`Fault` with a precise reason; values are shown in it shortened.
@@ -19,12 +20,9 @@ from typing import Any
 from xml.parsers.expat import ExpatError
 from xml.sax.saxutils import escape
 
-from defusedxml.xmlrpc import DefusedExpatParser, monkey_patch
+from defusedxml.xmlrpc import DefusedExpatParser
 
 from vmsched.gateway.render import INT32_MAX, INT32_MIN, clamp_int32
-from vmsched.gateway.xmlrpc_fast import read_call
-
-monkey_patch()  # refuse DTDs and entity expansion in request bodies (also for other users of xmlrpc.client)
 
 PARSE_ERROR = -32700
 METHOD_NOT_FOUND = -32601
@@ -54,29 +52,30 @@ def shown(value: Any) -> str:
 
 
 class _Reader(xmlrpc.client.Unmarshaller):
-    """The stdlib unmarshaller, refusing nesting deeper than :data:`MAX_DEPTH`."""
+    """The stdlib unmarshaller, refusing nesting deeper than :data:`MAX_DEPTH` (its own count of the arrays and
+    structs open: expat sees to it that every end tag closes the last start tag)."""
 
     def __init__(self) -> None:
         super().__init__(use_builtin_types=True)
+        self.depth = 0
 
     def start(self, tag: str, attrs: Any) -> None:
-        if len(self._marks) >= MAX_DEPTH and tag.rpartition(":")[2] in _NESTING:  # type: ignore[attr-defined]
-            raise Fault(INVALID_PARAMS, f"a parameter nests arrays or structs deeper than {MAX_DEPTH} levels")
+        if tag.rpartition(":")[2] in _NESTING:
+            if self.depth >= MAX_DEPTH:
+                raise Fault(INVALID_PARAMS, f"a parameter nests arrays or structs deeper than {MAX_DEPTH} levels")
+            self.depth += 1
         super().start(tag, attrs)
+
+    def end(self, tag: str) -> None:
+        if tag.rpartition(":")[2] in _NESTING:
+            self.depth -= 1
+        super().end(tag)
 
 
 def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
     """Return ``(method, params)`` or raise :class:`Fault` with a precise reason."""
     if not body.strip():
         raise Fault(PARSE_ERROR, "empty request body: expected an XML-RPC methodCall")
-    method, params = read_call(body) or _parse_full(body)
-    if not method:
-        raise Fault(PARSE_ERROR, "request has no methodName")
-    return method, tuple(params)
-
-
-def _parse_full(body: bytes) -> tuple[str, tuple[Any, ...]]:
-    """Any XML-RPC body, by the hardened stdlib parser (what :func:`read_call` does not read)."""
     reader = _Reader()
     try:
         parser = DefusedExpatParser(reader)
@@ -93,7 +92,9 @@ def _parse_full(body: bytes) -> tuple[str, tuple[Any, ...]]:
                                  "dateTime.iso8601, base64, array, struct)") from None
     except Exception as exc:  # noqa: BLE001 - any parser complaint (a bad number, date, base64) is the client's
         raise Fault(PARSE_ERROR, f"malformed XML-RPC request: {type(exc).__name__}: {shown(str(exc))}") from None
-    return method, params
+    if not method:
+        raise Fault(PARSE_ERROR, "request has no methodName")
+    return method, tuple(params)
 
 
 #: Characters XML 1.0 cannot carry (control characters, lone surrogates): a plugin's
