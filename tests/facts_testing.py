@@ -6,14 +6,16 @@ send malformed or forged messages. Every call opens one connection for all its m
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from kombu import Producer
 
 from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.facts import FactsMessage, GuestFacts, HostFacts, facts_key
+from vmsched.plugin.facts import CALL, CallFacts
 
 
 def publish_events(url: str, messages: Iterable[tuple[str, bytes | str]]) -> None:
@@ -37,3 +39,15 @@ def facts_message(host_id: str, seq: int, host: HostFacts, guests: Sequence[Gues
     """A message of the agent instance ``e2e`` sent now, announcing its next one in 60 s (never stale in a test)."""
     return FactsMessage(host_id=host_id, instance="e2e", seq=seq, time=time.time(), interval=60.0,
                         guests=list(guests), host=host)
+
+
+@contextlib.contextmanager
+def reading(call: CallFacts | dict | None) -> Iterator[CallFacts]:
+    """``vmsched.plugin.facts`` reads ``call`` (or a payload in the full form) inside the block, as a unit does
+    while the plugin worker serves a call."""
+    found = call if isinstance(call, CallFacts) else CallFacts(call)
+    token = CALL.set(found)
+    try:
+        yield found
+    finally:
+        CALL.reset(token)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port, wait_until
+from tests.facts_testing import reading
 from tests.fake_engine import API, FakeEngine
 from tests.tls_certs import CertSet, make_certs
 from vmsched.config import Settings
@@ -141,8 +142,8 @@ def test_a_starting_vm_from_the_engine_and_a_running_one_from_facts(engine: Fake
     payload = wait_until(lambda: (p := cache.payload(["hv-a"], "vm-new"))["vm"] and p, 10, what="the VM from the engine")
     assert payload["vm"]["memory_mib"] == 3072 and payload["vm"]["vcpus"] == 4 and payload["vm"]["source"] == "engine"
     assert payload["vm"]["cpu_pinning_policy"] == "dedicated"
-    api._install(payload)  # what a unit sees
-    assert api.vm().memory_mib == 3072 and api.vm().vcpus == 4 and api.vm().source == "engine"
+    with reading(payload):  # what a unit sees
+        assert api.vm().memory_mib == 3072 and api.vm().vcpus == 4 and api.vm().source == "engine"
 
     on_host = cache.payload(["hv-a"], "vm-running")["vm"]
     assert on_host["memory_mib"] == 1024 and on_host["source"] == "host facts"

@@ -7,6 +7,7 @@ connection whose bulk stats call never returns.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.facts_testing import reading
 from vmsched.facts import MAX_BYTES, FactsMessage, GuestFacts, HostFacts, Rejected, read
 from vmsched.facts_cache import FactsCache, load_host_map
 from vmsched.plugin import facts as api
@@ -88,15 +90,26 @@ def test_host_map_file(tmp_path: Path) -> None:
 
 # --- the plugin API ----------------------------------------------------------------------------------
 def test_plugin_api_history_durations() -> None:
-    api._install({"hosts": {"h": {"cpu_history": [90, 10, 85, 95, 99], "history_interval": 5, "cpu_pct": 99,
+    with reading({"hosts": {"h": {"cpu_history": [90, 10, 85, 95, 99], "history_interval": 5, "cpu_pct": 99,
                                   "guests": [{"uuid": "x", "vcpus": 2}], "field_of_a_newer_service": 1}},
-                  "missing": {"z": "no agent"}, "vm": None, "vm_problem": "none given"})
-    h = api.host("h")
-    assert h.cpu_above_for(80) == 15.0 and h.cpu_below_for(50) == 0.0 and h.cpu_avg(10) == 97.0
-    assert h.guests[0].vcpus == 2 and api.missing() == {"z": "no agent"} and api.vm() is None
-    assert api.vm_problem() == "none given" and set(api.hosts()) == {"h"}
-    api._install(None)
-    assert api.host("h") is None and api.vm_problem() == "no facts were attached to this call"
+                  "missing": {"z": "no agent"}, "vm": None, "vm_problem": "none given"}):
+        h = api.host("h")
+        assert h.cpu_above_for(80) == 15.0 and h.cpu_below_for(50) == 0.0 and h.cpu_avg(10) == 97.0
+        assert h.guests[0].vcpus == 2 and api.missing() == {"z": "no agent"} and api.vm() is None
+        assert api.vm_problem() == "none given" and set(api.hosts()) == {"h"}
+    with reading(None):
+        assert api.host("h") is None and api.vm_problem() == "no facts were attached to this call"
+    assert api.host("h") is None and api.vm_problem() == "no facts were attached to this call"  # outside a call
+
+
+def test_a_thread_in_a_copy_of_the_units_context_reads_the_calls_facts() -> None:
+    seen: list[object] = []
+    with reading({"hosts": {"h": {"memory_free_mib": 5}}, "missing": {}, "vm": None, "vm_problem": None}):
+        context = contextvars.copy_context()
+        worker = threading.Thread(target=context.run, args=(lambda: seen.append(api.host("h")),))
+        worker.start()
+        worker.join(10)
+    assert [getattr(h, "memory_free_mib", None) for h in seen] == [5]
 
 
 def test_plugin_worker_imports_only_the_standard_library() -> None:
@@ -204,7 +217,7 @@ def test_a_cache_payload_reaches_the_plugin_api_intact() -> None:
     cache = FactsCache("unit")
     cache.ingest(message(cpu_pct=95.0, pcpu_pct=[90.0, 100.0], cpu_history=[10.0, 85.5, 95.0], history_interval=5.0,
                          guests_running=3))
-    api._install(json.loads(json.dumps(cache.payload(["hv1"]))))  # as the worker gets it
-    h = api.host("hv1")
-    assert h.pcpu_pct == (90.0, 100.0) and h.cpu_history == (10.0, 85.5, 95.0) and h.cpu_above_for(80) == 10.0
-    assert h.guests_running == 3 and not h.stale and api.hosts() == {"hv1": h}
+    with reading(json.loads(json.dumps(cache.payload(["hv1"])))):  # as the worker gets it
+        h = api.host("hv1")
+        assert h.pcpu_pct == (90.0, 100.0) and h.cpu_history == (10.0, 85.5, 95.0) and h.cpu_above_for(80) == 10.0
+        assert h.guests_running == 3 and not h.stale and api.hosts() == {"hv1": h}

@@ -1,4 +1,4 @@
-"""Host facts on the worker pipe, proportional to change (vmsched/runtime/facts_wire.py, vmsched/plugin/_held.py).
+"""Host facts on the worker pipe, proportional to change (vmsched/runtime/facts_wire.py, vmsched/runtime/facts_held.py).
 
 A worker is sent each host's facts once per generation; steady-state calls carry host IDs and
 generations. Checked here: what each frame carries, that the held form reads exactly like the full
@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 
 from vmsched.facts import FactsMessage, GuestFacts, HostFacts
+from tests.facts_testing import reading
 from vmsched.facts_cache import FactsCache
-from vmsched.plugin import _held
 from vmsched.plugin import facts as api
 from vmsched.runtime import Call, Limits, PluginPool
+from vmsched.runtime.facts_held import LOST, HeldFacts
 from vmsched.runtime.facts_wire import FactsWire
 from vmsched.runtime.types import Confinement
 
@@ -78,12 +79,12 @@ def test_calls_prepared_before_and_after_a_new_generation_each_get_their_own() -
     only for a call at the same cache epoch and hosts as the worker's previous one)."""
     cache = FactsCache("wire-epoch")
     fill(cache, 1, ["hv0", "hv1", "hv2"], memory_free_mib=100)
-    wire, worker, held = FactsWire(), FakeWorker(), _held.Held()
+    wire, worker, held = FactsWire(), FakeWorker(), HeldFacts()
     hosts = ["hv0", "hv1", "hv2"]
 
     def send(call_facts: Any) -> dict[str, Any]:
         payload = json.loads(wire.encode(worker, call_facts))
-        held.install(payload)
+        held.for_call(payload)
         assert not held.lost
         return payload
 
@@ -140,40 +141,48 @@ def test_the_held_form_reads_like_the_full_form() -> None:
                   memory_free_mib=2048, numa=[{"id": 0, "cpus": "0-1", "memory_mib": 4096}], load_avg=[1.0, 0.5, 0.2])
     assert cache.ingest(message("hv0", 1, **fields))
     assert cache.ingest(message("hv1", 1, age=120.0, **fields))  # older than max_age: stale
-    held, worker, wire = _held.Held(), FakeWorker(), FactsWire()
+    held, worker, wire = HeldFacts(), FakeWorker(), FactsWire()
     for _ in range(2):  # the first call brings the data, the second only refs: both read the same
-        api._install(json.loads(json.dumps(cache.payload(["hv0", "hv1", "x"]))))
-        full = {h: dataclasses.asdict(api.host(h)) for h in ("hv0", "hv1")}
-        held.install(frame(wire, worker, cache, ["hv0", "hv1", "x"]))
-        got = api.hosts()
-        assert set(got) == {"hv0", "hv1"} and api.host("x") is None and "x" in api.missing()
-        for h, host in got.items():
-            seen = dataclasses.asdict(host)
-            assert abs(seen.pop("age") - full[h].pop("age")) < 1.0
-            assert seen == full[h] and host.pcpu_pct == (90.0, 100.0) and host.cpu_above_for(80) == 10.0
-    assert not api.host("hv0").stale and api.host("hv1").stale and api.host("hv1").age >= 120
-    copy = dataclasses.replace(api.host("hv0"), age=7.0, memory_free_mib=1)
-    assert copy.age == 7.0 and copy.memory_free_mib == 1 and api.host("hv0").memory_free_mib == 2048
-    assert repr(api.host("hv0")).startswith("Host(host_id='hv0'")
+        with reading(json.loads(json.dumps(cache.payload(["hv0", "hv1", "x"])))):
+            full = {h: dataclasses.asdict(api.host(h)) for h in ("hv0", "hv1")}
+        with reading(held.for_call(frame(wire, worker, cache, ["hv0", "hv1", "x"]))):
+            got = api.hosts()
+            assert set(got) == {"hv0", "hv1"} and api.host("x") is None and "x" in api.missing()
+            for h, host in got.items():
+                seen = dataclasses.asdict(host)
+                assert abs(seen.pop("age") - full[h].pop("age")) < 1.0
+                assert seen == full[h] and host.pcpu_pct == (90.0, 100.0) and host.cpu_above_for(80) == 10.0
+            assert not api.host("hv0").stale and api.host("hv1").stale and api.host("hv1").age >= 120
+            copy = dataclasses.replace(api.host("hv0"), age=7.0, memory_free_mib=1)
+            assert copy.age == 7.0 and copy.memory_free_mib == 1 and api.host("hv0").memory_free_mib == 2048
+            assert repr(api.host("hv0")).startswith("Host(host_id='hv0'")
+            kept = api.host("hv0")
+    assert copy.age == 7.0 and kept.memory_free_mib == 2048  # a copy keeps the age it was given
 
 
 def test_a_held_host_ages_and_turns_stale_with_the_calls() -> None:
     cache = FactsCache("wire-age", max_age=0.3)
     fill(cache, 1, ["hv0"], memory_free_mib=7)
-    held, worker, wire = _held.Held(), FakeWorker(), FactsWire()
-    held.install(frame(wire, worker, cache, ["hv0"]))
-    first = api.host("hv0")
-    assert first is not None and not first.stale and first.age < 0.3
-    time.sleep(0.4)  # older than max_age now; no new message from its agent
+    held, worker, wire = HeldFacts(), FakeWorker(), FactsWire()
+    with reading(held.for_call(frame(wire, worker, cache, ["hv0"]))):
+        first = api.host("hv0")
+        assert first is not None and not first.stale and first.age < 0.3
+        first_age = first.age
+    time.sleep(0.2)
+    with reading(held.for_call(frame(wire, worker, cache, ["hv0"]))):  # a later call: the same Host, older
+        assert api.host("hv0") is first and first.age >= first_age + 0.2 and not first.stale
+    time.sleep(0.2)  # older than max_age now; no new message from its agent
     later = frame(wire, worker, cache, ["hv0"])
     assert "data" not in later and later["same_hosts"] and later["stale"] == ["hv0"]
-    held.install(later)
-    again = api.host("hv0")
-    assert again is first and again.stale and again.age >= 0.4 and again.memory_free_mib == 7
+    with reading(held.for_call(later)):
+        again = api.host("hv0")
+        assert again.stale and again.age >= 0.4 and again.memory_free_mib == 7
+    with reading(held.for_call(frame(wire, worker, cache, ["hv0"]))):
+        assert api.host("hv0") is again  # stale until its agent speaks again
     fill(cache, 2, ["hv0"], memory_free_mib=8)  # the agent speaks again: a new Host, fresh
-    held.install(frame(wire, worker, cache, ["hv0"]))
-    fresh = api.host("hv0")
-    assert fresh is not first and not fresh.stale and fresh.memory_free_mib == 8
+    with reading(held.for_call(frame(wire, worker, cache, ["hv0"]))):
+        fresh = api.host("hv0")
+        assert fresh is not first and fresh is not again and not fresh.stale and fresh.memory_free_mib == 8
 
 
 def test_a_worker_that_lacks_what_the_pool_sent_asks_for_everything() -> None:
@@ -181,19 +190,19 @@ def test_a_worker_that_lacks_what_the_pool_sent_asks_for_everything() -> None:
     fill(cache, 1, ["hv0", "hv1"], memory_free_mib=10)
     wire, worker = FactsWire(), FakeWorker()
     frame(wire, worker, cache, ["hv0", "hv1"])  # sent, but never reached this worker's Held
-    held = _held.Held()
-    held.install(frame(wire, worker, cache, ["hv0", "hv1"]))
-    assert held.lost  # the reply asks for a resync
-    assert api.host("hv0") is None and api.hosts() == {}  # nothing it cannot vouch for
+    held = HeldFacts()
+    with reading(held.for_call(frame(wire, worker, cache, ["hv0", "hv1"]))):
+        assert held.lost  # the reply asks for a resync
+        assert api.host("hv0") is None and api.hosts() == {}  # nothing it cannot vouch for
     wire.forget(worker)
-    held.install(frame(wire, worker, cache, ["hv0", "hv1"]))
-    assert not held.lost and api.host("hv1").memory_free_mib == 10 and not held.lost
+    with reading(held.for_call(frame(wire, worker, cache, ["hv0", "hv1"]))):
+        assert not held.lost and api.host("hv1").memory_free_mib == 10 and not held.lost
     held.hosts.clear(), held.objs.clear(), held.ready.clear()  # something in the worker drops what it holds
-    held.install(frame(wire, worker, cache, ["hv0", "hv1"]))
-    assert not held.lost and api.host("hv1") is None and held.lost and api.missing()["hv1"] == _held.LOST
+    with reading(held.for_call(frame(wire, worker, cache, ["hv0", "hv1"]))):
+        assert not held.lost and api.host("hv1") is None and held.lost and api.missing()["hv1"] == LOST
     held.count -= 1  # a frame it took only partly: its count shows it
-    held.install(frame(wire, worker, cache, ["hv0", "hv1"]))
-    assert held.lost and api.hosts() == {} and api.missing()["hv0"] == _held.LOST
+    with reading(held.for_call(frame(wire, worker, cache, ["hv0", "hv1"]))):
+        assert held.lost and api.hosts() == {} and api.missing()["hv0"] == LOST
 
 
 # --- through real worker processes ------------------------------------------------------------------------
@@ -216,8 +225,10 @@ class Crash:
 class Forget:
     """Simulates a worker that lost what it held (the pool still believes it holds it)."""
     def do_filter(self, hosts, vm, args):
-        from vmsched.plugin import _held
-        _held.HELD.__init__()
+        import gc
+        from vmsched.runtime.facts_held import HeldFacts
+        for held in [o for o in gc.get_objects() if isinstance(o, HeldFacts)]:  # the worker's own
+            held.drop()
         return []
 '''
 

@@ -18,14 +18,47 @@ reading them does no I/O::
 
 Units: memory in MiB, CPU in % (a host's 100 % is all its CPUs; a guest's is
 all its vCPUs), times in seconds. Standard library only (the worker imports it).
+
+The facts of the call a unit runs in are one :class:`CallFacts`, which the plugin
+worker sets in :data:`CALL` around each call; the functions above read it.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+#: ``Host(..., age=OF_THE_CALL)``: a Host whose age counts from the time of the call reading it (see Host.age).
+OF_THE_CALL: Any = type("OfTheCall", (), {"__repr__": lambda self: "OF_THE_CALL"})()
+
+
+class _AgeOfTheCall:
+    """``Host.age``: as given, or, for a Host built with ``age=OF_THE_CALL``, counted from the current call's time.
+
+    The plugin worker keeps one Host per generation of a host's facts and hands it to many calls
+    (docs/facts.md, "What a call carries"); its age is what differs from call to call (:class:`CallFacts`).
+    A data descriptor of the dataclass field (the dataclasses documentation, "Descriptor-typed fields"): the
+    value given to ``__init__`` is kept in the instance's own dictionary, as ``functools.cached_property`` keeps its.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, host: Any, owner: type | None = None) -> Any:
+        if host is None:
+            return 0.0  # the field's default
+        given = vars(host)[self.name]
+        if given is not OF_THE_CALL:
+            return given
+        age = CALL.get().now - host.time
+        return round(age, 3) if age > 0 else 0.0
+
+    def __set__(self, host: Any, value: Any) -> None:
+        vars(host)[self.name] = value  # only from the dataclass's __init__: Host is frozen
 
 
 @dataclass(frozen=True)
@@ -52,7 +85,7 @@ class Host:
     host_id: str  # the ID the engine sent
     agent_host_id: str = ""  # the agent's --host-id (same unless mapped)
     stale: bool = False  # newer facts are overdue (older than the service's --facts-max-age)
-    age: float = 0.0  # seconds since the agent collected these facts
+    age: float = _AgeOfTheCall()  # type: ignore[assignment]  # seconds since the agent collected these facts
     time: float = 0.0  # UNIX time of the collection
     interval: float = 0.0  # the agent's collection interval, seconds
     hostname: str = ""
@@ -157,60 +190,12 @@ def _window(samples: tuple[float, ...], interval: float, seconds: float | None) 
     return samples[-n:]
 
 
-# --- the call's facts (installed by the worker) --------------------------------
-
-_raw_hosts: dict[str, Any] = {}  # as sent; a Host is built on first use (most units read a few fields)
-_hosts: dict[str, Host] = {}
-#: The worker's held facts (vmsched.plugin._held): host ID, generation -> that Host for this call, or None.
-_held_host: Any = None
-_missing: dict[str, str] = {}
-_vm: VM | None = None
-_vm_problem: str | None = "no facts were attached to this call"
-
-
-def host(host_id: str) -> Host | None:
-    """The facts of ``host_id``, or None (see :func:`missing`)."""
-    found = _hosts.get(host_id)
-    if found is None:
-        data = _raw_hosts.get(host_id)
-        if isinstance(data, dict):
-            found = _hosts[host_id] = _build(Host, {**data, "host_id": host_id})
-        elif data is not None and _held_host is not None:  # a generation: the worker holds this host
-            found = _held_host(host_id, data)
-    return found
-
-
-def hosts() -> dict[str, Host]:
-    """Every host of this call that has facts, by host ID."""
-    return {h: found for h in _raw_hosts if (found := host(h)) is not None}
-
-
-def missing() -> dict[str, str]:
-    """Hosts of this call without facts, with the reason (no agent, cannot be resolved)."""
-    return dict(_missing)
-
-
-def vm() -> VM | None:
-    """The call's VM with its memory and vCPUs, or None (:func:`vm_problem` says why)."""
-    return _vm
-
-
-def vm_problem() -> str | None:
-    return _vm_problem
-
-
-def pending(host_id: str) -> tuple[int, ...]:
-    """Memory (MiB) of each VM vmsched ranked first on ``host_id`` moments ago that its facts may not show yet.
-
-    Filled on calls about a VM of known size (:func:`vm`); see docs/stock-units.md, "Pending placements".
-    """
-    return tuple(_vm.pending.get(host_id, ())) if _vm is not None and isinstance(_vm.pending, dict) else ()
-
 
 _FIELDS: dict[type, frozenset[str]] = {}
 
 
-def _build(cls: type, data: dict) -> Any:
+def build(cls: type, data: Mapping[str, Any]) -> Any:
+    """A Host, Guest or VM from its wire form (fields it does not know are left out; lists become tuples)."""
     known = _FIELDS.get(cls) or _FIELDS.setdefault(cls, frozenset(f.name for f in fields(cls)))
     values = {k: v for k, v in data.items() if k in known}
     for name in ("load_avg", "numa", "hugepages"):
@@ -220,17 +205,90 @@ def _build(cls: type, data: dict) -> Any:
         if name in data and text in known:  # a list (tests, older services): the same as the packed text
             values[text] = pack_floats(data[name]) if isinstance(data[name], list) else str(data[name])
     if cls is Host and isinstance(values.get("guests"), list):
-        values["guests"] = tuple(_build(Guest, g) for g in values["guests"] if isinstance(g, dict))
+        values["guests"] = tuple(build(Guest, g) for g in values["guests"] if isinstance(g, dict))
     return cls(**values)
 
 
-def _install(payload: dict | None) -> None:
-    """Called by the worker before each unit: this call's facts (the service's payload)."""
-    global _raw_hosts, _hosts, _missing, _vm, _vm_problem
-    payload = payload if isinstance(payload, dict) else {}
-    raw = payload.get("hosts")
-    _raw_hosts, _hosts = (raw if isinstance(raw, dict) else {}), {}
-    _missing = {str(k): str(v) for k, v in (payload.get("missing") or {}).items()}
-    vm_data = payload.get("vm")
-    _vm = _build(VM, vm_data) if isinstance(vm_data, dict) else None
-    _vm_problem = payload.get("vm_problem") if payload else "no facts were attached to this call"
+# --- the facts of the current call -------------------------------------------------
+
+NO_FACTS = "no facts were attached to this call"
+
+
+class CallFacts:
+    """The facts of one plugin call: what host(), hosts(), missing(), vm(), vm_problem() and pending() read.
+
+    ``payload`` is the call's facts as the service sends them: ``missing``, ``vm``, ``vm_problem`` and, in the
+    full form, every host's fields under ``hosts`` (its Host is built on first use: most units read a few
+    fields). The plugin worker's held facts (:mod:`vmsched.runtime.facts_held`) give instead ``hosts`` (the
+    call's hosts with facts), ``lookup`` (host ID -> its Host) and ``found`` (the Hosts already made for these
+    hosts, shared with the worker's other calls), and ``now``, the service's time of the call.
+    """
+
+    def __init__(self, payload: Any = None, *, hosts: Mapping[str, Any] | None = None,
+                 lookup: Callable[[str], Host | None] | None = None, found: dict[str, Host] | None = None,
+                 now: float = 0.0) -> None:
+        payload = payload if isinstance(payload, dict) else {}
+        if hosts is None or lookup is None:
+            raw = payload.get("hosts")
+            hosts, lookup = (raw if isinstance(raw, dict) else {}), self._from_fields
+        self.hosts: Mapping[str, Any] = hosts  # host ID -> its facts (or a mark): the call's hosts with facts
+        self.lookup = lookup
+        self.found: dict[str, Host] = {} if found is None else found
+        self.now = now  # the age of a Host built with age=OF_THE_CALL counts from it
+        self.missing = {str(k): str(v) for k, v in (payload.get("missing") or {}).items()}
+        vm_data = payload.get("vm")
+        self.vm: VM | None = build(VM, vm_data) if isinstance(vm_data, dict) else None
+        self.vm_problem: str | None = payload.get("vm_problem") if payload else NO_FACTS
+
+    def host(self, host_id: str) -> Host | None:
+        """The Host of ``host_id`` if it is one of the call's hosts with facts."""
+        found = self.found.get(host_id)
+        if found is None and host_id in self.hosts:
+            found = self.lookup(host_id)
+            if found is not None:
+                self.found[host_id] = found
+        return found
+
+    def _from_fields(self, host_id: str) -> Host | None:
+        data = self.hosts[host_id]
+        return build(Host, {**data, "host_id": host_id}) if isinstance(data, dict) else None
+
+
+#: The facts of the call being served: the plugin worker sets it around each call (``CALL.set``, ``CALL.reset``).
+CALL: ContextVar[CallFacts] = ContextVar("vmsched.plugin.facts.CALL", default=CallFacts())
+
+
+def host(host_id: str) -> Host | None:
+    """The facts of ``host_id``, or None (see :func:`missing`)."""
+    call = CALL.get()
+    found = call.found.get(host_id)
+    return found if found is not None else call.host(host_id)
+
+
+def hosts() -> dict[str, Host]:
+    """Every host of this call that has facts, by host ID."""
+    call = CALL.get()
+    return {h: found for h in call.hosts if (found := call.host(h)) is not None}
+
+
+def missing() -> dict[str, str]:
+    """Hosts of this call without facts, with the reason (no agent, cannot be resolved)."""
+    return dict(CALL.get().missing)
+
+
+def vm() -> VM | None:
+    """The call's VM with its memory and vCPUs, or None (:func:`vm_problem` says why)."""
+    return CALL.get().vm
+
+
+def vm_problem() -> str | None:
+    return CALL.get().vm_problem
+
+
+def pending(host_id: str) -> tuple[int, ...]:
+    """Memory (MiB) of each VM vmsched ranked first on ``host_id`` moments ago that its facts may not show yet.
+
+    Filled on calls about a VM of known size (:func:`vm`); see docs/stock-units.md, "Pending placements".
+    """
+    found = CALL.get().vm
+    return tuple(found.pending.get(host_id, ())) if found is not None and isinstance(found.pending, dict) else ()

@@ -54,7 +54,8 @@ from vmsched.runtime.progress import Progress
 from vmsched.runtime.protocol import Channel, encode_frame, encode_json, pack_floats, reply_frame
 from vmsched.runtime.worker_errors import PluginError, describe_exception, parse_output
 from vmsched.runtime.worker_modules import Modules, list_units, reads_facts
-from vmsched.plugin import _held as held_facts
+from vmsched.plugin import facts
+from vmsched.runtime.facts_held import HeldFacts
 
 #: Members of a held-form facts payload that must be installed only once per frame.
 _ONCE = ("data", "guests", "reset", "hosts")
@@ -73,6 +74,7 @@ class Runner:
         self.max_reply = 2 * max_output + (1 << 16)
         self.modules = Modules(plugins_dir)
         self.progress = progress
+        self.facts = HeldFacts()  # the host facts the pool sent this worker (vmsched.runtime.facts_held)
         self._cpu_soft = -1
         self._cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
         self._cwd = os.getcwd()  # the plugins folder, as the kernel spells it
@@ -120,9 +122,12 @@ class Runner:
     def _dispatch(self, request: dict[str, Any], stderr: Capture) -> dict[str, Any]:
         op = request.get("op")
         if op == "call":
-            held_facts.install(request.get("facts"))  # this call's host facts (vmsched.plugin.facts)
-            reply = self.call(request["plugin"], request["cls"], request["method"], request["args"], stderr)
-            return {**reply, "facts_resync": True} if held_facts.lost() else reply  # it lacked some: resend all
+            token = facts.CALL.set(self.facts.for_call(request.get("facts")))  # what vmsched.plugin.facts reads
+            try:
+                reply = self.call(request["plugin"], request["cls"], request["method"], request["args"], stderr)
+            finally:
+                facts.CALL.reset(token)
+            return {**reply, "facts_resync": True} if self.facts.lost else reply  # it lacked some: resend all
         if op == "analyze":
             return self.analyze(request["path"], stderr)
         if op == "warm":
