@@ -1,7 +1,7 @@
 """The ``vmsched`` command line.
 
-Every option has an environment variable (``VMSCHED_<OPTION>``), read by the
-one :class:`~vmsched.config.Settings` object; flags win over the environment.
+Every option of every command has an environment variable, named in its
+``--help`` (:mod:`vmsched.cli_env`); flags win over the environment.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from vmsched import __version__
 from vmsched.bus.urls import url_argument
-from vmsched.config import DEFAULT_AMQP_URL, Settings
+from vmsched.cli_env import EnvParser
+from vmsched.config import DEFAULT_AMQP_URL, MEMORY_URL, Settings
 from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService
 from vmsched.services.policy_agent.surfaces.cli import register as register_agent_commands
@@ -151,11 +152,18 @@ def _logging(settings: Settings) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def run_settings(args: argparse.Namespace) -> Settings:
+    """The all-in-one's settings: the embedded bus unless a flag or the environment names a broker."""
+    settings = settings_from(args)
+    if "amqp_url" not in settings.model_fields_set and settings.amqp_url_file is None:
+        settings = settings.model_copy(update={"amqp_url": MEMORY_URL})
+    return settings
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from vmsched.runner import run_all_in_one
 
-    overrides = {} if args.amqp_url or args.amqp_url_file else {"amqp_url": "memory://"}
-    settings = settings_from(args, **overrides)
+    settings = run_settings(args)
     _logging(settings)
     return run_all_in_one(settings)
 
@@ -180,7 +188,7 @@ def _service_cmd(name: str) -> Command:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = EnvParser(
         prog="vmsched",
         description="vmsched: VM placement for oVirt (an external-scheduler drop-in) and a libvirt CPU policy agent.",
     )
@@ -227,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_agent(sub)
     register_token_commands(sub)
     register_plugin_commands(sub)
+    parser.name_variables()
     return parser
 
 
