@@ -14,7 +14,7 @@ import re
 import libvirt
 import pytest
 
-from vmsched.services.policy_agent.enforce import CHANGED_RETRIES
+from vmsched.services.policy_agent.enforce.enforcer import CHANGED_RETRIES
 from vmsched.services.policy_agent.policy.errors import DefinitionChanged
 from vmsched.services.policy_agent.policy.validation import Desired
 from vmsched.services.policy_agent.virt import snapshot

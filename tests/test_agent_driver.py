@@ -306,7 +306,7 @@ def test_start_dependencies(conn, make_agent):
 
 
 def test_drift_repair_loop_is_bounded(conn, make_agent):
-    from vmsched.services.policy_agent.enforce import DRIFT_LOOP
+    from vmsched.services.policy_agent.enforce.enforcer import DRIFT_LOOP
 
     a = make_agent(tunable_debounce=0.0)
     dom = guest(conn, "t-loop")

@@ -52,7 +52,7 @@ def payload(hosts: dict[str, dict], vm: dict | None = None, problem: str | None 
 def test_reporter_reports_pool_size_free_cpus_and_what_known_guests_want(tmp_path: Path) -> None:
     libvirt = pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
     from vmsched.services.policy_agent.policy.model import GuestPolicy
-    from vmsched.services.policy_agent.reporter import FactsReporter
+    from vmsched.services.policy_agent.facts.reporter import FactsReporter
     from vmsched.services.policy_agent.virt.collector import Collector
     from tests.test_facts_units import fake_proc
 

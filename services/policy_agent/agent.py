@@ -23,18 +23,20 @@ from vmsched.bus.connection import BusOptions
 from vmsched.bus.facts import SnapshotListener
 
 from . import metrics
-from .enforce import Enforcer
-from .jobs import JobQueue
+from .enforce.changes import PolicyChanges
+from .enforce.enforcer import Enforcer
+from .enforce.jobs import JobQueue
+from .enforce.transient import TransientPolicies
+from .facts.reporter import FactsReporter
 from .policy import checkpoint, cpuset, orchestration, recovery, store
 from .policy.allocation import Pools
 from .policy.errors import AgentError, ApplyError, PolicyError
 from .policy.inventory import Inventory
 from .policy.model import GuestPolicy, parse_policy_partial
-from .reporter import FactsReporter
+from .policy.tuning.config import TunerConfig
 from .surfaces.bus import BusLink
 from .surfaces.socket import SocketServer
-from .transient import TransientPolicies
-from .tuner import TunerConfig, TunerLoop, explain
+from .tuning.tuner import TunerLoop, explain
 from .virt import hostlock, metadata
 from .virt.apply import Applier, Caps
 from .virt.collector import Collector
@@ -100,6 +102,7 @@ class Agent:
         self.events: collections.deque[tuple[str, dict]] = collections.deque(maxlen=2000)
         self.link: LibvirtLink | None = None
         self.enforcer: Enforcer | None = None
+        self.changes: PolicyChanges | None = None  # set and delete, through the enforcer
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server: SocketServer | None = None
@@ -150,6 +153,7 @@ class Agent:
         self.enforcer = Enforcer(self.machine, pools, self.inventory, Applier(caps, ncpus, cpus),
                                  self._publish, self._save, self.release_on_stop, hint_keys=keys,
                                  transient=TransientPolicies(self._load_store()))
+        self.changes = PolicyChanges(self.enforcer)
         snaps = self.enforcer.scan(conn)
         for snap in snaps:
             self.enforcer.observe(snap)
@@ -321,9 +325,9 @@ class Agent:
     # --- API ---------------------------------------------------------------------
     @_libvirt_errors
     def set_policy(self, guest: str, policy: GuestPolicy | dict) -> dict:
-        assert self.enforcer is not None
+        assert self.changes is not None
         policy, problems = parse_policy_partial(policy)
-        return self.enforcer.set_policy(self.conn, guest, policy, problems)
+        return self.changes.set_policy(self.conn, guest, policy, problems)
 
     @_libvirt_errors
     def get_policy(self, guest: str) -> dict:
@@ -339,8 +343,8 @@ class Agent:
 
     @_libvirt_errors
     def delete_policy(self, guest: str) -> dict:
-        assert self.enforcer is not None
-        return self.enforcer.delete_policy(self.conn, guest)
+        assert self.changes is not None
+        return self.changes.delete_policy(self.conn, guest)
 
     @_libvirt_errors
     def list_policies(self) -> dict:

@@ -17,7 +17,7 @@ APPLICATION_OUTCOMES = ("ok", "error", "refused")
 #: libvirt domain events (virt/connection.py LIFECYCLE_NAMES and the reboot/tunable/metadata callbacks).
 EVENT_NAMES = ("defined", "undefined", "started", "suspended", "resumed", "stopped", "shutdown", "pmsuspended",
                "crashed", "reboot", "tunable", "metadata")
-#: Repair triggers: an event (jobs.Job.trigger) or a sweep (agent.py).
+#: Repair triggers: an event (enforce/jobs.py Job.trigger) or a sweep (agent.py).
 REPAIR_TRIGGERS = (*EVENT_NAMES, "event", "sweep", "start", "reconnect", "pool")
 ERROR_KINDS = ("apply", "validation", "overlap", "checkpoint", "libvirt", "store", "facts")
 
@@ -96,7 +96,7 @@ for _state in ("allocated", "free"):
     DEDICATED_CPUS.labels(_state)
 
 
-# --- this host, from the agent's own facts collections (reporter.py) -------------------------------
+# --- this host, from the agent's own facts collections (facts/reporter.py) -------------------------------
 # The agent is the one exporter of its host's figures (the services' facts caches export only the age of
 # each host's facts: vmsched_facts_age_seconds). Registered at the first collection, so an agent that
 # collects no facts (no bus, or --facts-interval 0) exports none rather than zeros that read as an idle,

@@ -7,6 +7,8 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
+from typing import Any
 
 from vmsched import metrics as service_metrics
 from vmsched.tls import server_context
@@ -15,7 +17,7 @@ from vmsched.tokens import Role, TokenStore, bearer_authorizer
 from .agent import Agent
 from .policy.errors import AgentError
 from .surfaces.cli import EXIT
-from .tuner import config_from_args
+from .policy.tuning.config import TunerConfig
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -47,3 +49,16 @@ def serve(args: argparse.Namespace) -> int:
     stop.wait()
     agent.stop()
     return 0
+
+def config_from_args(args: Any) -> TunerConfig:
+    config = TunerConfig(interval=getattr(args, "tune_interval", 10.0), hysteresis=getattr(args, "tune_hysteresis", 3),
+                         max_changes=getattr(args, "tune_max_changes", 4),
+                         max_guest_changes=getattr(args, "tune_max_guest_changes", 1),
+                         dry_run=getattr(args, "tune_dry_run", False),
+                         plugins_dir=getattr(args, "tuner_plugins", None) or None)
+    problems = config.problems()
+    if config.plugins_dir and not Path(config.plugins_dir).is_dir():
+        problems.append(f"--tuner-plugins {config.plugins_dir}: not a folder")
+    if problems:
+        raise SystemExit(f"vmsched agent: error: {'; '.join(problems)}")
+    return config

@@ -18,11 +18,11 @@ from vmsched.runtime.contract import TUNE_CLASS, TUNE_METHOD
 from vmsched.runtime.pool import PluginPool
 from vmsched.runtime.types import Call, Confinement, Limits
 
-from . import tuner_metrics as tm
-from .policy.errors import PolicyError
-from .policy.tuning.config import TunerConfig
-from .policy.tuning.plugin_io import plugin_input, plugin_proposals
-from .policy.tuning.types import Proposal, TuneInput
+from ..policy.errors import PolicyError
+from ..policy.tuning.config import TunerConfig
+from ..policy.tuning.plugin_io import plugin_input, plugin_proposals
+from ..policy.tuning.types import Proposal, TuneInput
+from . import metrics as tm
 
 log = logging.getLogger("vmsched.agent.tuner")
 

@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 from vmsched.facts import FACTS_EVENT, FactsMessage, GuestFacts, HostFacts
 
-from . import metrics
-from .policy import cpuset
-from .policy.facts import History, dedicated_summary, guests_digest, pinned
-from .policy.model import GuestPolicy
+from .. import metrics
+from ..policy import cpuset
+from ..policy.facts import History, dedicated_summary, guests_digest, pinned
+from ..policy.model import GuestPolicy
 
 log = logging.getLogger("vmsched.agent.facts")
 

@@ -16,15 +16,15 @@ from typing import Callable
 
 import libvirt
 
-from . import metrics
-from .policy.allocation import AllocationHint
-from .policy.errors import ApplyError
-from .policy.inventory import Guest, Inventory
-from .policy.model import GuestPolicy
-from .policy.store import PolicyStore, Stored
-from .virt import metadata
-from .virt.domxml import DomainXml
-from .virt.snapshot import Snapshot
+from .. import metrics
+from ..policy.allocation import AllocationHint
+from ..policy.errors import ApplyError
+from ..policy.inventory import Guest, Inventory
+from ..policy.model import GuestPolicy
+from ..policy.store import PolicyStore, Stored
+from ..virt import metadata
+from ..virt.domxml import DomainXml
+from ..virt.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -11,14 +11,14 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from . import metrics
-from .policy import cpuset
-from .policy.allocation import Pools
-from .policy.cpuset import CpuSet
-from .policy.inventory import Inventory
-from .policy.validation import Desired
-from .virt.domxml import DomainXml
-from .virt.snapshot import Snapshot
+from .. import metrics
+from ..policy import cpuset
+from ..policy.allocation import Pools
+from ..policy.cpuset import CpuSet
+from ..policy.inventory import Inventory
+from ..policy.validation import Desired
+from ..virt.domxml import DomainXml
+from ..virt.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import libvirt
 
-from .policy.cpuset import CpuSet
-from .policy.inventory import Guest
-from .policy.tuning.state import TunedState
-from .policy.validation import Desired
-from .virt.apply import Applier, Result
-from .virt.snapshot import Snapshot
+from ..policy.cpuset import CpuSet
+from ..policy.inventory import Guest
+from ..policy.tuning.state import TunedState
+from ..policy.validation import Desired
+from ..virt.apply import Applier, Result
+from ..virt.snapshot import Snapshot
 
 
 def run_of(snap: Snapshot) -> int | None:

@@ -18,18 +18,18 @@ from typing import Any, Callable
 
 import libvirt
 
-from . import tuned_sync
-from . import tuner_metrics as tm
-from .enforce import Enforcer
-from .policy.errors import ApplyError
-from .policy.inventory import Guest
-from .policy.tuning.config import TunerConfig
-from .policy.tuning.engine import Engine
-from .policy.tuning.samples import HostCounter, VcpuCounters, guest_sample, vcpu_counters
-from .policy.tuning.state import TunedState
-from .policy.tuning.types import Decision, GuestSample, GuestView, Proposal
-from .tuner_plugins import TunerPlugins
-from .virt.snapshot import Snapshot
+from ..enforce import tuned_sync
+from ..enforce.enforcer import Enforcer
+from ..policy.errors import ApplyError
+from ..policy.inventory import Guest
+from ..policy.tuning.config import TunerConfig
+from ..policy.tuning.engine import Engine
+from ..policy.tuning.samples import HostCounter, VcpuCounters, guest_sample, vcpu_counters
+from ..policy.tuning.state import TunedState
+from ..policy.tuning.types import Decision, GuestSample, GuestView, Proposal
+from ..virt.snapshot import Snapshot
+from . import metrics as tm
+from .plugins import TunerPlugins
 
 log = logging.getLogger("vmsched.agent.tuner")
 STATS = libvirt.VIR_DOMAIN_STATS_STATE | libvirt.VIR_DOMAIN_STATS_CPU_TOTAL | libvirt.VIR_DOMAIN_STATS_VCPU
@@ -199,16 +199,3 @@ def explain(loop: TunerLoop | None, g: Guest | None, view: dict[str, Any]) -> di
     return {"guest": view.get("guest"), "uuid": view.get("uuid"), "policy": view.get("policy"),
             "desired": view.get("desired"), "tuned": {}, "decisions": [], "tuner": {"interval": 0}}
 
-
-def config_from_args(args: Any) -> TunerConfig:
-    config = TunerConfig(interval=getattr(args, "tune_interval", 10.0), hysteresis=getattr(args, "tune_hysteresis", 3),
-                         max_changes=getattr(args, "tune_max_changes", 4),
-                         max_guest_changes=getattr(args, "tune_max_guest_changes", 1),
-                         dry_run=getattr(args, "tune_dry_run", False),
-                         plugins_dir=getattr(args, "tuner_plugins", None) or None)
-    problems = config.problems()
-    if config.plugins_dir and not Path(config.plugins_dir).is_dir():
-        problems.append(f"--tuner-plugins {config.plugins_dir}: not a folder")
-    if problems:
-        raise SystemExit(f"vmsched agent: error: {'; '.join(problems)}")
-    return config

@@ -1,5 +1,6 @@
-"""Bring guests to their policy: one guest (event) or all (sweep); the changes
-requests make (set, delete) are the mixed-in half in changes.py.
+"""Keep guests at their policy: one guest (an event) or all of them (a sweep).
+The changes requests make (set, delete) are :class:`changes.PolicyChanges`,
+which works through this enforcer's state and lock.
 
 Everything here runs under the agent's lock, so allocations, metadata and
 pins change together. Reads are one ``XMLDesc`` per scope; writes happen
@@ -19,21 +20,21 @@ from typing import Callable
 
 import libvirt
 
-from . import metrics, tuned_sync
-from .changes import PolicyChanges
+from .. import metrics
+from ..policy import cpuset
+from ..policy.allocation import Pools, pin_conflicts, plan_pool
+from ..policy.cpuset import CpuSet
+from ..policy.errors import ApplyError, DefinitionChanged, PolicyError
+from ..policy.inventory import Guest, Inventory
+from ..policy.tuning.state import TunedState
+from ..policy.validation import Desired, GuestInfo, check_policy, desired_for
+from ..virt import metadata, snapshot
+from ..virt.apply import Applier, Result
+from ..virt.domxml import DomainXml
+from ..virt.snapshot import Snapshot
+from . import tuned_sync
 from .overlaps import OverlapReporter, manager_pinned
-from .policy import cpuset
-from .policy.allocation import Pools, pin_conflicts, plan_pool
-from .policy.cpuset import CpuSet
-from .policy.errors import ApplyError, DefinitionChanged, PolicyError
-from .policy.inventory import Guest, Inventory
-from .policy.tuning.state import TunedState
-from .policy.validation import Desired, GuestInfo, check_policy, desired_for
 from .transient import TransientPolicies
-from .virt import metadata, snapshot
-from .virt.apply import Applier, Result
-from .virt.domxml import DomainXml
-from .virt.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ DRIFT_LOOP = (20, 10.0)  # restorations within seconds that mean a loop (a real 
 CHANGED_RETRIES = 3  # repairs decided again when another writer keeps changing the definition under them
 
 
-class Enforcer(PolicyChanges):
+class Enforcer:
     def __init__(self, host_id: str, pools: Pools, inventory: Inventory, applier: Applier,
                  publish: Publish, save: Callable[[], None], release_on_stop: bool = False,
                  transient: TransientPolicies | None = None, hint_keys: frozenset[str] = frozenset()):
@@ -59,7 +60,7 @@ class Enforcer(PolicyChanges):
         self._drift_times: dict[str, collections.deque[float]] = {}
         self._foreign: set[str] = set()  # guests left to their manager's own pinning (logged once)
         self._overlaps = OverlapReporter(publish)
-        self.tuned: TunedState | None = None  # the tuners' live values: part of the desired state (tuner.py)
+        self.tuned: TunedState | None = None  # the tuners' live values: part of the desired state (tuning/tuner.py)
 
     # --- reading -----------------------------------------------------------------
     def lookup(self, conn: "libvirt.virConnect", key: str) -> "libvirt.virDomain":
@@ -72,14 +73,15 @@ class Enforcer(PolicyChanges):
     def read(self, dom: "libvirt.virDomain") -> Snapshot:
         return snapshot.read(self.applier, dom, self._seq(dom.UUIDString()))
 
-    def _metadata_of(self, snap: Snapshot) -> DomainXml:
+    def source(self, snap: Snapshot) -> DomainXml:
+        """The guest's definition, with the stored policy of a transient guest (transient.py)."""
         return snap.xml if self.transient is None else self.transient.source(snap)
 
     def observe(self, snap: Snapshot) -> Guest:
         """Refresh the cached guest from a snapshot (no changes to the guest)."""
         if self.transient is not None:
             self.transient.track(snap)
-        src = self._metadata_of(snap)
+        src = self.source(snap)
         g = self.inv.upsert(snap.uuid, snap.name)
         g.persistent, g.nvcpus = snap.persistent, src.nvcpus
         g.policy, g.hint = src.policy, src.hint
@@ -118,7 +120,7 @@ class Enforcer(PolicyChanges):
 
     def _sync_once(self, snap: Snapshot, trigger: str, received: float | None, confine: bool,
                    drift: bool) -> Result | None:
-        src = self._metadata_of(snap)
+        src = self.source(snap)
         g = self.observe(snap)
         info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
         error = src.metadata_error
@@ -300,7 +302,7 @@ class Enforcer(PolicyChanges):
                 self.save()
 
         def order(s: Snapshot) -> int:  # explicit sets, then current holders, then new requests
-            p = self._metadata_of(s).policy
+            p = self.source(s).policy
             if p is not None and isinstance(p.dedicated, str):
                 return 0
             return 1 if s.uuid in self.pools.allocations else 2
