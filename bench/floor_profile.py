@@ -41,7 +41,7 @@ PARTS = [
     ("plugin code", r"bench\.py|_plugin_filter"),
     ("plugin worker loop/pipe", r"runtime/(worker|protocol|capture|facts_wire)\.py|_plugin_main|multiprocessing/connection"),
     ("service side of the plugin pool", r"runtime/(batch|pool|process)\.py|PluginProc|run_chain"),
-    ("decision log", r"decision_log|decisions\.py"),
+    ("decision log", r"decisions\.py"),
     ("AMQP client (kombu, py-amqp)", r"kombu/|amqp/|vmsched/bus/|worker\.py"),
     ("HTTP server (uvicorn, httptools)", r"uvicorn/|httptools|h11"),
     ("event loop internals in C (uvloop: socket I/O, epoll)", r"Runner\.run \(asyncio/runners"),

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vmsched.gateway import agent_api, api, console, decisions_api, engine, facts_api, xmlrpc
-from vmsched.gateway.decision_log import DecisionLog, gateway_label
+from vmsched.gateway.decisions import DecisionLog, gateway_label
 from vmsched.gateway.docs_ui import mount_docs
 from vmsched.gateway.auth import Guard, add_security_scheme
 from vmsched.gateway.limits import Limits

@@ -37,7 +37,7 @@ from kombu.message import Message
 
 from vmsched.bus.connection import BusOptions, ensure_exchanges
 from vmsched.bus.events import EventPublisher
-from vmsched.bus.loop import ConsumerLoop, hand_over
+from vmsched.bus.loop import hand_over, run_reconnecting
 from vmsched.bus.topology import EVENTS_EXCHANGE
 
 log = logging.getLogger("vmsched.gateway.decisions")
@@ -80,11 +80,16 @@ class _Question:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class PeerLink(ConsumerLoop):
-    """One gateway's side of the question-and-answer exchange with the other replicas."""
+class PeerLink:
+    """One gateway's side of the question-and-answer exchange with the other replicas: a thread with its own
+    connection, reconnecting with backoff."""
 
     def __init__(self, options: BusOptions, gateway: str, answer: Answerer) -> None:
-        super().__init__(options, "gateway-decision-peers")
+        self.options = options.without_confirms()
+        self.name = "gateway-decision-peers"
+        self.ready = threading.Event()  # subscribed at least once
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self.gateway = gateway
         self.answer = answer
         self.token = secrets.token_hex(6)
@@ -159,10 +164,18 @@ class PeerLink(ConsumerLoop):
             state.done.set()
 
     # --- the link's thread -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=run_reconnecting, name=self.name, daemon=True,
+                                        args=(self.options, self.name, self._stop, self._serve))
+        self._thread.start()
+
     def stop(self, timeout: float = 5.0) -> None:
         if self._thread is not None and self._thread.is_alive() and self.ready.is_set():
             self._presence(gone=True)
-        super().stop(timeout)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
         self.publisher.close()
 
     def _serve(self, conn: Connection) -> None:

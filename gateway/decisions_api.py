@@ -14,8 +14,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
-from vmsched.gateway.decision_log import DecisionLog
-from vmsched.gateway.decisions import for_reader
+from vmsched.gateway.decisions import DecisionLog, for_reader
 
 router = APIRouter(tags=["decision log"])
 

@@ -52,9 +52,8 @@ class Operation:
 def paired_scores(req: ScoreRequest, reply: ScoreReplyOnBus) -> ScoreReplyOnBus:
     """The reply with every unit's aligned values (ALIGNED_SCORES) paired again with the requested hosts.
 
-    A unit's ``values`` stay beside its pairs (the decision log keeps them packed,
-    :mod:`vmsched.gateway.decision_compact`) only when they are one per requested host; a unit whose values are
-    not fails and keeps none. (Not a pydantic private attribute: that runs a Python hook for every outcome
+    A unit's ``values`` stay beside its pairs (score_decision reads them) only when they are one per requested
+    host; a unit whose values are not fails and keeps none. (Not a pydantic private attribute: that runs a Python hook for every outcome
     model; docs/performance.md, "Decision log cost".)"""
     for o in reply.outcomes:
         if o.values is None:

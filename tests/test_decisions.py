@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import marshal
 import time
 import uuid
 from typing import Any
@@ -18,8 +17,8 @@ from tests.conftest import Stack, wait_until
 from vmsched.bus.connection import BusOptions
 from vmsched.facts import FactsMessage, HostFacts
 from vmsched.facts_cache import FactsCache
-from vmsched.gateway import decision_compact, decision_log, decision_peers, decisions
-from vmsched.gateway.decision_log import DecisionLog, Ring, gateway_label
+from vmsched.gateway import decision_peers, decisions
+from vmsched.gateway.decisions import DecisionLog, Kept, Ring, gateway_label
 from vmsched.gateway.operations import paired_scores
 from vmsched.gateway.render import Decision, balance_decision, filter_decision, score_decision
 from vmsched.messages import (
@@ -172,22 +171,29 @@ def test_filters_of_the_api() -> None:
 
 
 # --- the ring -----------------------------------------------------------------------------------
+def _kept_filter(hosts: list[str] = H[:5]) -> bytes:
+    req = FilterRequest(units=["A"], hosts=hosts, vm=VM)
+    outcomes = [FilterOutcome(unit="A", ok=True, hosts=hosts[:1])]
+    return decisions.keep("filter", req, filter_decision(hosts, outcomes), outcomes, False, 0.01).dumps()
+
+
 def test_the_ring_never_grows_past_its_size_per_operation() -> None:
-    ring = Ring(3)
-    filters = [_filter_record([FilterOutcome(unit="A", ok=True, hosts=H[:1])]) for _ in range(10)]
-    for i, record in enumerate(filters):
-        record["time"] = float(i)
-        ring.add(record)
+    ring = Ring(3, "gw-a")
+    ids = [uuid.uuid4().hex for _ in range(10)]
+    for i, record_id in enumerate(ids):
+        ring.put("filter", record_id, float(i), _kept_filter())
         assert len(ring.recent(op="filter")) <= 3
-    score = {**filters[0], "id": uuid.uuid4().hex, "op": "score", "time": 0.5}
-    ring.add(score)
-    assert [r["id"] for r in ring.recent(op="filter")] == [r["id"] for r in reversed(filters[-3:])]
-    assert ring.get(filters[0]["id"]) is None and ring.get(filters[-1]["id"]) is filters[-1]
-    assert ring.get(score["id"]) is score  # another operation's ring is not evicted by filters
+    score = uuid.uuid4().hex
+    sreq = ScoreRequest.model_validate({"units": [], "hosts": H[:2], "vm": VM})
+    ring.put("score", score, 0.5, decisions.keep("score", sreq, Decision(result=[]), [], False, 0.01).dumps())
+    assert [r["id"] for r in ring.recent(op="filter")] == list(reversed(ids[-3:]))
+    assert ring.get(ids[0]) is None and ring.get(ids[-1]) == ring.recent(limit=1)[0]
+    assert ring.get(score)["id"] == score  # another operation's ring is not evicted by filters
     assert len(ring) == 4
-    ring.add(filters[-1])  # the same ID twice (own decision echoed by the bus) is kept once
+    ring.put("filter", ids[-1], 99.0, _kept_filter())  # the same ID twice (own decision echoed) is kept once
     assert len(ring) == 4
-    assert ring.recent(limit=2) == [filters[-1], filters[-2]]
+    assert [r["id"] for r in ring.recent(limit=2)] == [ids[-1], ids[-2]]
+    assert ring.recent(limit=1)[0]["gateway"] == "gw-a" and ring.recent(limit=1)[0]["time"] == 9.0
 
 
 def test_gateway_label_is_routing_key_safe() -> None:
@@ -202,9 +208,9 @@ def test_the_embedded_bus_shares_nothing() -> None:
     assert log.peers is None
 
 
-def test_records_are_built_in_batches_on_the_loop_and_the_backlog_is_bounded(
+def test_stdout_lines_are_written_in_batches_and_their_backlog_is_bounded(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr("vmsched.gateway.decision_log.MAX_PENDING", 3)
+    monkeypatch.setattr("vmsched.gateway.decisions.MAX_PENDING", 3)
     log = DecisionLog(10, "gw-a", stdout=True)
     log.start()
     req = FilterRequest(units=["A"], hosts=H[:2], vm=VM)
@@ -212,73 +218,76 @@ def test_records_are_built_in_batches_on_the_loop_and_the_backlog_is_bounded(
     async def engine_calls() -> None:
         for _ in range(5):
             log.submit("filter", req, Decision(result=H[:2]), [], False, 0.01)
-        assert log.skipped == 2 and len(log.ring) == 0  # kept for the batch, not built on the request path
-        await asyncio.sleep(decision_log.PAUSE + 0.3)
-        assert len(log.ring) == 3  # the loop built them without being asked
+        assert log.skipped == 2 and len(log.ring) == 5  # every decision is in the ring; 2 lines are not written
+        assert capsys.readouterr().out == ""  # no line written on the request path
+        await asyncio.sleep(decisions.PAUSE + 0.3)
+        assert len(capsys.readouterr().out.splitlines()) == 3  # the output thread wrote them without being asked
 
     asyncio.run(engine_calls())
+    log.submit("filter", req, Decision(result=H[:2]), [], False, 0.01)
     log.flush()
     log.stop()
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [line["event"] for line in lines] == ["vmsched.decision"] * 3  # --decisions-log: one JSON line each
-    assert {line["id"] for line in lines} == {r["id"] for r in log.ring.recent()}
+    assert [line["event"] for line in lines] == ["vmsched.decision"]  # --decisions-log: one JSON line each
+    assert lines[0]["id"] == log.ring.recent(limit=1)[0]["id"] and lines[0] == {
+        "event": "vmsched.decision", **log.ring.recent(limit=1)[0]}
 
 
-def test_a_record_is_built_when_first_read_and_without_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
-    built: list[tuple[Any, ...]] = []
-    real = decisions.build
-    monkeypatch.setattr(decisions, "build", lambda *a, **kw: built.append(a) or real(*a, **kw))
+def _slots(log: DecisionLog, op: str) -> list[bytes]:
+    """What the ring keeps of each decision of ``op`` (nothing public shows it)."""
+    return [data for data in log.ring._ops[op].data if data is not None]
+
+
+def test_the_ring_keeps_one_bytes_object_per_decision_without_stderr_and_builds_records_when_read() -> None:
     log = DecisionLog(10, "gw-a")  # no stdout, no bus: nothing needs the record before a reader
-    log.start()
     outcomes = [FilterOutcome(unit="A", ok=True, hosts=H[:1], stderr="x" * 100_000)]
     req = FilterRequest(units=["A"], hosts=H[:2], vm=VM)
-
-    async def engine_calls() -> None:
-        log.submit("filter", req, filter_decision(H[:2], outcomes), outcomes, False, 0.01)
-        await asyncio.sleep(decision_log.PAUSE + 0.3)
-
-    asyncio.run(engine_calls())
-    assert len(log.ring) == 1 and built == []
+    log.submit("filter", req, filter_decision(H[:2], outcomes), outcomes, False, 0.01)
+    (slot,) = _slots(log, "filter")
+    assert isinstance(slot, bytes) and not gc.is_tracked(slot) and b"x" * 100 not in slot  # no stderr kept
     (record,) = log.ring.recent()
-    assert log.ring.recent() == [record] and log.ring.get(record["id"]) is record and len(built) == 1  # once
-    assert "x" * 100 not in repr(built[0]) and outcomes[0].stderr  # the kept form has no stderr
-    assert record["units"][0]["dropped"] == [H[1]]
-    log.stop()
+    assert log.ring.recent() == [record] and log.ring.get(record["id"]) == record  # built again, the same
+    assert record["units"][0]["dropped"] == [H[1]] and "stderr" not in record["units"][0]
 
 
-def test_the_kept_form_holds_no_object_of_the_request() -> None:
-    """Tuples of strings and numbers only: the request's objects die with it, and the collector drops the rest."""
+def _plain(value: Any) -> bool:
+    """Strings, numbers, None and containers of them: no object of the request."""
+    if isinstance(value, (tuple, list)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    return value is None or isinstance(value, (str, bytes, int, float, bool))
+
+
+def _through_the_ring(op: str, req: Any, decision: Decision, outcomes: Any, **args: Any) -> dict[str, Any]:
+    """The record of a decision kept in a ring (serialised, read back), with ``args`` as for decisions.build."""
+    kept = decisions.keep(op, req, decision, outcomes, args["bus_failed"], args["duration"], args.get("facts_age"))
+    assert all(_plain(getattr(kept, name)) for name in ("hosts", "units", "result", "plugin_errors", "errors"))
+    return Kept.loads(kept.dumps()).record(args["record_id"], args["at"], args["gateway"])
+
+
+def test_a_kept_decision_reads_back_as_its_record() -> None:
     outcomes = [FilterOutcome(unit="A", ok=True, hosts=H[:3], reasons={H[3]: "why"}, error=None),
                 FilterOutcome(unit="B", ok=False, error="boom", timed_out=True)]
     req = FilterRequest(units=["A", "B"], hosts=H[:4], vm=VM)
     decision = filter_decision(H[:4], outcomes)
-    kept = decision_compact.compact("filter", req, decision, outcomes)
-
-    def atoms_only(value: Any) -> bool:  # and no object of the request: the collector tracks none of it for long
-        if isinstance(value, tuple):
-            return all(atoms_only(v) for v in value)
-        return value is None or isinstance(value, (str, bytes, int, float, bool))
-
-    assert atoms_only(kept)
-    again = decision_compact.build_compact(kept, bus_failed=False, gateway="gw-a", duration=0.01, at=1.0,
-                                           record_id="1" * 32)
-    direct = decisions.build("filter", req, decision, outcomes, bus_failed=False, gateway="gw-a", duration=0.01,
-                             at=1.0, record_id="1" * 32)
-    assert again == direct and again["plugin_errors"]["B"] and again["units"][0]["reasons"] == {H[3]: "why"}
+    args: dict[str, Any] = dict(bus_failed=False, gateway="gw-a", duration=0.01, at=1.0, record_id="1" * 32)
+    again = _through_the_ring("filter", req, decision, outcomes, **args)
+    assert again == decisions.build("filter", req, decision, outcomes, **args)
+    assert again["plugin_errors"]["B"] and again["units"][0]["reasons"] == {H[3]: "why"}
+    assert again["units"][0]["dropped"] == [H[3]] and again["result"] == H[:3]
     scores = [ScoreOutcome(unit="S", ok=True, factor=2, scores=[(H[0], 1.5), (H[1], 0.5)], reasons={H[0]: "r"})]
     sreq = ScoreRequest.model_validate({"units": [{"name": "S", "factor": 2}], "hosts": H[:2], "vm": VM})
     sdec = score_decision(H[:2], scores)
-    assert atoms_only(decision_compact.compact("score", sreq, sdec, scores))
-    assert decision_compact.build_compact(decision_compact.compact("score", sreq, sdec, scores), bus_failed=False, gateway="g",
-                                   duration=0.0, at=1.0, record_id="2" * 32) == decisions.build(
-        "score", sreq, sdec, scores, bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="2" * 32)
+    record = _through_the_ring("score", sreq, sdec, scores, **args)
+    assert record == decisions.build("score", sreq, sdec, scores, **args)
+    assert record["units"][0]["scores"] == {H[0]: 1.5, H[1]: 0.5} and record["result"] == sdec.result
     balance = BalanceOutcome(unit="Bal", ok=True, vm=VM, hosts=H[:2], reason="busy")
     breq = BalanceRequest.model_validate({"unit": "Bal", "hosts": H[:3]})
     bdec = balance_decision(H[:3], balance)
-    assert atoms_only(decision_compact.compact("balance", breq, bdec, balance))
-    assert decision_compact.build_compact(decision_compact.compact("balance", breq, bdec, balance), bus_failed=False, gateway="g",
-                                   duration=0.0, at=1.0, record_id="3" * 32) == decisions.build(
-        "balance", breq, bdec, balance, bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="3" * 32)
+    record = _through_the_ring("balance", breq, bdec, balance, **args)
+    assert record == decisions.build("balance", breq, bdec, balance, **args)
+    assert record["unit"] == "Bal" and record["units"][0]["hosts"] == H[:2] and record["result"] == [VM, H[:2]]
 
 
 def test_a_filter_keeps_only_what_it_dropped_and_its_record_is_the_same() -> None:
@@ -286,12 +295,11 @@ def test_a_filter_keeps_only_what_it_dropped_and_its_record_is_the_same() -> Non
                 FilterOutcome(unit="B", ok=False, error="boom")]  # a failing one drops nothing
     req = FilterRequest(units=["A", "B"], hosts=H[:3], vm=VM)
     decision = filter_decision(req.hosts, outcomes)
-    kept = decision_compact.compact("filter", req, decision, outcomes)
-    unit_a = decision_compact._read(kept)[4][0]
-    assert set(unit_a[7]) == {H[1], H[2]} and "not-offered" not in repr(unit_a)  # (the errors name it)
-    assert decision_compact.build_compact(kept, bus_failed=False, gateway="g", duration=0.0, at=1.0,
-                                          record_id="4" * 32) == decisions.build(
-        "filter", req, decision, outcomes, bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="4" * 32)
+    unit_a = decisions.keep("filter", req, decision, outcomes, False, 0.0).units[0]
+    assert set(unit_a["dropped"]) == {H[1], H[2]} and "not-offered" not in repr(unit_a)  # (the errors name it)
+    args: dict[str, Any] = dict(bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="4" * 32)
+    assert _through_the_ring("filter", req, decision, outcomes, **args) == decisions.build(
+        "filter", req, decision, outcomes, **args)
 
 
 def _filter_rule(hosts: list[str], outcomes: list[FilterOutcome]) -> tuple[list[str], set[str]]:
@@ -305,10 +313,9 @@ def _filter_rule(hosts: list[str], outcomes: list[FilterOutcome]) -> tuple[list[
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(H), max_size=8),
        st.lists(st.tuples(st.booleans(), st.lists(st.sampled_from([*H, "stranger"]), max_size=9)), max_size=4))
-def test_a_filter_decision_is_read_back_from_what_its_units_dropped(
-        hosts: list[str], units: list[tuple[bool, list[str]]]) -> None:
-    """The result is kept as a marker, not as hosts (filter_decision's dropped sets): read back, it is the rule's
-    result, for hosts asked twice, returned twice, not requested, failing units and no working unit."""
+def test_a_filter_decision_reads_back_from_the_ring(hosts: list[str], units: list[tuple[bool, list[str]]]) -> None:
+    """Read back, a filter decision is the rule's result and each unit's dropped hosts, for hosts asked twice,
+    returned twice, not requested, failing units and no working unit."""
     outcomes = [FilterOutcome(unit=f"u{i}", ok=ok, hosts=kept, error=None if ok else "boom")
                 for i, (ok, kept) in enumerate(units)]
     req = FilterRequest(units=[o.unit for o in outcomes], hosts=hosts, vm=VM)
@@ -316,10 +323,11 @@ def test_a_filter_decision_is_read_back_from_what_its_units_dropped(
     result, foreign = _filter_rule(hosts, outcomes)
     assert decision.result == result
     assert {u for u, texts in decision.plugin_errors.items() if "not in the request" in texts[0]} == foreign
-    kept = decision_compact.compact("filter", req, decision, outcomes)
-    assert "derived" in kept and not set(kept) & (set(result) - {kept[4]})  # no cell per kept host
-    args = {"bus_failed": False, "gateway": "g", "duration": 0.0, "at": 1.0, "record_id": "5" * 32}
-    assert decision_compact.build_compact(kept, **args) == decisions.build("filter", req, decision, outcomes, **args)
+    args: dict[str, Any] = {"bus_failed": False, "gateway": "g", "duration": 0.0, "at": 1.0, "record_id": "5" * 32}
+    record = _through_the_ring("filter", req, decision, outcomes, **args)
+    assert record == decisions.build("filter", req, decision, outcomes, **args) and record["result"] == result
+    for unit, o in zip(record["units"], outcomes):
+        assert unit["dropped"] == ([h for h in hosts if h not in set(o.hosts)] if o.ok else [])
 
 
 def test_facts_age_of_the_hosts_with_facts() -> None:
@@ -408,8 +416,8 @@ def test_a_question_is_answered_from_the_ring_within_bounds(monkeypatch: pytest.
     records, cut = log.answer({"filters": {"vm": "v2", "op": ["not", "a", "string"]}, "limit": "many"})
     assert [r["vm"] for r in records] == ["v2", "v2"] and not cut
     (one,), _ = log.answer({"id": records[0]["id"]})
-    assert one is records[0]
-    monkeypatch.setattr("vmsched.gateway.decision_log.MAX_ANSWER", 100)
+    assert one == records[0]
+    monkeypatch.setattr("vmsched.gateway.decisions.MAX_ANSWER", 100)
     records, cut = log.answer({"filters": {}, "limit": 10})
     assert records == [] and cut  # an answer never grows past its bound
 
@@ -452,34 +460,29 @@ def test_api_refuses_bad_queries(stack: Stack) -> None:
     assert stack.get("/v1/decisions", params={"errors": "all"}).status_code == 400
 
 
-def test_the_ring_keeps_each_decision_as_one_flat_tuple_the_collector_untracks_at_once() -> None:
-    """A collection untracks nested tuples one level at a time, and a request path that frees what it made starts
-    few: a score decision's 400 pair tuples and their parents, kept, set off full collections (docs/performance.md).
-    One flat tuple of atoms is untracked by the first collection that sees it."""
+def test_a_score_decision_is_one_untracked_bytes_object_and_reads_back_the_same() -> None:
+    """A collection that finds objects kept per decision promotes them to the old generation, and full collections
+    then walk the gateway's whole heap (docs/performance.md): the ring keeps one bytes object per decision."""
     many = [f"host-{i:03d}" for i in range(100)]
     scores = [ScoreOutcome(unit=u, ok=True, factor=f, scores=[(h, i * f + 0.1) for i, h in enumerate(many)],
                            reasons={many[0]: "why"}) for u, f in (("S", 1), ("T", 3))]
     req = ScoreRequest.model_validate({"units": [{"name": "S"}, {"name": "T", "factor": 3}], "hosts": many, "vm": VM})
     dec = score_decision(many, scores)
     log = DecisionLog(10, "gw-a")
-    log.submit("score", req, dec, scores, False, 0.01)  # not on an event loop: ringed at once
-    (slot,) = [p for p in log.ring._ops["score"].parts if p is not None]
-    assert isinstance(slot, bytes)  # one object per decision (decision_ring.kept), holding the flat tuple
-    flat = marshal.loads(slot)[0]
-    assert isinstance(flat, tuple) and not any(isinstance(cell, (tuple, list, dict, set)) for cell in flat)
-    gc.collect(0)
-    assert not gc.is_tracked(flat)
-    args: dict[str, Any] = dict(bus_failed=False, gateway="gw-a", duration=0.01, at=1.0, record_id="5" * 32)
-    assert decision_compact.build_compact(flat, **args) == decisions.build("score", req, dec, scores, **args)
+    log.submit("score", req, dec, scores, False, 0.01)
+    (slot,) = _slots(log, "score")
+    assert isinstance(slot, bytes) and not gc.is_tracked(slot)
+    (record,) = log.ring.recent()
+    args: dict[str, Any] = dict(bus_failed=False, gateway="gw-a", duration=0.01, at=record["time"],
+                                record_id=record["id"])
+    assert record == decisions.build("score", req, dec, scores, **args)
     for per_unit in (True, False):  # result rows [host, weight, unit] or [host, weight]
         dec = score_decision(many, scores, per_unit)
-        kept = decision_compact.compact("score", req, dec, scores)
-        assert decision_compact.build_compact(kept, **args) == decisions.build("score", req, dec, scores, **args)
+        assert _through_the_ring("score", req, dec, scores, **args) == decisions.build("score", req, dec, scores,
+                                                                                       **args)
 
 
-def test_a_score_decision_keeps_few_objects_and_reads_back_the_same() -> None:
-    """Few cells to write and marshal per decision: the engine's hosts are one string, a unit's aligned scores and
-    the result's weights one bytes object each (not a cell per host)."""
+def test_aligned_scores_and_odd_hosts_read_back_the_same() -> None:
     many = [f"host-{i:03d}" for i in range(100)]
     req = ScoreRequest.model_validate({"units": [{"name": "S"}, {"name": "T", "factor": 3}], "hosts": many, "vm": VM})
     reply = ScoreReplyOnBus(outcomes=[
@@ -492,27 +495,22 @@ def test_a_score_decision_keeps_few_objects_and_reads_back_the_same() -> None:
     args: dict[str, Any] = dict(bus_failed=False, gateway="gw-a", duration=0.01, at=1.0, record_id="6" * 32)
     for per_unit in (False, True):
         dec = score_decision(many, outcomes, per_unit)
-        kept = decision_compact.compact("score", req, dec, outcomes)
-        assert decision_compact.build_compact(kept, **args) == decisions.build("score", req, dec, outcomes, **args)
-        assert decision_compact.hosts(kept) == tuple(many)
-        again = decision_compact.compact("score", req.model_copy(update={"hosts": list(many)}), dec, outcomes)
-        assert again[4] is kept[4]  # the same hosts as the last decision: one string for both
-        packed = [cell for cell in kept if isinstance(cell, bytes)]
-        assert len(packed) == (2 if per_unit else 3)  # S's and T's scores, and the weights unless per unit
-        assert len(kept) - (3 * 3 * 100 if per_unit else 0) < 60  # per unit: [host, weight, unit] rows as cells
+        record = _through_the_ring("score", req, dec, outcomes, **args)
+        assert record == decisions.build("score", req, dec, outcomes, **args)
+        assert record["units"][0]["scores"] == {h: i + 0.25 for i, h in enumerate(many)}
     dup = ScoreRequest.model_validate({"units": [{"name": "S"}], "hosts": many[:3] + many[:1], "vm": VM})
     alone = paired_scores(dup, ScoreReplyOnBus(outcomes=[ScoreOutcomeOnBus(unit="S", ok=True, values=[1.0] * 4)]))
-    dec = score_decision(dup.hosts, alone.outcomes)  # a repeated host: three rows for four hosts, kept as rows
-    kept = decision_compact.compact("score", dup, dec, alone.outcomes)
-    assert decision_compact.build_compact(kept, **args) == decisions.build("score", dup, dec, alone.outcomes, **args)
-    odd = FilterRequest(units=["A"], hosts=["a\0b", "c"], vm=VM)  # a host holding the separator: kept one by one
-    kept = decision_compact.compact("filter", odd, Decision(result=list(odd.hosts)), [])
-    assert decision_compact.hosts(kept) == ("a\0b", "c")
+    dec = score_decision(dup.hosts, alone.outcomes)  # a repeated host: three rows for four hosts
+    assert _through_the_ring("score", dup, dec, alone.outcomes, **args) == decisions.build(
+        "score", dup, dec, alone.outcomes, **args)
+    odd = FilterRequest(units=["A"], hosts=["a\0b", "c"], vm=VM)  # a host holding a NUL
+    record = _through_the_ring("filter", odd, Decision(result=list(odd.hosts)), [], **args)
+    assert record["hosts"] == ["a\0b", "c"] and record["result"] == ["a\0b", "c"]
 
 
 def test_a_decision_that_cannot_be_kept_is_counted_not_raised() -> None:
     log = DecisionLog(10, "gw-a")
     req = FilterRequest(units=["A"], hosts=H[:2], vm=VM)
-    log.submit("filter", req, Decision(result=object()), [], False, 0.01)  # a cell marshal cannot write (a bug)
+    log.submit("filter", req, Decision(result=object()), [], False, 0.01)  # a value JSON cannot carry (a bug)
     log.submit("filter", req, Decision(result=H[:2]), [], False, 0.01)
     assert log.skipped == 1 and len(log.ring) == 1

@@ -16,7 +16,7 @@ from tests.conftest import wait_until
 from tests.test_bus_permissions import HOSTS, broker, publish, url  # noqa: F401 - the broker fixture
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.topology import EVENTS_EXCHANGE
-from vmsched.gateway.decision_log import DecisionLog
+from vmsched.gateway.decisions import DecisionLog
 from vmsched.gateway.render import filter_decision
 from vmsched.messages import FilterOutcome, FilterRequest
 
