@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 from http.server import ThreadingHTTPServer
 from typing import Callable
@@ -17,6 +18,7 @@ from vmsched.gateway.app import create_app
 from vmsched.gateway.http import with_read_timeouts
 from vmsched.gateway.peer import ClientCertMixin
 from vmsched.messages import Op
+from vmsched.preflight import bind, check_plugins, check_tokens
 from vmsched.service import PluginService
 from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService
@@ -75,12 +77,19 @@ class GatewayHttp(ClientCertMixin, HttpToolsProtocol):
     """uvicorn's httptools protocol, with the client certificate in the ASGI scope."""
 
 
-def _serve_http(settings: Settings) -> None:
+def _prepare_http(settings: Settings) -> tuple[uvicorn.Server, socket.socket]:
+    """The gateway's HTTP server and its bound socket (the metrics listener too): nothing served yet."""
+    check_tokens(settings)
     tls = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca, what="gateway TLS")
     tokens = TokenStore(settings.tokens_file).watch()
     app = create_app(settings, tokens=tokens)
     metrics.init_requests("gateway", [op.value for op in Op])  # every series at 0 from start-up
-    serve_metrics(settings, default_port=GATEWAY_METRICS_PORT, tokens=tokens)
+    sock = bind(settings.host, settings.port)
+    try:
+        serve_metrics(settings, default_port=GATEWAY_METRICS_PORT, tokens=tokens)
+    except BaseException:
+        sock.close()
+        raise
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, loop="uvloop",
         http=with_read_timeouts(GatewayHttp, settings.header_timeout, settings.body_timeout),
@@ -88,21 +97,23 @@ def _serve_http(settings: Settings) -> None:
         proxy_headers=False, server_header=False, date_header=False,
         ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,
     )
-    uvicorn.Server(config).run()
+    return uvicorn.Server(config), sock
 
 
 def run_gateway(settings: Settings) -> int:
-    _serve_http(settings)
+    server, sock = _prepare_http(settings)
+    server.run(sockets=[sock])
     return 0
 
 
 def run_service(name: str, settings: Settings) -> int:
+    check_plugins(settings)
     service = make_service(name, settings)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    service.start()
     serve_metrics(settings, ready=lambda: service.worker is not None and service.worker.connected)
+    service.start()
     log.info("%s running (bus %s)", name, "embedded" if settings.embedded else "AMQP")
     stop.wait()
     service.stop()
@@ -111,13 +122,16 @@ def run_service(name: str, settings: Settings) -> int:
 
 def run_all_in_one(settings: Settings) -> int:
     """Gateway + discovery + scoring + balancer in this process (embedded bus by default)."""
+    check_plugins(settings)
+    server, sock = _prepare_http(settings)  # a busy port fails here, before any service starts
     services = [make_service(name, settings) for name in ("discovery", "scoring", "balancer")]
     for service in services:
         service.start()
     log.info("vmsched all-in-one on %s://%s:%d/ (plugins %s, bus %s)", "https" if settings.tls_cert else "http",
-             settings.host, settings.port, settings.plugins_dir, "embedded memory://" if settings.embedded else settings.amqp_url.split("@")[-1])
+             settings.host, sock.getsockname()[1], settings.plugins_dir,
+             "embedded memory://" if settings.embedded else settings.amqp_url.split("@")[-1])
     try:
-        _serve_http(settings)
+        server.run(sockets=[sock])
     finally:
         for service in services:
             service.stop()

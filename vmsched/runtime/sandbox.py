@@ -156,13 +156,19 @@ def _try_switch(user: str, plugins_dir: str) -> str | None:
         return f"no user {user!r}"
     if entry.pw_uid == 0:
         return f"user {user!r} is root"
-    needed = [p for p in [*_python_paths(), plugins_dir] if not _readable_by(p, entry.pw_uid, entry.pw_gid)]
+    needed = unreadable_by(entry, plugins_dir)
     if needed:
-        return f"it cannot read {needed[0]} (Python and the plugins folder must be readable by that user)"
+        return f"it cannot read {needed} (Python and the plugins folder must be readable by that user)"
     os.setgroups([])
     os.setgid(entry.pw_gid)
     os.setuid(entry.pw_uid)
     return None
+
+
+def unreadable_by(entry: pwd.struct_passwd, plugins_dir: str) -> str | None:
+    """The first path a plugin worker needs (Python, the worker's code, the plugins folder) that the
+    user ``entry`` cannot read, else None."""
+    return next((p for p in [*_python_paths(), plugins_dir] if not _readable_by(p, entry.pw_uid, entry.pw_gid)), None)
 
 
 def _readable_by(path: str, uid: int, gid: int) -> bool:
