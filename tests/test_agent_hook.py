@@ -12,15 +12,21 @@ import os
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from tests.conftest import ROOT
+from vmsched.services.policy_agent.virt import metadata
 
 HOOK = ROOT / "services" / "policy_agent" / "surfaces" / "hooks" / "qemu"
 XML = "<domain type='qemu'><name>dep</name><uuid>11111111-2222-3333-4444-555555555555</uuid></domain>"
+#: the same guest with a start requirement in its metadata, as libvirt passes it to the hook
+XML_REQUIRES = ("<domain type='qemu'><name>dep</name><uuid>11111111-2222-3333-4444-555555555555</uuid><metadata>"
+                f"<vmsched:policy xmlns:vmsched='{metadata.NS}'><vmsched:requires>req</vmsched:requires>"
+                "</vmsched:policy></metadata></domain>")
 
 
 class StandInAgent:
@@ -64,8 +70,8 @@ def denying(tmp_path: Path) -> Iterator[StandInAgent]:
     agent.close()
 
 
-def hook(env: dict[str, str], guest: str, op: str, sub: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["python3", "-S", str(HOOK), guest, op, sub, "-"], input=XML, text=True,
+def hook(env: dict[str, str], guest: str, op: str, sub: str, xml: str = XML) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["python3", "-S", str(HOOK), guest, op, sub, "-"], input=xml, text=True,
                           capture_output=True, env=env, timeout=30)
 
 
@@ -110,3 +116,107 @@ def test_unreachable_agent_allows_by_default_and_denies_when_configured(env: dic
     out = hook({**env, "VMSCHED_HOOK_ON_UNREACHABLE": "deny"}, "dep", "prepare", "begin")
     assert out.returncode == 1 and "on_unreachable=deny" in out.stderr
     assert "could not be asked" in Path(env["VMSCHED_HOOK_LOG"]).read_text()
+
+
+def test_no_agent_at_all_leaves_a_guest_with_requirements_to_on_unreachable(env: dict[str, str], tmp_path: Path):
+    """At host boot libvirtd autostarts guests before the agent runs: nothing listens (no file, or refused)."""
+    out = hook(env, "dep", "prepare", "begin", XML_REQUIRES)  # no socket file
+    assert out.returncode == 0 and "allowing dep to start unchecked" in out.stderr
+    assert "no policy agent listens" in out.stderr
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(env["VMSCHED_HOOK_SOCKET"])  # a socket file nobody listens on: connection refused
+    stale.close()
+    out = hook(env, "dep", "prepare", "begin", XML_REQUIRES)
+    assert out.returncode == 0 and "unchecked" in out.stderr
+    out = hook({**env, "VMSCHED_HOOK_ON_UNREACHABLE": "deny"}, "dep", "prepare", "begin", XML_REQUIRES)
+    assert out.returncode == 1 and "on_unreachable=deny" in out.stderr
+
+
+def crowded(path: Path) -> tuple[socket.socket, list[socket.socket]]:
+    """A listening socket that accepts nothing, its backlog filled: every further connect gets EAGAIN."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(0)
+    waiting: list[socket.socket] = []
+    while True:
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.setblocking(False)
+        try:
+            c.connect(str(path))
+        except BlockingIOError:
+            c.close()
+            return server, waiting
+        waiting.append(c)
+
+
+def test_busy_agent_never_lets_a_guest_with_requirements_start_unchecked(env: dict[str, str], tmp_path: Path):
+    server, waiting = crowded(tmp_path / "agent.sock")
+    try:
+        fast = {**env, "VMSCHED_HOOK_TIMEOUT": "0.3"}
+        out = hook(fast, "dep", "prepare", "begin", XML_REQUIRES)
+        assert out.returncode == 1, out.stderr
+        assert "refusing to start dep: it requires 'req'" in out.stderr and "no usable answer" in out.stderr
+        assert "refusing to start dep" in Path(env["VMSCHED_HOOK_LOG"]).read_text()
+        # on_unreachable=allow speaks of an absent agent only: it does not open the door here
+        assert hook({**fast, "VMSCHED_HOOK_ON_UNREACHABLE": "allow"}, "dep", "prepare", "begin",
+                    XML_REQUIRES).returncode == 1
+        # a guest without requirements has nothing to check: on_unreachable decides as before
+        out = hook(fast, "dep", "prepare", "begin")
+        assert out.returncode == 0 and "unchecked" in out.stderr
+        assert hook({**fast, "VMSCHED_HOOK_ON_UNREACHABLE": "deny"}, "dep", "prepare", "begin").returncode == 1
+        # unreadable domain XML: its requirements are unknown, so it is refused too
+        assert hook(fast, "dep", "prepare", "begin", "<domain").returncode == 1
+    finally:
+        for c in waiting:
+            c.close()
+        server.close()
+
+
+def test_slow_agent_never_lets_a_guest_with_requirements_start_unchecked(env: dict[str, str], tmp_path: Path):
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(tmp_path / "agent.sock"))
+    server.listen()
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.extend(server.accept() for _ in range(2)), daemon=True).start()
+    try:
+        started = time.monotonic()
+        out = hook({**env, "VMSCHED_HOOK_TIMEOUT": "0.5"}, "dep", "prepare", "begin", XML_REQUIRES)
+        assert out.returncode == 1 and "it requires 'req'" in out.stderr
+        assert time.monotonic() - started < 10  # within its budget (plus the interpreter's start)
+    finally:
+        server.close()
+
+
+def test_busy_agent_is_asked_again_within_the_budget(env: dict[str, str], tmp_path: Path):
+    """The backlog is full at first; once the agent accepts again, the hook gets its answer."""
+    server, waiting = crowded(tmp_path / "agent.sock")
+    requests: list[dict] = []
+
+    def free_later() -> None:
+        time.sleep(1.0)  # well after the hook's first attempts
+        for c in waiting:
+            c.close()
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                line = conn.makefile("rb").readline()
+                if not line:
+                    continue  # one of the connections that filled the backlog
+                requests.append(json.loads(line))
+                body = {"allowed": False, "message": "requirement 'req' is not running"}
+                conn.sendall((json.dumps({"ok": True, "body": body}) + "\n").encode())
+
+    threading.Thread(target=free_later, daemon=True).start()
+    try:
+        out = hook({**env, "VMSCHED_HOOK_TIMEOUT": "5"}, "dep", "prepare", "begin", XML_REQUIRES)
+        assert out.returncode == 1 and "requirement 'req' is not running" in out.stderr, out.stderr
+        assert [r["op"] for r in requests] == ["check_start"]
+    finally:
+        server.close()
+
+
+def test_hook_reads_the_agents_metadata_namespace():
+    assert f'POLICY_NS = "{metadata.NS}"' in HOOK.read_text()

@@ -122,6 +122,7 @@ def test_cli_policy_commands(conn, make_agent, capsys, tmp_path):
     assert code == 4 and "t-nope" in err
     code, _, err = run_cli(["policy", "list", "--socket", "/nonexistent/agent.sock"], capsys)
     assert code == 3 and "no agent at /nonexistent/agent.sock" in err
+    assert "--socket PATH or env VMSCHED_AGENT_SOCKET" in err  # what to do about it
     code, _, err = run_cli(["policy", "list", "--amqp", "memory://"], capsys)
     assert code == 2 and "--amqp needs --host" in err
     code, out, _ = run_cli(["policy", "pool", "6-7", *sock], capsys)

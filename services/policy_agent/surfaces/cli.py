@@ -28,6 +28,7 @@ from .client import SocketClient, call_bus
 DEFAULT_SOCKET = "/run/vmsched/agent.sock"
 DEFAULT_STATE_DIR = "/var/lib/vmsched/agent"
 DEFAULT_URI = "qemu:///system"
+SOCKET_HINT = "is 'vmsched agent' running? Give its socket with --socket PATH or env VMSCHED_AGENT_SOCKET"
 EXIT = {"ok": 0, ErrorCode.INVALID.value: 1, ErrorCode.INTERNAL.value: 1, ErrorCode.UNSUPPORTED_VERSION.value: 1,
         "usage": 2, ErrorCode.UNAVAILABLE.value: 3, ErrorCode.NOT_FOUND.value: 4}
 
@@ -274,7 +275,7 @@ def call(args: argparse.Namespace, op: AgentOp, body: dict, timeout: float | Non
         if options is None:
             raise _Usage("--host needs a broker: --amqp-url-file FILE, or env VMSCHED_AMQP_URL_FILE or VMSCHED_AMQP_URL")
         return call_bus(options, args.client_host, op, body, timeout)
-    return SocketClient(args.socket, timeout=timeout).call(op, body)
+    return SocketClient(args.socket, timeout=timeout, hint=SOCKET_HINT).call(op, body)
 
 
 class _Usage(Exception):

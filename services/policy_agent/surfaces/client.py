@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
+import time
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -17,27 +19,32 @@ from vmsched.messages import CONTRACT_VERSION, ReplyEnvelope
 
 from ..policy.errors import AgentUnavailable, from_reply
 
+ABSENT = (errno.ENOENT, errno.ECONNREFUSED)  # nothing listens at the path
+RETRY_FIRST, RETRY_MAX = 0.005, 0.1  # seconds between connection attempts on a busy agent (doubling)
+
 
 class SocketClient:
-    """Client of a local agent: ``call(op, body) -> body`` or raises the agent's error."""
+    """Client of a local agent: ``call(op, body) -> body`` or raises the agent's error.
 
-    def __init__(self, path: str | Path, timeout: float = 10.0):
+    ``hint`` ends the error when no agent listens at ``path`` (what the caller can do about it).
+    A busy agent (its backlog full) is asked again until the timeout.
+    """
+
+    def __init__(self, path: str | Path, timeout: float = 10.0, hint: str = ""):
         self.path = str(path)
         self.timeout = timeout
+        self.hint = hint
 
     def call(self, op: AgentOp | str, body: dict | None = None, timeout: float | None = None) -> dict:
         timeout = self.timeout if timeout is None else timeout
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        deadline = time.monotonic() + timeout
+        s = self._connect(deadline)
         try:
-            s.settimeout(timeout)
-            try:
-                s.connect(self.path)
-            except OSError as exc:
-                raise AgentUnavailable(f"no agent at {self.path}: {exc.strerror or exc}") from None
             request = {"v": CONTRACT_VERSION, "op": _name(op), "body": body or {}}
             s.sendall((json.dumps(request) + "\n").encode())
             buf = b""
             while not buf.endswith(b"\n"):
+                s.settimeout(max(deadline - time.monotonic(), 0.001))
                 try:
                     chunk = s.recv(1 << 16)
                 except socket.timeout:
@@ -55,6 +62,23 @@ class SocketClient:
         if error is not None:
             raise from_reply(error.code, str(error), error.details)
         return reply.body
+
+    def _connect(self, deadline: float) -> socket.socket:
+        pause = RETRY_FIRST
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(max(deadline - time.monotonic(), 0.001))
+            try:
+                s.connect(self.path)
+                return s
+            except OSError as exc:
+                s.close()
+                if exc.errno == errno.EAGAIN and deadline - time.monotonic() > pause:
+                    time.sleep(pause)  # the agent's backlog is full: busy, not absent
+                    pause = min(pause * 2, RETRY_MAX)
+                    continue
+                hint = f"; {self.hint}" if self.hint and exc.errno in ABSENT else ""
+                raise AgentUnavailable(f"no agent at {self.path}: {exc.strerror or exc}{hint}") from None
 
 
 def call_bus(url: str | BusOptions, host: str, op: AgentOp | str, body: dict, timeout: float) -> dict:

@@ -26,6 +26,9 @@ from .ops import Agent, dispatch
 log = logging.getLogger(__name__)
 
 MAX_LINE = 4 << 20
+#: connections waiting to be accepted; the kernel caps it at net.core.somaxconn. socketserver's 5
+#: refused callers (EAGAIN) as soon as a few CLI calls and QEMU hooks arrived together.
+BACKLOG = socket.SOMAXCONN
 
 
 def handle_request(agent: Agent, request: Any) -> dict:
@@ -78,6 +81,7 @@ class _Handler(socketserver.StreamRequestHandler):
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = BACKLOG
 
 
 class SocketServer:
