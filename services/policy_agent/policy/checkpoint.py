@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 VERSION = 2
 READABLE = (1, 2)
 FILENAME = "checkpoint.json"
+SHOWN = 5  # problems of an inconsistent checkpoint named in its reason
 
 
 class Held(BaseModel):
@@ -90,13 +91,16 @@ def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Loaded | 
         return None, f"unsupported version {ckpt.version}"
     if ckpt.version >= 2 and ckpt.machine != machine:
         return None, f"written for machine {ckpt.machine!r} (host {ckpt.host_id!r}), this is machine {machine!r}"
+    if len(ckpt.allocations) > len(host_cpus):  # each holds a CPU of its own: checked before any is parsed
+        return None, f"inconsistent: {len(ckpt.allocations)} allocations on a host of {len(host_cpus)} CPUs"
     try:
         pools = ckpt.to_pools(host_cpus)
     except ValueError as exc:
         return None, f"invalid CPU set: {exc}"
     problems = pools.consistency_errors()
     if problems:
-        return None, "inconsistent: " + "; ".join(problems)
+        more = f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
+        return None, "inconsistent: " + "; ".join(problems[:SHOWN]) + more
     return Loaded(pools, ckpt.version, ckpt.host_id), None
 
 

@@ -3,7 +3,9 @@
 Used by the checkpoint (host state) and the transient-policy store. A write is
 a temporary file, write, fsync, rename, fsync of the folder, so a crash leaves
 either the old document or the new one. A read that fails says why; it never
-raises for a missing, truncated or edited file.
+raises or blocks, whatever is at the path: it reads regular files only (a FIFO
+or a device is refused without reading it), up to :data:`MAX_BYTES`, and JSON
+nested deeper than the interpreter can parse is refused like any other damage.
 """
 
 from __future__ import annotations
@@ -12,11 +14,21 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+#: the largest document read; a checkpoint of 16,384 allocations takes about 2 MiB
+MAX_BYTES = 16 << 20
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+class Unfit(Exception):
+    """What is at the path is not a document to read (the message says why)."""
 
 
 def digest(payload: Any) -> str:
@@ -50,24 +62,48 @@ def read(path: Path, key: str) -> tuple[Any, str | None]:
     A missing file's reason is ``"missing"``.
     """
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)
     except FileNotFoundError:
         return None, "missing"
     except OSError as exc:
-        return None, f"cannot read: {exc.strerror}"
+        return None, f"cannot read: {exc.strerror or exc}"
+    except Unfit as exc:
+        return None, str(exc)
     try:
         doc = json.loads(raw)
         payload = doc[key]
-    except (ValueError, KeyError, TypeError) as exc:
+        intact = doc.get("checksum") == digest(payload)
+    except RecursionError:
+        return None, f"not a valid {key} document: JSON nested too deeply"
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         return None, f"not a valid {key} document: {exc!r}"
-    if doc.get("checksum") != digest(payload):
+    if not intact:
         return None, "checksum mismatch (truncated or edited file)"
     return payload, None
 
 
+def read_regular(path: Path, max_bytes: int = MAX_BYTES) -> bytes:
+    """The bytes of the regular file at ``path``; raises Unfit for anything else or anything larger.
+
+    Opened without blocking (a FIFO would wait for a writer forever) and checked before a byte is read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise Unfit(f"not a regular file but {_KINDS.get(stat.S_IFMT(mode), 'something else')}")
+        with open(fd, "rb", closefd=False) as fh:
+            data = fh.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise Unfit(f"larger than {max_bytes} bytes: not written by the agent")
+    return data
+
+
 def quarantine(path: Path) -> Path | None:
     """Move an unusable file aside (kept for inspection); where it went, or None."""
-    if not path.exists():
+    if not os.path.lexists(path):  # a dangling or looping symbolic link is moved aside too
         return None
     dest = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
     try:

@@ -32,7 +32,7 @@ def load_or_rebuild(path: Path, machine: str, host_cpus: frozenset[int]) -> Reco
     loaded, reason = checkpoint.load(path, machine, host_cpus)
     if loaded is not None:
         return Recovered(loaded.pools, rebuild=False, version=loaded.version, previous_host_id=loaded.host_id)
-    moved = checkpoint.quarantine(path) if path.exists() else None
+    moved = checkpoint.quarantine(path)
     return Recovered(Pools(host_cpus=host_cpus), rebuild=True, reason=reason, quarantined=moved)
 
 
