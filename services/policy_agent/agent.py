@@ -129,7 +129,7 @@ class Agent:
         conn = self.link.connect(self.connect_timeout)
         self.machine = host_identity(conn)
         self.host_id = self.host_id or self.machine
-        self._lock = hostlock.HostLock(self.lock_dir, self.machine)
+        self._lock = hostlock.HostLock(self.lock_dir, self.machine, conn.getURI())
         self._lock.acquire({"host_id": self.host_id, "state_dir": str(self.state_dir.resolve()), "uri": self.uri,
                             "socket": str(self.socket_path)})
         caps = Caps.detect(conn)

@@ -6,6 +6,12 @@ beside libvirt's runtime directory (``/run/libvirt/vmsched``), whatever the
 agent's state directory, user or container, taken with ``flock`` (released by
 the kernel when the holder dies, so a stale file never blocks). It holds a
 JSON description of its holder, which the refused agent prints.
+
+A driver that lives inside the agent's process (libvirt's test driver,
+``test:///default`` or ``test:///PATH``: every process has its own) has no
+shared libvirtd to guard: its lock is keyed to the process too, so agents in
+separate processes never refuse each other, while two agents in one process
+(which share that driver) still do.
 """
 
 from __future__ import annotations
@@ -31,9 +37,16 @@ class HostLocked(AgentError):
     code = "internal"
 
 
+def in_process(uri: str) -> bool:
+    """True for a libvirt driver that lives inside the calling process (the test driver, without a transport)."""
+    return uri.partition(":")[0].lower() == "test"
+
+
 class HostLock:
-    def __init__(self, lock_dir: Path, machine: str):
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", machine)[:200] or "unknown"
+    def __init__(self, lock_dir: Path, machine: str, uri: str = ""):
+        self.private = in_process(uri)  # keyed to this process: removed again on release
+        key = f"{machine}-pid{os.getpid()}" if self.private else machine
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:200] or "unknown"
         self.path = Path(lock_dir) / f"agent-{safe}.lock"
         self.machine = machine
         self._fd: int | None = None
@@ -78,6 +91,8 @@ class HostLock:
     def release(self) -> None:
         if self._fd is not None:
             try:
+                if self.private:
+                    self.path.unlink(missing_ok=True)  # nobody else opens this process's lock
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             finally:
                 os.close(self._fd)
