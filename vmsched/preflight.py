@@ -25,8 +25,8 @@ def check_plugins(settings: Settings) -> None:
     if not folder.exists():
         raise ValueError(f"plugins folder {folder} does not exist (--plugins DIR or VMSCHED_PLUGINS)")
     if not folder.is_dir():
-        raise ValueError(f"--plugins {folder} is a file; give the folder that holds the plugin files "
-                         f"(--plugins {folder.parent})")
+        raise ValueError(f"--plugins {folder} is a file; it must be the folder that holds the plugin files "
+                         f"(e.g. --plugins {folder.parent})")
     if os.geteuid() != 0 or settings.allow_root_plugins:
         return  # workers run as the service's own user, or may stay root
     user = settings.plugin_user or default_plugin_user()
