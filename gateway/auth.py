@@ -210,7 +210,7 @@ class Guard:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIXES):
             return await self.app(scope, receive, send)
         if (scope["method"], scope["path"]) in CONSOLE_OPEN:
-            return await self.app(scope, receive, send)
+            return await self._open(scope, receive, send)
         if scope["method"] in ("GET", "HEAD") and CONSOLE_PAGES.match(scope["path"]):
             return await self._console(scope, receive, send)
         role, route, params, known = self.table.match(scope["method"], scope["path"])
@@ -247,6 +247,28 @@ class Guard:
             await self.app(scope, receive, watched)
         finally:
             done(status)
+
+    async def _open(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An open console route (log in, log out): the app answers, and a 401 or 403 it gives is audited.
+
+        Who was refused is named when the route puts the identity it found in ``scope["vmsched.identity"]``.
+        """
+        status = 0
+
+        async def watched(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        finally:
+            if status in (401, 403):
+                operation = self.operations.get((scope["method"], scope["path"]), "console")
+                audit.record(role=Role.READ, identity=scope.get("vmsched.identity"), method=scope["method"],
+                             route=scope["path"], operation=operation, params={}, status=status,
+                             client=(scope.get("client") or (None,))[0])
 
     async def _console(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A console page: the read role from the bearer header or the console cookie; else the login form."""

@@ -12,9 +12,9 @@ The names (each option's ``--help`` gives its own):
   (``VMSCHED_AGENT_SOCKET``), and ``token --file`` is the gateway's
   ``VMSCHED_TOKENS_FILE``.
 
-A flag wins over its variable. A variable of a list option holds its items
-separated by spaces (shell quoting applies); a switch takes 1/true/yes/on or
-0/false/no/off.
+A flag wins over its variable; an empty variable is as if unset. A variable
+of a list option holds its items separated by spaces (shell quoting applies);
+a switch takes 1/true/yes/on or 0/false/no/off.
 """
 
 from __future__ import annotations
@@ -184,6 +184,8 @@ class EnvParser(argparse.ArgumentParser):
         if found is None:
             return None
         name, text = found
+        if not text.strip() and action.nargs != 0:
+            return None  # set but empty: as if unset (a switch reads it as off)
         try:
             return self._value(action, text, action.dest in self.lists)
         except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:

@@ -152,7 +152,11 @@ class Settings(BaseSettings):
     @field_validator("engine_allow")
     @classmethod
     def _networks(cls, value: str) -> str:
-        for item in filter(None, (v.strip() for v in value.split(","))):
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        if value.strip() and not items:  # a list given but empty once parsed must not mean "any client"
+            raise ValueError(f"engine_allow: {value!r} lists no network; give CIDR,... or leave it unset "
+                             "(unset or empty: any client may call the XML-RPC)")
+        for item in items:
             try:
                 ipaddress.ip_network(item, strict=False)
             except ValueError:

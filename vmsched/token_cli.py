@@ -1,8 +1,9 @@
-"""``vmsched token new``: a fresh bearer token, shown once, and its hashed entry."""
+"""``vmsched token new|list|revoke``: the gateway's bearer tokens, in its tokens file."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -11,30 +12,63 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from vmsched.tokens import Role, TokenEntry, digest, entry_yaml, new_token, parse
+from vmsched.tokens import Role, TokenEntry, TokensDocument, digest, entry_yaml, new_token, parse
+
+HEADER = "# vmsched tokens: sha256 digests only (vmsched token new); re-read on change\n"
 
 
-def add_entry(path: Path, entry: TokenEntry) -> None:
-    """Add ``entry`` to the tokens file at ``path`` (created 0600), replaced atomically so readers see old or new."""
-    doc = parse(path.read_text(), str(path)) if path.exists() else parse("")
-    if any(t.name == entry.name for t in doc.tokens):
-        raise ValueError(f"{path} already has a token named {entry.name!r} (names are unique; remove it first to rotate)")
-    doc.tokens.append(entry)
+def read_document(path: Path) -> TokensDocument:
+    return parse(path.read_text(), str(path)) if path.exists() else parse("")
+
+
+def write_document(path: Path, doc: TokensDocument) -> None:
+    """Write ``doc`` to ``path`` (created 0600), replaced atomically so readers see old or new.
+
+    ``tokens:`` is always written, ``tokens: []`` when none is left: the gateway
+    reads that as "revoke every token", and an empty file as a broken one.
+    """
     data = doc.model_dump(mode="json", exclude_defaults=False)
     if not data["clients"]:
         del data["clients"]
-    text = "# vmsched tokens: sha256 digests only (vmsched token new); re-read on change\n"
-    text += yaml.safe_dump(data, sort_keys=False)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(text)
+            f.write(HEADER + yaml.safe_dump(data, sort_keys=False))
         if path.exists():
             os.chmod(tmp, path.stat().st_mode & 0o777)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def add_entry(path: Path, entry: TokenEntry) -> None:
+    """Add ``entry`` to the tokens file at ``path`` (created if missing)."""
+    doc = read_document(path)
+    if any(t.name == entry.name for t in doc.tokens):
+        raise ValueError(f"{path} already has a token named {entry.name!r} (names are unique; "
+                         f"`vmsched token revoke {entry.name}` first to rotate)")
+    doc.tokens.append(entry)
+    write_document(path, doc)
+
+
+def remove_entry(path: Path, name: str) -> None:
+    """Remove the token named ``name`` from the tokens file at ``path``."""
+    if not path.exists():
+        raise ValueError(f"tokens file {path} does not exist")
+    doc = read_document(path)
+    kept = [t for t in doc.tokens if t.name != name]
+    if len(kept) == len(doc.tokens):
+        known = ", ".join(t.name for t in doc.tokens) or "none"
+        raise ValueError(f"{path} has no token named {name!r} (tokens: {known})")
+    doc.tokens = kept
+    write_document(path, doc)
+
+
+def _file(args: argparse.Namespace) -> Path:
+    if args.file is None:
+        raise ValueError(f"vmsched token {args.verb}: which tokens file? Give --file YAML (or VMSCHED_TOKENS_FILE)")
+    return args.file
 
 
 def cmd_new(args: argparse.Namespace) -> int:
@@ -56,9 +90,39 @@ def cmd_new(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_list(args: argparse.Namespace) -> int:
+    path = _file(args)
+    if not path.exists():
+        raise ValueError(f"tokens file {path} does not exist (`vmsched token new --file {path}` makes one)")
+    doc = read_document(path)
+    if args.json:
+        print(json.dumps({"tokens": [{"name": t.name, "roles": [r.value for r in t.roles]} for t in doc.tokens],
+                          "clients": [{"subject": c.subject, "roles": [r.value for r in c.roles]}
+                                      for c in doc.clients]}, indent=2))
+        return 0
+    rows = [("token", t.name, t.roles) for t in doc.tokens] + [("client", c.subject, c.roles) for c in doc.clients]
+    width = max([len("NAME"), *(len(name) for _, name, _ in rows)])
+    print(f"{'KIND':<7} {'NAME':<{width}}  ROLES")
+    for kind, name, roles in rows:
+        print(f"{kind:<7} {name:<{width}}  {','.join(r.value for r in roles)}")
+    if not doc.tokens:
+        print(f"no token in {path}: every /v1 call answers 401", file=sys.stderr)
+    return 0
+
+
+def cmd_revoke(args: argparse.Namespace) -> int:
+    path = _file(args)
+    remove_entry(path, args.name)
+    left = len(read_document(path).tokens)
+    print(f"revoked token {args.name!r} in {path} ({left} left); a running gateway drops it within a second",
+          file=sys.stderr)
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("token", help="bearer tokens of the JSON API",
-                       description="Manage the gateway's bearer tokens (docs/api-auth.md).")
+                       description="Manage the gateway's bearer tokens (docs/api-auth.md). The gateway re-reads "
+                                   "its tokens file when it changes.")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     n = verbs.add_parser("new", help="make a random token: printed once on stdout, only its sha256 is stored",
                          description="Make a random token. The token goes to stdout, once; the tokens file keeps "
@@ -69,3 +133,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="a role of the token; repeat for several")
     n.add_argument("--file", type=Path, metavar="YAML", help="add the entry to this tokens file (created if missing)")
     n.set_defaults(func=cmd_new)
+    ls = verbs.add_parser("list", help="list the tokens (names and roles) and client subjects of a tokens file",
+                          description="List the names and roles of the tokens, and the client certificate "
+                                      "subjects, of a tokens file (it holds no token, only digests).")
+    ls.add_argument("--file", type=Path, metavar="YAML", help="the tokens file")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ls.set_defaults(func=cmd_list)
+    r = verbs.add_parser("revoke", help="remove a token from a tokens file (a running gateway drops it)",
+                         description="Remove the token NAME from a tokens file. A running gateway re-reads the "
+                                     "file and refuses the token within a second. Revoking the last token writes "
+                                     "'tokens: []', which revokes every token.")
+    r.add_argument("name", metavar="NAME", help="the token's name (`vmsched token list` shows them)")
+    r.add_argument("--file", type=Path, metavar="YAML", help="the tokens file")
+    r.set_defaults(func=cmd_revoke)

@@ -12,8 +12,10 @@ The file holds only sha256 digests of the tokens, never a token::
 
 The file is re-read when it changes (its inode, size or mtime: a Kubernetes
 Secret mount swaps a symlink), at most every ``check_interval`` seconds. A
-file that is missing or invalid after a change keeps the last good set; the
-error is logged and counted (``vmsched_auth_tokens_reloads_total``).
+file that is missing, empty (no YAML document: an editor or a copy that
+emptied it) or invalid after a change (one cut off mid-entry) keeps the last
+good set; the reason is logged and counted (``vmsched_auth_tokens_reloads_total``).
+An explicit ``tokens: []`` revokes every token.
 """
 
 from __future__ import annotations
@@ -96,6 +98,14 @@ def entry_yaml(name: str, roles: list[Role], token: str) -> str:
     return yaml.safe_dump([doc.model_dump(mode="json")], sort_keys=False)
 
 
+def blank(text: str) -> bool:
+    """Whether ``text`` holds no YAML document at all (empty, blank or only comments)."""
+    try:
+        return yaml.safe_load(text) is None
+    except yaml.YAMLError:
+        return False
+
+
 def parse(text: str, source: str = "tokens file") -> TokensDocument:
     """Parse and check a tokens file; ValueError with every problem otherwise."""
     try:
@@ -141,7 +151,11 @@ class TokenStore:
             self._signature = _signature(path)
             if self._signature is None:
                 raise ValueError(f"tokens file {path} does not exist (create one with `vmsched token new`)")
-            self._install(parse(path.read_text(), str(path)))
+            text = path.read_text()
+            if blank(text):
+                log.warning("tokens file %s is empty: no token is accepted (`vmsched token new --file %s` adds one)",
+                            path, path)
+            self._install(parse(text, str(path)))
 
     @property
     def configured(self) -> bool:
@@ -168,7 +182,10 @@ class TokenStore:
             try:
                 if signature is None:
                     raise ValueError(f"tokens file {self.path} is missing")
-                doc = parse(self.path.read_text(), str(self.path))
+                text = self.path.read_text()
+                if blank(text):
+                    raise ValueError(f"tokens file {self.path} is empty (to revoke every token, write 'tokens: []')")
+                doc = parse(text, str(self.path))
             except (OSError, ValueError) as exc:
                 self.last_error = str(exc)
                 metrics.AUTH_RELOADS.labels(outcome="error").inc()
