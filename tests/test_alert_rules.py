@@ -2,7 +2,7 @@
 
 ``promtool check rules`` validates the file; ``promtool test rules`` runs
 tests/prometheus/*.test.yaml, which together must hold a firing and a quiet
-case for every alert. Every alert names its runbook entry in docs/deploy.md,
+case for every alert. Every alert names its runbook entry in docs/deploy/monitoring.md,
 only uses metrics that vmsched, RabbitMQ's plugin or Prometheus (``up``)
 export, and the chart ships the same rules as a PrometheusRule.
 
@@ -27,7 +27,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "charts" / "vmsched" / "rules" / "vmsched.yaml"
 RULE_TESTS = sorted((ROOT / "tests" / "prometheus").glob("*.test.yaml"))
-DOCS = ROOT / "docs" / "deploy.md"
+DOCS = ROOT / "docs" / "deploy" / "monitoring.md"
 
 
 def prometheus_tool(name: str) -> str:
@@ -87,8 +87,8 @@ def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
 def test_every_alert_has_a_runbook_entry() -> None:
     headings = {m.group(1) for m in re.finditer(r"^#### (Vmsched\w+)\s*$", DOCS.read_text(), re.M)}
     for name, rule in alerts().items():
-        assert rule["annotations"]["runbook"] == f"docs/deploy.md#{name.lower()}", name
-        assert name in headings, f"docs/deploy.md has no runbook heading '#### {name}'"
+        assert rule["annotations"]["runbook"] == f"docs/deploy/monitoring.md#{name.lower()}", name
+        assert name in headings, f"docs/deploy/monitoring.md has no runbook heading '#### {name}'"
         assert rule["labels"]["severity"] in ("critical", "warning"), name
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
 

@@ -678,10 +678,11 @@ def test_notes_tell_how_to_point_the_engine_at_the_gateway(chart: helm.Chart) ->
 
 
 def test_docs_only_set_values_the_chart_has(chart: helm.Chart) -> None:
-    """Every `--set KEY=...` in docs/deploy.md and the chart README names a real value."""
+    """Every `--set KEY=...` in the deployment docs and the chart README names a real value."""
     values = chart.values
     found = 0
-    for doc in (ROOT / "docs" / "deploy.md", CHART / "README.md"):
+    deploy_docs = [ROOT / "docs" / "deploy.md", *sorted((ROOT / "docs" / "deploy").glob("*.md"))]
+    for doc in (*deploy_docs, CHART / "README.md"):
         for m in re.finditer(r"--set(?:-file|-json|-string)?[ =]'?([A-Za-z0-9_.\\-]+)=", doc.read_text()):
             keys = [k.replace("\\", "") for k in re.split(r"(?<!\\)\.", m.group(1))]
             node: Any = values
@@ -692,7 +693,7 @@ def test_docs_only_set_values_the_chart_has(chart: helm.Chart) -> None:
                 node = node[key]
             found += 1
     assert found >= 10
-    text = (ROOT / "docs" / "deploy.md").read_text()
+    text = "".join(doc.read_text() for doc in deploy_docs)
     assert "engine-config -s ExternalSchedulerServiceURL=http://" in text
     assert "engine-config -s ExternalSchedulerEnabled=true" in text
 

@@ -134,7 +134,7 @@ class FactsCache:
         self._lock = threading.Lock()
         self._epoch = 0  # entries stored so far (CallFacts.epoch)
         _CACHES.add(self)
-        RECEIVED.labels(service)  # every series at 0 from start-up (docs/deploy.md, "Monitoring")
+        RECEIVED.labels(service)  # every series at 0 from start-up (docs/deploy/monitoring.md)
         for reason in ("oversized", "malformed", "version", "out_of_order", "host_mismatch"):
             DROPPED.labels(service, reason)
 

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-#: Histogram buckets (seconds), chosen for this system (docs/deploy.md, "Monitoring"):
+#: Histogram buckets (seconds), chosen for this system (docs/deploy/monitoring.md):
 #: fine from 1 ms to 100 ms, where a healthy request or plugin call lands, then dense around
 #: the plugin timeout (--plugin-timeout, 10 s) and the engine's request deadline
 #: (--request-timeout, 30 s), with finite buckets above 30 s so that a p99 past the deadline shows.

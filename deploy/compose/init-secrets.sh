@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compose.yaml's one-shot `secrets` service: the broker users and the gateway's tokens file
-# (docs/deploy.md, "Single host: Docker Compose"). Runs before RabbitMQ and the vmsched services,
+# (docs/deploy/compose.md). Runs before RabbitMQ and the vmsched services,
 # on every `docker compose up`; what exists is kept, so passwords and tokens survive re-runs.
 #
 #   $SECRETS/broker/            password file of each broker user (root only; setup-users.sh)

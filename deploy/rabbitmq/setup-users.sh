@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Least-privilege RabbitMQ users of vmsched (docs/deploy.md, "Broker users").
+# Least-privilege RabbitMQ users of vmsched (docs/deploy/broker-users.md).
 #
 #   deploy/rabbitmq/setup-users.sh --secrets DIR [--vhost VHOST] [--broker HOST:PORT] [--tls]
 #                                  [--agent HOST_ID]... [--shared-agent] [--admin] [--delete-guest] [--print]

@@ -258,7 +258,7 @@ class AsyncBusClient:
 
     # --- connection plumbing ----------------------------------------------
     def _connect(self) -> Connection:
-        """Open a connection and create the exchanges (the gateway's user may: docs/deploy.md)."""
+        """Open a connection and create the exchanges (the gateway's user may: docs/deploy/broker-users.md)."""
         conn = open_connection(self.options)
         try:
             ensure_exchanges(conn, EXCHANGES)

@@ -3,7 +3,7 @@
 Nothing goes through the default exchange (RabbitMQ checks write permission
 on the exchange, not the queue: whoever may write to ``amq.default`` may
 publish to any queue). Each kind of message has its own exchange, so broker
-permissions can say who may send what (docs/deploy.md, "Broker users"):
+permissions can say who may send what (docs/deploy/broker-users.md):
 
 - ``vmsched.requests`` (topic, key = request queue name): scheduling requests,
   published by the gateway only;
@@ -121,7 +121,7 @@ def dead_letter_queue(name: str) -> Queue:
     """Where the requests of ``name`` past their delivery limit wait for their service to answer them.
 
     A quorum queue like its request queue: a classic durable queue lives on one node, and while that node
-    is down no service could declare it, so none would consume (docs/deploy.md, "A RabbitMQ cluster").
+    is down no service could declare it, so none would consume (docs/deploy/rabbitmq-cluster.md).
     """
     return Queue(name + DEAD_SUFFIX, exchange=DEAD_EXCHANGE, routing_key=name, durable=True, auto_delete=False,
                  queue_arguments={"x-queue-type": "quorum"})

@@ -3,8 +3,8 @@
 A broker may be a cluster: several URLs, separated by ``;`` as in kombu's
 failover syntax (``amqp://u:p@node1:5672/vmsched;amqp://u:p@node2:5672/vmsched``),
 or one a line in the URL file. A component connects to the first node that
-answers and, when that node goes away, to another one (docs/deploy.md, "A
-RabbitMQ cluster").
+answers and, when that node goes away, to another one
+(docs/deploy/rabbitmq-cluster.md).
 
 A password never comes from the command line (``ps`` shows every process's
 arguments to every user): it comes from a file (``--amqp-url-file``) or the
