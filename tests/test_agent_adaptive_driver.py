@@ -30,8 +30,8 @@ def repairs() -> float:
 class Feed:
     """Crafted counters: pCPU 1 saturated, the others at 10 %; guests waiting half the time."""
 
-    def __init__(self, agent: Agent, proc: Path, ncpus: int = 8):
-        self.agent, self.proc, self.ncpus, self.ticks, self.ns = agent, proc, ncpus, 0, 0
+    def __init__(self, agent: Agent, proc: Path):
+        self.agent, self.proc, self.ncpus, self.ticks, self.ns = agent, proc, len(agent.pools.host_cpus), 0, 0
         loop = agent._tuner
         assert loop is not None
         loop._proc = proc

@@ -48,13 +48,13 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str]:
 
 
 def test_cli_reports_field_model_and_host_problems_at_once(conn, make_agent, capsys):  # noqa: F811
-    a = make_agent()  # pool 4-7 on the test driver's 8 CPUs
+    a = make_agent()  # pool 4-7 on the test driver's 16 CPUs
     guest(conn, "t-all")
-    code, err = run_cli(["policy", "set", "t-all", "--dedicated", "1-1", "--pin", "0=9", "--weight", "1",
+    code, err = run_cli(["policy", "set", "t-all", "--dedicated", "1-1", "--pin", "0=99", "--weight", "1",
                          "--socket", str(a.socket_path)], capsys)
     assert code != 0
     assert "weight (cpu_shares) 1 outside" in err, err
-    assert "vCPU 0 pin 9: CPUs 9 do not exist on this host" in err, err
+    assert "vCPU 0 pin 99: CPUs 99 do not exist on this host" in err, err
     assert "dedicated set 1: CPUs 1 are not in the host's dedicated pool" in err, err
     # and nothing was applied
     assert a.get_policy("t-all")["policy"] is None

@@ -169,7 +169,7 @@ def test_bus_rpc_and_events(conn, make_agent):
         call("memory://", agent_queue("h1"), "get_policy", {"guest": "t-gone"})
     assert missing.value.code == "not_found"
     with pytest.raises(RequestError) as refused:
-        call("memory://", agent_queue("h1"), "set_pool", {"dedicated_pool": "0-7"})
+        call("memory://", agent_queue("h1"), "set_pool", {"dedicated_pool": "0-15"})  # every host CPU
     assert refused.value.code == "invalid" and refused.value.details
     with pytest.raises(RequestError, match="control character U\\+0000") as nul:  # bug 5, on the bus
         call("memory://", agent_queue("h1"), "get_policy", {"guest": "t-bus\x00"})
@@ -303,6 +303,6 @@ def test_agent_daemon_process(state_dir):  # noqa: F811 - fixture
         proc.wait()
     # a pool that cannot exist: refused at start with the reason, exit 1
     bad = subprocess.run([*base, "agent", "--libvirt", "test:///default", "--host-id", "hd", "--state-dir",
-                          str(state_dir / "b"), "--socket", str(state_dir / "b.sock"), "--dedicated-pool", "0-9"],
+                          str(state_dir / "b"), "--socket", str(state_dir / "b.sock"), "--dedicated-pool", "0-17"],
                          capture_output=True, text=True, env=env, timeout=30)
-    assert bad.returncode == 1 and "CPUs 8-9 do not exist on this host" in bad.stderr
+    assert bad.returncode == 1 and "CPUs 16-17 do not exist on this host" in bad.stderr

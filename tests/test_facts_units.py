@@ -149,7 +149,8 @@ def test_collector_host_and_guests(tmp_path: Path) -> None:
     collector.host(conn)
     (proc / "stat").write_text(STAT2)
     host = collector.host(conn)
-    assert host.cpu_pct == 60.0 and host.pcpu_pct == [100.0, 0.0] and host.cpus == 2
+    assert host.cpu_pct == 60.0 and host.pcpu_pct == [100.0, 0.0]
+    assert host.cpus == 16 and (host.sockets, host.cores, host.threads) == (2, 8, 1)  # the capabilities' CPUs
     assert host.memory_total_mib == 8192 and host.memory_free_mib == 3072  # MemFree + Cached + Buffers + SReclaimable
     assert host.memory_available_mib == 3072 and host.swap_used_mib == 1024 and host.load_avg == [0.5, 0.25, 0.1]
     assert [(p.size_kib, p.total, p.free) for p in host.hugepages] == [(2048, 64, 16)]

@@ -41,7 +41,7 @@ from .virt import hostlock, metadata
 from .virt.apply import Applier, Caps
 from .virt.collector import Collector
 from .virt.connection import DomainEvent, LibvirtLink
-from .virt.host import host_cpus, host_identity
+from .virt.host import host_identity, read_topology
 from .virt.lifecycle import LibvirtDomains
 
 log = logging.getLogger("vmsched.agent")
@@ -81,8 +81,10 @@ class Agent:
         lock_dir: Path | None = None,
         facts_interval: float = 5.0,
         tuner: TunerConfig | None = None,
+        opener: Callable[[str], "libvirt.virConnect"] = libvirt.open,
     ):
         self.uri = uri
+        self.opener = opener  # how the libvirt connection is opened (tests: a recorded host's capabilities)
         self.host_id = host_id
         self.state_dir = Path(state_dir)
         self.requested_pool = dedicated_pool
@@ -125,7 +127,7 @@ class Agent:
 
     def _start(self) -> "Agent":
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.link = LibvirtLink(self.uri, self._on_event, self._on_connect)
+        self.link = LibvirtLink(self.uri, self._on_event, self._on_connect, opener=self.opener)
         conn = self.link.connect(self.connect_timeout)
         self.machine = host_identity(conn)
         self.host_id = self.host_id or self.machine
@@ -133,9 +135,12 @@ class Agent:
         self._lock.acquire({"host_id": self.host_id, "state_dir": str(self.state_dir.resolve()), "uri": self.uri,
                             "socket": str(self.socket_path)})
         caps = Caps.detect(conn)
-        cpus, ncpus = host_cpus(conn, caps)
+        topology = read_topology(conn)
+        cpus = topology.online
+        log.info("host CPUs %s: %s", cpuset.fmt(cpus), topology.describe())
         found = recovery.load_or_rebuild(self.checkpoint_path, self.machine, cpus)
         pools, rebuild = found.pools, found.rebuild
+        pools.topology = topology
         if found.previous_host_id is not None and found.previous_host_id != self.host_id:
             log.warning("host ID changed from %r to %r: keeping this machine's (%s) pool and allocations; the bus"
                         " queue is now vmsched.agent.%s", found.previous_host_id, self.host_id, self.machine,
@@ -150,7 +155,7 @@ class Agent:
         elif rebuild:
             log.info("no checkpoint at %s; building host state from the guests", self.checkpoint_path)
         keys = recovery.hint_keys(self.machine, self.host_id, found.previous_host_id)
-        self.enforcer = Enforcer(self.machine, pools, self.inventory, Applier(caps, ncpus, cpus),
+        self.enforcer = Enforcer(self.machine, pools, self.inventory, Applier(caps, topology.cpumap_length, cpus),
                                  self._publish, self._save, self.release_on_stop, hint_keys=keys,
                                  transient=TransientPolicies(self._load_store()))
         self.changes = PolicyChanges(self.enforcer)

@@ -25,10 +25,11 @@ def _enforcer(conn: Any, pool: frozenset[int]) -> Any:
     from vmsched.services.policy_agent.policy.allocation import Pools
     from vmsched.services.policy_agent.policy.inventory import Inventory
     from vmsched.services.policy_agent.virt.apply import Applier, Caps
-    from vmsched.services.policy_agent.virt.host import host_cpus
+    from vmsched.services.policy_agent.virt.host import read_topology
 
     caps = Caps.detect(conn)
-    cpus, ncpus = host_cpus(conn, caps)
+    topology = read_topology(conn)
+    cpus, ncpus = topology.online, topology.cpumap_length
     return Enforcer("e2e", Pools(cpus, pool), Inventory(), Applier(caps, ncpus, cpus), lambda *_: None,
                     lambda: None)
 

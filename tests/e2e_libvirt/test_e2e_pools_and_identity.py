@@ -100,7 +100,7 @@ def test_alternating_repairs_never_duplicate_an_element(env, guests):
     from vmsched.services.policy_agent.policy.validation import Desired
     from vmsched.services.policy_agent.virt import metadata
     from vmsched.services.policy_agent.virt.apply import Applier, Caps
-    from vmsched.services.policy_agent.virt.host import host_cpus
+    from vmsched.services.policy_agent.virt.host import read_topology
 
     import libvirt
 
@@ -110,7 +110,8 @@ def test_alternating_repairs_never_duplicate_an_element(env, guests):
                                               "<vcpu placement='static' cpuset='0'>2</vcpu>"))
     guests.start(name)
     caps = Caps.detect(env.conn)
-    cpus, ncpus = host_cpus(env.conn, caps)
+    topology = read_topology(env.conn)
+    cpus, ncpus = topology.online, topology.cpumap_length
     applier = Applier(caps, ncpus, cpus)
     lo, hi = min(cpus), max(cpus)
     sides = [

@@ -14,6 +14,7 @@ from . import cpuset
 from .cpuset import CpuSet
 from .errors import PolicyError
 from .model import GuestPolicy
+from .topology import Topology, flat
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,11 @@ class Pools:
     pool: CpuSet = frozenset()
     allocations: dict[str, CpuSet] = field(default_factory=dict)  # uuid -> CPUs
     names: dict[str, str] = field(default_factory=dict)  # uuid -> guest name
+    topology: Topology | None = None  # the host's cores and NUMA nodes (None: every CPU a core, one node)
+
+    @property
+    def topo(self) -> Topology:
+        return self.topology if self.topology is not None else flat(self.host_cpus)
 
     # --- views ---------------------------------------------------------------
     @property
@@ -157,7 +163,7 @@ class Pools:
         return self.allocations.pop(uuid, None)
 
     def copy(self) -> "Pools":
-        return Pools(self.host_cpus, self.pool, dict(self.allocations), dict(self.names))
+        return Pools(self.host_cpus, self.pool, dict(self.allocations), dict(self.names), self.topology)
 
     def consistency_errors(self) -> list[str]:
         """What is wrong with this state (used to validate a checkpoint)."""
@@ -200,7 +206,7 @@ def plan_pool(pools: Pools, pool: CpuSet, guests: Iterable[Holder], release_on_s
     errors = pools.check_pool(pool)
     if errors:
         raise PolicyError(errors)
-    new = Pools(pools.host_cpus, pool)
+    new = Pools(pools.host_cpus, pool, topology=pools.topology)
     guests = list(guests)
     holders = [g for g in guests if g.policy is not None and g.policy.dedicated is not None
                and (g.uuid in pools.allocations or not release_on_stop or g.active)]

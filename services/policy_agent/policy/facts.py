@@ -14,6 +14,7 @@ from vmsched.facts import DedicatedGuest, GuestFacts
 
 from . import cpuset
 from .model import GuestPolicy
+from .topology import Topology
 
 KIB_PER_MIB = 1024
 #: History length, seconds (the last 10 minutes).
@@ -138,3 +139,11 @@ def dedicated_summary(pool: frozenset[int], allocations: dict[str, frozenset[int
         guests.setdefault(uuid, DedicatedGuest(wanted=len(cpus), held=len(cpus)))
     return {"dedicated_pool_cpus": len(pool), "dedicated_free_cpus": len(pool - allocated),
             "dedicated_guests": guests}
+
+
+def topology_facts(topology: Topology) -> dict[str, int]:
+    """Sockets, cores per socket and threads per core, counted from the CPUs the topology lists (libvirt's
+    ``host/cpu/topology`` counts sockets per NUMA node, not per host)."""
+    sockets = topology.socket_cpus()
+    cores = max((len({topology.core_of(c) for c in cpus}) for cpus in sockets.values()), default=0)
+    return {"sockets": len(sockets), "cores": cores, "threads": topology.threads_per_core()}

@@ -38,20 +38,28 @@ class Caps:
     driver: str
     vcpu_pin_flags: bool = True  # pinVcpuFlags accepts AFFECT_LIVE / AFFECT_CONFIG (else: live via flags=0 only)
     scheduler: bool = True  # cpu_shares / vcpu_quota / vcpu_period are supported
+    pinnable: CpuSet | None = None  # the CPUs a pin can hold (None: every host CPU)
 
     @classmethod
     def detect(cls, conn: "libvirt.virConnect") -> "Caps":
         driver = conn.getType()
         if driver.upper() == "TEST":
-            caps = cls(driver, vcpu_pin_flags=False, scheduler=False)
+            # the test driver keeps only the CPUs of its fixed 8-CPU map in a pin, whatever its capabilities list
+            pinnable = frozenset(range(conn.getCPUMap()[0]))
+            caps = cls(driver, vcpu_pin_flags=False, scheduler=False, pinnable=pinnable)
             log.warning(
                 "libvirt %s driver: vCPU pins are applied live only (pinVcpuFlags accepts flags=0 and"
-                " refuses inactive guests) and weight/cap are not applied (no scheduler parameters);"
-                " emulator pins and metadata behave as on QEMU",
-                driver,
+                " refuses inactive guests), a pin holds only CPUs %s (the rest of a pin is left out) and"
+                " weight/cap are not applied (no scheduler parameters); emulator pins and metadata behave"
+                " as on QEMU",
+                driver, cpuset.fmt(pinnable),
             )
             return caps
         return cls(driver)
+
+    def storable(self, cpus: CpuSet) -> CpuSet:
+        """The part of a pin the driver keeps."""
+        return cpus if self.pinnable is None else frozenset(cpus & self.pinnable)
 
 
 @dataclass
@@ -87,12 +95,14 @@ def diff(actual: domxml.DomainXml, desired: Desired, host: CpuSet, caps: Caps, p
     if desired.vcpus is not None and pins:
         have = actual.effective_vcpus(host)
         for i, want in sorted(desired.vcpus.items()):
+            want = caps.storable(want)
             if live and actual.online is not None and i not in actual.online:
                 continue
-            if i < actual.nvcpus and have.get(i) != want:
+            if want and i < actual.nvcpus and have.get(i) != want:
                 out.append(("vcpu", i, want))
-    if desired.emulator is not None and actual.effective_emulator(host) != desired.emulator:
-        out.append(("emulator", None, desired.emulator))
+    emulator = caps.storable(desired.emulator) if desired.emulator is not None else None
+    if emulator and actual.effective_emulator(host) != emulator:
+        out.append(("emulator", None, emulator))
     if caps.scheduler:
         for key, want in sorted(desired.sched.items()):
             if not sched_equal(key, want, actual.sched.get(key)):

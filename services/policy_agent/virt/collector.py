@@ -1,7 +1,7 @@
 """The facts collector: what this hypervisor and its guests look like now.
 
 Host: identity and topology from libvirt's capabilities (read once per
-connection), CPU use from ``/proc/stat``, load from ``/proc/loadavg``,
+connection, by the agent's one topology reader), CPU use from ``/proc/stat``, load from ``/proc/loadavg``,
 memory from ``/proc/meminfo``, hugepages from ``/sys/kernel/mm/hugepages``.
 Guests: one bulk ``getAllDomainStats`` per collection with
 ``VIR_CONNECT_GET_ALL_DOMAINS_STATS_NOWAIT`` (a guest whose QEMU monitor is
@@ -18,7 +18,6 @@ import logging
 import os
 import socket
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,10 @@ from vmsched.facts import GuestFacts, HostFacts, HugePages, NumaCell
 
 from ..policy import cpuset
 from ..policy import facts as calc
+from ..policy.facts import topology_facts
 from ..policy.inventory import STATE_NAMES
+from ..policy.topology import Topology, TopologyError
+from .host import host_uuid, read_topology
 
 log = logging.getLogger("vmsched.agent.facts")
 
@@ -54,6 +56,7 @@ class Collector:
         self.stats_timeout = stats_timeout
         self._static: dict[str, Any] | None = None
         self._static_conn: Any = None
+        self.topology: Topology | None = None  # the host's, read with the static facts
         self._cpu_before: tuple[calc.CpuTimes | None, dict[int, calc.CpuTimes]] = (None, {})
         self._guest_before: dict[str, int] = {}
         self._when: float | None = None
@@ -66,30 +69,22 @@ class Collector:
 
     # --- host -------------------------------------------------------------------
     def static(self, conn: "libvirt.virConnect") -> dict[str, Any]:
-        """Identity and topology (from the capabilities, once per connection)."""
+        """Identity and topology (from the capabilities, once per connection: :func:`host.read_topology`)."""
         if self._static is not None and self._static_conn is conn:
             return self._static
-        facts: dict[str, Any] = {"hostname": socket.gethostname(), "vdsm_id": _read(self.vdsm_id).strip()}
+        facts: dict[str, Any] = {"hostname": socket.gethostname(), "vdsm_id": _read(self.vdsm_id).strip(),
+                                 "libvirt_uuid": host_uuid(conn) or ""}
         try:
-            caps = ET.fromstring(conn.getCapabilities())
-        except (libvirt.libvirtError, ET.ParseError) as exc:
+            topology: Topology | None = read_topology(conn)
+        except (libvirt.libvirtError, TopologyError) as exc:
             log.warning("host capabilities unreadable: %s", exc)
-            caps = ET.Element("capabilities")
-        facts["libvirt_uuid"] = caps.findtext("host/uuid") or ""
-        topo = caps.find("host/cpu/topology")
-        if topo is not None:
-            facts.update(sockets=int(topo.get("sockets", 0)), cores=int(topo.get("cores", 0)),
-                         threads=int(topo.get("threads", 0)))
-        cells = []
-        for cell in caps.iterfind("host/topology/cells/cell"):
-            ids = {int(c.get("id", -1)) for c in cell.iterfind("cpus/cpu")} - {-1}
-            mem = cell.find("memory")
-            kib = int(mem.text or 0) if mem is not None else 0
-            cells.append(NumaCell(id=int(cell.get("id", 0)), cpus=cpuset.fmt(frozenset(ids)), memory_mib=kib // 1024))
-        facts["numa"] = cells
-        if not facts.get("sockets") and cells:  # no host/cpu/topology (test driver): count from the cells
-            facts["sockets"] = len({c.get("socket_id") for c in caps.iterfind("host/topology/cells/cell/cpus/cpu")})
-        self._static, self._static_conn = facts, conn
+            topology = None
+        facts["numa"] = []
+        if topology is not None:
+            facts.update(topology_facts(topology))
+            facts["numa"] = [NumaCell(id=c.id, cpus=cpuset.fmt(c.cpus), memory_mib=c.memory_kib // 1024)
+                             for c in topology.cells]
+        self._static, self._static_conn, self.topology = facts, conn, topology
         return facts
 
     def host(self, conn: "libvirt.virConnect") -> HostFacts:
@@ -100,7 +95,7 @@ class Collector:
         facts = dict(self.static(conn))
         facts.update(calc.memory_mib(calc.parse_meminfo(_read(self.proc / "meminfo"))))
         facts.update(
-            cpus=len(per) or os.cpu_count() or 0,
+            cpus=len(self.topology.online) if self.topology is not None else len(per) or os.cpu_count() or 0,
             cpu_pct=calc.busy_pct(before_total, total) if total is not None else 0.0,
             pcpu_pct=[calc.busy_pct(before_per.get(i), t) for i, t in sorted(per.items())],
             load_avg=[float(x) for x in load],

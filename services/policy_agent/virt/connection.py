@@ -86,7 +86,9 @@ class LibvirtLink:
 
     ``sink(event)`` receives domain events; ``on_connect(conn, reconnected)``
     runs on the reconnect thread after every successful (re)open, so the agent
-    can reconcile what it missed.
+    can reconcile what it missed. ``opener`` opens a connection to a URI:
+    ``libvirt.open``, or in tests a connection that stands for a host the
+    machine is not (tests/agent/recorded_host.py).
     """
 
     def __init__(
@@ -96,8 +98,10 @@ class LibvirtLink:
         on_connect: Callable[["libvirt.virConnect", bool], None],
         max_backoff: float = 15.0,
         keepalive: tuple[int, int] = (5, 3),
+        opener: Callable[[str], "libvirt.virConnect"] = libvirt.open,
     ):
         self.uri = uri
+        self.opener = opener
         self.sink = sink
         self.on_connect = on_connect
         self.max_backoff = max_backoff
@@ -173,7 +177,7 @@ class LibvirtLink:
 
     # --- internals -------------------------------------------------------------
     def _open(self) -> "libvirt.virConnect":
-        conn = libvirt.open(self.uri)
+        conn = self.opener(self.uri)
         try:
             conn.setKeepAlive(*self.keepalive)
         except libvirt.libvirtError as exc:  # the test driver has no keepalive

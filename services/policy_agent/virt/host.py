@@ -1,4 +1,4 @@
-"""The host as libvirt sees it: its identity and its CPUs."""
+"""The host as libvirt sees it: its identity and its CPU topology (the one place the agent reads them)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import xml.etree.ElementTree as ET
 
 import libvirt
 
-from ..policy import cpuset
-from .apply import Caps
+from ..policy.topology import Topology, from_counts, parse_capabilities
 
 
 def host_uuid(conn: "libvirt.virConnect") -> str | None:
@@ -23,9 +22,12 @@ def host_identity(conn: "libvirt.virConnect") -> str:
     return host_uuid(conn) or conn.getHostname()
 
 
-def host_cpus(conn: "libvirt.virConnect", caps: Caps) -> tuple[frozenset[int], int]:
-    """(online CPUs, length of a cpumap). The test driver's online map is fake: all count."""
-    ncpus, online, _ = conn.getCPUMap()
-    if not caps.vcpu_pin_flags:  # test driver
-        return frozenset(range(ncpus)), ncpus
-    return cpuset.from_cpumap(online), ncpus
+def read_topology(conn: "libvirt.virConnect") -> Topology:
+    """The host's CPUs, cores, sockets and NUMA nodes from its capabilities: the host's CPUs for the whole
+    agent. A driver whose capabilities list no NUMA cell (the test driver with a node XML file) is described
+    from its node info (``getInfo``: NUMA nodes x sockets x cores x threads)."""
+    topology = parse_capabilities(conn.getCapabilities())
+    if topology is None:
+        _model, memory_mib, cpus, _mhz, nodes, sockets, cores, threads = conn.getInfo()[:8]
+        topology = from_counts(cpus, nodes, sockets, cores, threads, memory_mib * 1024)
+    return topology

@@ -1,0 +1,205 @@
+"""The host's CPU topology, read from libvirt's capabilities XML: pure parsing, no libvirt.
+
+libvirt lists every CPU under its NUMA cell (``host/topology/cells/cell/cpus/cpu``) with its
+``socket_id``, ``die_id``, ``core_id`` and ``siblings`` (the threads of its core); a CPU that is
+offline is listed by its ``id`` alone. ``host/cpu/topology`` gives the counts per socket, and
+``host/cache`` the cache banks where the kernel reports them.
+
+A driver whose capabilities list no cell (libvirt's test driver with a node XML file) is described
+by :func:`from_counts` from its node info instead (CPUs numbered node by node, socket by socket,
+core by core, thread by thread).
+
+The online CPUs found here are the host's CPUs for the whole agent: pools, allocations, pins and
+the facts all count them from this one source.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+
+from . import cpuset
+from .cpuset import CpuSet
+
+
+class TopologyError(ValueError):
+    """The capabilities XML cannot be read."""
+
+
+@dataclass(frozen=True)
+class Cpu:
+    id: int
+    node: int
+    socket: int = 0
+    die: int = 0
+    core: int = 0
+    siblings: CpuSet = frozenset()  # the online threads of its core, itself included
+    online: bool = True
+
+
+@dataclass(frozen=True)
+class Cell:
+    id: int
+    cpus: CpuSet  # every CPU of the cell, offline ones included
+    memory_kib: int = 0
+
+
+@dataclass(frozen=True)
+class Cache:
+    level: int
+    type: str  # both, data, instruction
+    size_kib: int
+    cpus: CpuSet
+
+
+@dataclass(frozen=True)
+class Topology:
+    cpus: dict[int, Cpu]
+    cells: tuple[Cell, ...]
+    caches: tuple[Cache, ...] = ()
+    #: per socket, as libvirt's host/cpu/topology says (0: not given)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    # --- views -------------------------------------------------------------------------------
+    @property
+    def online(self) -> CpuSet:
+        return frozenset(c.id for c in self.cpus.values() if c.online)
+
+    @property
+    def offline(self) -> CpuSet:
+        return frozenset(c.id for c in self.cpus.values() if not c.online)
+
+    @property
+    def cpumap_length(self) -> int:
+        """How many CPUs a libvirt cpumap of this host holds (offline ones included)."""
+        return max(self.cpus, default=-1) + 1
+
+    def node_of(self, cpu: int) -> int:
+        return self.cpus[cpu].node
+
+    def nodes(self) -> list[int]:
+        return [c.id for c in self.cells]
+
+    def node_cpus(self, node: int) -> CpuSet:
+        """The online CPUs of a NUMA node."""
+        return frozenset(c.id for c in self.cpus.values() if c.online and c.node == node)
+
+    def core_of(self, cpu: int) -> CpuSet:
+        """The online threads of ``cpu``'s core (``cpu`` itself for an offline one)."""
+        c = self.cpus.get(cpu)
+        return c.siblings if c is not None and c.siblings else frozenset({cpu})
+
+    def cores(self) -> list[CpuSet]:
+        """Every core (its online threads), ordered by its lowest CPU."""
+        seen: dict[CpuSet, None] = {}
+        for cpu in sorted(self.online):
+            seen.setdefault(self.core_of(cpu), None)
+        return list(seen)
+
+    def socket_cpus(self) -> dict[int, CpuSet]:
+        """socket ID -> its online CPUs."""
+        out: dict[int, set[int]] = {}
+        for c in self.cpus.values():
+            if c.online:
+                out.setdefault(c.socket, set()).add(c.id)
+        return {s: frozenset(cpus) for s, cpus in sorted(out.items())}
+
+    def threads_per_core(self) -> int:
+        return max((len(core) for core in self.cores()), default=1)
+
+    def describe(self) -> str:
+        """One line: '2 sockets, 48 cores, 96 threads, 2 NUMA nodes (4 offline CPUs)'."""
+        cores = self.cores()
+        text = (f"{len(self.socket_cpus())} socket(s), {len(cores)} cores, {len(self.online)} threads,"
+                f" {len(self.cells)} NUMA node(s)")
+        return text + (f" ({len(self.offline)} offline CPUs: {cpuset.fmt(self.offline)})" if self.offline else "")
+
+
+def flat(cpus: CpuSet) -> Topology:
+    """One NUMA node, one socket, every CPU a core of its own: the topology of a host known by its CPUs only."""
+    return Topology({i: Cpu(i, 0, 0, 0, i, frozenset({i})) for i in cpus}, (Cell(0, frozenset(cpus)),))
+
+
+def parse_capabilities(text: str) -> Topology | None:
+    """The topology in a capabilities XML document; None when it lists no NUMA cell."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise TopologyError(f"capabilities XML unreadable: {exc}") from None
+    host = root.find("host")
+    if host is None:
+        raise TopologyError("capabilities XML has no <host>")
+    cpus: dict[int, Cpu] = {}
+    cells: list[Cell] = []
+    for cell in host.iterfind("topology/cells/cell"):
+        node = _int(cell.get("id"), "cell id")
+        ids = []
+        for elem in cell.iterfind("cpus/cpu"):
+            cpu = _cpu(elem, node)
+            if cpu.id in cpus:
+                raise TopologyError(f"CPU {cpu.id} is listed twice")
+            cpus[cpu.id] = cpu
+            ids.append(cpu.id)
+        memory = cell.find("memory")
+        kib = _kib(memory) if memory is not None else 0
+        cells.append(Cell(node, frozenset(ids), kib))
+    if not cpus:
+        return None
+    caches = tuple(Cache(_int(b.get("level"), "cache level"), b.get("type", "both"), _kib(b, "size"),
+                         cpuset.parse(b.get("cpus", "")))
+                   for b in host.iterfind("cache/bank"))
+    counts = {}
+    topo = host.find("cpu/topology")
+    if topo is not None:
+        counts = {k: _int(v, k) for k, v in topo.attrib.items() if k in ("sockets", "dies", "clusters", "cores", "threads")}
+    return Topology(cpus, tuple(sorted(cells, key=lambda c: c.id)), caches, counts)
+
+
+def from_counts(cpus: int, nodes: int, sockets: int, cores: int, threads: int, memory_kib: int = 0) -> Topology:
+    """A topology from libvirt's node info (``nodes`` NUMA nodes of ``sockets`` x ``cores`` x ``threads``), for a
+    driver whose capabilities list no cell; CPUs beyond ``cpus`` are left out."""
+    nodes, sockets, cores, threads = (max(1, n) for n in (nodes, sockets, cores, threads))
+    out: dict[int, Cpu] = {}
+    cells = []
+    cpu = 0
+    for node in range(nodes):
+        ids = []
+        for socket in range(sockets):
+            for core in range(cores):
+                group = frozenset(range(cpu, min(cpu + threads, cpus)))
+                for t in sorted(group):
+                    out[t] = Cpu(t, node, node * sockets + socket, 0, core, group)
+                    ids.append(t)
+                cpu += threads
+        cells.append(Cell(node, frozenset(ids), memory_kib // nodes))
+    return Topology(out, tuple(cells), (), {"sockets": sockets, "cores": cores, "threads": threads})
+
+
+def _cpu(elem: ET.Element, node: int) -> Cpu:
+    cpu_id = _int(elem.get("id"), "cpu id")
+    siblings = elem.get("siblings")
+    if elem.get("socket_id") is None or siblings is None:  # libvirt lists an offline CPU by its id alone
+        return Cpu(cpu_id, node, online=False)
+    try:
+        threads = cpuset.parse(siblings) | {cpu_id}
+    except cpuset.CpuSetError as exc:
+        raise TopologyError(f"CPU {cpu_id}: siblings {siblings!r}: {exc}") from None
+    return Cpu(cpu_id, node, _int(elem.get("socket_id"), "socket_id"), _int(elem.get("die_id", "0"), "die_id"),
+               _int(elem.get("core_id", "0"), "core_id"), frozenset(threads))
+
+
+_UNITS = {"b": 1 / 1024, "bytes": 1 / 1024, "kib": 1, "k": 1, "kb": 1, "mib": 1024, "m": 1024, "mb": 1024,
+          "gib": 1024 ** 2, "g": 1024 ** 2, "gb": 1024 ** 2}
+
+
+def _kib(elem: ET.Element, attr: str | None = None) -> int:
+    value = elem.get(attr) if attr else elem.text
+    unit = (elem.get("unit") or "KiB").lower()
+    return int(_int(value, elem.tag) * _UNITS.get(unit, 1))
+
+
+def _int(value: str | None, what: str) -> int:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise TopologyError(f"capabilities XML: {what} {value!r} is not a number") from None
