@@ -1,9 +1,11 @@
 """The audit trail of the JSON API: one JSON line per operate call or refused call.
 
-Lines go to the ``vmsched.audit`` logger, which writes bare JSON lines to
-stderr (no prefix) so that log shippers can parse them whole. Every call to a
-protected route is also counted in ``vmsched_gateway_audit_total{role,outcome}``.
-A token's value never appears: only its name from the tokens file.
+Lines go to the ``vmsched.audit`` logger, in the process's log format
+(:mod:`vmsched.logs`): with ``--log-format json`` each is the bare JSON object
+below, so that log shippers parse it whole; in text, its fields as
+``key=value``. Every call to a protected route is also counted in
+``vmsched_gateway_audit_total{role,outcome}``. A token's value never appears:
+only its name from the tokens file.
 """
 
 from __future__ import annotations
@@ -15,18 +17,33 @@ import time
 from typing import Any
 
 from vmsched import metrics
+from vmsched.logs import JsonFormatter
 from vmsched.tokens import Identity, Role
 
 log = logging.getLogger("vmsched.audit")
+QUOTED = frozenset(' ="\\')  # a text value with one of these is written as a JSON string
 
 
 def _setup() -> None:
-    if not log.handlers:
+    """Without a configured log (the gateway's app embedded elsewhere), audit lines still reach stderr, as JSON."""
+    if not log.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(JsonFormatter())
         log.addHandler(handler)
-        log.setLevel(logging.INFO)
         log.propagate = False
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)  # audit lines are written whatever the log level
+
+
+def _text(line: dict[str, Any]) -> str:
+    pairs = []
+    for key, value in line.items():
+        if key in ("ts", "event") or value is None:
+            continue
+        text = str(value)
+        plain = text and not any(c in text for c in QUOTED)
+        pairs.append(f"{key}={text if plain else json.dumps(text)}")
+    return "audit " + " ".join(pairs)
 
 
 for _role in (*(role.value for role in Role), "none"):  # every series at 0 from start-up
@@ -69,4 +86,4 @@ def record(*, role: Role | None, identity: Identity | None, method: str, route: 
         "outcome": outcome,
         "client": client,
     }
-    log.info(json.dumps(line, sort_keys=False))
+    log.info(_text(line), extra={"fields": line})

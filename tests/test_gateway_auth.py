@@ -118,7 +118,7 @@ def tls_run(tmp_path_factory: pytest.TempPathFactory, certs: CertSet, tokens_fil
 def down_gateway(tmp_path_factory: pytest.TempPathFactory, tokens_file: Path) -> Iterator[Server]:
     port, metrics_port = free_port(), free_port()
     proc = Proc(["gateway", "--amqp", f"amqp://127.0.0.1:{free_port()}//", "--port", str(port), "--connect-timeout",
-                 "0.5", "--tokens-file", str(tokens_file), "--metrics-port", str(metrics_port)],
+                 "0.5", "--tokens-file", str(tokens_file), "--metrics-port", str(metrics_port), "--log-format", "json"],
                 tmp_path_factory.mktemp("down-gateway") / "gateway.log").start()
     server = Server(proc, f"http://127.0.0.1:{port}", metrics=f"http://127.0.0.1:{metrics_port}")
     try:

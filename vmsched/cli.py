@@ -7,12 +7,11 @@ Every option of every command has an environment variable, named in its
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from vmsched import __version__
+from vmsched import __version__, logs
 from vmsched.bus.urls import url_argument
 from vmsched.cli_env import EnvParser
 from vmsched.config import DEFAULT_AMQP_URL, MEMORY_URL, Settings
@@ -42,6 +41,9 @@ def _bus(p: argparse.ArgumentParser, default_note: str = f"default {DEFAULT_AMQP
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR (env VMSCHED_LOG_LEVEL; default INFO)")
+    p.add_argument("--log-format", choices=["text", "json"],
+                   help="every log line, audit lines included, as text or as one JSON object (env VMSCHED_LOG_FORMAT; "
+                        "default text)")
     p.add_argument("--connect-timeout", type=float, metavar="S", help="broker connect timeout in seconds (default 2)")
 
 
@@ -148,8 +150,7 @@ def settings_from(args: argparse.Namespace, **overrides: Any) -> Settings:
 
 
 def _logging(settings: Settings) -> None:
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(settings.log_level, settings.log_format)
 
 
 def run_settings(args: argparse.Namespace) -> Settings:

@@ -11,7 +11,7 @@ import ipaddress
 import sys
 from pathlib import Path
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -148,6 +148,8 @@ class Settings(BaseSettings):
     metrics_tls_key: Path | None = Field(None, description="metrics listener HTTPS key (PEM)")
     metrics_auth: bool = Field(False, description="/metrics requires a token with the read role")
     log_level: str = Field("INFO", description="logging level")
+    log_format: Literal["text", "json"] = Field("text", description="every log line as text, or as one JSON "
+                                                "object (audit lines: their fields alone; vmsched/logs.py)")
 
     @field_validator("engine_allow")
     @classmethod

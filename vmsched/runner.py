@@ -42,15 +42,15 @@ def service_queues() -> dict[str, tuple[str, ...]]:
     return {name: tuple(cls.QUEUES) for name, cls in SERVICES.items()}
 
 
-def make_service(name: str, settings: Settings) -> PluginService:
+def make_service(name: str, settings: Settings, log_plugins: bool = True) -> PluginService:
     cls = SERVICES.get(name)
     if cls is None:
         raise ValueError(f"unknown service {name!r}")
     if cls is BalancerService:
         fewest, most = settings.pool_bounds()
         half = max(1, most // 2)  # balance requests are rarer: half the workers
-        return BalancerService(settings, pool_bounds=(min(fewest, half), half))
-    return cls(settings)
+        return BalancerService(settings, pool_bounds=(min(fewest, half), half), log_plugins=log_plugins)
+    return cls(settings, log_plugins=log_plugins)
 
 
 #: The gateway's /metrics port when --metrics-port is not given (services: no listener).
@@ -93,7 +93,8 @@ def _prepare_http(settings: Settings) -> tuple[uvicorn.Server, socket.socket]:
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, loop="uvloop",
         http=with_read_timeouts(GatewayHttp, settings.header_timeout, settings.body_timeout),
-        log_level=settings.log_level.lower(), access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+        log_level=settings.log_level.lower(), log_config=None,  # uvicorn's lines in the process's format
+        access_log=False, lifespan="on", timeout_graceful_shutdown=5,
         proxy_headers=False, server_header=False, date_header=False,
         ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,
     )
@@ -124,7 +125,8 @@ def run_all_in_one(settings: Settings) -> int:
     """Gateway + discovery + scoring + balancer in this process (embedded bus by default)."""
     check_plugins(settings)
     server, sock = _prepare_http(settings)  # a busy port fails here, before any service starts
-    services = [make_service(name, settings) for name in ("discovery", "scoring", "balancer")]
+    services = [make_service(name, settings, log_plugins=name == "discovery")  # each plugin load logged once
+                for name in ("discovery", "scoring", "balancer")]
     for service in services:
         service.start()
     log.info("vmsched all-in-one on %s://%s:%d/ (plugins %s, bus %s)", "https" if settings.tls_cert else "http",

@@ -87,8 +87,9 @@ class PluginService:
     uses_facts: ClassVar[bool] = False
 
     def __init__(self, settings: Settings, pool_size: int | None = None,
-                 pool_bounds: tuple[int, int] | None = None) -> None:
-        """``pool_size`` fixes the plugin pool's size, ``pool_bounds`` sets (fewest, most); else the settings'."""
+                 pool_bounds: tuple[int, int] | None = None, log_plugins: bool = True) -> None:
+        """``pool_size`` fixes the plugin pool's size, ``pool_bounds`` sets (fewest, most); else the settings'.
+        ``log_plugins``: log plugin loads and load errors (one service of a process does)."""
         self.settings = settings
         limits, confinement = plugin_sandbox(settings)
         fewest, most = (pool_size, pool_size) if pool_size else pool_bounds or settings.pool_bounds()
@@ -96,7 +97,8 @@ class PluginService:
             settings.plugins_dir, min_size=fewest, max_size=most, idle_seconds=settings.pool_idle, limits=limits,
             name=self.name, confinement=confinement, bundle_seconds=settings.plugin_bundle_ms / 1000,
         )
-        self.catalog = Catalog(settings.plugins_dir, self.pool, analyze_timeout=settings.plugin_timeout)
+        self.catalog = Catalog(settings.plugins_dir, self.pool, analyze_timeout=settings.plugin_timeout,
+                               log_changes=log_plugins)
         self.worker: ServiceWorker | None = None
         metrics.init_requests(self.name, [op.value for op, queue in REQUEST_QUEUES.items() if queue in self.QUEUES],
                               worker=True)

@@ -26,7 +26,7 @@ def test_refused_logins_are_audited(tmp_path: Path):
     tokens.write_text(f"tokens:\n- name: ops\n  roles: [operate]\n  sha256: {digest('ops-token')}\n")
     port = free_port()
     proc = Proc(["gateway", "--amqp", f"amqp://127.0.0.1:{free_port()}//", "--connect-timeout", "0.5",
-                 "--port", str(port), "--tokens-file", str(tokens), "--metrics-port", "0"],
+                 "--port", str(port), "--tokens-file", str(tokens), "--metrics-port", "0", "--log-format", "json"],
                 tmp_path / "gateway.log").start()
     url = f"http://127.0.0.1:{port}"
     try:

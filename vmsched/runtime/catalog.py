@@ -50,8 +50,12 @@ class _PluginFile:
 class Catalog:
     """Units of the plugins folder, refreshed on demand or by a watcher thread."""
 
-    def __init__(self, plugins_dir: Path, pool: PluginPool, analyze_timeout: float = 10.0) -> None:
+    def __init__(self, plugins_dir: Path, pool: PluginPool, analyze_timeout: float = 10.0,
+                 log_changes: bool = True) -> None:
+        """``log_changes``: log what loads, fails or is removed (off for all but one catalog of a folder
+        in one process, so each change is logged once)."""
         self.plugins_dir = Path(plugins_dir).absolute()
+        self.log_changes = log_changes
         self._pool = pool
         self._analyze_timeout = analyze_timeout
         self._refresh_lock = threading.Lock()
@@ -98,12 +102,14 @@ class Catalog:
             if not changed and not removed:
                 return False
             for name in removed:
-                log.info("plugin %s removed", name)
+                if self.log_changes:
+                    log.info("plugin %s removed", name)
                 del self._files[name]
             analysed = self._analyze(changed)
             for name, analysis in analysed.items():
                 self._files[name] = _PluginFile(scan[name], analysis)
-                self._log_analysis(analysis)
+                if self.log_changes:
+                    self._log_analysis(analysis)
             if not removed and not analysed:
                 return False
             self._publish()
@@ -130,7 +136,7 @@ class Catalog:
                         continue  # vanished while scanning
                     found[name[:-3]] = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
         except OSError as exc:
-            if self._folder_error != str(exc):
+            if self._folder_error != str(exc) and self.log_changes:
                 log.error("cannot read the plugins folder %s: %s", self.plugins_dir, exc)
             self._folder_error = str(exc)
             return {}
@@ -191,7 +197,8 @@ class Catalog:
                     plugin=name,
                     validation_error=problem,
                 )
-        self._log_news(units, duplicates)
+        if self.log_changes:
+            self._log_news(units, duplicates)
         errors = sorted(errors + duplicates, key=lambda error: error.plugin)
         self._units, self._errors = units, errors
         self._update_metrics()

@@ -145,6 +145,8 @@ Usage: include "vmsched.env" (list . "scoring")
   value: {{ printf "%s/url" $root.Values.amqp.mountPath | quote }}
 - name: VMSCHED_LOG_LEVEL
   value: {{ $root.Values.logLevel | quote }}
+- name: VMSCHED_LOG_FORMAT
+  value: {{ $root.Values.logFormat | quote }}
 {{- end }}
 
 {{/*
