@@ -105,10 +105,21 @@ def test_cli_policy_commands(conn, make_agent, capsys, tmp_path):
     f.write_text("guest: t-cli\npolicy:\n  dedicated: 2\n  requires: [t-other]\n")
     code, out, _ = run_cli(["policy", "set", "t-cli", "--file", str(f), *sock], capsys)
     assert code == 0 and out["allocation"] == "4-5" and out["warnings"]
-    code, out, _ = run_cli(["policy", "get", "t-cli", *sock], capsys)
+    code, out, _ = run_cli(["policy", "get", "t-cli", "--json", *sock], capsys)
     assert out["policy"] == {"dedicated": 2, "requires": ["t-other"]}
-    code, out, _ = run_cli(["policy", "list", *sock], capsys)
+    code, out, _ = run_cli(["policy", "list", "--json", *sock], capsys)
     assert [p["guest"] for p in out["policies"]] == ["t-cli"]
+    parser = argparse.ArgumentParser(prog="vmsched")  # without --json: a table for people
+    register(parser.add_subparsers(dest="command", required=True), serve)
+    parsed = parser.parse_args(["policy", "list", *sock])
+    assert parsed.func(parsed) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["GUEST", "STATE", "STATUS", "POLICY", "ALLOCATION", "ERROR"]
+    assert lines[1].split()[0] == "t-cli" and "dedicated=2 requires=t-other" in lines[1] and "4-5" in lines[1]
+    parsed = parser.parse_args(["policy", "get", "t-cli", *sock])
+    assert parsed.func(parsed) == 0
+    shown = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert shown["policy"] == "dedicated=2 requires=t-other" and shown["allocation"] == "4-5"
     code, out, _ = run_cli(["policy", "cpus", *sock], capsys)
     assert out["free"] == "6-7"
     code, out, err = run_cli(["policy", "check-start", "t-cli", *sock], capsys)

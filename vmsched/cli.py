@@ -7,6 +7,7 @@ Every option of every command has an environment variable, named in its
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -255,10 +256,12 @@ def _register_agent(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # --help writes too
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # the reader went away (`vmsched policy cpus | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141
     except KeyboardInterrupt:
         return 130
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as exc:

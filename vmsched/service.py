@@ -161,7 +161,7 @@ class PluginService:
         for i, name in enumerate(names):
             unit = self._lookup(name, kind)
             if unit is None:
-                runs[i].result = CallResult(ok=False, error=f"unknown {kind.value} unit {name!r}")
+                runs[i].result = CallResult(ok=False, error=self._unknown(name, kind))
                 continue
             budget = min(timeout or self.settings.timeout_for(name), deadline - time.time() - REPLY_MARGIN)
             unit_facts = None
@@ -180,6 +180,13 @@ class PluginService:
     def facts_for(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> Any:
         """The host facts of one request's plugin calls (None without a cache): a facts_wire.CallFacts."""
         return None if self.facts is None else self.facts.prepared(hosts, vm, with_guests)
+
+    def _unknown(self, name: str, kind: Kind) -> str:
+        """Why unit ``name`` cannot run: the load error of its file when that file failed to load."""
+        failed = self.catalog.load_error_of(name)
+        if failed is not None:
+            return f"{kind.value} unit {name!r} is in {failed.plugin}.py, which failed to load: {failed.error}"
+        return f"unknown {kind.value} unit {name!r}"
 
     def _lookup(self, name: str, kind: Kind):  # type: ignore[no-untyped-def]
         unit = self.catalog.unit(name, kind)

@@ -62,10 +62,10 @@ def test_pool_change_conflicting_with_a_pin_is_refused_and_overlaps_are_reported
     assert message in summary["errors"], summary
     assert agent.metric("vmsched_agent_dedicated_overlaps") == 1
     assert agent.metric("vmsched_agent_foreign_pins_in_pool") == 1
-    view = agent.cli_json("policy", "get", b)
+    view = agent.cli_json("policy", "get", b, "--json")
     assert view["status"] == "error" and message in view["error"], view
     assert gm.vcpu_pins() == {0: pool}, "the manager's pin is left alone"
-    assert "vcpu0 on" in agent.cli_json("policy", "get", m)["error"]
+    assert "vcpu0 on" in agent.cli_json("policy", "get", m, "--json")["error"]
 
 
 def test_second_agent_on_the_same_libvirtd_refuses_to_start(env, agent_factory):

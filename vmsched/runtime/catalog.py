@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import site
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from vmsched.runtime.types import Analysis
 from vmsched.runtime.validation import translate_validation
 
 log = logging.getLogger("vmsched.plugins")
+MAX_SOURCE = 1 << 20  # characters of a failed plugin file searched for a unit's class
 
 Stamp = tuple[int, int, int, int]  # st_mtime_ns, st_size, st_ino, st_ctime_ns
 
@@ -86,6 +88,20 @@ class Catalog:
 
     def load_errors(self) -> list[PluginLoadError]:
         return list(self._errors)
+
+    def load_error_of(self, unit: str) -> PluginLoadError | None:
+        """The load error of a file that failed to load and holds a ``class <unit>`` line (its text is read,
+        never run), for a caller that names a unit the catalog does not have."""
+        pattern = re.compile(rf"^[ \t]*class[ \t]+{re.escape(unit)}\b", re.MULTILINE)
+        for error in self._errors:
+            try:
+                with open(self.plugins_dir / f"{error.plugin}.py", encoding="utf-8", errors="replace") as f:
+                    text = f.read(MAX_SOURCE)
+            except OSError:
+                continue
+            if pattern.search(text):
+                return error
+        return None
 
     # -- refresh
     def refresh(self) -> bool:

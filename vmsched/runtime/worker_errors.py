@@ -56,7 +56,15 @@ def describe_exception(exc: BaseException, plugins_dir: str) -> str:
         text += f" ({where}, line {frame.lineno}, in {frame.name})"
     if NETWORK_OFF and _refused_socket(exc):
         text += f" [{NETWORK_HINT}]"
+    if isinstance(exc, ImportError) and (exc.name or "").split(".")[0] in OLD_SDK:
+        text += f" [{SDK_HINT}]"
     return text
+
+
+#: The oVirt Python SDK v3 that the old proxy's samples import.
+OLD_SDK = frozenset({"ovirtsdk"})
+SDK_HINT = ("the oVirt SDK v3 is not available to plugins: read host facts instead "
+            "(docs/plugins.md, 'Porting an old sample')")
 
 
 #: Set by main() when the sandbox refuses network sockets.

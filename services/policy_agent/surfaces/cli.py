@@ -1,7 +1,8 @@
 """Command line of the policy agent: ``vmsched agent``, ``vmsched policy ...``, ``vmsched domain ...``.
 
 ``register(subparsers)`` adds the commands to the main ``vmsched`` parser.
-Client commands print the reply as JSON on stdout; exit codes: 0 ok,
+Client commands print the reply as JSON on stdout (``policy list`` and
+``policy get``: a table, JSON with ``--json``); exit codes: 0 ok,
 1 refused or invalid, 2 usage, 3 agent or bus unreachable, 4 guest not found.
 """
 
@@ -22,7 +23,7 @@ from vmsched.messages import ErrorCode
 from ..policy import cpuset
 from ..policy.errors import AgentError, GuestNotFound, PolicyError
 from ..policy.model import load_policy_file, policy_document
-from . import adaptive_cli
+from . import adaptive_cli, tables
 from .client import SocketClient, call_bus
 
 DEFAULT_SOCKET = "/run/vmsched/agent.sock"
@@ -217,6 +218,8 @@ def _policy_parser(sub: Any) -> None:
                                                                "set and their last decisions with reasons")):
         c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=_Formatter)
         c.add_argument("guest", metavar="GUEST", help="guest name or UUID")
+        if op is AgentOp.GET_POLICY:
+            c.add_argument("--json", action="store_true", help="print the agent's reply as JSON instead of a table")
         _client_options(c)
         c.set_defaults(func=_simple(op))
 
@@ -224,6 +227,8 @@ def _policy_parser(sub: Any) -> None:
                            ("cpus", AgentOp.CPUS, "show the host CPUs, dedicated pool, shared set and allocations"),
                            ("reconcile", AgentOp.RECONCILE, "run one reconcile sweep now and show what it repaired")):
         c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=_Formatter)
+        if op is AgentOp.LIST_POLICIES:
+            c.add_argument("--json", action="store_true", help="print the agent's reply as JSON instead of a table")
         _client_options(c)
         c.set_defaults(func=_simple(op))
 
@@ -278,6 +283,10 @@ def call(args: argparse.Namespace, op: AgentOp, body: dict, timeout: float | Non
     return SocketClient(args.socket, timeout=timeout, hint=SOCKET_HINT).call(op, body)
 
 
+#: Replies printed as a table unless --json.
+TABLES = {AgentOp.LIST_POLICIES: tables.policies, AgentOp.GET_POLICY: tables.policy}
+
+
 class _Usage(Exception):
     pass
 
@@ -291,8 +300,11 @@ def _run(args: argparse.Namespace, op: AgentOp, body: dict, timeout: float | Non
     except AgentError as exc:
         print(f"vmsched: error: {exc}", file=sys.stderr)
         return EXIT.get(exc.code, 1)
-    json.dump(result, sys.stdout, indent=2, sort_keys=True)
-    sys.stdout.write("\n")
+    if op in TABLES and not getattr(args, "json", False):
+        sys.stdout.write(TABLES[op](result))
+    else:
+        json.dump(result, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
     if op is AgentOp.CHECK_START and not result.get("allowed", True):
         print(f"vmsched: {result.get('message')}", file=sys.stderr)
         return 1
