@@ -27,7 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from vmsched.messages import CONTRACT_VERSION, _Versioned
+from vmsched.messages import CONTRACT_VERSION, Versioned
 
 #: Largest facts message a reader accepts, bytes of JSON.
 MAX_BYTES = 4 << 20
@@ -129,7 +129,7 @@ class GuestFacts(_Model):
     pinned: bool = Field(False, description="its vmsched policy pins vCPUs or the emulator to given pCPUs")
 
 
-class FactsMessage(_Versioned):
+class FactsMessage(Versioned):
     """One facts message of one agent."""
 
     model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
@@ -145,7 +145,7 @@ class FactsMessage(_Versioned):
     guests_digest: str = ""
 
 
-class SnapshotRequest(_Versioned):
+class SnapshotRequest(Versioned):
     """A service replica asks every agent to publish its full facts now (on the ``vmsched.facts`` exchange)."""
 
     requester: str = Field("", max_length=256)

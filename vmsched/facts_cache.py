@@ -71,7 +71,7 @@ class Entry:
     stale_at: float = 0.0  # UNIX time from which this message is stale
     time: float = 0.0  # UNIX time of the collection (message.time)
     _fragment: str = ""
-    _guests_json: str | None = None
+    guests_text: str | None = field(default=None, repr=False)  # guests_json() once made (shared while the list stays)
     _view: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -103,9 +103,9 @@ class Entry:
 
     def guests_json(self) -> str:
         """The guest list as JSON (balance calls; made on first use, shared while the list stays)."""
-        if self._guests_json is None:
-            self._guests_json = _compact([g.model_dump() for g in self.guests])
-        return self._guests_json
+        if self.guests_text is None:
+            self.guests_text = _compact([g.model_dump() for g in self.guests])
+        return self.guests_text
 
 
 class Resolver(Protocol):
@@ -181,9 +181,8 @@ class FactsCache:
             kept = old is not None and guests is old.guests
             limit = self.max_age if self.max_age is not None else STALE_INTERVALS * message.interval
             entry = Entry(message.model_copy(update={"guests": None}), guests, time.time(), limit,
-                          old.guests_gen if kept else 0)  # type: ignore[union-attr]
-            if kept:
-                entry._guests_json = old._guests_json  # type: ignore[union-attr]
+                          old.guests_gen if kept else 0,  # type: ignore[union-attr]
+                          guests_text=old.guests_text if kept else None)  # type: ignore[union-attr]
             self._hosts[message.host_id] = entry
             self._epoch += 1
 
@@ -346,7 +345,8 @@ class FactsCache:
     def problem(self, host_id: str) -> str:
         return self.resolve(host_id)[1]
 
-    def _ages(self) -> Iterator[tuple[str, float, bool]]:
+    def freshness(self) -> Iterator[tuple[str, float, bool]]:
+        """Each host's ID, age in seconds and whether it is stale (the metrics)."""
         now = time.time()
         with self._lock:
             entries = list(self._hosts.items())
@@ -371,7 +371,7 @@ class _Collector:
         stale = GaugeMetricFamily("vmsched_facts_hosts_stale", "Hosts whose facts are stale", labels=["service"])
         for cache in list(_CACHES):
             n = n_stale = 0
-            for host_id, seconds, is_stale in cache._ages():
+            for host_id, seconds, is_stale in cache.freshness():
                 age.add_metric([cache.service, host_id], seconds)
                 n += 1
                 n_stale += is_stale

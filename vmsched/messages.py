@@ -46,7 +46,7 @@ class ErrorCode(str, Enum):
     UNSUPPORTED_VERSION = "unsupported_version"  # the message's contract version is newer than the reader's
 
 
-class _Versioned(BaseModel):
+class Versioned(BaseModel):
     """A message with a contract version: built here it is the current one; read
     from JSON without a ``v`` it is version 1 (an older sender)."""
 
@@ -77,7 +77,7 @@ class _Versioned(BaseModel):
 ALIGNED_SCORES = "aligned_scores"
 
 
-class Envelope(_Versioned):
+class Envelope(Versioned):
     """A request on a bus queue: what to do, for whom, until when."""
 
     op: str
@@ -98,7 +98,7 @@ def request_units(body: dict[str, Any], most: int = 50) -> list[str]:
     return [n[:200] for n in names if isinstance(n, str)][:most]
 
 
-class ReplyEnvelope(_Versioned):
+class ReplyEnvelope(Versioned):
     ok: bool
     error: str | None = None
     code: str | None = Field(None, description="an ErrorCode when not ok (version 1: inside the error text)")
@@ -109,7 +109,7 @@ class ReplyEnvelope(_Versioned):
 BodyT = TypeVar("BodyT", bound=BaseModel)
 
 
-class TypedReply(_Versioned, Generic[BodyT]):
+class TypedReply(Versioned, Generic[BodyT]):
     """A reply parsed in one pass straight into the operation's reply model."""
 
     ok: bool

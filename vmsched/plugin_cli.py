@@ -171,7 +171,7 @@ def _from(args: argparse.Namespace) -> Settings:
                      allow_root_plugins=args.allow_root_plugins)
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: Any) -> None:  # sub: what argparse's add_subparsers() returned
     p = sub.add_parser("plugin", help="check or run plugins locally (a test loop without a cluster)",
                        description="Load plugins in the sandbox, as the services do, to check or run them "
                                    "(docs/plugins.md, 'Testing a plugin').")

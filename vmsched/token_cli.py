@@ -8,6 +8,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -119,7 +120,7 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: Any) -> None:  # sub: what argparse's add_subparsers() returned
     p = sub.add_parser("token", help="bearer tokens of the JSON API",
                        description="Manage the gateway's bearer tokens (docs/api-auth.md). The gateway re-reads "
                                    "its tokens file when it changes.")

@@ -57,7 +57,7 @@ class WorkerLender(Protocol):
         """``worker`` is retired (``reason``: timeout, crash or recycle); start its successor."""
 
 
-def _seconds(value: float) -> str:
+def seconds_text(value: float) -> str:
     return f"{value:.1f}" if value >= 0.1 else f"{value:.3f}"
 
 
@@ -110,7 +110,7 @@ class Job:
         """Called once ``end`` passed: fails the job and returns True if its worker must be killed."""
         if self.end > now:
             return False
-        error = f"timed out after {_seconds(self.end - self.started)} s"
+        error = f"timed out after {seconds_text(self.end - self.started)} s"
         if self.hard_end < self.started + self.budget:
             error += " (request deadline)"
         self.fail(error, now, timed_out=True)
@@ -283,7 +283,7 @@ class Batch:
         expired = [job for job in self._pending if job.wait_until <= now]
         for job in expired:
             self._pending.remove(job)
-            job.fail(f"timed out after {_seconds(now - job.created)} s waiting for a free plugin worker", now, True)
+            job.fail(f"timed out after {seconds_text(now - job.created)} s waiting for a free plugin worker", now, True)
         if expired and self._waiter.registered:
             self._pool.want(self._waiter, len(self._pending))
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from vmsched.runtime.batch import Job, _seconds
+from vmsched.runtime.batch import Job, seconds_text
 from vmsched.runtime.process import Worker
 from vmsched.runtime.protocol import HEADER
 
@@ -112,7 +112,7 @@ class Bundle(Job):
         if end > now:
             self.end = end
             return False
-        error = f"timed out after {_seconds(end - unit.started)} s"
+        error = f"timed out after {seconds_text(end - unit.started)} s"
         if unit.hard_end < unit.started + unit.budget:
             error += " (request deadline)"
         unit.fail(error, now, timed_out=True)

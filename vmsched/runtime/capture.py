@@ -84,7 +84,7 @@ class _BinaryCapture(io.RawIOBase):
         return len(raw)
 
 
-class _Redirect:
+class Redirect:
     """Point sys.stdout and sys.stderr at captures for the ``with`` body."""
 
     def __init__(self, stdout: io.TextIOBase, stderr: io.TextIOBase) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from vmsched.runtime.bundle import Bundle, Unit
 from vmsched.runtime.contract import KIND
 from vmsched.runtime.facts_wire import CallFacts
-from vmsched.runtime.protocol import _ENCODER, unpack_floats
+from vmsched.runtime.protocol import ENCODER, unpack_floats
 from vmsched.runtime.types import Call, CallResult
 
 #: The units of a request share one worker while their expected run time together stays under this
@@ -48,13 +48,13 @@ class Planner:
             try:
                 args = args_json.get(id(call.args))
                 if args is None:
-                    args = args_json[id(call.args)] = _ENCODER.encode(list(call.args))
-                head = _ENCODER.encode({"plugin": call.plugin, "cls": call.cls, "method": call.method})[:-1]
+                    args = args_json[id(call.args)] = ENCODER.encode(list(call.args))
+                head = ENCODER.encode({"plugin": call.plugin, "cls": call.cls, "method": call.method})[:-1]
                 unit.head = f'{head},"args":{args}'
                 if self.aligned_scores and call.method == _SCORE_METHOD:
                     unit.head += ',"aligned":true,"packed":true'  # numbers as packed doubles (a worker may ignore it)
                 if call.facts is not None and not held:  # host facts in full (vmsched.plugin.facts)
-                    unit.head += ',"facts":' + _ENCODER.encode(call.facts)
+                    unit.head += ',"facts":' + ENCODER.encode(call.facts)
             except (TypeError, ValueError, RecursionError) as exc:
                 unit.fail(f"arguments are not JSON-serializable: {exc}", now)
                 continue

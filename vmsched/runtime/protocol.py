@@ -16,7 +16,7 @@ from array import array
 from typing import Any
 
 HEADER = struct.Struct(">I")
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
+ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
@@ -24,13 +24,13 @@ def encode_frame(message: dict[str, Any]) -> bytes:
 
     JSON has no tuples: they are encoded as arrays, so the reader gets lists.
     """
-    payload = _ENCODER.encode(message).encode()
+    payload = ENCODER.encode(message).encode()
     return HEADER.pack(len(payload)) + payload
 
 
 def encode_json(message: dict[str, Any]) -> bytes:
     """Compact JSON of ``message``, without a frame header (a part of a batch reply)."""
-    return _ENCODER.encode(message).encode()
+    return ENCODER.encode(message).encode()
 
 
 def encode_frame_bytes(payload: bytes) -> bytes:

@@ -48,7 +48,7 @@ import traceback
 from typing import Any
 
 from vmsched.runtime import children, sandbox, worker_errors
-from vmsched.runtime.capture import Capture, OutputLimitExceeded, _Redirect
+from vmsched.runtime.capture import Capture, OutputLimitExceeded, Redirect
 from vmsched.runtime.contract import KIND, aligned_scores
 from vmsched.runtime.progress import Progress
 from vmsched.runtime.protocol import Channel, encode_frame, encode_json, pack_floats, reply_frame
@@ -172,7 +172,7 @@ class Runner:
         self._arm_cpu_limit()
         stdout = Capture(self.max_output, strict=True)
         try:
-            with _Redirect(stdout, stderr):
+            with Redirect(stdout, stderr):
                 value = getattr(cls(), method)(*args)
         except OutputLimitExceeded:
             return {"ok": False, "error": f"stdout exceeded {self.max_output} bytes"}
@@ -203,7 +203,7 @@ class Runner:
     def _import(self, plugin: str, stderr: Capture) -> ModuleType:
         """The plugin's module; output printed while importing goes to stderr."""
         try:
-            with _Redirect(stderr, stderr):
+            with Redirect(stderr, stderr):
                 return self.modules.get(plugin)
         except PluginError:
             raise
@@ -241,7 +241,7 @@ class Runner:
         name = os.path.splitext(os.path.basename(path))[0]
         self._arm_cpu_limit()
         try:
-            with _Redirect(stderr, stderr):
+            with Redirect(stderr, stderr):
                 module = self.modules.load(name, path)
                 units = list_units(module)
         except BaseException as exc:

@@ -52,7 +52,7 @@ class Modules:
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
-            exec(code, module.__dict__)
+            exec(code, vars(module))
         except BaseException:
             sys.modules.pop(name, None)
             raise

@@ -1,0 +1,102 @@
+"""Public APIs only: no code of the product touches a private member of a dependency or of another module.
+
+Ruff's SLF001 runs over gateway/, services/, vmsched/ and plugins/ with nothing that could suppress it
+(``--isolated --ignore-noqa``); tests/deploy/private_access.py finds in the AST what SLF001 cannot see (imports of
+underscore names, ``getattr(x, "_...")``, ``__dict__`` of other objects, subclasses using a dependency's underscore
+members).
+
+ALLOWED lists, per area, the findings its owner is removing while this test is already on: a new finding fails,
+and so does an allowance that is no longer needed (the list only shrinks, to empty).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+from tests.deploy.private_access import findings
+
+FOLDERS = ("gateway", "services", "vmsched", "plugins")
+
+#: area -> findings still allowed there ("path: kind: what", as private_access and ruff_findings spell them).
+ALLOWED: dict[str, set[str]] = {
+    "bus": {
+        "vmsched/bus/cork.py: SLF001: Private member accessed: `_write`",
+        "vmsched/bus/cork.py: getattr: hasattr(..., '_write')",
+        "vmsched/bus/publish.py: SLF001: Private member accessed: `_delivery_details`",
+        "vmsched/bus/reads.py: SLF001: Private member accessed: `_quick_recv`",
+        "vmsched/bus/memory.py: subclass: Channel overrides Channel._next_delivery_tag",
+        "vmsched/bus/memory.py: subclass: Channel overrides Channel._put",
+        "vmsched/bus/memory.py: subclass: Channel overrides Channel._put_fanout",
+        "vmsched/bus/memory.py: subclass: Channel uses Channel._lookup",
+        "vmsched/bus/memory.py: subclass: Transport uses Transport._callbacks",
+        "vmsched/bus/memory.py: subclass: Transport uses Transport._deliver",
+    },
+    "gateway": {
+        "gateway/facts_api.py: import: vmsched.gateway.agent_api._Route",
+    },
+    "agent": {
+        "services/policy_agent/surfaces/cli.py: subclass: _Formatter overrides RawDescriptionHelpFormatter._get_help_string",
+    },
+    "cli": {
+        "vmsched/cli.py: import: argparse._SubParsersAction",
+    },
+}
+
+
+def ruff_findings() -> set[str]:
+    ruff = Path(sys.executable).with_name("ruff")
+    done = subprocess.run([str(ruff), "check", "--isolated", "--ignore-noqa", "--select", "SLF001", "--no-cache",
+                           "--output-format", "json", "--exit-zero", *FOLDERS], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {f"{Path(f['filename']).relative_to(ROOT)}: {f['code']}: {f['message']}" for f in json.loads(done.stdout)}
+
+
+def found() -> dict[str, list[int]]:
+    lines: dict[str, list[int]] = {}
+    for what, line in findings(ROOT, FOLDERS):
+        lines.setdefault(what, []).append(line)
+    for what in ruff_findings():
+        lines.setdefault(what, [])
+    return lines
+
+
+def test_no_private_member_of_another_module_or_dependency_is_used() -> None:
+    allowed = set().union(*ALLOWED.values())
+    new = {what: lines for what, lines in found().items() if what not in allowed}
+    assert not new, "\n".join(f"{what} (lines {lines})" for what, lines in sorted(new.items()))
+
+
+def test_every_allowance_is_still_needed() -> None:
+    """An area whose finding is gone drops it from ALLOWED (and its area once empty)."""
+    present = found()
+    stale = {area: sorted(kept - present.keys()) for area, kept in ALLOWED.items() if kept - present.keys()}
+    assert not stale, stale
+    assert all(ALLOWED.values()), [area for area, kept in ALLOWED.items() if not kept]
+
+
+def test_the_checks_see_what_they_are_for(tmp_path: Path) -> None:
+    """Each kind of finding, in a module written for the purpose (the checks cannot pass by seeing nothing)."""
+    folder = tmp_path / "vmsched"
+    folder.mkdir()
+    (folder / "probe.py").write_text(
+        "import argparse\nimport json\nfrom json import _default_decoder\nimport xmlrpc.client\n"
+        "from vmsched.runtime.batch import Job\n\n\n"
+        "class Loud(argparse.HelpFormatter):\n"
+        "    def _fill_text(self, text, width, indent):\n        return self._indent_increment and text\n\n\n"
+        "class Own(Job):\n    def _private_of_our_own(self):\n        return 1\n\n\n"
+        "def poke(parser, obj):\n    getattr(parser, '_actions')\n    obj.__dict__['x'] = 1\n"
+        "    json._default_encoder\n    return xmlrpc.client.Unmarshaller._marks\n")
+    seen = {what for what, _ in findings(tmp_path, ("vmsched",))}
+    assert seen == {
+        "vmsched/probe.py: import: json._default_decoder",
+        "vmsched/probe.py: import: json._default_encoder",
+        "vmsched/probe.py: subclass: Loud overrides HelpFormatter._fill_text",
+        "vmsched/probe.py: subclass: Loud uses HelpFormatter._indent_increment",
+        "vmsched/probe.py: getattr: getattr(..., '_actions')",
+        "vmsched/probe.py: __dict__: obj.__dict__",
+    }, seen
