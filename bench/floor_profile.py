@@ -65,13 +65,11 @@ _POOL_POLL = _line_of("vmsched/runtime/batch.py", "self._poller.poll(timeout)")
 _BUS_SELECT = _line_of("vmsched/bus/worker.py", "select.select([sock, self._wake[0]]")
 _BUS_WORK = _line_of("vmsched/bus/worker.py", "item = self._work.get()")
 WAITING = re.compile(rf"protocol\.py:{_WORKER_READ}\)|batch\.py:{_POOL_POLL}\)|bus/worker\.py:({_BUS_SELECT}|{_BUS_WORK})\)"
-                     r"|Condition\.wait|selectors\.py|multiprocessing/connection\.py:378\)|memory\.py:101\)")
+                     r"|Condition\.wait|selectors\.py|multiprocessing/connection\.py:378\)")
 _FLOOR_WORKER_READ = re.compile(r"amqp/transport\.py:648\)")
-#: the blocking reads of the gateway's and services' subscribers: host facts, the decision log's peer link
+#: the blocking reads of the gateway's and services' subscriptions: host facts, the decision log's peer link
 _FACTS_DRAIN = _line_of("vmsched/bus/loop.py", "conn.drain_events(timeout=1.0)")
-_PEERS_DRAIN = _line_of("gateway/decision_peers.py", "conn.drain_events(timeout=1.0)")
-_BLOCKING_DRAIN = re.compile(rf"serve \(worker\.py|ConsumerLoop\._drain \(vmsched/bus/loop\.py:{_FACTS_DRAIN}\)"
-                             rf"|PeerLink\._serve \(gateway/decision_peers\.py:{_PEERS_DRAIN}\)")
+_BLOCKING_DRAIN = re.compile(rf"serve \(worker\.py|BrokerSubscription\._drain \(vmsched/bus/loop\.py:{_FACTS_DRAIN}\)")
 
 
 def part(stack: list[str]) -> str:

@@ -22,10 +22,11 @@ from vmsched.gateway.render import RenderOptions
 from vmsched.gateway.scheduler import Scheduler
 from vmsched.gateway.strict_json import StrictJson, invalid_request, read_body
 from vmsched import __version__, metrics
-from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.facts import FactsSubscriber
+from vmsched.bus.interface import BusClient, Transport
 from vmsched.bus.topology import REQUEST_QUEUES
+from vmsched.bus.transport import open_transport
 from vmsched.config import Settings
 from vmsched.engine_link import facts_cache
 from vmsched.tokens import TokenStore
@@ -139,10 +140,13 @@ class EngineFastPath:
         await send({"type": "http.response.body", "body": reply})
 
 
-def create_app(settings: Settings, bus: AsyncBusClient | None = None, tokens: TokenStore | None = None) -> BodyLimit:
-    """The gateway's ASGI app; ``/metrics`` is served on its own listener (runner)."""
+def create_app(settings: Settings, bus: BusClient | None = None, tokens: TokenStore | None = None,
+               transport: Transport | None = None) -> BodyLimit:
+    """The gateway's ASGI app; ``/metrics`` is served on its own listener (runner). ``transport``: the process's
+    bus (the runner's, shared with the services of an all-in-one); else one of the settings' own."""
     tokens = tokens or TokenStore(settings.tokens_file).watch()
-    bus = bus or AsyncBusClient(BusOptions.from_settings(settings), declare=tuple(REQUEST_QUEUES.values()))
+    transport = transport or open_transport(BusOptions.from_settings(settings))
+    bus = bus or transport.client("gateway", declare=tuple(REQUEST_QUEUES.values()))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -159,13 +163,13 @@ def create_app(settings: Settings, bus: AsyncBusClient | None = None, tokens: To
         await bus.close()
 
     facts = facts_cache(settings, "gateway")
-    facts_sub = FactsSubscriber(BusOptions.from_settings(settings), "gateway", facts.ingest) if facts else None
+    facts_sub = FactsSubscriber(transport, "gateway", facts.ingest) if facts else None
 
     app = FastAPI(title="vmsched gateway", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="oVirt external-scheduler XML-RPC at / and /RPC2; JSON API under /v1. "
                               "Every /v1 route needs a bearer token with the role it names (docs/api-auth.md).")
     decision_log = DecisionLog(settings.decisions_size, gateway_label(settings.gateway_id), facts,
-                               BusOptions.from_settings(settings) if settings.decisions_share else None,
+                               transport if settings.decisions_share else None,
                                settings.decisions_log)
     scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings),
                           decision_log.submit if settings.decisions_size else None,

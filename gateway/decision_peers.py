@@ -26,18 +26,12 @@ import json
 import logging
 import re
 import secrets
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from kombu import Connection, Consumer, Queue
-from kombu.message import Message
-
-from vmsched.bus.connection import BusOptions, ensure_exchanges
-from vmsched.bus.events import EventPublisher
-from vmsched.bus.loop import hand_over, run_reconnecting
+from vmsched.bus.interface import Publish, Topic, Transport
 from vmsched.bus.topology import EVENTS_EXCHANGE
 
 log = logging.getLogger("vmsched.gateway.decisions")
@@ -81,20 +75,20 @@ class _Question:
 
 
 class PeerLink:
-    """One gateway's side of the question-and-answer exchange with the other replicas: a thread with its own
-    connection, reconnecting with backoff."""
+    """One gateway's side of the question-and-answer exchange with the other replicas: a subscription of the
+    process's transport (its own thread and, on RabbitMQ, its own connection, reconnecting with backoff)."""
 
-    def __init__(self, options: BusOptions, gateway: str, answer: Answerer) -> None:
-        self.options = options.without_confirms()
-        self.name = "gateway-decision-peers"
-        self.ready = threading.Event()  # subscribed at least once
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+    def __init__(self, transport: Transport, gateway: str, answer: Answerer) -> None:
         self.gateway = gateway
         self.answer = answer
         self.token = secrets.token_hex(6)
         self.queue_name = f"vmsched.decisions.gateway.{self.token}"
-        self.publisher = EventPublisher(options, service=f"gateway-{gateway}")
+        self.publisher = transport.events(f"gateway-{gateway}")
+        topic = Topic(self.queue_name, EVENTS_EXCHANGE, (QUERY_KEY, PRESENCE_KEY, ANSWER_PREFIX + self.token), 1000)
+        self.subscription = transport.subscribe("gateway-decision-peers", topic, self._handle,
+                                                on_subscribed=self._subscribed, tick=self._beacon)
+        self.ready = self.subscription.ready  # subscribed at least once
+        self._next_beacon = 0.0
         self._peers: dict[str, tuple[str, float]] = {}  # token -> (label, last heard, monotonic)
         self._lock = threading.Lock()
         self._questions: dict[str, _Question] = {}
@@ -165,44 +159,22 @@ class PeerLink:
 
     # --- the link's thread -------------------------------------------------------------------------
     def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=run_reconnecting, name=self.name, daemon=True,
-                                        args=(self.options, self.name, self._stop, self._serve))
-        self._thread.start()
+        self.subscription.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        if self._thread is not None and self._thread.is_alive() and self.ready.is_set():
+        if self.ready.is_set():
             self._presence(gone=True)
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self.subscription.stop(timeout)
         self.publisher.close()
 
-    def _serve(self, conn: Connection) -> None:
-        ensure_exchanges(conn, (EVENTS_EXCHANGE,))
-        bindings = [QUERY_KEY, PRESENCE_KEY, ANSWER_PREFIX + self.token]
-        queue = Queue(self.queue_name, exchange=EVENTS_EXCHANGE, routing_key=bindings[0], exclusive=True,
-                      auto_delete=True, durable=False, queue_arguments={"x-max-length": 1000})
-        channel = conn.channel()
-        bound = queue(channel)
-        bound.declare()
-        for key in bindings[1:]:
-            bound.bind_to(exchange=EVENTS_EXCHANGE, routing_key=key)
-        Consumer(channel, [queue], on_message=self._received, no_ack=True).consume()
-        self.ready.set()
+    def _subscribed(self, publish: Publish) -> None:
         self._presence(hello=True)
-        beacon = time.monotonic() + BEACON
-        while not self._stop.is_set():
-            try:
-                conn.drain_events(timeout=1.0)
-            except socket.timeout:
-                conn.heartbeat_check()
-            if time.monotonic() >= beacon:
-                self._presence()
-                beacon = time.monotonic() + BEACON
+        self._next_beacon = time.monotonic() + BEACON
 
-    def _received(self, message: Message) -> None:
-        hand_over(message, self._handle, "decision peers")
+    def _beacon(self) -> None:
+        if time.monotonic() >= self._next_beacon:
+            self._presence()
+            self._next_beacon = time.monotonic() + BEACON
 
     def _handle(self, body: bytes, routing_key: str) -> None:
         if len(body) > MAX_MESSAGE:

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import orjson
 
-from vmsched.bus.connection import BusOptions
+from vmsched.bus.interface import Transport
 from vmsched.facts_cache import FactsCache
 from vmsched.gateway.decision_peers import MAX_ANSWER, Gathered, PeerLink
 from vmsched.gateway.render import ALL_FILTERS_FAILED, Decision
@@ -414,7 +414,7 @@ class DecisionLog:
     """Owns the ring, the stdout output thread and, on RabbitMQ, the link to the peers."""
 
     def __init__(self, size: int, gateway: str, facts: FactsCache | None = None,
-                 bus: BusOptions | None = None, stdout: bool = False) -> None:
+                 bus: Transport | None = None, stdout: bool = False) -> None:
         self.ring = Ring(size, gateway)
         self.gateway = gateway
         self.facts = facts
@@ -425,8 +425,8 @@ class DecisionLog:
         self._writing = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        if not size or (bus is not None and bus.embedded):
-            bus = None  # size 0: no decision log at all; the embedded bus: one process, no other gateway
+        if not size or (bus is not None and not bus.spans_processes):
+            bus = None  # size 0: no decision log at all; the in-process bus: one process, no other gateway
         self.peers = PeerLink(bus, gateway, self.answer) if bus is not None else None
 
     # --- the request path -------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from vmsched import metrics
 from vmsched.bus import BusError
-from vmsched.bus.client import AsyncBusClient
+from vmsched.bus.interface import BusClient
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.gateway.limits import Limits
 from vmsched.gateway.operations import Operation
@@ -33,7 +33,7 @@ Recorder = Callable[[str, BaseModel, Decision, Any, bool, float], None]
 
 
 class Scheduler:
-    def __init__(self, bus: AsyncBusClient, request_timeout: float, limits: Limits | None = None,
+    def __init__(self, bus: BusClient, request_timeout: float, limits: Limits | None = None,
                  recorder: Recorder | None = None, render: RenderOptions | None = None) -> None:
         self.bus = bus
         self.render = render or RenderOptions()

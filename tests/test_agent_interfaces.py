@@ -17,6 +17,7 @@ from vmsched.services.policy_agent.policy.errors import GuestNotFound, PolicyErr
 from vmsched.services.policy_agent.surfaces.client import SocketClient
 from tests.agent_testing import live_pins, wait_until
 from tests.test_agent_driver import conn, guest, make_agent, state_dir  # noqa: F401 - fixtures
+from vmsched.bus.inprocess import InProcessTransport
 from vmsched.messages import Envelope
 
 
@@ -165,25 +166,25 @@ def test_help_documents_every_command():
         assert opt in set_help
 
 
-# --- bus (embedded transport) and gateway ---------------------------------------------------------
+# --- bus (in-process transport) and gateway ---------------------------------------------------------
 def test_bus_rpc_and_events(conn, make_agent):
     from vmsched.bus import RequestError
-    from vmsched.bus.rpc import call
     from vmsched.bus.topology import agent_queue
 
-    a = make_agent(amqp_url="memory://")
+    bus = InProcessTransport()  # the in-process bus, handed to the agent and to its caller
+    a = make_agent(amqp_url=bus)
     dom = guest(conn, "t-bus")
     assert a._bus.worker.ready.wait(5)
-    view = call("memory://", agent_queue("h1"), "set_policy", {"guest": "t-bus", "policy": {"dedicated": 2}})
+    view = bus.call(agent_queue("h1"), "set_policy", {"guest": "t-bus", "policy": {"dedicated": 2}})
     assert view["allocation"] == "4-5" and live_pins(dom) == {0: "4", 1: "5"}
     with pytest.raises(RequestError, match="^no guest") as missing:
-        call("memory://", agent_queue("h1"), "get_policy", {"guest": "t-gone"})
+        bus.call(agent_queue("h1"), "get_policy", {"guest": "t-gone"})
     assert missing.value.code == "not_found"
     with pytest.raises(RequestError) as refused:
-        call("memory://", agent_queue("h1"), "set_pool", {"dedicated_pool": "0-15"})  # every host CPU
+        bus.call(agent_queue("h1"), "set_pool", {"dedicated_pool": "0-15"})  # every host CPU
     assert refused.value.code == "invalid" and refused.value.details
     with pytest.raises(RequestError, match="control character U\\+0000") as nul:  # bug 5, on the bus
-        call("memory://", agent_queue("h1"), "get_policy", {"guest": "t-bus\x00"})
+        bus.call(agent_queue("h1"), "get_policy", {"guest": "t-bus\x00"})
     assert nul.value.code == "invalid"
     wait_until(lambda: any(e == "applied" and b["guest"] == "t-bus" for e, b in a.events))
 
@@ -206,7 +207,7 @@ class _DirectBus:
 def test_gateway_router(conn, make_agent):
     from vmsched.gateway.agent_api import router
 
-    a = make_agent(amqp_url="memory://")
+    a = make_agent(amqp_url=InProcessTransport())
     guest(conn, "t-gw")
     app = FastAPI()
     app.include_router(router)
@@ -233,7 +234,7 @@ def test_gateway_answers_every_invalid_request_with_400_and_every_reason(conn, m
     """Bug 8: a malformed body (pydantic) and an agent's refusal are both 400, each reason listed."""
     from vmsched.gateway.agent_api import router
 
-    a = make_agent(amqp_url="memory://")
+    a = make_agent(amqp_url=InProcessTransport())
     guest(conn, "t-gw")
     app = FastAPI()
     app.include_router(router)
@@ -271,7 +272,7 @@ def test_gateway_refuses_invalid_guest_names(conn, make_agent, caplog, path, rea
     """Bug 5 at the gateway: 400 with the reason for every route taking a guest; no traceback anywhere."""
     from vmsched.gateway.agent_api import router
 
-    a = make_agent(amqp_url="memory://")
+    a = make_agent(amqp_url=InProcessTransport())
     app = FastAPI()
     app.include_router(router)
     app.state.bus = _DirectBus(a)

@@ -1,4 +1,4 @@
-"""The bus itself, on the embedded transport and on RabbitMQ: RPC, errors, deadlines."""
+"""The bus itself, on the in-process transport and on RabbitMQ: RPC, errors, deadlines."""
 
 from __future__ import annotations
 
@@ -16,18 +16,20 @@ from vmsched.bus import BusTimeout, BusUnavailable, RequestError
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions, open_connection
 from vmsched.bus.events import EventPublisher
-from vmsched.bus.rpc import call
-from vmsched.bus.worker import ServiceWorker
+from vmsched.bus.inprocess import InProcessTransport, Request
+from vmsched.bus.interface import Transport, Worker
+from vmsched.bus.transport import open_transport
 from vmsched.messages import CONTRACT_VERSION, Envelope, ReplyEnvelope
 
 
 @pytest.fixture(params=["memory", "rabbitmq"])
-def url(request: pytest.FixtureRequest) -> str:
-    return "memory://" if request.param == "memory" else request.getfixturevalue("rabbit_vhost")
+def transport(request: pytest.FixtureRequest) -> Transport:
+    url = "memory://" if request.param == "memory" else request.getfixturevalue("rabbit_vhost")
+    return open_transport(BusOptions(url=url))
 
 
 @pytest.fixture
-def echo(url: str) -> Iterator[tuple[ServiceWorker, str, list[Envelope]]]:
+def echo(transport: Transport) -> Iterator[tuple[Worker, str, list[Envelope]]]:
     queue = f"test.echo.{uuid.uuid4().hex[:8]}"
     seen: list[Envelope] = []
 
@@ -43,18 +45,18 @@ def echo(url: str) -> Iterator[tuple[ServiceWorker, str, list[Envelope]]]:
             time.sleep(env.body["sleep"])
         return {"echo": env.body, "op": env.op}
 
-    worker = ServiceWorker(url, "test", queue, handler, consumers=2)
+    worker = transport.worker("test", {queue: handler}, consumers=2)
     worker.start()
     assert worker.ready.wait(10)
     yield worker, queue, seen
     worker.stop()
 
 
-def test_async_rpc_roundtrip_and_errors(url: str, echo):
+def test_async_rpc_roundtrip_and_errors(transport: Transport, echo):
     _, queue, _ = echo
 
     async def scenario() -> None:
-        client = AsyncBusClient(BusOptions(url=url), declare=(queue,))
+        client = transport.client(declare=(queue,))
         await client.start()
         try:
             assert await client.call(queue, "x", {"a": 1}, 5) == {"echo": {"a": 1}, "op": "x"}
@@ -74,65 +76,58 @@ def test_async_rpc_roundtrip_and_errors(url: str, echo):
     asyncio.run(scenario())
 
 
-def test_sync_rpc_call(url: str, echo):
+def test_sync_rpc_call(transport: Transport, echo):
     _, queue, _ = echo
-    assert call(url, queue, "y", {"b": 2}) == {"echo": {"b": 2}, "op": "y"}
+    assert transport.call(queue, "y", {"b": 2}) == {"echo": {"b": 2}, "op": "y"}
     with pytest.raises(RequestError, match="refused"):
-        call(url, queue, "y", {"fail": "x"})
+        transport.call(queue, "y", {"fail": "x"})
 
 
-def test_expired_requests_are_dropped_unanswered(url: str, echo):
-    _, queue, seen = echo
-    before = metrics.REGISTRY.get_sample_value("vmsched_bus_expired_total", {"service": "test", "operation": "late"}) or 0
-    conn = open_connection(BusOptions(url=url))
+def _send_unanswered(transport: Transport, queue: str, payload: bytes) -> None:
+    """Put ``payload`` as it is on ``queue``, with nobody waiting for a reply."""
+    if isinstance(transport, InProcessTransport):
+        transport.inboxes.put(Request(queue, payload, "late-1", None))
+        return
+    conn = open_connection(transport.options)
     try:
-        Producer(conn.default_channel).publish(
-            Envelope(op="late", deadline=time.time() - 1, body={}).model_dump_json().encode(),
-            routing_key=queue, content_type="application/json", content_encoding="utf-8")
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            value = metrics.REGISTRY.get_sample_value("vmsched_bus_expired_total",
-                                                      {"service": "test", "operation": "late"}) or 0
-            if value > before:
-                break
-            time.sleep(0.02)
-        assert value == before + 1
-        assert not [e for e in seen if e.op == "late"]  # the handler never ran
+        Producer(conn.default_channel).publish(payload, routing_key=queue, content_type="application/json",
+                                               content_encoding="utf-8")
     finally:
         conn.release()
 
 
-def test_malformed_request_gets_an_error_reply(url: str, echo):
+def test_expired_requests_are_dropped_unanswered(transport: Transport, echo):
+    _, queue, seen = echo
+    before = metrics.REGISTRY.get_sample_value("vmsched_bus_expired_total", {"service": "test", "operation": "late"}) or 0
+    _send_unanswered(transport, queue, Envelope(op="late", deadline=time.time() - 1, body={}).model_dump_json().encode())
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        value = metrics.REGISTRY.get_sample_value("vmsched_bus_expired_total",
+                                                  {"service": "test", "operation": "late"}) or 0
+        if value > before:
+            break
+        time.sleep(0.02)
+    assert value == before + 1
+    assert not [e for e in seen if e.op == "late"]  # the handler never ran
+
+
+def test_malformed_request_gets_an_error_reply(transport: Transport, echo):
     _, queue, _ = echo
-
-    async def scenario() -> None:
-        client = AsyncBusClient(BusOptions(url=url), declare=(queue,))
-        await client.start()
-        try:
-            loop_future = asyncio.get_running_loop().create_future()
-            client._pending["bad-1"] = loop_future  # a raw publish, answered like any request
-            client._publisher.producer.publish(b"{not json", routing_key=queue, content_type="application/json",
-                                               content_encoding="utf-8", correlation_id="bad-1",
-                                               reply_to=client._reply_queue)
-            reply = ReplyEnvelope.model_validate_json(await asyncio.wait_for(loop_future, 5))
-            assert not reply.ok and "malformed request" in reply.error
-        finally:
-            await client.close()
-
-    asyncio.run(scenario())
+    reply = ReplyEnvelope.model_validate_json(_raw_reply(transport, queue, b"{not json"))
+    assert not reply.ok and "malformed request" in reply.error
 
 
-def test_error_code_and_details_travel_on_the_reply_envelope(url: str, echo):
+def test_error_code_and_details_travel_on_the_reply_envelope(transport: Transport, echo):
     _, queue, _ = echo
     with pytest.raises(RequestError, match="^two reasons$") as sync_error:
-        call(url, queue, "x", {"refuse": True})
+        transport.call(queue, "x", {"refuse": True})
     assert sync_error.value.code == "invalid" and sync_error.value.details == ["a: bad", "b: worse"]
     with pytest.raises(RequestError, match="internal error in test: KeyError") as crash:
-        call(url, queue, "x", {"crash": True})
+        transport.call(queue, "x", {"crash": True})
     assert crash.value.code == "internal"
 
     async def scenario() -> RequestError:
-        client = AsyncBusClient(BusOptions(url=url), declare=(queue,))
+        client = transport.client(declare=(queue,))
         await client.start()
         try:
             with pytest.raises(RequestError) as exc:
@@ -145,37 +140,47 @@ def test_error_code_and_details_travel_on_the_reply_envelope(url: str, echo):
     assert error.code == "invalid" and error.details == ["a: bad", "b: worse"]
 
 
-def _raw(url: str, queue: str, payload: bytes) -> dict:
-    """Publish ``payload`` as it is and return the raw JSON reply (an old sender's view)."""
-    import json as _json
+def _raw_reply(transport: Transport, queue: str, payload: bytes) -> bytes:
+    """Send ``payload`` as it is and return the reply's bytes (an old sender's view)."""
+    if isinstance(transport, InProcessTransport):
+        done, replies = threading.Event(), []
+        transport.inboxes.put(Request(queue, payload, "raw-1", lambda raw: (replies.append(raw), done.set())))
+        assert done.wait(5)
+        return replies[0]
 
     async def scenario() -> bytes:
-        client = AsyncBusClient(BusOptions(url=url), declare=(queue,))
+        client = AsyncBusClient(transport.options, declare=(queue,))
         await client.start()
         try:
             future = asyncio.get_running_loop().create_future()
             client._pending["raw-1"] = future
-            client._publisher.producer.publish(payload, routing_key=queue, content_type="application/json",
-                                               content_encoding="utf-8", correlation_id="raw-1",
-                                               reply_to=client._reply_queue)
+            client._publisher.publish(payload, routing_key=queue, content_type="application/json",  # type: ignore[union-attr]
+                                      content_encoding="utf-8", correlation_id="raw-1", reply_to=client._reply_queue)
             return await asyncio.wait_for(future, 5)
         finally:
             await client.close()
 
-    return _json.loads(asyncio.run(scenario()))
+    return asyncio.run(scenario())
 
 
-def test_a_version_1_sender_is_answered_in_version_1(url: str, echo):
+def _raw(transport: Transport, queue: str, payload: bytes) -> dict:
+    """The raw JSON reply to ``payload``."""
+    import json as _json
+
+    return _json.loads(_raw_reply(transport, queue, payload))
+
+
+def test_a_version_1_sender_is_answered_in_version_1(transport: Transport, echo):
     _, queue, _ = echo
     request = b'{"op": "x", "deadline": %f, "body": {"refuse": true}}' % (time.time() + 10)  # no "v"
-    assert _raw(url, queue, request) == {"ok": False, "error": "invalid: two reasons", "body": {}}
-    ok = _raw(url, queue, b'{"op": "x", "deadline": %f, "body": {"a": 1}}' % (time.time() + 10))
+    assert _raw(transport, queue, request) == {"ok": False, "error": "invalid: two reasons", "body": {}}
+    ok = _raw(transport, queue, b'{"op": "x", "deadline": %f, "body": {"a": 1}}' % (time.time() + 10))
     assert ok["ok"] is True and ok["body"] == {"echo": {"a": 1}, "op": "x"}
 
 
-def test_a_newer_version_is_refused_by_name(url: str, echo):
+def test_a_newer_version_is_refused_by_name(transport: Transport, echo):
     _, queue, seen = echo
-    reply = _raw(url, queue, b'{"v": 99, "op": "x", "deadline": %f, "body": {}, "new": 1}' % (time.time() + 10))
+    reply = _raw(transport, queue, b'{"v": 99, "op": "x", "deadline": %f, "body": {}, "new": 1}' % (time.time() + 10))
     assert reply["ok"] is False and reply["code"] == "unsupported_version" and "contract version 99" in reply["error"]
     assert reply["v"] == CONTRACT_VERSION and not [e for e in seen if e.op == "x"]  # the handler never ran
 

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from tests.conftest import Stack, wait_until
 from vmsched.bus.connection import BusOptions
+from vmsched.bus.inprocess import InProcessTransport
+from vmsched.bus.transport import open_transport
 from vmsched.facts import FactsMessage, HostFacts
 from vmsched.facts_cache import FactsCache
 from vmsched.gateway import decision_peers, decisions
@@ -204,7 +206,7 @@ def test_gateway_label_is_routing_key_safe() -> None:
 # --- replicas on the bus ------------------------------------------------------------------------
 def test_the_embedded_bus_shares_nothing() -> None:
     """memory:// lives in one process, which runs one gateway: nobody to ask."""
-    log = DecisionLog(10, "gw-a", bus=BusOptions(url="memory://", connect_timeout=2.0))
+    log = DecisionLog(10, "gw-a", bus=InProcessTransport())
     assert log.peers is None
 
 
@@ -343,7 +345,7 @@ def test_facts_age_of_the_hosts_with_facts() -> None:
 
 
 def _linked(options: BusOptions, *names: str) -> list[DecisionLog]:
-    logs = [DecisionLog(10, name, bus=options) for name in names]
+    logs = [DecisionLog(10, name, bus=open_transport(options)) for name in names]
     for log in logs:
         log.start()
     for log in logs:
@@ -372,8 +374,7 @@ def test_a_reader_gets_every_replicas_decisions_by_asking_them(rabbit_vhost: str
         assert asyncio.run(c.find("0" * 32)).records == []
 
         assert c.peers is not None and a.peers is not None
-        a.peers._stop.set()  # gw-a's link stops without a goodbye: it stays in the directory, silent
-        a.peers._thread.join(5)  # type: ignore[union-attr]
+        a.peers.subscription.stop(5)  # gw-a's link stops without a goodbye: it stays in the directory, silent
         found = asyncio.run(c.search(10, vm=VM))
         assert [r["gateway"] for r in found.records] == ["gw-b"]
         assert found.missing == [{"gateway": "gw-a", "error": "no answer within 0.5 s"}]
@@ -385,7 +386,7 @@ def test_a_reader_gets_every_replicas_decisions_by_asking_them(rabbit_vhost: str
 
 
 def test_a_forged_or_late_answer_is_not_taken() -> None:
-    log = DecisionLog(10, "gw-a", bus=BusOptions(url="amqp://127.0.0.1:1/", connect_timeout=0.1))
+    log = DecisionLog(10, "gw-a", bus=open_transport(BusOptions(url="amqp://127.0.0.1:1/", connect_timeout=0.1)))
     link = log.peers
     assert link is not None
     record = _filter_record([FilterOutcome(unit="A", ok=True, hosts=H[:1])])  # labelled gw-a

@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import wait_until
 from tests.test_bus_permissions import HOSTS, broker, publish, url  # noqa: F401 - the broker fixture
 from vmsched.bus.connection import BusOptions
+from vmsched.bus.transport import open_transport
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.gateway.decisions import DecisionLog
 from vmsched.gateway.render import filter_decision
@@ -39,7 +40,7 @@ def test_gateway_replicas_ask_each_other_on_the_gateway_user(broker):  # noqa: F
     _, secrets = broker
     publish(secrets, "vmsched-gateway", EVENTS_EXCHANGE, "gateway.decisions.presence")  # accepted
     options = BusOptions(url=url(secrets, "vmsched-gateway"), connect_timeout=2.0)
-    a, b = DecisionLog(5, "gw-a", bus=options), DecisionLog(5, "gw-b", bus=options)
+    a, b = DecisionLog(5, "gw-a", bus=open_transport(options)), DecisionLog(5, "gw-b", bus=open_transport(options))
     for log in (a, b):
         log.start()
     try:

@@ -12,6 +12,7 @@ from kombu import Producer
 
 from tests.conftest import wait_until
 from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
+from vmsched.bus.transport import open_transport
 from vmsched.bus.facts import LINGER, FactsSubscriber
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.facts import FactsMessage, HostFacts, facts_key
@@ -28,7 +29,7 @@ def body(host: str, seq: int) -> bytes:
 
 def test_messages_are_taken_in_batches_and_none_is_lost(rabbit_vhost: str) -> None:
     got: list[tuple[str, float]] = []
-    sub = FactsSubscriber(BusOptions(url=rabbit_vhost), "batch-test", lambda raw, key: got.append((key, time.monotonic())))
+    sub = FactsSubscriber(open_transport(BusOptions(url=rabbit_vhost)), "batch-test", lambda raw, key: got.append((key, time.monotonic())))
     sub.linger = WAIT  # LINGER by default; fixed here so that the test measures its effect
     sub.start()
     try:

@@ -39,7 +39,7 @@ from tests.conftest import RABBIT_URL, ROOT, SERVICE_QUEUES, TEST_ENV, Proc, Sta
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.journal import FIRST, SECOND, Journal
-from vmsched.bus.worker import _PASS, PASSED_BY, ServiceWorker
+from vmsched.bus.poison import PASSED_BY, PoisonTriage, Triage, Verdict
 from vmsched.bus.topology import DELIVERY_LIMIT, EXCHANGES, REQUEST_QUEUES, REQUESTS_EXCHANGE, dead_letter_queue, \
     legacy_name, request_queue
 from vmsched.messages import Envelope, FilterReply, Op, request_units
@@ -421,42 +421,44 @@ def test_triage_of_requests_that_were_in_a_dead_process(tmp_path: Path):
     dead.begin(0, "among-1")
     dead.begin(1, "among-2")
     dead.close()  # died handling two requests at once
-    worker = ServiceWorker(BusOptions(url="memory://", delivery_limit=DELIVERY_LIMIT), "scoring", REQUEST_QUEUES[Op.FILTER],
-                           lambda env: {}, journal_dir=directory)
-    worker.journal = Journal(directory, "scoring", 3)
+    journal = Journal(directory, "scoring", 3)
+    triage = PoisonTriage("scoring", DELIVERY_LIMIT, journal)
     queue, rejected = REQUEST_QUEUES[Op.FILTER], [{"reason": "rejected"}]
+    run, to_second_chance = Triage(Verdict.RUN), Triage(Verdict.TO_SECOND_CHANCE)
+    second_chance, pass_on = Triage(Verdict.SECOND_CHANCE), Triage(Verdict.PASS_ON)
     try:
-        assert worker._triage(queue, False, _Message("fresh")) == FIRST
-        assert worker._triage(queue, False, _Message("held", {"x-delivery-count": 1})) is None  # to its second chance
-        assert worker._triage(queue, False, _Message("among-1")) is None  # among those of the death: a second chance
-        assert worker._triage(queue, True, _Message("held", {"x-death": rejected})) == SECOND
-        why = worker._triage(queue, True, _Message("held", {"x-death": rejected}, redelivered=True))
-        assert isinstance(why, str) and "second chance also ended with the death" in why
-        why = worker._triage(queue, True, _Message("limit", {"x-death": [{"reason": "delivery_limit"}]}))
-        assert isinstance(why, str) and "each of its deliveries" in why
+        assert triage.decide(queue, False, _Message("fresh")) == run and run.journal_kind == FIRST
+        assert triage.decide(queue, False, _Message("held", {"x-delivery-count": 1})) == to_second_chance
+        assert triage.decide(queue, False, _Message("among-1")) == to_second_chance  # among those of the death
+        assert triage.decide(queue, True, _Message("held", {"x-death": rejected})) == second_chance
+        assert second_chance.journal_kind == SECOND
+        why = triage.decide(queue, True, _Message("held", {"x-death": rejected}, redelivered=True))
+        assert why.verdict is Verdict.REFUSE and "second chance also ended with the death" in why.why
+        why = triage.decide(queue, True, _Message("limit", {"x-death": [{"reason": "delivery_limit"}]}))
+        assert why.verdict is Verdict.REFUSE and "each of its deliveries" in why.why
         # a second chance of what the predecessor was handling among others: another replica's, unless it came back
-        assert worker._triage(queue, True, _Message("among-2", {"x-death": rejected})) is _PASS
+        assert triage.decide(queue, True, _Message("among-2", {"x-death": rejected})) == pass_on
         published: list[dict[str, Any]] = []
         message = _Message("among-2", {"x-death": rejected})
-        sink = SimpleNamespace(producer=SimpleNamespace(publish=lambda body, **kw: published.append(kw)))
-        worker._pass(queue, message, sink)
-        assert message.acked and published[0]["headers"][PASSED_BY] == [worker.journal.identity]
+        sink = SimpleNamespace(publish=lambda body, **kw: published.append(kw))
+        triage.pass_on(queue, message, sink)  # type: ignore[arg-type]
+        assert message.acked and published[0]["headers"][PASSED_BY] == [journal.identity]
         assert published[0]["exchange"] == "vmsched.dead" and published[0]["routing_key"] == queue
         for passes in (1, 2):  # it came back (the broker may hand it to the same replica): passed on again
             back = _Message("among-2", published[-1]["headers"])
-            assert worker._triage(queue, True, back) is _PASS
-            worker._pass(queue, back, sink)
-        assert published[-1]["headers"][PASSED_BY] == [worker.journal.identity] * 3
+            assert triage.decide(queue, True, back) == pass_on
+            triage.pass_on(queue, back, sink)  # type: ignore[arg-type]
+        assert published[-1]["headers"][PASSED_BY] == [journal.identity] * 3
         back = _Message("among-2", published[-1]["headers"])
-        assert worker._triage(queue, True, back) == SECOND  # no other replica took it: run here
+        assert triage.decide(queue, True, back) == second_chance  # no other replica took it: run here
     finally:
-        worker.journal.close()
+        journal.close()
     alone = Journal(directory, "scoring", 3)  # this one dies handling one request alone
     alone.begin(2, "alone-3", SECOND)
     alone.close()
-    worker.journal = Journal(directory, "scoring", 3)
+    journal = Journal(directory, "scoring", 3)
     try:
-        why = worker._triage(queue, False, _Message("alone-3"))
-        assert isinstance(why, str) and "died handling it in its second chance and was restarted" in why
+        why = PoisonTriage("scoring", DELIVERY_LIMIT, journal).decide(queue, False, _Message("alone-3"))
+        assert why.verdict is Verdict.REFUSE and "died handling it in its second chance and was restarted" in why.why
     finally:
-        worker.journal.close()
+        journal.close()

@@ -13,6 +13,9 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from vmsched import metrics
+from vmsched.bus.connection import BusOptions
+from vmsched.bus.interface import Transport
+from vmsched.bus.transport import open_transport
 from vmsched.config import Settings
 from vmsched.gateway.app import create_app
 from vmsched.gateway.http import with_read_timeouts
@@ -42,15 +45,18 @@ def service_queues() -> dict[str, tuple[str, ...]]:
     return {name: tuple(cls.QUEUES) for name, cls in SERVICES.items()}
 
 
-def make_service(name: str, settings: Settings, log_plugins: bool = True) -> PluginService:
+def make_service(name: str, settings: Settings, log_plugins: bool = True,
+                 transport: Transport | None = None) -> PluginService:
+    """Service ``name`` on ``transport`` (the process's bus; default: one of the settings' own)."""
     cls = SERVICES.get(name)
     if cls is None:
         raise ValueError(f"unknown service {name!r}")
     if cls is BalancerService:
         fewest, most = settings.pool_bounds()
         half = max(1, most // 2)  # balance requests are rarer: half the workers
-        return BalancerService(settings, pool_bounds=(min(fewest, half), half), log_plugins=log_plugins)
-    return cls(settings, log_plugins=log_plugins)
+        return BalancerService(settings, pool_bounds=(min(fewest, half), half), log_plugins=log_plugins,
+                               transport=transport)
+    return cls(settings, log_plugins=log_plugins, transport=transport)
 
 
 #: The gateway's /metrics port when --metrics-port is not given (services: no listener).
@@ -77,12 +83,12 @@ class GatewayHttp(ClientCertMixin, HttpToolsProtocol):
     """uvicorn's httptools protocol, with the client certificate in the ASGI scope."""
 
 
-def _prepare_http(settings: Settings) -> tuple[uvicorn.Server, socket.socket]:
+def _prepare_http(settings: Settings, transport: Transport) -> tuple[uvicorn.Server, socket.socket]:
     """The gateway's HTTP server and its bound socket (the metrics listener too): nothing served yet."""
     check_tokens(settings)
     tls = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca, what="gateway TLS")
     tokens = TokenStore(settings.tokens_file).watch()
-    app = create_app(settings, tokens=tokens)
+    app = create_app(settings, tokens=tokens, transport=transport)
     metrics.init_requests("gateway", [op.value for op in Op])  # every series at 0 from start-up
     sock = bind(settings.host, settings.port)
     try:
@@ -101,15 +107,20 @@ def _prepare_http(settings: Settings) -> tuple[uvicorn.Server, socket.socket]:
     return uvicorn.Server(config), sock
 
 
+def _transport(settings: Settings) -> Transport:
+    """The process's bus, chosen once from the broker URL and handed to every party of the process."""
+    return open_transport(BusOptions.from_settings(settings))
+
+
 def run_gateway(settings: Settings) -> int:
-    server, sock = _prepare_http(settings)
+    server, sock = _prepare_http(settings, _transport(settings))
     server.run(sockets=[sock])
     return 0
 
 
 def run_service(name: str, settings: Settings) -> int:
     check_plugins(settings)
-    service = make_service(name, settings)
+    service = make_service(name, settings, transport=_transport(settings))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -124,9 +135,10 @@ def run_service(name: str, settings: Settings) -> int:
 def run_all_in_one(settings: Settings) -> int:
     """Gateway + discovery + scoring + balancer in this process (embedded bus by default)."""
     check_plugins(settings)
-    server, sock = _prepare_http(settings)  # a busy port fails here, before any service starts
-    services = [make_service(name, settings, log_plugins=name == "discovery")  # each plugin load logged once
-                for name in ("discovery", "scoring", "balancer")]
+    transport = _transport(settings)  # memory://: the one in-process bus of the gateway and the services
+    server, sock = _prepare_http(settings, transport)  # a busy port fails here, before any service starts
+    services = [make_service(name, settings, log_plugins=name == "discovery",  # each plugin load logged once
+                             transport=transport) for name in ("discovery", "scoring", "balancer")]
     for service in services:
         service.start()
     log.info("vmsched all-in-one on %s://%s:%d/ (plugins %s, bus %s)", "https" if settings.tls_cert else "http",

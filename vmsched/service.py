@@ -15,10 +15,12 @@ from typing import Any, Callable, ClassVar
 
 from vmsched import metrics
 from vmsched.bus.connection import BusOptions
-from vmsched.bus.worker import Handler, ServiceWorker
 from vmsched.bus.facts import FactsSubscriber
+from vmsched.bus.interface import Transport, Worker
 from vmsched.bus.journal import default_dir
+from vmsched.bus.replies import Handler
 from vmsched.bus.topology import REQUEST_QUEUES, legacy_name
+from vmsched.bus.transport import open_transport
 from vmsched.config import Settings
 from vmsched.engine_link import facts_cache
 from vmsched.facts_cache import FactsCache
@@ -87,10 +89,13 @@ class PluginService:
     uses_facts: ClassVar[bool] = False
 
     def __init__(self, settings: Settings, pool_size: int | None = None,
-                 pool_bounds: tuple[int, int] | None = None, log_plugins: bool = True) -> None:
+                 pool_bounds: tuple[int, int] | None = None, log_plugins: bool = True,
+                 transport: Transport | None = None) -> None:
         """``pool_size`` fixes the plugin pool's size, ``pool_bounds`` sets (fewest, most); else the settings'.
-        ``log_plugins``: log plugin loads and load errors (one service of a process does)."""
+        ``log_plugins``: log plugin loads and load errors (one service of a process does).
+        ``transport``: the process's bus (the runner's); else one of the settings' own."""
         self.settings = settings
+        self.transport = transport or open_transport(BusOptions.from_settings(settings))
         limits, confinement = plugin_sandbox(settings)
         fewest, most = (pool_size, pool_size) if pool_size else pool_bounds or settings.pool_bounds()
         self.pool = PluginPool(
@@ -99,7 +104,7 @@ class PluginService:
         )
         self.catalog = Catalog(settings.plugins_dir, self.pool, analyze_timeout=settings.plugin_timeout,
                                log_changes=log_plugins)
-        self.worker: ServiceWorker | None = None
+        self.worker: Worker | None = None
         metrics.init_requests(self.name, [op.value for op, queue in REQUEST_QUEUES.items() if queue in self.QUEUES],
                               worker=True)
         self.facts: FactsCache | None = facts_cache(settings, self.name) if self.uses_facts else None
@@ -109,7 +114,7 @@ class PluginService:
     def routes(self) -> dict[str, Handler]:
         """QUEUES, plus for one release the same queues under their unversioned names (older gateways)."""
         routes: dict[str, Handler] = {queue: getattr(self, method) for queue, method in self.QUEUES.items()}
-        if self.settings.legacy_queues and not self.settings.embedded:
+        if self.settings.legacy_queues and self.transport.spans_processes:  # older gateways are other processes
             routes.update({legacy_name(queue): handler for queue, handler in routes.items()})
         return routes
 
@@ -119,17 +124,16 @@ class PluginService:
         self.catalog.start_watching(self.settings.rescan_interval)
         if self.runs_units:
             self.pool.warm(sorted({u.plugin for u in self.catalog.units()}))
-        self.worker = ServiceWorker(
-            BusOptions.from_settings(self.settings),
+        self.worker = self.transport.worker(
             self.name,
-            routes=self.routes(),
+            self.routes(),
             consumers=self.settings.consumers,
             prefetch=self.settings.prefetch,
-            journal_dir=None if self.settings.embedded else (self.settings.runtime_dir or default_dir()) / "journal",
+            journal_dir=(self.settings.runtime_dir or default_dir()) / "journal",
         )
         self.worker.start()
         if self.facts is not None:
-            self._facts_sub = FactsSubscriber(BusOptions.from_settings(self.settings), self.name, self.facts.ingest)
+            self._facts_sub = FactsSubscriber(self.transport, self.name, self.facts.ingest)
             self._facts_sub.start()
         log.info("%s: serving %s with %d units", self.name, ", ".join(self.routes()), len(self.catalog.units()))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from vmsched.bus.interface import Transport
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.config import Settings
 from vmsched.messages import DiscoverReply, Envelope, Op
@@ -17,8 +18,8 @@ class DiscoveryService(PluginService):
     runs_units = False
     QUEUES = {REQUEST_QUEUES[Op.DISCOVER]: "discover"}
 
-    def __init__(self, settings: Settings, log_plugins: bool = True) -> None:
-        super().__init__(settings, pool_size=1, log_plugins=log_plugins)
+    def __init__(self, settings: Settings, log_plugins: bool = True, transport: Transport | None = None) -> None:
+        super().__init__(settings, pool_size=1, log_plugins=log_plugins, transport=transport)
 
     def discover(self, env: Envelope) -> BaseModel:
         self.catalog.refresh()  # one scandir when nothing changed

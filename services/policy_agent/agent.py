@@ -21,6 +21,8 @@ import libvirt
 
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.facts import SnapshotListener
+from vmsched.bus.interface import Transport
+from vmsched.bus.transport import open_transport
 
 from . import metrics
 from .enforce.changes import PolicyChanges
@@ -71,7 +73,7 @@ class Agent:
         host_id: str | None,
         state_dir: Path,
         dedicated_pool: str | None = None,
-        amqp_url: str | None = None,
+        amqp_url: str | BusOptions | Transport | None = None,
         socket_path: Path | None = None,
         reconcile_interval: float = 10.0,
         release_on_stop: bool = False,
@@ -109,6 +111,7 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self._server: SocketServer | None = None
         self._bus: BusLink | None = None
+        self._transport: Transport | None = None
         self._domains = LibvirtDomains(lambda: self.conn, self.inventory.name_of)
         self.facts_interval = facts_interval  # seconds between host facts (0: off); published on the bus only
         self._facts: FactsReporter | None = None
@@ -184,11 +187,19 @@ class Agent:
         self._server = SocketServer(self.socket_path, self)
         self._server.start()
         if self.amqp_url:
-            self._bus = BusLink(self.amqp_url, self.host_id, self)
+            self._transport = self._open_transport(self.amqp_url)
+            self._bus = BusLink(self._transport, self.host_id, self)
             self._bus.start()
             self._start_facts()
         self.started = True
         return self
+
+    @staticmethod
+    def _open_transport(bus: str | BusOptions | Transport) -> Transport:
+        """The bus the agent's queue, events and snapshot requests share (memory://: the caller's, handed in)."""
+        if isinstance(bus, Transport):
+            return bus
+        return open_transport(bus if isinstance(bus, BusOptions) else BusOptions(url=bus))
 
     def _start_facts(self) -> None:
         """Host facts every facts_interval and on lifecycle events; a snapshot at once when a service asks."""
@@ -198,8 +209,8 @@ class Agent:
         self._facts = FactsReporter(self.host_id or "", Collector(), lambda: self.conn, self._layout,
                                     bus.publish, self.facts_interval)
         self._facts.start()
-        options = self.amqp_url if isinstance(self.amqp_url, BusOptions) else BusOptions(url=self.amqp_url or "")
-        self._snapshots = SnapshotListener(options, self.host_id or "", self._facts.trigger_snapshot)
+        assert self._transport is not None
+        self._snapshots = SnapshotListener(self._transport, self.host_id or "", self._facts.trigger_snapshot)
         self._snapshots.start()
 
     def _layout(self) -> tuple[frozenset[int], frozenset[int], dict[str, frozenset[int]], dict[str, Any]]:

@@ -23,18 +23,6 @@ FOLDERS = ("gateway", "services", "vmsched", "plugins")
 
 #: area -> findings still allowed there ("path: kind: what", as private_access and ruff_findings spell them).
 ALLOWED: dict[str, set[str]] = {
-    "bus": {
-        "vmsched/bus/cork.py: SLF001: Private member accessed: `_write`",
-        "vmsched/bus/cork.py: getattr: hasattr(..., '_write')",
-        "vmsched/bus/publish.py: SLF001: Private member accessed: `_delivery_details`",
-        "vmsched/bus/reads.py: SLF001: Private member accessed: `_quick_recv`",
-        "vmsched/bus/memory.py: subclass: Channel overrides Channel._next_delivery_tag",
-        "vmsched/bus/memory.py: subclass: Channel overrides Channel._put",
-        "vmsched/bus/memory.py: subclass: Channel overrides Channel._put_fanout",
-        "vmsched/bus/memory.py: subclass: Channel uses Channel._lookup",
-        "vmsched/bus/memory.py: subclass: Transport uses Transport._callbacks",
-        "vmsched/bus/memory.py: subclass: Transport uses Transport._deliver",
-    },
     "gateway": {
         "gateway/facts_api.py: import: vmsched.gateway.agent_api._Route",
     },

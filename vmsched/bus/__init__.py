@@ -1,12 +1,11 @@
-"""The message bus: kombu connections, service workers and RPC clients.
-
-The same code runs on RabbitMQ and on the embedded in-memory transport
-(``memory://``, see :mod:`vmsched.bus.memory`).
-"""
+"""The message bus: one transport per process (:mod:`vmsched.bus.interface`), RabbitMQ through kombu
+(:mod:`vmsched.bus.broker`) or in-process (:mod:`vmsched.bus.inprocess`), and the errors of both."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
+
+from pydantic import ValidationError
 
 from vmsched.messages import ErrorCode, ReplyEnvelope, TypedReply
 
@@ -59,4 +58,17 @@ def reply_error(reply: ReplyEnvelope | TypedReply, source: str = "the service") 
     return RequestError(message, code, reply.details)
 
 
-__all__ = ["BusError", "RequestError", "BusUnavailable", "BusTimeout", "reply_error"]
+def reply_body(raw: bytes | str, queue: str) -> dict[str, Any]:
+    """The body of a reply's bytes from ``queue``; an error reply (or a malformed one) raises its error."""
+    try:
+        reply = ReplyEnvelope.model_validate_json(raw)
+    except ValidationError as exc:
+        raise RequestError(f"malformed reply from {queue}: {exc.errors()[0]['msg']}", ErrorCode.INTERNAL.value) \
+            from None
+    error = reply_error(reply, queue)
+    if error is not None:
+        raise error
+    return reply.body
+
+
+__all__ = ["BusError", "RequestError", "BusUnavailable", "BusTimeout", "reply_error", "reply_body"]

@@ -1,13 +1,10 @@
-"""The gateway's RPC client: kombu driven from the asyncio event loop.
+"""The gateway's request client on RabbitMQ: kombu driven from the asyncio event loop.
 
 Everything happens on the loop thread, so the connection is never shared
 between threads and no message is handed between threads: the loop watches
-the broker socket (or, embedded, a wake-up pipe of the reply queue) and
-drains it without blocking; publishing is a socket write plus, on RabbitMQ,
-a publisher confirm awaited asynchronously (:mod:`vmsched.bus.confirms`).
-Replies are matched to callers by correlation id. Embedded, a scheduling
-request goes to its service's inbox and its reply comes back from the
-service's thread through ``call_soon_threadsafe`` (:mod:`vmsched.bus.local`).
+the broker socket and drains it without blocking; publishing is a socket
+write plus a publisher confirm awaited asynchronously (:mod:`vmsched.bus.confirms`).
+Replies are matched to callers by correlation id.
 
 When the connection breaks (its node died, a channel error, or the broker
 cancelled the consumer of the exclusive reply queue: the queue was deleted),
@@ -24,36 +21,29 @@ while reconnecting wait for it; when no node answers, calls fail at once with
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import socket
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any, Callable, TypeVar, overload
+from typing import Any
 
 from kombu import Connection, Consumer, Producer
 from kombu.message import Message
-from pydantic import BaseModel, ValidationError
 
 from vmsched import metrics
-from vmsched.bus import BusTimeout, BusUnavailable, RequestError, reply_error
+from vmsched.bus import BusUnavailable
 from vmsched.bus.confirms import Confirms
-from vmsched.bus.local import CARRIED, LANES, Request as InboxRequest
 from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, note_lost, \
     open_connection, safe_release
-from vmsched.bus.memory import QueueWatch
-from vmsched.bus.outgoing import Outgoing as _Request
-from vmsched.bus.publish import Publisher
-from vmsched.bus.reads import buffer_reads, nonblocking, nothing_buffered as _nothing
+from vmsched.bus.interface import BusClient, request_bytes, wait_reply
+from vmsched.bus.outgoing import Outgoing
+from vmsched.bus.sockets import buffered, nonblocking
 from vmsched.bus.tokens import Unguessable
-from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, PING, REPLY_EXCHANGE, REPLY_VIA, reply_queue, request_queue, route
+from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, REPLY_EXCHANGE, REPLY_VIA, reply_queue, request_queue, \
+    route
 from vmsched.bus.urls import mask
-from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
-
-M = TypeVar("M", bound=BaseModel)
-R = TypeVar("R", bound=BaseModel)
 
 log = logging.getLogger("vmsched.bus")
 
@@ -65,7 +55,7 @@ _MAX_SENDS = 5  # a request the broker keeps refusing or not confirming fails af
 # can take three: the send to the dying node, the re-send at each reconnection while the cluster settles)
 
 
-class AsyncBusClient:
+class AsyncBusClient(BusClient):
     def __init__(self, options: BusOptions, declare: tuple[str, ...] = (), service: str = "gateway") -> None:
         self.options = options
         self.service = service
@@ -74,21 +64,19 @@ class AsyncBusClient:
         self._ids = itertools.count()
         self._token = Unguessable()  # used on the event loop's thread only
         self._pending: dict[str, asyncio.Future[bytes]] = {}  # correlation id -> the caller's future
-        self._requests: dict[str, _Request] = {}  # correlation id -> what to (re)send
+        self._requests: dict[str, Outgoing] = {}  # correlation id -> what to (re)send
         self._resent_answered: OrderedDict[str, None] = OrderedDict()
         self._conn: Connection | None = None
-        self._publisher: Publisher | None = None
+        self._publisher: Producer | None = None
         self._consumer: Consumer | None = None
-        self._watch: QueueWatch | None = None
         self._fd: int | None = None
-        self._buffered: Callable[[], int] = _nothing  # bytes received and not read yet (vmsched.bus.reads)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reconnect_task: asyncio.Task[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._declared: set[str] = set()
         self._confirms = Confirms(options.confirm_timeout, self._on_nack, self._confirm_overdue)
         self._recovering = False  # a lost connection is being replaced: calls wait instead of failing
-        self.last_error: str = "not connected yet"
+        self._last_error = "not connected yet"
         self._closed = False
 
     # --- lifecycle ---------------------------------------------------------
@@ -112,45 +100,13 @@ class AsyncBusClient:
     def connected(self) -> bool:
         return self._conn is not None
 
+    @property
+    def last_error(self) -> str:
+        return self._last_error
+
     # --- calls ---------------------------------------------------------------
-    @overload
-    async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> dict[str, Any]: ...
-
-    @overload
-    async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M],
-                   accepts: tuple[str, ...] = ()) -> M: ...
-
-    async def call(
-        self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M] | None = None,
-        accepts: tuple[str, ...] = (),
-    ) -> dict[str, Any] | M:
-        """Send a request and wait for its reply body, at most ``timeout`` seconds.
-
-        With ``model`` the reply is parsed in one pass into that type. An error
-        reply (of this contract version or the previous one) raises
-        :class:`RequestError` carrying the reply's ``code``. ``accepts``: the
-        lighter reply forms the caller reads (``Envelope.accepts``).
-        """
-        reply_type = TypedReply[model] if model else ReplyEnvelope  # type: ignore[valid-type]
-        reply = await self.request(queue, op, body, timeout, reply_type, accepts)
-        error = reply_error(reply, queue)
-        if error is not None:
-            raise error
-        return reply.body
-
-    async def request(
-        self, queue: str, op: str, body: dict[str, Any], timeout: float, reply_type: type[R] = ReplyEnvelope,
-        accepts: tuple[str, ...] = (),
-    ) -> R:
-        """Send a request and return its whole reply (ok or not), parsed as ``reply_type``."""
-        raw = await self._roundtrip(queue, op, body, timeout, accepts)
-        try:
-            return reply_type.model_validate_json(raw)
-        except ValidationError as exc:
-            raise RequestError(f"malformed reply from {queue}: {exc.errors()[0]['msg']}", "internal") from None
-
-    async def _roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float,
-                         accepts: tuple[str, ...] = ()) -> bytes:
+    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float,
+                        accepts: tuple[str, ...] = ()) -> bytes:
         if self._conn is None and not self._recovering:
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
         assert self._loop is not None
@@ -159,17 +115,14 @@ class AsyncBusClient:
         future: asyncio.Future[bytes] = self._loop.create_future()
         deadline = time.time() + timeout
         exchange, key = route(queue)
-        request = _Request(queue, exchange, key, Envelope(op=op, deadline=deadline, body=body,
-                                                                  accepts=list(accepts)).model_dump_json().encode(),
-                           deadline, resend=exchange is not AGENT_EXCHANGE)
+        request = Outgoing(queue, exchange, key, request_bytes(op, deadline, body, accepts), deadline,
+                           resend=exchange is not AGENT_EXCHANGE)
         self._pending[cid] = future
         self._requests[cid] = request
         try:
             if self._conn is not None:
                 self._send(cid, request)  # else sent once reconnected
-            return await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
-            raise BusTimeout(f"no {op} reply from {queue} within {timeout:g} s") from None
+            return await wait_reply(future, op, queue, timeout)
         finally:
             self._pending.pop(cid, None)
             self._requests.pop(cid, None)
@@ -178,28 +131,19 @@ class AsyncBusClient:
                 while len(self._resent_answered) > _RESENT_MEMORY:
                     self._resent_answered.popitem(last=False)
 
-    async def ping(self, queue: str, timeout: float = 1.0) -> bool:
-        try:
-            return (await self.request(queue, PING, {}, timeout)).ok
-        except (BusTimeout, BusUnavailable):
-            return False
-
-    def _send(self, cid: str, request: _Request) -> None:
+    def _send(self, cid: str, request: Outgoing) -> None:
         """Publish ``request``; a broken connection is replaced and the request sent again from there."""
-        if self.options.embedded and request.queue in CARRIED:  # to a service of this process, no transport
-            LANES.put(InboxRequest(request.queue, request.payload, cid, functools.partial(self._from_thread, cid)))
-            request.sent += 1
-            return
         assert self._publisher is not None and self._conn is not None
         try:
             if request.queue not in self._declared and request.exchange is not AGENT_EXCHANGE:
                 # scheduling queues wait for their service; an agent declares its own queue
                 request_queue(request.queue, self.options.delivery_limit)(self._conn.default_channel).declare()
                 self._declared.add(request.queue)
+                self._drain_soon()  # frames a TLS socket decrypted during the declaration wait there
             self._publisher.publish(
                 request.payload,
-                request.exchange,
-                request.key,
+                exchange=request.exchange,
+                routing_key=request.key,
                 headers=_REPLY_HEADERS,
                 content_type="application/json",
                 content_encoding="utf-8",
@@ -207,6 +151,7 @@ class AsyncBusClient:
                 reply_to=self._reply_queue,
                 expiration=max(0.001, request.deadline - time.time()),
                 confirm_timeout=self.options.confirm_timeout,
+                retry=False,
             )
         except CONNECTION_ERRORS as exc:
             request.failed += 1
@@ -216,8 +161,7 @@ class AsyncBusClient:
             self._lost(exc)  # else not sent: goes out again once reconnected
             return
         request.sent += 1
-        self._drain_buffered()  # a queue declared just now: frames received meanwhile wait in the buffer
-        if self.options.confirms and not self.options.embedded:
+        if self.options.confirms:
             assert self._loop is not None
             self._confirms.published(cid, self._loop)
 
@@ -277,7 +221,7 @@ class AsyncBusClient:
         self._conn = conn
         self._recovering = False
         metrics.BUS_UP.labels(self.service).set(1)
-        self.last_error = ""
+        self._last_error = ""
         self._send_waiting()
 
     def _subscribe(self, conn: Connection) -> None:
@@ -291,32 +235,23 @@ class AsyncBusClient:
         for name in self._declare:
             request_queue(name, self.options.delivery_limit)(channel).declare()
             self._declared.add(name)
-        self._publisher = Publisher(Producer(channel, auto_declare=False))
-        if self.options.confirms and not self.options.embedded:
+        self._publisher = Producer(channel, auto_declare=False)
+        if self.options.confirms:
             self._confirms.reset(channel)  # a refused or missing confirm sends the request again or fails it
-        if self.options.embedded:
-            self._watch = QueueWatch(self._reply_queue)
-            self._fd = self._watch.fd
-        else:
-            self._fd = conn.connection.sock.fileno()
-            self._buffered = buffer_reads(conn.connection.transport)
+        self._fd = conn.connection.sock.fileno()
         self._loop.add_reader(self._fd, self._drain)
-        self._drain_buffered()  # what the subscription's synchronous calls received beyond their answers
+        self._drain_soon()  # what a TLS socket decrypted during the subscription's synchronous calls
 
     def _detach(self) -> None:
         if self._fd is not None and self._loop is not None:
             self._loop.remove_reader(self._fd)
         self._fd = None
-        self._buffered = _nothing
-        if self._watch is not None:
-            self._watch.close()
-            self._watch = None
         safe_release(self._conn)
         self._conn = self._publisher = self._consumer = None
         metrics.BUS_UP.labels(self.service).set(0)
 
     def _lost(self, exc: BaseException, recovering: bool = True) -> None:
-        self.last_error = f"{type(exc).__name__}: {mask(str(exc))}" if str(exc) else type(exc).__name__
+        self._last_error = f"{type(exc).__name__}: {mask(str(exc))}" if str(exc) else type(exc).__name__
         log.warning("%s: bus connection lost (%s)", self.service, self.last_error)
         note_lost(self._conn)
         self._detach()
@@ -339,7 +274,7 @@ class AsyncBusClient:
             try:
                 conn = await self._loop.run_in_executor(None, self._connect)
             except CONNECTION_ERRORS as exc:
-                self.last_error = f"{type(exc).__name__}: {mask(str(exc))}"
+                self._last_error = f"{type(exc).__name__}: {mask(str(exc))}"
                 if self._recovering:  # no node answers: fail fast until one does
                     self._recovering = False
                     self._fail_all(BusUnavailable(f"message bus unavailable: {self.last_error}"))
@@ -357,7 +292,7 @@ class AsyncBusClient:
     async def _heartbeats(self) -> None:
         while not self._closed:
             await asyncio.sleep(max(1.0, self.options.heartbeat / 3))
-            if self._conn is not None and not self.options.embedded:
+            if self._conn is not None:
                 try:
                     self._conn.heartbeat_check()
                 except CONNECTION_ERRORS as exc:
@@ -367,10 +302,8 @@ class AsyncBusClient:
         conn = self._conn
         if conn is None:
             return
-        if self._watch is not None:
-            self._watch.clear()
         try:
-            with nonblocking(getattr(conn.connection, "transport", None)):
+            with nonblocking(conn.connection.sock):
                 while True:
                     conn.drain_events(timeout=0)
         except socket.timeout:
@@ -381,9 +314,11 @@ class AsyncBusClient:
             if self._conn is conn:
                 self._lost(exc)
 
-    def _drain_buffered(self) -> None:
-        """Drain soon what a synchronous call (a declaration) read past its answer: the loop cannot see it."""
-        if self._buffered() and self._loop is not None:
+    def _drain_soon(self) -> None:
+        """Drain soon what a synchronous call (a declaration) left decrypted in a TLS socket: the loop cannot
+        see it."""
+        conn = self._conn
+        if conn is not None and self._loop is not None and buffered(conn.connection.sock):
             self._loop.call_soon(self._drain)
 
     def _on_nack(self, cids: list[str]) -> None:
@@ -406,14 +341,6 @@ class AsyncBusClient:
     def _on_reply(self, message: Message) -> None:
         body = message.body
         self._resolve(message.properties.get("correlation_id"), body if isinstance(body, bytes) else str(body).encode())
-
-    def _from_thread(self, cid: str, body: bytes) -> None:
-        """A reply from a service's thread in this process (vmsched.bus.local)."""
-        assert self._loop is not None
-        try:
-            self._loop.call_soon_threadsafe(self._resolve, cid, body)
-        except RuntimeError:
-            pass  # the loop is closed: nobody waits for it
 
     def _resolve(self, cid: str | None, body: bytes) -> None:
         future = self._pending.get(cid) if cid else None

@@ -1,4 +1,4 @@
-"""Opening kombu connections, and the errors that mean "the broker went away"."""
+"""Bus options, and opening kombu connections to RabbitMQ, and the errors that mean "the broker went away"."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import amqp.exceptions
 from kombu import Connection, Exchange
 from kombu.transport import pyamqp
 
-from vmsched.bus import BusUnavailable, memory
+from vmsched.bus import BusUnavailable
 from vmsched.bus.topology import DELIVERY_LIMIT
 from vmsched.bus.urls import mask, split
 
@@ -90,6 +90,7 @@ class BusOptions:
 
     @property
     def embedded(self) -> bool:
+        """``memory://``: the in-process bus (vmsched.bus.inprocess), no broker."""
         return self.url.startswith("memory://")
 
     @property
@@ -138,9 +139,8 @@ def open_connection(options: BusOptions, blocking_confirms: bool = False) -> Con
     broker's confirm (simple callers); the gateway client instead handles confirms asynchronously.
     """
     if options.embedded:
-        conn = Connection("memory://", transport=memory.Transport)
-        conn.connect()
-        return conn
+        raise ValueError("memory:// is the in-process bus, not a broker: open it with "
+                         "vmsched.bus.transport.open_transport and hand it to every party of the process")
     urls = _by_preference(options.urls)
     errors: list[str] = []
     for url in urls:
@@ -206,18 +206,16 @@ def ensure_exchanges(conn: Connection, exchanges: Iterable[Exchange]) -> None:
     gateway (or the broker's definitions) to create it: :class:`BusUnavailable`
     says which one, and the caller retries like after any connection failure.
     """
-    embedded = isinstance(conn.transport, memory.Transport)
     for exchange in exchanges:
-        if not embedded:
-            channel = conn.channel()
-            try:
-                channel.exchange_declare(exchange=exchange.name, type=exchange.type, durable=exchange.durable,
-                                         auto_delete=exchange.auto_delete, passive=True)
-                continue
-            except amqp.exceptions.NotFound:
-                pass  # the broker closed that channel
-            finally:
-                _close(channel)
+        channel = conn.channel()
+        try:
+            channel.exchange_declare(exchange=exchange.name, type=exchange.type, durable=exchange.durable,
+                                     auto_delete=exchange.auto_delete, passive=True)
+            continue
+        except amqp.exceptions.NotFound:
+            pass  # the broker closed that channel
+        finally:
+            _close(channel)
         channel = conn.channel()
         try:
             channel.exchange_declare(exchange=exchange.name, type=exchange.type, durable=exchange.durable,

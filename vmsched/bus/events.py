@@ -1,4 +1,4 @@
-"""Publishing events on the ``vmsched.events`` topic exchange."""
+"""Publishing events on the ``vmsched.events`` topic exchange of RabbitMQ (``Transport.events``)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class EventPublisher:
         self._down_since = 0.0
 
     def publish(self, routing_key: str, body: dict[str, Any]) -> bool:
-        payload = json.dumps({"service": self.service, "time": time.time(), **body}).encode()
+        payload = event_bytes(self.service, body)
         with self._lock:
             for again in (False, True):
                 stale = self._producer is not None  # opened for an earlier event
@@ -82,3 +82,8 @@ class EventPublisher:
         with self._lock:
             safe_release(self._conn)
             self._conn = self._producer = None
+
+
+def event_bytes(service: str, body: dict[str, Any]) -> bytes:
+    """An event as it goes on the bus: who sent it, when, and its body."""
+    return json.dumps({"service": service, "time": time.time(), **body}).encode()

@@ -15,8 +15,8 @@ message cost its thread about 370 µs of CPU per message, a wake-up per
 batch about 170-200 µs (docs/performance.md, "Host facts"); facts reach the
 cache at most that much later.
 
-Both are best effort: a broker outage is logged and retried with backoff,
-never raised to the caller. Messages are handed over as raw bytes: the
+Both are subscriptions of the process's transport (:mod:`vmsched.bus.interface`) and best effort:
+a broker outage is logged and retried with backoff, never raised to the caller. Messages are handed over as raw bytes: the
 reader (:func:`vmsched.facts.read`) decides what it accepts.
 """
 
@@ -27,12 +27,8 @@ import logging
 import secrets
 from typing import Callable
 
-from kombu import Connection, Consumer, Producer, Queue
-from kombu.message import Message
-
-from vmsched.bus.connection import BusOptions, ensure_exchanges
+from vmsched.bus.interface import Publish, Topic, Transport
 from vmsched.bus.topology import EVENTS_EXCHANGE, FACTS_EXCHANGE
-from vmsched.bus.loop import ConsumerLoop, hand_over
 from vmsched.facts import FACTS_EVENT, SnapshotRequest
 
 log = logging.getLogger("vmsched.bus.facts")
@@ -43,55 +39,52 @@ LINGER = 0.25
 FACTS_BINDING = f"agent.*.{FACTS_EVENT}"
 
 
-class FactsSubscriber(ConsumerLoop):
+class FactsSubscriber:
     """Hands every facts message on the bus to ``on_message(raw bytes, routing key)``; asks for a snapshot on connect.
 
     The routing key matters: broker permissions let an agent publish only under its own host's key, so the
     reader checks that the message's host is the key's host (an agent cannot speak for another host)."""
 
-    def __init__(self, options: BusOptions, service: str, on_message: Callable[[bytes, str], object]) -> None:
-        super().__init__(options, f"{service}-facts")
+    def __init__(self, transport: Transport, service: str, on_message: Callable[[bytes, str], object]) -> None:
         self.service = service
-        self.on_message = on_message
         self.queue_name = f"vmsched.facts.{service}.{secrets.token_hex(6)}"
-        self.linger = LINGER
+        topic = Topic(self.queue_name, EVENTS_EXCHANGE, (FACTS_BINDING,), 100000, also=(FACTS_EXCHANGE,))
+        self.subscription = transport.subscribe(f"{service}-facts", topic, on_message,
+                                                on_subscribed=self._ask_snapshot, linger=LINGER)
+        self.ready = self.subscription.ready
 
-    def _serve(self, conn: Connection) -> None:
-        ensure_exchanges(conn, (EVENTS_EXCHANGE, FACTS_EXCHANGE))
-        channel = conn.channel()
-        queue = Queue(self.queue_name, exchange=EVENTS_EXCHANGE, routing_key=FACTS_BINDING, exclusive=True,
-                      auto_delete=True, durable=False, queue_arguments={"x-max-length": 100000})
-        Consumer(channel, [queue], on_message=self._received, no_ack=True).consume()
-        request = SnapshotRequest(requester=self.service).model_dump_json().encode()
-        Producer(channel, auto_declare=False).publish(request, exchange=FACTS_EXCHANGE, routing_key=SNAPSHOT_KEY,
-                                                      content_type="application/json", retry=False)
+    def start(self) -> None:
+        self.subscription.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.subscription.stop(timeout)
+
+    def _ask_snapshot(self, publish: Publish) -> None:
+        publish(FACTS_EXCHANGE, SNAPSHOT_KEY, SnapshotRequest(requester=self.service).model_dump_json().encode())
         log.info("%s: subscribed to host facts (queue %s); asked the agents for a snapshot", self.service,
                  self.queue_name)
-        self._drain(conn)
-
-    def _received(self, message: Message) -> None:
-        hand_over(message, self.on_message, f"{self.service} facts")
 
 
-class SnapshotListener(ConsumerLoop):
+class SnapshotListener:
     """An agent's queue of snapshot requests: calls ``on_request()`` for each."""
 
-    def __init__(self, options: BusOptions, host_id: str, on_request: Callable[[], None]) -> None:
-        super().__init__(options, "agent-facts-snapshot")
+    def __init__(self, transport: Transport, host_id: str, on_request: Callable[[], None]) -> None:
         self.on_request = on_request
         self.queue_name = f"vmsched.facts.snapshot.{host_id}"
+        self.subscription = transport.subscribe("agent-facts-snapshot",
+                                                Topic(self.queue_name, FACTS_EXCHANGE, (SNAPSHOT_KEY,), 100),
+                                                self._received)
+        self.ready = self.subscription.ready
 
-    def _serve(self, conn: Connection) -> None:
-        ensure_exchanges(conn, (FACTS_EXCHANGE,))
-        channel = conn.channel()
-        queue = Queue(self.queue_name, exchange=FACTS_EXCHANGE, routing_key=SNAPSHOT_KEY, exclusive=True,
-                      auto_delete=True, durable=False, queue_arguments={"x-max-length": 100})
-        Consumer(channel, [queue], on_message=self._received, no_ack=True).consume()
-        self._drain(conn)
+    def start(self) -> None:
+        self.subscription.start()
 
-    def _received(self, message: Message) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        self.subscription.stop(timeout)
+
+    def _received(self, body: bytes, routing_key: str) -> None:
         try:
-            json.loads(message.body)  # anything parseable is a request; the content is informative only
+            json.loads(body)  # anything parseable is a request; the content is informative only
         except (ValueError, TypeError):
             log.warning("facts snapshot request is not JSON: ignored")
             return

@@ -1,8 +1,8 @@
-"""A consumer thread's life on the bus: connect, serve, and on any failure reconnect with bounded backoff.
+"""A consumer thread's life on RabbitMQ: connect, serve, and on any failure reconnect with bounded backoff.
 
 One loop for every long-lived consumer: the services' request consumers
-(:mod:`vmsched.bus.worker`), the facts subscription and snapshot listener
-(:mod:`vmsched.bus.facts`) and the gateway's decision subscription.
+(:mod:`vmsched.bus.worker`) and the subscriptions (:class:`BrokerSubscription`: host facts, snapshot
+requests, the gateways' decision questions).
 """
 
 from __future__ import annotations
@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from typing import Callable
 
-from kombu import Connection
+from kombu import Connection, Consumer, Producer, Queue
 from kombu.message import Message
 
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, note_lost, open_connection, safe_release
+from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, note_lost, \
+    open_connection, safe_release
+from vmsched.bus.interface import OnMessage, Publish, Topic
 from vmsched.bus.urls import mask
 
 log = logging.getLogger(__name__)
@@ -62,16 +65,20 @@ def hand_over(message: Message, on_message: Callable[[bytes, str], object], what
         log.exception("handling a %s message failed", what)
 
 
-class ConsumerLoop:
-    """One consumer thread with its own connection, reconnecting with backoff; subclasses give ``_serve``."""
+class BrokerSubscription:
+    """A subscriber's own queue on RabbitMQ (:class:`~vmsched.bus.interface.Topic`): one thread with its own
+    connection, reconnecting with backoff; an exclusive queue, gone with its connection."""
 
-    #: seconds to wait after a message has woken the thread, then take all that came meanwhile (one wake-up per
-    #: batch instead of per message); 0: handle each message as it comes
-    linger = 0.0
-
-    def __init__(self, options: BusOptions, name: str) -> None:
+    def __init__(self, options: BusOptions, name: str, topic: Topic, on_message: OnMessage,
+                 on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
+                 tick: Callable[[], None] | None = None) -> None:
         self.options = options.without_confirms()
         self.name = name
+        self.topic = topic
+        self.on_message = on_message
+        self.on_subscribed = on_subscribed
+        self.linger = linger
+        self.tick = tick
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()  # subscribed at least once
@@ -89,20 +96,41 @@ class ConsumerLoop:
     def _run(self) -> None:
         run_reconnecting(self.options, self.name, self._stop, self._serve)
 
-    def _drain(self, conn: Connection) -> None:
+    def _serve(self, conn: Connection) -> None:
+        topic = self.topic
+        ensure_exchanges(conn, (topic.exchange, *topic.also))
+        channel = conn.channel()
+        queue = Queue(topic.queue, exchange=topic.exchange, routing_key=topic.keys[0], exclusive=True,
+                      auto_delete=True, durable=False, queue_arguments={"x-max-length": topic.max_length})
+        bound = queue(channel)
+        bound.declare()
+        for key in topic.keys[1:]:
+            bound.bind_to(exchange=topic.exchange, routing_key=key)
+        Consumer(channel, [queue], on_message=self._received, no_ack=True, auto_declare=False).consume()
         self.ready.set()
+        if self.on_subscribed is not None:
+            producer = Producer(channel, auto_declare=False)
+            self.on_subscribed(lambda exchange, key, body: producer.publish(
+                body, exchange=exchange, routing_key=key, content_type="application/json", retry=False))
+        self._drain(conn)
+
+    def _received(self, message: Message) -> None:
+        hand_over(message, self.on_message, self.name)
+
+    def _drain(self, conn: Connection) -> None:
+        tick = time.monotonic() + 1.0
         while not self._stop.is_set():
             try:
                 conn.drain_events(timeout=1.0)
             except socket.timeout:
                 conn.heartbeat_check()
-                continue
-            if self.linger > 0 and not self._stop.wait(self.linger):
-                try:
-                    while not self._stop.is_set():
-                        conn.drain_events(timeout=0)
-                except socket.timeout:
-                    pass
-
-    def _serve(self, conn: Connection) -> None:
-        raise NotImplementedError
+            else:
+                if self.linger > 0 and not self._stop.wait(self.linger):
+                    try:
+                        while not self._stop.is_set():
+                            conn.drain_events(timeout=0)
+                    except socket.timeout:
+                        pass
+            if self.tick is not None and time.monotonic() >= tick:
+                self.tick()
+                tick = time.monotonic() + 1.0

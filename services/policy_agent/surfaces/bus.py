@@ -20,10 +20,8 @@ import queue
 import threading
 
 from vmsched.bus import RequestError
-from vmsched.bus.connection import BusOptions
-from vmsched.bus.events import EventPublisher
+from vmsched.bus.interface import Transport
 from vmsched.bus.topology import agent_queue, event_key
-from vmsched.bus.worker import ServiceWorker
 from vmsched.messages import CONTRACT_VERSION, Envelope
 
 from ..policy.errors import AgentError, PolicyError
@@ -33,13 +31,13 @@ log = logging.getLogger(__name__)
 
 
 class BusLink:
-    def __init__(self, url: str | BusOptions, host_id: str, agent: Agent, consumers: int = 2, backlog: int = 10000):
+    def __init__(self, transport: Transport, host_id: str, agent: Agent, consumers: int = 2, backlog: int = 10000):
         self.host_id = host_id
         self.agent = agent
         self.queue_name = agent_queue(host_id)
         self._key = lambda event: event_key(host_id, event)
-        self.worker = ServiceWorker(url, "agent", self.queue_name, self._handle, consumers=consumers, prefetch=4)
-        self.publisher = EventPublisher(url, service="agent")
+        self.worker = transport.worker("agent", {self.queue_name: self._handle}, consumers=consumers, prefetch=4)
+        self.publisher = transport.events("agent")
         self._events: queue.Queue[tuple[str, dict] | None] = queue.Queue(maxsize=backlog)
         self._thread = threading.Thread(target=self._publish_loop, name="agent-events", daemon=True)
         self._dropped = 0

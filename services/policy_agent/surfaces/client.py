@@ -13,8 +13,9 @@ from pydantic import ValidationError
 from vmsched.agent_contract import AgentOp
 from vmsched.bus import BusError, RequestError, reply_error
 from vmsched.bus.connection import BusOptions
-from vmsched.bus.rpc import call as bus_call
+from vmsched.bus.interface import Transport
 from vmsched.bus.topology import agent_queue
+from vmsched.bus.transport import open_transport
 from vmsched.messages import CONTRACT_VERSION, ReplyEnvelope
 
 from ..policy.errors import AgentUnavailable, from_reply
@@ -81,10 +82,14 @@ class SocketClient:
                 raise AgentUnavailable(f"no agent at {self.path}: {exc.strerror or exc}{hint}") from None
 
 
-def call_bus(url: str | BusOptions, host: str, op: AgentOp | str, body: dict, timeout: float) -> dict:
-    """One request to the agent of ``host`` over the bus; raises the agent's error."""
+def call_bus(bus: str | BusOptions | Transport, host: str, op: AgentOp | str, body: dict, timeout: float) -> dict:
+    """One request to the agent of ``host`` over the bus (a broker URL, its options, or the process's transport);
+    raises the agent's error."""
+    if isinstance(bus, str):
+        bus = BusOptions(url=bus, connect_timeout=min(timeout, 2.0))
+    transport = bus if isinstance(bus, Transport) else open_transport(bus)
     try:
-        return bus_call(url, agent_queue(host), _name(op), body, timeout=timeout)
+        return transport.call(agent_queue(host), _name(op), body, timeout=timeout)
     except RequestError as exc:
         raise from_reply(exc.code, str(exc), exc.details) from None
     except BusError as exc:

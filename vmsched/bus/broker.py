@@ -1,0 +1,48 @@
+"""The bus on RabbitMQ, through kombu's public API: every party with connections of its own.
+
+The service worker (:mod:`vmsched.bus.worker`), the gateway's asyncio client (:mod:`vmsched.bus.client`),
+blocking requests (:mod:`vmsched.bus.rpc`), event publishers (:mod:`vmsched.bus.events`) and subscriptions
+(:mod:`vmsched.bus.loop`), each opening its connections to the broker's nodes (:mod:`vmsched.bus.connection`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from vmsched.bus import rpc
+from vmsched.bus.client import AsyncBusClient
+from vmsched.bus.connection import BusOptions
+from vmsched.bus.events import EventPublisher
+from vmsched.bus.interface import OnMessage, Publish, Topic, Transport
+from vmsched.bus.loop import BrokerSubscription
+from vmsched.bus.replies import Handler
+from vmsched.bus.worker import ServiceWorker
+
+
+class BrokerTransport(Transport):
+    spans_processes = True
+
+    def __init__(self, options: BusOptions) -> None:
+        if options.embedded:
+            raise ValueError("memory:// is the in-process bus (vmsched.bus.inprocess), not a broker")
+        self.options = options
+
+    def worker(self, service: str, routes: dict[str, Handler], *, consumers: int = 1, prefetch: int = 2,
+               journal_dir: Path | None = None) -> ServiceWorker:
+        return ServiceWorker(self.options, service, routes=routes, consumers=consumers, prefetch=prefetch,
+                             journal_dir=journal_dir)
+
+    def client(self, service: str = "gateway", declare: tuple[str, ...] = ()) -> AsyncBusClient:
+        return AsyncBusClient(self.options, declare=declare, service=service)
+
+    def call(self, queue: str, op: str, body: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+        return rpc.call(self.options, queue, op, body, timeout)
+
+    def events(self, service: str) -> EventPublisher:
+        return EventPublisher(self.options, service=service)
+
+    def subscribe(self, name: str, topic: Topic, on_message: OnMessage, *,
+                  on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
+                  tick: Callable[[], None] | None = None) -> BrokerSubscription:
+        return BrokerSubscription(self.options, name, topic, on_message, on_subscribed, linger, tick)

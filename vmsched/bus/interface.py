@@ -1,0 +1,195 @@
+"""The transport seam: what the parties of a process need from the bus, whatever carries it.
+
+A process chooses one :class:`Transport` at start, from the broker URL
+(:func:`vmsched.bus.transport.open_transport`): ``memory://`` is the in-process bus
+(:mod:`vmsched.bus.inprocess`), anything else RabbitMQ through kombu (:mod:`vmsched.bus.broker`).
+That one object is handed to every party of the process: the gateway's client, each service
+worker, the subscriptions (host facts, snapshot requests, the gateways' decision questions) and the
+event publishers. The bytes are the same on both: the request and reply envelopes of
+:mod:`vmsched.messages`, the events' JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol, TypeVar, overload
+
+from kombu import Exchange
+from pydantic import BaseModel, ValidationError
+
+from vmsched.bus import BusTimeout, BusUnavailable, RequestError, reply_error
+from vmsched.bus.connection import BusOptions
+from vmsched.bus.replies import Handler
+from vmsched.bus.topology import PING
+from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
+
+M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
+
+#: Called with a message's body and its routing key (on the subscription's own thread).
+OnMessage = Callable[[bytes, str], object]
+#: Publishes ``body`` on ``exchange`` with a routing key: what a subscription may send once it is subscribed.
+Publish = Callable[[Exchange, str, bytes], None]
+
+
+class Worker(Protocol):
+    """A service's consumer of its request queues: runs a handler per request and replies."""
+
+    ready: threading.Event  # set once it takes requests
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = 5.0) -> None: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+
+class Subscription(Protocol):
+    """A subscriber's own queue on a topic exchange, served by a thread of its own."""
+
+    ready: threading.Event  # set once subscribed
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = 5.0) -> None: ...
+
+
+class EventSink(Protocol):
+    """Best-effort publisher of events on ``vmsched.events``: never raises; False when the event was dropped."""
+
+    def publish(self, routing_key: str, body: dict[str, Any]) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Topic:
+    """A subscriber's own queue: its name, the topic exchange it is bound to with ``keys``, how many messages
+    it keeps at most (the oldest go first), and the exchanges it publishes to once subscribed (``also``)."""
+
+    queue: str
+    exchange: Exchange
+    keys: tuple[str, ...]
+    max_length: int
+    also: tuple[Exchange, ...] = ()
+
+
+class BusClient(ABC):
+    """The gateway's request client, driven from its asyncio event loop.
+
+    ``call``/``request``/``ping`` are the same on every transport; a transport gives :meth:`roundtrip`:
+    the reply's bytes to one request, or :class:`BusTimeout`/:class:`BusUnavailable`.
+    """
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @property
+    @abstractmethod
+    def connected(self) -> bool: ...
+
+    @property
+    @abstractmethod
+    def last_error(self) -> str: ...
+
+    @abstractmethod
+    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float,
+                        accepts: tuple[str, ...] = ()) -> bytes:
+        """Send one request and return its reply's bytes, within ``timeout`` seconds."""
+
+    @overload
+    async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> dict[str, Any]: ...
+
+    @overload
+    async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M],
+                   accepts: tuple[str, ...] = ()) -> M: ...
+
+    async def call(
+        self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M] | None = None,
+        accepts: tuple[str, ...] = (),
+    ) -> dict[str, Any] | M:
+        """Send a request and wait for its reply body, at most ``timeout`` seconds.
+
+        With ``model`` the reply is parsed in one pass into that type. An error
+        reply (of this contract version or the previous one) raises
+        :class:`RequestError` carrying the reply's ``code``. ``accepts``: the
+        lighter reply forms the caller reads (``Envelope.accepts``).
+        """
+        reply_type = TypedReply[model] if model else ReplyEnvelope  # type: ignore[valid-type]
+        reply = await self.request(queue, op, body, timeout, reply_type, accepts)
+        error = reply_error(reply, queue)
+        if error is not None:
+            raise error
+        return reply.body
+
+    async def request(
+        self, queue: str, op: str, body: dict[str, Any], timeout: float, reply_type: type[R] = ReplyEnvelope,
+        accepts: tuple[str, ...] = (),
+    ) -> R:
+        """Send a request and return its whole reply (ok or not), parsed as ``reply_type``."""
+        raw = await self.roundtrip(queue, op, body, timeout, accepts)
+        try:
+            return reply_type.model_validate_json(raw)
+        except ValidationError as exc:
+            raise RequestError(f"malformed reply from {queue}: {exc.errors()[0]['msg']}", "internal") from None
+
+    async def ping(self, queue: str, timeout: float = 1.0) -> bool:
+        try:
+            return (await self.request(queue, PING, {}, timeout)).ok
+        except (BusTimeout, BusUnavailable):
+            return False
+
+
+def request_bytes(op: str, deadline: float, body: dict[str, Any], accepts: tuple[str, ...] = ()) -> bytes:
+    """A request envelope as it goes on the bus."""
+    return Envelope(op=op, deadline=deadline, body=body, accepts=list(accepts)).model_dump_json().encode()
+
+
+async def wait_reply(future: asyncio.Future[bytes], op: str, queue: str, timeout: float) -> bytes:
+    """The reply ``future`` gets within ``timeout`` seconds, else :class:`BusTimeout`."""
+    try:
+        return await asyncio.wait_for(future, timeout)
+    except asyncio.TimeoutError:
+        raise BusTimeout(f"no {op} reply from {queue} within {timeout:g} s") from None
+
+
+class Transport(ABC):
+    """How the parties of this process reach the others: one object per process, chosen at start."""
+
+    options: BusOptions
+    #: Whether other processes use this bus (other replicas, other releases): RabbitMQ. The in-process bus
+    #: serves one process, whose gateway and services are of one release.
+    spans_processes: bool
+
+    @abstractmethod
+    def worker(self, service: str, routes: dict[str, Handler], *, consumers: int = 1, prefetch: int = 2,
+               journal_dir: Path | None = None) -> Worker:
+        """A consumer of ``routes`` (queue -> handler) for ``service``; not started."""
+
+    @abstractmethod
+    def client(self, service: str = "gateway", declare: tuple[str, ...] = ()) -> BusClient:
+        """The gateway's request client; ``declare``: request queues it creates (they wait for their service)."""
+
+    @abstractmethod
+    def call(self, queue: str, op: str, body: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+        """One blocking request (the CLI and tools): the reply body, or the bus errors."""
+
+    @abstractmethod
+    def events(self, service: str) -> EventSink:
+        """A publisher of ``service``'s events."""
+
+    @abstractmethod
+    def subscribe(self, name: str, topic: Topic, on_message: OnMessage, *,
+                  on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
+                  tick: Callable[[], None] | None = None) -> Subscription:
+        """A subscription of ``topic``, not started: ``on_message`` gets every message on its thread,
+        ``on_subscribed`` runs after each (re)subscription, ``tick`` about every second. ``linger``: seconds
+        to wait after a message has woken the thread for the others arriving meanwhile (one wake-up a batch)."""
