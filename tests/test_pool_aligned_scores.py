@@ -23,7 +23,6 @@ from vmsched.runtime import PluginPool
 from vmsched.runtime.bundle import Unit
 from vmsched.runtime.contract import BadResult, aligned_scores, checked_aligned
 from vmsched.runtime.planning import Planner
-from vmsched.runtime.protocol import pack_floats, unpack_floats
 from vmsched.runtime.types import Call, CallResult
 from vmsched.runtime.worker import Runner
 from vmsched.service import UnitRun
@@ -194,16 +193,7 @@ def test_forged_numbers_from_a_worker_fail_the_unit() -> None:
     assert not outcome.ok and "bad aligned score" in (outcome.error or "") and outcome.values is None
 
 
-def test_packed_floats_are_exact_and_anything_malformed_is_refused() -> None:
-    numbers = [0.0, -0.0, 1.5, -2.25, 5e-324, 1.7976931348623157e308, 0.1]
-    back = unpack_floats(pack_floats(numbers))
-    assert back == numbers and [math.copysign(1, x) for x in back] == [math.copysign(1, x) for x in numbers]
-    assert unpack_floats(pack_floats([])) == []
-    for forged in (None, 1, [1.0], "not base64!", "AAAA", "é", pack_floats([1.0])[:-4]):
-        assert unpack_floats(forged) is None, forged
-
-
-def test_the_pool_reads_packed_numbers_the_numbers_of_an_older_worker_and_refuses_forged_ones() -> None:
+def test_the_pool_passes_a_workers_numbers_on_unchecked_for_the_service_to_check() -> None:
     planner = Planner(wire=None, frame_size=1 << 20)
 
     def read(reply: dict[str, Any]) -> CallResult:
@@ -211,18 +201,18 @@ def test_the_pool_reads_packed_numbers_the_numbers_of_an_older_worker_and_refuse
         unit.reply, unit.duration = reply, 0.01
         return planner.result(unit)
 
-    assert read({"ok": True, "packed": pack_floats([1.0, 2.5]), "stderr": ""}).scores == [1.0, 2.5]
-    assert read({"ok": True, "scores": [1.0, 2.5], "stderr": ""}).scores == [1.0, 2.5]  # a worker without packing
-    forged = read({"ok": True, "packed": "AAAA", "stderr": "x"})
-    assert not forged.ok and "malformed packed scores" in (forged.error or "") and forged.stderr == "x"
+    assert read({"ok": True, "scores": [1.0, 2.5], "stderr": ""}).scores == [1.0, 2.5]
+    assert read({"ok": True, "value": [["h", 1]], "stderr": ""}).scores is None  # the pairs: read the usual way
+    forged = read({"ok": True, "scores": "AAAA", "stderr": "x"})  # test_forged_numbers_from_a_worker_fail_the_unit
+    assert forged.ok and forged.scores == "AAAA" and forged.stderr == "x"
 
 
-def test_a_pool_asks_for_packed_numbers_and_its_worker_sends_them(pools: tuple[PluginPool, PluginPool]) -> None:
+def test_a_pool_asks_for_aligned_numbers_and_its_worker_sends_them(pools: tuple[PluginPool, PluginPool]) -> None:
     _, new = pools
     unit = new._plan.units([Call("s", "Floats", "do_score", (HOSTS, "vm", {}), 10.0)], time.monotonic(), math.inf)[0]
-    assert unit.head.endswith(',"aligned":true,"packed":true')
+    assert unit.head.endswith(',"aligned":true')
     runner = Runner(".", 30, 1 << 20)
     value = [[h, i * 0.1] for i, h in enumerate(HOSTS)]
-    frame = runner._encode_aligned(list(HOSTS), {"ok": True, "value": value, "stderr": "", "t": 0.0}, packed=True)
+    frame = runner._encode_aligned(list(HOSTS), {"ok": True, "value": value, "stderr": "", "t": 0.0})
     sent = json.loads(frame)
-    assert "scores" not in sent and unpack_floats(sent["packed"]) == [s for _, s in value]
+    assert "value" not in sent and sent["scores"] == [s for _, s in value]

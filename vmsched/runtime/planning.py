@@ -15,7 +15,7 @@ from typing import Any
 from vmsched.runtime.bundle import Bundle, Unit
 from vmsched.runtime.contract import KIND
 from vmsched.runtime.facts_wire import CallFacts
-from vmsched.runtime.protocol import ENCODER, unpack_floats
+from vmsched.runtime.protocol import ENCODER
 from vmsched.runtime.types import Call, CallResult
 
 #: The units of a request share one worker while their expected run time together stays under this
@@ -52,7 +52,7 @@ class Planner:
                 head = ENCODER.encode({"plugin": call.plugin, "cls": call.cls, "method": call.method})[:-1]
                 unit.head = f'{head},"args":{args}'
                 if self.aligned_scores and call.method == _SCORE_METHOD:
-                    unit.head += ',"aligned":true,"packed":true'  # numbers as packed doubles (a worker may ignore it)
+                    unit.head += ',"aligned":true'  # the numbers alone, when they are one per host in order
                 if call.facts is not None and not held:  # host facts in full (vmsched.plugin.facts)
                     unit.head += ',"facts":' + ENCODER.encode(call.facts)
             except (TypeError, ValueError, RecursionError) as exc:
@@ -88,12 +88,7 @@ class Planner:
         self._cost[unit.label] = unit.duration if previous is None else previous + (unit.duration - previous) / 8
         stderr = reply.get("stderr") or ""
         if reply.get("ok"):
-            scores = reply.get("scores")
-            if scores is None and "packed" in reply:
-                scores = unpack_floats(reply["packed"])
-                if scores is None:
-                    return CallResult(ok=False, error="the plugin's worker sent malformed packed scores",
-                                      duration=unit.duration, stderr=stderr)
-            return CallResult(ok=True, value=reply.get("value"), duration=unit.duration, stderr=stderr, scores=scores)
+            return CallResult(ok=True, value=reply.get("value"), duration=unit.duration, stderr=stderr,
+                              scores=reply.get("scores"))
         error = reply.get("error") or "unknown error"
         return CallResult(ok=False, error=error, duration=unit.duration, stderr=stderr)

@@ -8,11 +8,9 @@ This module imports only the standard library: the worker process imports it.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import struct
-from array import array
 from typing import Any
 
 HEADER = struct.Struct(">I")
@@ -49,24 +47,6 @@ def reply_frame(body: bytes) -> bytes:
     if b"0" * 19 in body.translate(_DIGITS):
         body = body[:-1] + LONG_NUMBERS
     return encode_frame_bytes(body)
-
-
-def pack_floats(numbers: list[float]) -> str:
-    """Floats as base64 of their 8-byte IEEE 754 doubles, in this machine's byte order (the worker and its pool
-    share the machine): exact to the bit, and far cheaper for both ends than JSON's shortest decimal digits."""
-    return base64.b64encode(array("d", numbers).tobytes()).decode("ascii")
-
-
-def unpack_floats(text: Any) -> list[float] | None:
-    """The floats of :func:`pack_floats`; None when ``text`` is not such a string (whatever a worker wrote)."""
-    if type(text) is not str:
-        return None
-    numbers = array("d")
-    try:
-        numbers.frombytes(base64.b64decode(text, validate=True))
-    except ValueError:  # not base64 (binascii.Error), not ASCII, or not a whole number of doubles
-        return None
-    return numbers.tolist()
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -15,10 +15,7 @@ Requests (one at a time, each answered by exactly one reply):
   the units of one request that the pool gave this worker, run one after the other, each with its own
   stdout capture, CPU limit and clean-up; ``t`` is the unit's run time in seconds. A score call marked
   ``"aligned": true`` whose result is one finite number per requested host, in order, is answered
-  ``{"ok": true, "scores": [numbers], "stderr", "t"}`` instead (:func:`vmsched.runtime.contract.aligned_scores`),
-  or, when the call is also marked ``"packed": true``, ``{"ok": true, "packed": "<base64>", "stderr", "t"}``: the
-  numbers as this machine's 8-byte doubles (:func:`vmsched.runtime.protocol.pack_floats`; a reply of 100 floats
-  took about 18 us to encode with JSON digits, 6 us packed).
+  ``{"ok": true, "scores": [numbers], "stderr", "t"}`` instead (:func:`vmsched.runtime.contract.aligned_scores`).
   Before each unit the worker writes its index and start time to the progress page
   (:mod:`vmsched.runtime.progress`), so that the pool can tell which unit overran its budget or crashed
   the worker. ``facts`` (the held form of :mod:`vmsched.runtime.facts_wire`) is installed once, for the
@@ -51,7 +48,7 @@ from vmsched.runtime import children, sandbox, worker_errors
 from vmsched.runtime.capture import Capture, OutputLimitExceeded, Redirect
 from vmsched.runtime.contract import KIND, aligned_scores
 from vmsched.runtime.progress import Progress
-from vmsched.runtime.protocol import Channel, encode_frame, encode_json, pack_floats, reply_frame
+from vmsched.runtime.protocol import Channel, encode_frame, encode_json, reply_frame
 from vmsched.runtime.worker_errors import PluginError, describe_exception, parse_output
 from vmsched.runtime.worker_modules import Modules, list_units, reads_facts
 from vmsched.plugin import facts
@@ -104,8 +101,7 @@ class Runner:
             stderr = Capture(self.max_output, strict=False)
             reply = self._run({**call, "op": "call"}, stderr)
             reply["t"] = time.monotonic() - began
-            parts.append((hosts is not None and self._encode_aligned(hosts, reply, call.get("packed") is True))
-                         or self._encode(reply, stderr))
+            parts.append((hosts is not None and self._encode_aligned(hosts, reply)) or self._encode(reply, stderr))
         return reply_frame(b'{"replies":[' + b",".join(parts) + b"]}")
 
     def _run(self, request: dict[str, Any], stderr: Capture) -> dict[str, Any]:
@@ -134,15 +130,14 @@ class Runner:
             return self.warm(request["plugins"], stderr)
         return {"ok": False, "error": f"unknown request {op!r}"}
 
-    def _encode_aligned(self, hosts: list[Any], reply: dict[str, Any], packed: bool = False) -> bytes | None:
+    def _encode_aligned(self, hosts: list[Any], reply: dict[str, Any]) -> bytes | None:
         """The reply of a score call marked ``aligned`` whose result is one finite number per requested host,
-        in order: ``{"ok": true, "scores": [numbers], ...}`` (contract.aligned_scores), or with ``packed``
-        ``{"ok": true, "packed": "<base64 of the doubles>", ...}`` (protocol.pack_floats). None: encode it the
+        in order: ``{"ok": true, "scores": [numbers], ...}`` (contract.aligned_scores). None: encode it the
         usual way (any other result, or one whose pairs might not fit in a reply: the usual way says so)."""
         numbers = aligned_scores(reply.get("value"), hosts) if reply.get("ok") else None
         if numbers is None:
             return None
-        short = {**reply, "packed": pack_floats(numbers)} if packed else {**reply, "scores": numbers}
+        short = {**reply, "scores": numbers}
         del short["value"]
         data = encode_json(short)
         # the pairs' JSON is at most this much longer (a host ID's JSON: at most 12 bytes a character + 2)
