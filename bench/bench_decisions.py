@@ -1,4 +1,4 @@
-"""The cost of the decision log on the engine's request path (issue 15: at most 3 %).
+"""The cost of the decision log on the engine's request path.
 
 Sides, each its own gateway: ``on`` (the default decision log), ``off``
 (VMSCHED_DECISIONS_SIZE=0: no decision log), ``off2``, a second ``off``: the
@@ -18,9 +18,9 @@ round gives a paired ratio per side against ``off``; reported are the median of 
 rounds and their spread (lowest to highest).
 
 ``--mixed`` serves the sides call by call in turn instead (one call to each side, the order rotating; under
-load each client calls every side in turn): on a 2-vCPU guest whose speed moves by 10-30 % from second to
-second, that falls on all sides alike, and the control ``off2`` lands within about 1 % of ``off`` where the
-block-by-block method spreads by 20-40 %. The rate is then read as 1 / a client's p50 under the shared load.
+load each client calls every side in turn): on a small guest whose speed moves from second to second,
+that falls on all sides alike, and the control ``off2`` lands much closer to ``off`` than with the
+block-by-block method. The rate is then read as 1 / a client's p50 under the shared load.
 
 Fairness: by default every side's processes are started afresh for every
 round (``--keep``: once for the whole run, the old method), so one process's
@@ -229,8 +229,8 @@ async def _mixed_concurrent(ports: list[int], body: bytes, clients: int, seconds
 
 
 def measure_mixed(sides: list[Side], opts: argparse.Namespace, figures: dict[str, Figures]) -> None:
-    """--mixed: every side served in the same seconds, call by call, so that the machine's moods (a 2-vCPU guest
-    whose speed moves by 10-30 % from second to second) fall on all sides alike. Sequential: each side's p50 and
+    """--mixed: every side served in the same seconds, call by call, so that the machine's moods (a small guest
+    whose speed moves from second to second) fall on all sides alike. Sequential: each side's p50 and
     gateway CPU per call; under load: each side's p50 (the rate's measure: clients that wait longer make fewer
     calls) and its gateway's and path's CPU per call: the side's process with its plugin workers (on RabbitMQ the
     shared services and the broker serve all sides at once: not counted)."""

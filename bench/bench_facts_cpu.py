@@ -1,4 +1,4 @@
-"""CPU time per process group from /proc, for bench_gateway_facts.py (issue 10).
+"""CPU time per process group from /proc, for bench_gateway_facts.py.
 
 Wall-clock throughput swings with whatever else the machine runs; CPU time per
 request, read from ``/proc/<pid>/stat`` (utime + stime, exact to the clock

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Host facts collection on the real libvirt QEMU driver: time and CPU per collection (issue 10).
+"""Host facts collection on the real libvirt QEMU driver: time and CPU per collection.
 
-Run as root, under the libvirt lock (prepares libvirtd with scripts/libvirt-setup.sh, like the e2e tests):
+Run as root (prepares libvirtd with scripts/libvirt-setup.sh, like the e2e tests):
 
-    flock /tmp/vmsched-libvirt.lock .venv/bin/python bench/bench_facts_real.py [--guests 2,8] [--rounds 5]
+    .venv/bin/python bench/bench_facts_real.py [--guests 2,8] [--rounds 5]
 
 For each guest count it starts that many disk-less TCG guests (1 vCPU, 64 MiB: what
 tests/e2e_libvirt/test_e2e_facts.py starts) and runs the agent's collector

@@ -24,7 +24,7 @@ difference from ``embedded`` is the noise alone), and prints this tree's change 
 tree. Use it with ``--mixed``: every side is then served call by call in turn (sequential calls, and
 under load each client calls every side in turn; the rate is read as 1 / a client's p50 under that
 shared load), so that the machine's moods fall on all sides alike. Blocks of one side after the other
-spread by 20-40 % on a shared 2-core machine and cannot resolve 5 %.
+spread too much on a shared machine to resolve a change of a few percent.
 
     .venv/bin/python bench/bench_gateway.py --floor [--mixed] [--rounds 5] [--calls 500] [--seconds 4]
         [--deployments embedded,rabbitmq] [--before DIR/src] [--keep]

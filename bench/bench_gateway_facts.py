@@ -1,4 +1,4 @@
-"""The scheduling path with host facts attached against the same path without them (issue 10).
+"""The scheduling path with host facts attached against the same path without them.
 
 Two RabbitMQ stacks run side by side, each on its own vhost: gateway, scoring,
 discovery and balancer services with the same plugin file of three filters

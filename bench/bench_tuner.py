@@ -1,4 +1,4 @@
-"""Adaptive policy: what one tuner round costs the agent (issue 12).
+"""Adaptive policy: what one tuner round costs the agent.
 
 An agent in-process on libvirt's test driver with N running guests (default 500), every one with a policy
 that has an adaptive block (may_move, weight and cap ranges), all pinned to CPU 1 of 8. One round is the

@@ -28,8 +28,8 @@ FLOOR_UNITS = ["a", "b", "c"]  # the prototype's three plugin processes
 
 #: Reply bodies already parsed and found good, by install: a body equal to one of them is good too. The bench
 #: repeats the same calls, so most replies are byte for byte one already checked, and the load generator, on the
-#: same two cores as what it measures, does not spend a parse per reply (stdlib xmlrpc: about 0.3 ms of CPU
-#: for a score reply's 100 pairs here, against 0.1 ms for a filter's list, which skewed the score mix).
+#: same two cores as what it measures, does not spend a parse per reply (a score reply's 100 pairs cost the
+#: stdlib's xmlrpc about three times a filter's list, which skewed the score mix).
 _VERIFIED: dict[str, set[bytes]] = {}
 _REMEMBERED = 64  # bodies kept per install at most
 

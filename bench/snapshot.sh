@@ -5,8 +5,9 @@
 #
 # DIR/src is `git archive REV` (default HEAD); each PATH=REV2 takes that file from REV2 instead (a "before" side).
 # DIR/src/vmsched also gets gateway/ and services/ (the package as installed), so that
-#   cd DIR/src && PYTHONPATH=$PWD /work/main/.venv/bin/python bench/bench_decisions.py ...
-# runs the snapshot's code in every process (the editable install's finder comes after PYTHONPATH).
+#   cd DIR/src && PYTHONPATH=$PWD CHECKOUT/.venv/bin/python bench/bench_decisions.py ...
+# runs the snapshot's code in every process (CHECKOUT: this checkout; its editable install's finder comes after
+# PYTHONPATH).
 set -euo pipefail
 dir="$1" rev="${2:-HEAD}"
 shift $(( $# >= 2 ? 2 : 1 ))

@@ -4,8 +4,8 @@ A decision is kept as a :class:`Kept` record (plain values by name: no object of
 outcomes or the engine's decision outlives it), serialised into **one bytes object** (JSON) on the request path
 (:meth:`DecisionLog.submit`, a few microseconds). The :class:`Ring` keeps that bytes object, its ID and time in
 preallocated slots, and nothing else: the garbage collector tracks no object per decision (records kept as
-objects were promoted to the old generation and set off full collections over the gateway's whole heap:
-docs/performance.md, "Decision log cost"). The JSON-able record a reader gets (:meth:`Kept.record`) is built
+objects were promoted to the old generation and set off full collections over the gateway's whole heap).
+The JSON-able record a reader gets (:meth:`Kept.record`) is built
 from the bytes when read, with a plain-language ``summary`` ("kept 3 of 5 hosts: vmsched_Memory dropped 2 (h1:
 free 1.2 GiB < 4.1 GiB needed; h3: ...)", with the reasons units gave, :mod:`vmsched.runtime.contract`;
 :data:`SUMMARIES`), and :func:`matches` answers the ``GET /v1/decisions`` filters.
@@ -143,7 +143,7 @@ def keep(op: str, req: Any, decision: Decision, outcomes: Any, bus_failed: bool,
         units = [_score_unit(o) for o in outcomes or []]
     else:
         units = [_balance_unit(outcomes)] if outcomes is not None else []
-    # req.unit only on a balance request: getattr(req, "unit", "") on another one makes pydantic raise, 10 us
+    # req.unit only on a balance request: getattr(req, "unit", "") on another one makes pydantic raise (slow)
     return Kept(op=op, vm=req.vm if op != "balance" else "", unit=req.unit if op == "balance" else "", hosts=hosts,
                 units=units, result=decision.result, plugin_errors=decision.plugin_errors,
                 errors=decision.errors, bus_failed=bus_failed, duration=duration, facts_age=facts_age or {})

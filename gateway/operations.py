@@ -54,7 +54,7 @@ def paired_scores(req: ScoreRequest, reply: ScoreReplyOnBus) -> ScoreReplyOnBus:
 
     A unit's ``values`` stay beside its pairs (score_decision reads them) only when they are one per requested
     host; a unit whose values are not fails and keeps none. (Not a pydantic private attribute: that runs a Python hook for every outcome
-    model; docs/performance.md, "Decision log cost".)"""
+    model.)"""
     for o in reply.outcomes:
         if o.values is None:
             continue

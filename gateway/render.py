@@ -68,7 +68,7 @@ def clamp_int32(value: float) -> int:
 
 
 def _foreign(unit: str, ids: list[str], decision: Decision) -> None:
-    """Counted, with short escaped excerpts: what a plugin returns is never echoed verbatim (issue 9)."""
+    """Counted, with short escaped excerpts: what a plugin returns is never echoed verbatim."""
     if ids:
         shown = ", ".join(_excerpt(i) for i in ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
         decision.report(unit, f"returned {len(ids)} host ID(s) not in the request, dropped: {shown}")

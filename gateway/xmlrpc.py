@@ -200,7 +200,7 @@ def _marshal(value: Any, out: list[str]) -> None:
 
 
 def dump_response(value: Any) -> bytes:
-    """A methodResponse the engine accepts, written in one pass (3x the stdlib's speed)."""
+    """A methodResponse the engine accepts, written in one pass (faster than the stdlib's marshaller)."""
     out = ["<?xml version='1.0'?>\n<methodResponse>\n<params>\n<param>\n"]
     _marshal(value, out)
     out.append("\n</param>\n</params>\n</methodResponse>\n")

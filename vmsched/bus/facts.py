@@ -9,11 +9,9 @@
   ``vmsched.facts`` with the key ``snapshot``; calls back for each request.
 
 The subscriber takes messages in batches: after a message wakes it, it waits
-:data:`LINGER` seconds and then takes everything that arrived meanwhile. With
-100 agents every 5 s (20 messages a second, one at a time) a wake-up per
-message cost its thread about 370 µs of CPU per message, a wake-up per
-batch about 170-200 µs (docs/performance.md, "Host facts"); facts reach the
-cache at most that much later.
+:data:`LINGER` seconds and then takes everything that arrived meanwhile: with
+many agents, one wake-up per batch costs its thread about half the CPU of one
+wake-up per message. Facts reach the cache at most that much later.
 
 Both are subscriptions of the process's transport (:mod:`vmsched.bus.interface`) and best effort:
 a broker outage is logged and retried with backoff, never raised to the caller. Messages are handed over as raw bytes: the

@@ -28,7 +28,7 @@ from kombu import Exchange, Queue
 from vmsched.messages import Op
 
 #: Version suffix of the scheduling request queues. Version 2 are quorum queues with a delivery
-#: limit and dead-lettering (poison messages, issue 9); a queue's arguments cannot change in
+#: limit and dead-lettering (poison messages); a queue's arguments cannot change in
 #: place (PRECONDITION_FAILED), so new arguments mean a new name (docs/upgrading.md).
 QUEUE_VERSION = ".v2"
 
