@@ -251,7 +251,7 @@ def _serve_agent(args: argparse.Namespace) -> int:
     return serve(args)
 
 
-def _register_agent(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _register_agent(sub: Any) -> None:  # sub: what argparse's add_subparsers() returned
     register_agent_commands(sub, _serve_agent)
 
 

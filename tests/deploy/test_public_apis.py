@@ -29,9 +29,6 @@ ALLOWED: dict[str, set[str]] = {
     "agent": {
         "services/policy_agent/surfaces/cli.py: subclass: _Formatter overrides RawDescriptionHelpFormatter._get_help_string",
     },
-    "cli": {
-        "vmsched/cli.py: import: argparse._SubParsersAction",
-    },
 }
 
 
