@@ -65,8 +65,6 @@ def fill_worst(hosts: Sequence[str], scored: dict[str, int], factor: int) -> dic
     """
     if not scored:
         return dict.fromkeys(hosts, 0)
-    if len(scored) == len(hosts) and list(scored) == hosts:
-        return dict(scored)  # every host scored, in order (the common case)
     worst = max(scored.values()) if factor >= 0 else min(scored.values())
     return {h: scored.get(h, worst) for h in hosts}
 

@@ -15,7 +15,6 @@ import math
 import re
 import reprlib
 import xmlrpc.client
-from operator import itemgetter
 from typing import Any
 from xml.parsers.expat import ExpatError
 from xml.sax.saxutils import escape
@@ -115,52 +114,6 @@ def _text(value: str) -> str:
     return value  # nothing to escape: a host ID, a unit name
 
 
-_PAIR = "<value><array><data><value><string>%s</string></value><value><int>%d</int></value></data></array></value>"
-_PAIR_HEAD, _PAIR_MID, _PAIR_TAIL = _PAIR.split("%s")[0], _PAIR.split("%s")[1].split("%d")[0], _PAIR.split("%d")[1]
-
-
-_LIST, _TWO, _STR, _INT = {list}, {2}, {str}, {int}
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
-#: ASCII that _text changes: what str.isprintable refuses (C0 controls, DEL) and what escape() replaces
-_NOT_PLAIN_ASCII = bytes([*range(0x20), 0x7F]) + b"&<>"
-
-
-def _score_pairs(value: list[Any]) -> str | None:
-    """A score reply's ``[[host ID, int32 weight], ...]`` written at once (C-level joins), when every item is
-    such a pair of plain types and no host ID needs escaping: the same text as :func:`_marshal` writes item
-    by item. None for anything else (which :func:`_marshal` then writes as before)."""
-    if set(map(type, value)) != _LIST or set(map(len, value)) != _TWO:
-        return None
-    hosts = list(map(_FIRST, value))
-    weights = list(map(_SECOND, value))
-    if set(map(type, hosts)) != _STR or set(map(type, weights)) != _INT:
-        return None  # also an empty list: written as before
-    if min(weights) < INT32_MIN or max(weights) > INT32_MAX:
-        return None
-    if not _plain("".join(hosts)):
-        return None  # _text would change some host ID
-    return _PAIR_HEAD + (_PAIR_TAIL + _PAIR_HEAD).join(map(_PAIR_MID.join, zip(hosts, map(str, weights)))) + _PAIR_TAIL
-
-
-def _plain(joined: str) -> bool:
-    """Whether :func:`_text` leaves every one of the strings joined in ``joined`` as it is."""
-    if joined.isascii():  # the common case: one C pass over the bytes (isprintable looks each character up)
-        plain = joined.encode("ascii")
-        return len(plain.translate(None, _NOT_PLAIN_ASCII)) == len(plain)
-    return joined.isprintable() and "&" not in joined and "<" not in joined and ">" not in joined
-
-
-def _strings(value: list[Any]) -> str | None:
-    """A filter reply's list of host IDs written at once (a C-level join), when every item is a ``str`` that
-    needs no escaping: the same text as :func:`_marshal` writes item by item. None for anything else."""
-    if set(map(type, value)) != _STR:
-        return None
-    joined = "".join(value)
-    if not _plain(joined):
-        return None
-    return "<value><string>" + "</string></value><value><string>".join(value) + "</string></value>"
-
-
 def _marshal(value: Any, out: list[str]) -> None:
     """Append ``value`` as an XML-RPC <value>: None as "", numbers as clamped int32, tuples as arrays."""
     if isinstance(value, str):
@@ -171,20 +124,8 @@ def _marshal(value: Any, out: list[str]) -> None:
         out.append("<value><int>%d</int></value>" % clamp_int32(value))
     elif isinstance(value, (list, tuple)):
         out.append("<value><array><data>")
-        written = None
-        if type(value) is list and len(value) > 1:
-            written = _strings(value) if type(value[0]) is str else _score_pairs(value)
-        if written is not None:
-            out.append(written)
-            out.append("</data></array></value>")
-            return
         for item in value:
-            if type(item) is list and len(item) == 2 and type(item[0]) is str and type(item[1]) is int:
-                # the common [host ID, weight] pair of a score reply, written inline
-                weight = item[1]
-                out.append(_PAIR % (_text(item[0]), weight if INT32_MIN <= weight <= INT32_MAX else clamp_int32(weight)))
-            else:
-                _marshal(item, out)
+            _marshal(item, out)
         out.append("</data></array></value>")
     elif isinstance(value, dict):
         out.append("<value><struct>")
