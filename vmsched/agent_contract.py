@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import unicodedata
 from enum import Enum
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -98,6 +98,13 @@ class PolicyDocument(BaseModel):
     period: int | None = Field(None, description="vcpu_period in us, 1000-1000000 (with cap_percent or quota)")
     requires: list[GuestName] = Field(default_factory=list, description="guests that must run before this one starts")
     adaptive: AdaptiveDocument | None = Field(None, description="bounds for the agent's tuners (none: not tuned)")
+    thread_policy: Literal["prefer", "require", "isolate"] = Field(
+        "prefer", description="with dedicated CPUs: prefer whole cores; require whole cores only; isolate: one thread "
+                              "per core, its sibling threads held for this guest")
+    numa: Literal["any", "strict"] = Field(
+        "any", description="with dedicated CPUs: any (one NUMA node where it fits); strict: CPUs and memory in one node")
+    emulator: Literal["share", "isolate"] = Field(
+        "share", description="with dedicated CPUs: emulator threads on the shared set, or on one more dedicated CPU")
 
 
 # --- requests ----------------------------------------------------------------------------
@@ -160,6 +167,7 @@ class Status(Reply):
 class Desired(Reply):
     vcpus: dict[str, str] = Field(default_factory=dict)
     emulator: str | None = None
+    memory_nodes: str | None = Field(None, description="NUMA nodes the guest's memory is bound to (numa strict)")
     cpu_shares: int | None = None
     vcpu_quota: int | None = None
     vcpu_period: int | None = None

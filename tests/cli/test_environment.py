@@ -71,7 +71,7 @@ def test_every_option_is_an_environment_variable(path, action, monkeypatch: pyte
         monkeypatch.setenv(name, value)
     before = effect(path, action, var)
     for name in var.names:  # each name, the agent's earlier ones included
-        for text in candidates(tmp_path):
+        for text in [*candidates(tmp_path), *(action.choices or ())]:
             monkeypatch.setenv(name, text)
             try:
                 after = effect(path, action, var)

@@ -77,7 +77,8 @@ class PolicyChanges:
             e.save()
             g = e.inv.upsert(snap.uuid, snap.name)
             g.policy, g.hint, g.nvcpus, g.desired = policy, hint, src.nvcpus, checked.desired
-            g.status, g.error, g.warnings, g.applied_at = "applied", None, checked.warnings, time.time()
+            g.status, g.error, g.applied_at = "applied", None, time.time()
+            g.warnings = [*checked.warnings, *result.deferred]
             metrics.APPLICATIONS.labels("ok").inc()
             e.update_gauges()
             log.info("policy of %r set%s", snap.name, f": {', '.join(result.all())}" if result.changed else "")

@@ -148,6 +148,7 @@ class Enforcer:
                                   if held else None)
         self._sync_hint(snap, g)
         g.desired = desired
+        g.warnings = [*g.warnings, *(w for w in result.deferred if w not in g.warnings)]
         if error:
             self._record_error(g, error, "validation")
         else:
@@ -201,8 +202,14 @@ class Enforcer:
         h = g.hint
         if h is None or h.host not in self.hint_keys or not h.cpus <= self.pools.free:
             return
-        want = g.policy.dedicated if g.policy else None
-        if isinstance(want, int) and len(h.cpus) != want:
+        if g.policy is None or g.policy.dedicated is None:
+            return
+        trial = self.pools.copy()  # seeded only when the policy's request would keep exactly these CPUs
+        trial.assign(g.uuid, g.name, h.cpus)
+        try:
+            if trial.request_for(g.uuid, g.name, g.policy, g.nvcpus) != h.cpus:
+                return
+        except PolicyError:
             return
         log.info("recovered dedicated CPUs %s of %r from its metadata", cpuset.fmt(h.cpus), g.name)
         self.pools.assign(g.uuid, g.name, h.cpus)

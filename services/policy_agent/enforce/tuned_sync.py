@@ -37,4 +37,4 @@ def verify(applier: Applier, snap: Snapshot, g: Guest, desired: Desired, tuned: 
         return applier.verify_and_repair(snap.dom, live_d, snap.active, snap.persistent, None, None)
     cfg = applier.verify_and_repair(snap.dom, cfg_d, False, snap.persistent, snap.cfg, None)
     live = applier.verify_and_repair(snap.dom, live_d, snap.active, False, None, None)
-    return Result(cfg.config, live.live)
+    return Result(cfg.config, live.live, live.deferred)

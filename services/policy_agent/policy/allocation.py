@@ -14,6 +14,7 @@ from . import cpuset
 from .cpuset import CpuSet
 from .errors import PolicyError
 from .model import GuestPolicy
+from .assignment import Request, Roles, assign, check_set, roles
 from .topology import Topology, flat
 
 
@@ -94,12 +95,14 @@ class Pools:
         return errors
 
     # --- requests ------------------------------------------------------------
-    def request(self, uuid: str, name: str, dedicated: int | CpuSet, nvcpus: int) -> CpuSet:
+    def request(self, uuid: str, name: str, dedicated: int | CpuSet, nvcpus: int, threads: str = "prefer",
+                numa: str = "any", emulator: str = "share") -> CpuSet:
         """The CPUs ``uuid`` would hold for this request; raises PolicyError.
 
-        A count keeps as much of the guest's current allocation as possible,
-        then takes the lowest free CPUs; an explicit set must lie in the pool
-        and not overlap another guest's allocation.
+        A count is placed by :func:`assignment.assign` (NUMA-aligned, whole cores first, keeping what the
+        guest holds); an explicit set must lie in the pool, not overlap another guest's allocation, and
+        follow the thread and NUMA policies (:func:`assignment.check_set`). ``emulator: isolate`` asks for
+        one more CPU, for the emulator threads.
         """
         errors: list[str] = []
         if not self.pool:
@@ -108,46 +111,65 @@ class Pools:
                 " (set one with 'vmsched agent --dedicated-pool CPUSET' or 'vmsched policy pool CPUSET')"
             )
         current = self.allocations.get(uuid, frozenset())
-        available = (self.free | current) & self.pool
+        taken = self.allocated - current
+        extra = 1 if emulator == "isolate" else 0
         if isinstance(dedicated, int):
+            available = (self.free | current) & self.pool
+            wanted = dedicated + extra
             if dedicated < nvcpus:
                 errors.append(
                     f"dedicated count {dedicated} is smaller than the guest's {nvcpus} vCPUs"
                     " (a dedicated guest's vCPUs are pinned 1:1)"
                 )
-            if dedicated > len(available):
+            if wanted > len(available):
+                also = " (one more for the emulator threads: emulator isolate)" if extra else ""
                 errors.append(
-                    f"guest {name!r} asks for {dedicated} dedicated CPUs but only {len(available)} are free"
+                    f"guest {name!r} asks for {wanted} dedicated CPUs{also} but only {len(available)} are free"
                     f" in the pool {cpuset.fmt(self.pool)}{self._holders(exclude=uuid)}"
                 )
             if errors:
                 raise PolicyError(errors)
-            keep = sorted(current & self.pool)[:dedicated]
-            rest = sorted(available - set(keep))[: dedicated - len(keep)]
-            return frozenset(keep) | frozenset(rest)
-        wanted = frozenset(dedicated)
-        gone = self.missing(wanted)
+            return assign(self.topo, self.pool, taken, current, Request(wanted, threads, numa), name)
+        wanted_set = frozenset(dedicated)
+        gone = self.missing(wanted_set)
         if gone:
-            errors.append(f"dedicated set {cpuset.fmt(wanted)}: CPUs {cpuset.fmt(gone)} do not exist on this host")
-        outside = wanted - self.pool - gone
+            errors.append(f"dedicated set {cpuset.fmt(wanted_set)}: CPUs {cpuset.fmt(gone)} do not exist on this host")
+        outside = wanted_set - self.pool - gone
         if outside:
             errors.append(
-                f"dedicated set {cpuset.fmt(wanted)}: CPUs {cpuset.fmt(outside)} are not in the host's"
+                f"dedicated set {cpuset.fmt(wanted_set)}: CPUs {cpuset.fmt(outside)} are not in the host's"
                 f" dedicated pool {cpuset.fmt(self.pool)}"
             )
-        for other, cpus in sorted(self.owner_of(wanted, exclude=uuid).items()):
+        for other, cpus in sorted(self.owner_of(wanted_set, exclude=uuid).items()):
             errors.append(
-                f"dedicated set {cpuset.fmt(wanted)}: CPUs {cpuset.fmt(cpus)} are already dedicated"
+                f"dedicated set {cpuset.fmt(wanted_set)}: CPUs {cpuset.fmt(cpus)} are already dedicated"
                 f" to guest {self.name(other)!r}"
             )
-        if len(wanted) < nvcpus:
+        if len(wanted_set) < nvcpus:
             errors.append(
-                f"dedicated set {cpuset.fmt(wanted)} has {len(wanted)} CPUs, fewer than the guest's"
+                f"dedicated set {cpuset.fmt(wanted_set)} has {len(wanted_set)} CPUs, fewer than the guest's"
                 f" {nvcpus} vCPUs (a dedicated guest's vCPUs are pinned 1:1)"
             )
+        elif len(wanted_set) < nvcpus + extra:
+            errors.append(
+                f"dedicated set {cpuset.fmt(wanted_set)} has {len(wanted_set)} CPUs: the guest's {nvcpus} vCPUs"
+                " and one for the emulator threads (emulator isolate) need one more"
+            )
+        held, problems = check_set(self.topo, self.pool, taken, wanted_set, Request(nvcpus + extra, threads, numa))
+        errors.extend(problems)
         if errors:
             raise PolicyError(errors)
-        return wanted
+        return held
+
+    def request_for(self, uuid: str, name: str, policy: GuestPolicy, nvcpus: int) -> CpuSet:
+        """:meth:`request` for a policy with dedicated CPUs."""
+        dedicated = policy.dedicated_request()
+        assert dedicated is not None
+        return self.request(uuid, name, dedicated, nvcpus, policy.thread_policy, policy.numa, policy.emulator)
+
+    def roles(self, policy: GuestPolicy, allocation: CpuSet, nvcpus: int) -> Roles:
+        """Which of a guest's dedicated CPUs runs its vCPUs, its emulator threads, and which are held idle."""
+        return roles(self.topo, allocation, nvcpus, policy.thread_policy, policy.emulator, policy.dedicated_set())
 
     def _holders(self, exclude: str | None) -> str:
         held = [f"{cpuset.fmt(c)} to {self.name(u)!r}" for u, c in sorted(self.allocations.items()) if u != exclude]
@@ -217,24 +239,25 @@ def plan_pool(pools: Pools, pool: CpuSet, guests: Iterable[Holder], release_on_s
         if isinstance(g.policy.dedicated, int) and old & new.free:
             new.assign(g.uuid, g.name, old & new.free)  # keep what it can
         try:
-            request = g.policy.dedicated_count() or g.policy.dedicated_set()
-            new.assign(g.uuid, g.name, new.request(g.uuid, g.name, request, g.nvcpus))  # type: ignore[arg-type]
+            new.assign(g.uuid, g.name, new.request_for(g.uuid, g.name, g.policy, g.nvcpus))
         except PolicyError as exc:
             new.release(g.uuid)
             errors.extend(f"guest {g.name!r}: {e}" for e in exc.errors)
     for g in sorted(guests, key=lambda g: g.name):
         if g.policy is not None and (g.policy.dedicated is None or g.uuid in new.allocations):
-            errors.extend(f"guest {g.name!r}: {e}" for e in pin_conflicts(g.policy, new, new.allocations.get(g.uuid)))
+            errors.extend(f"guest {g.name!r}: {e}"
+                          for e in pin_conflicts(g.policy, new, new.allocations.get(g.uuid), g.nvcpus))
     if errors:
         raise PolicyError([f"dedicated pool {cpuset.fmt(pool) or '(none)'} refused"] + errors)
     return new
 
 
-def pin_conflicts(policy: GuestPolicy, pools: Pools, allocation: CpuSet | None) -> list[str]:
+def pin_conflicts(policy: GuestPolicy, pools: Pools, allocation: CpuSet | None, nvcpus: int = 0) -> list[str]:
     """Explicit pins of ``policy`` that break the pools: pins into the dedicated pool of a guest without
-    an allocation, pins of a dedicated guest outside its allocation (emulator: outside it and the shared set)."""
+    an allocation, pins of a dedicated guest outside the CPUs of its vCPUs (emulator: outside those and the
+    shared set)."""
     out = []
-    inside = allocation or frozenset()
+    inside = pools.roles(policy, allocation, nvcpus).for_vcpus(allocation) if allocation else frozenset()
     for vcpu, text in sorted(policy.vcpu_pins.items()):
         cpus = cpuset.parse(text)
         if allocation is not None and cpus - inside:

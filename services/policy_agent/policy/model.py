@@ -136,6 +136,7 @@ class GuestPolicy(PolicyDocument):
                 )
         if self.adaptive is not None:
             problems.extend(adaptive_static_problems(self))
+        problems.extend(placement_problems(self))
         return problems
 
     # --- the tuners' starting point -----------------------------------------------
@@ -180,6 +181,10 @@ class GuestPolicy(PolicyDocument):
 
     def dedicated_set(self) -> frozenset[int] | None:
         return cpuset.parse(self.dedicated) if isinstance(self.dedicated, str) else None
+
+    def dedicated_request(self) -> int | frozenset[int] | None:
+        """The count, or the explicit set, of dedicated CPUs."""
+        return self.dedicated_count() or self.dedicated_set()
 
     def is_empty(self) -> bool:
         return self == GuestPolicy()
@@ -236,6 +241,20 @@ def adaptive_static_problems(p: "GuestPolicy") -> list[str]:
     return problems
 
 
+def placement_problems(p: "GuestPolicy") -> list[str]:
+    """How thread_policy, numa and emulator combine with the other fields."""
+    problems: list[str] = []
+    chosen = [f"{name} {value}" for name, value, default in (("thread_policy", p.thread_policy, "prefer"),
+                                                                ("numa", p.numa, "any"), ("emulator", p.emulator, "share"))
+              if value != default]
+    if chosen and p.dedicated is None:
+        problems.append(f"{', '.join(chosen)}: applies to dedicated CPUs; give dedicated as well")
+    if p.emulator == "isolate" and p.emulator_pin is not None:
+        problems.append("emulator isolate gives the emulator threads a dedicated CPU of their own: drop emulator_pin,"
+                        " or use emulator share")
+    return problems
+
+
 def parse_policy(data: Any) -> GuestPolicy:
     """Build a policy from untrusted data, turning pydantic errors into a PolicyError with every problem."""
     policy, problems = parse_policy_partial(data)
@@ -245,7 +264,7 @@ def parse_policy(data: Any) -> GuestPolicy:
 
 
 #: fields the model-level rules (:meth:`GuestPolicy.form_problems`) look at
-_CAP_FIELDS = ("cap_percent", "quota", "period", "adaptive")
+_CAP_FIELDS = ("cap_percent", "quota", "period", "adaptive", "thread_policy", "numa", "emulator", "emulator_pin")
 
 
 def parse_policy_partial(data: Any) -> tuple[GuestPolicy, list[str]]:

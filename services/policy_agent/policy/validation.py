@@ -12,6 +12,7 @@ from typing import Callable
 
 from . import cpuset, deps
 from .allocation import Pools
+from .assignment import node_of_set
 from .cpuset import CpuSet
 from .errors import PolicyError
 from .model import GuestPolicy
@@ -31,11 +32,13 @@ class Desired:
     vcpus: dict[int, CpuSet] | None
     emulator: CpuSet | None
     sched: dict[str, int] = field(default_factory=dict)
+    memory_nodes: CpuSet | None = None  # NUMA nodes the memory is bound to, strictly (numa strict)
 
     def view(self) -> dict:
         return {
             "vcpus": None if self.vcpus is None else {str(i): cpuset.fmt(c) for i, c in sorted(self.vcpus.items())},
             "emulator": None if self.emulator is None else cpuset.fmt(self.emulator),
+            "memory_nodes": None if self.memory_nodes is None else cpuset.fmt(self.memory_nodes),
             "cpu_shares": self.sched.get("cpu_shares"),
             "vcpu_quota": self.sched.get("vcpu_quota"),
             "vcpu_period": self.sched.get("vcpu_period"),
@@ -74,11 +77,12 @@ def check_policy(
 
     # dedicated allocation first: pins are checked against it
     if policy.dedicated is not None:
-        request = policy.dedicated_count() or policy.dedicated_set()
         try:
-            allocation = pools.request(guest.uuid, guest.name, request, guest.nvcpus)
+            allocation = pools.request_for(guest.uuid, guest.name, policy, guest.nvcpus)
         except PolicyError as exc:
             errors.extend(exc.errors)
+    # where the vCPUs may be pinned: the allocation but the emulator's CPU and the threads held idle
+    for_vcpus = pools.roles(policy, allocation, guest.nvcpus).for_vcpus(allocation) if allocation else None
 
     pins = {i: cpuset.parse(t) for i, t in policy.vcpu_pins.items()}
     for vcpu, cpus in pins.items():
@@ -92,7 +96,7 @@ def check_policy(
         if not exists(what, cpus):
             continue
         if policy.dedicated is not None:
-            within = allocation if allocation is not None else policy.dedicated_set()  # refused set: still check
+            within = for_vcpus if for_vcpus is not None else policy.dedicated_set()  # refused set: still check
             if within is not None and not cpus <= within:
                 errors.append(
                     f"{what} {cpuset.fmt(cpus)}: CPUs {cpuset.fmt(cpus - within)} are outside the guest's"
@@ -107,7 +111,7 @@ def check_policy(
     if policy.emulator_pin is not None:
         emu = cpuset.parse(policy.emulator_pin)
         if exists("emulator pin", emu):
-            allowed = pools.shared | (allocation or frozenset())
+            allowed = pools.shared | (for_vcpus or frozenset())
             if emu - allowed:
                 errors.append(
                     f"emulator pin {cpuset.fmt(emu)}: CPUs {cpuset.fmt(emu - allowed)} are in the dedicated pool"
@@ -143,13 +147,15 @@ def desired_for(
     allocation: CpuSet | None,
     confine: bool = False,
 ) -> Desired:
-    """Pins and scheduler parameters for ``guest``.
+    """Pins, scheduler parameters and memory binding for ``guest``.
 
-    A dedicated guest: vCPU i on the i-th CPU of its allocation (unless pinned
-    explicitly inside it), emulator on the shared set. Any other guest with a
-    policy: explicit pins, else the shared set. A guest without a policy is
-    confined to the shared set while a pool exists (or when ``confine``), and
-    otherwise left alone.
+    A dedicated guest: vCPU i on the CPU its allocation gives vCPU i
+    (:meth:`Pools.roles`; unless pinned explicitly inside it), emulator
+    threads on the shared set or, with ``emulator: isolate``, on their own
+    CPU of the allocation; with ``numa: strict`` its memory on the node of its
+    CPUs. Any other guest with a policy: explicit pins, else the shared set.
+    A guest without a policy is confined to the shared set while a pool exists
+    (or when ``confine``), and otherwise left alone.
     """
     shared = pools.shared
     n = guest.nvcpus
@@ -158,10 +164,17 @@ def desired_for(
             return Desired(None, None, {})
         return Desired({i: shared for i in range(n)}, shared, {})
     pins = {i: cpuset.parse(t) for i, t in policy.vcpu_pins.items() if i < n}
+    emulator = cpuset.parse(policy.emulator_pin) if policy.emulator_pin else shared
+    memory = None
     if allocation:
-        ordered = sorted(allocation)
-        vcpus = {i: pins.get(i) or (frozenset({ordered[i]}) if i < len(ordered) else allocation) for i in range(n)}
+        r = pools.roles(policy, allocation, n)
+        rest = r.for_vcpus(allocation)
+        vcpus = {i: pins.get(i) or (frozenset({r.vcpus[i]}) if i < len(r.vcpus) else rest) for i in range(n)}
+        if r.emulator is not None:
+            emulator = frozenset({r.emulator})
+        node = node_of_set(pools.topo, allocation)
+        if policy.numa == "strict" and node is not None:
+            memory = frozenset({node})
     else:
         vcpus = {i: pins.get(i) or shared for i in range(n)}
-    emulator = cpuset.parse(policy.emulator_pin) if policy.emulator_pin else shared
-    return Desired(vcpus, emulator, policy.sched_params())
+    return Desired(vcpus, emulator, policy.sched_params(), memory)

@@ -194,6 +194,14 @@ def _policy_parser(sub: Any) -> None:
                    help="dedicated pCPUs: a bare number N is a count the agent allocates from the host's "
                         "dedicated pool; anything else is an explicit CPU set (write 5-5 for the single CPU 5). "
                         "vCPUs are pinned 1:1 to them, emulator threads to the shared set")
+    s.add_argument("--thread-policy", choices=("prefer", "require", "isolate"),
+                   help="with --dedicated: prefer whole cores (default); require whole cores only; isolate: one "
+                        "thread per core, its sibling threads held for this guest and given to nobody")
+    s.add_argument("--numa", choices=("any", "strict"),
+                   help="with --dedicated: any NUMA node, one where it fits (default); strict: every vCPU and the "
+                        "memory in one node, refused otherwise")
+    s.add_argument("--emulator", choices=("share", "isolate"),
+                   help="with --dedicated: emulator threads on the shared set (default), or on one more dedicated CPU")
     s.add_argument("--weight", metavar="SHARES", type=int, help="CPU weight (libvirt cpu_shares, 2-262144)")
     cap = s.add_mutually_exclusive_group()
     cap.add_argument("--cap", metavar="PERCENT", type=float,
@@ -339,6 +347,9 @@ def build_policy(args: argparse.Namespace, stored: dict | None = None) -> dict:
     if args.dedicated is not None:
         d = args.dedicated.strip()
         data["dedicated"] = int(d) if d.isdigit() else d
+    for key in ("thread_policy", "numa", "emulator"):
+        if getattr(args, key, None) is not None:
+            data[key] = getattr(args, key)
     if args.weight is not None:
         data["weight"] = args.weight
     if args.cap is not None:

@@ -66,6 +66,7 @@ class Caps:
 class Result:
     config: list[str] = field(default_factory=list)  # changes written to the persistent config
     live: list[str] = field(default_factory=list)  # changes written to the running guest
+    deferred: list[str] = field(default_factory=list)  # what libvirt could not change live: at the next start
 
     @property
     def changed(self) -> bool:
@@ -107,6 +108,9 @@ def diff(actual: domxml.DomainXml, desired: Desired, host: CpuSet, caps: Caps, p
         for key, want in sorted(desired.sched.items()):
             if not sched_equal(key, want, actual.sched.get(key)):
                 out.append(("sched", key, want))
+    nodes = desired.memory_nodes
+    if nodes is not None and (actual.memory_nodes != nodes or (not live and actual.memory_mode != "strict")):
+        out.append(("memory", None, nodes))  # live: the nodeset only (libvirt changes no mode of a running guest)
     return out
 
 
@@ -116,6 +120,9 @@ def describe(change: tuple, actual: domxml.DomainXml, host: CpuSet) -> str:
         return f"vcpu{key} {cpuset.fmt(actual.effective_vcpus(host)[key])} -> {cpuset.fmt(want)}"
     if kind == "emulator":
         return f"emulator {cpuset.fmt(actual.effective_emulator(host))} -> {cpuset.fmt(want)}"
+    if kind == "memory":
+        have = f"{actual.memory_mode} {cpuset.fmt(actual.memory_nodes or ())}".strip() if actual.memory_mode else "any"
+        return f"memory nodes {have} -> strict {cpuset.fmt(want)}"
     return f"{key} {actual.sched.get(key)} -> {want}"
 
 
@@ -124,6 +131,7 @@ class Applier:
         self.caps = caps
         self.ncpus = ncpus
         self.host = host_cpus
+        self._deferred: set[tuple[str, CpuSet]] = set()  # live memory changes libvirt refused (logged once)
 
     def read(self, dom: "libvirt.virDomain", live: bool) -> domxml.DomainXml:
         flags = 0 if live else libvirt.VIR_DOMAIN_XML_INACTIVE
@@ -168,19 +176,43 @@ class Applier:
                     raise DefinitionChanged(f"the definition of {cfg.name!r} changed while it was written (now"
                                             f" {', '.join(describe(c, written, self.host) for c in left)})")
         if cur is not None and live_changes:
-            self._write_all(dom, live_changes, LIVE)
-            result.live = [describe(c, cur, self.host) for c in live_changes]
+            done = self._write_all(dom, live_changes, LIVE)
+            result.live = [describe(c, cur, self.host) for c in live_changes if c in done]
+            result.deferred = [f"{describe(c, cur, self.host)} at the next start of {cur.name!r}: {why}"
+                               for c, why in done.items() if why]
         return result
 
-    def _write_all(self, dom: "libvirt.virDomain", changes: list[tuple], scope: int) -> None:
+    def _write_all(self, dom: "libvirt.virDomain", changes: list[tuple], scope: int) -> dict[tuple, str]:
+        """Write ``changes``; returns each change written, with why it was left for the next start ("": done)."""
         sched = {key: want for kind, key, want in changes if kind == "sched"}
+        done: dict[tuple, str] = {}
         for change in changes:
-            if change[0] != "sched":
+            if change[0] == "memory" and scope == LIVE:
+                done[change] = self._write_memory_live(dom, change)
+            elif change[0] != "sched":
                 flags = scope if (self.caps.vcpu_pin_flags or change[0] != "vcpu") else 0
                 self._write(dom, change, flags)
+                done[change] = ""
         if sched:
             # the QEMU driver refuses LIVE|CONFIG together here: one call per scope, all parameters at once
             self._write(dom, ("sched", ", ".join(sorted(sched)), sched), scope)
+            done.update((c, "") for c in changes if c[0] == "sched")
+        return done
+
+    def _write_memory_live(self, dom: "libvirt.virDomain", change: tuple) -> str:
+        """A running guest's memory nodes change where libvirt allows it (strict mode, cgroups' cpuset);
+        otherwise the config's binding applies at the next start: say why, once per guest and nodes."""
+        try:
+            dom.setNumaParameters({libvirt.VIR_DOMAIN_NUMA_NODESET: cpuset.fmt(change[2])}, LIVE)
+            return ""
+        except libvirt.libvirtError as exc:
+            why = exc.get_error_message() or str(exc)
+            key = (dom.UUIDString(), change[2])
+            if key not in self._deferred:
+                self._deferred.add(key)
+                log.warning("memory of %r bound to NUMA node(s) %s from its next start: libvirt cannot change it"
+                            " live (%s)", dom.name(), cpuset.fmt(change[2]), why)
+            return why
 
     def _write(self, dom: "libvirt.virDomain", change: tuple, flags: int) -> None:
         kind, key, want = change
@@ -190,10 +222,13 @@ class Applier:
                 dom.pinVcpuFlags(key, cpuset.to_cpumap(want, self.ncpus), flags)
             elif kind == "emulator":
                 dom.pinEmulator(cpuset.to_cpumap(want, self.ncpus), flags)
+            elif kind == "memory":
+                dom.setNumaParameters({libvirt.VIR_DOMAIN_NUMA_NODESET: cpuset.fmt(want),
+                                       libvirt.VIR_DOMAIN_NUMA_MODE: libvirt.VIR_DOMAIN_NUMATUNE_MEM_STRICT}, flags)
             else:
                 dom.setSchedulerParametersFlags(want, flags)
         except libvirt.libvirtError as exc:
-            what = f"vCPU {key} pin" if kind == "vcpu" else ("emulator pin" if kind == "emulator" else key)
+            what = {"vcpu": f"vCPU {key} pin", "emulator": "emulator pin", "memory": "memory nodes"}.get(kind, key)
             message = exc.get_error_message() or str(exc)
             raise ApplyError(f"libvirt refused the {scope} {what} ({_show(want)}): {message}") from exc
 

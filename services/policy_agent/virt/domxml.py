@@ -26,6 +26,8 @@ class DomainXml:
     vcpupins: dict[int, CpuSet] = field(default_factory=dict)
     emulatorpin: CpuSet | None = None
     sched: dict[str, int] = field(default_factory=dict)
+    memory_mode: str | None = None  # <numatune><memory mode=...> (None: no numatune)
+    memory_nodes: CpuSet | None = None  # its nodeset
     policy: GuestPolicy | None = None
     hint: metadata.AllocationHint | None = None
     metadata_error: str | None = None
@@ -67,6 +69,11 @@ def parse(text: str) -> DomainXml:
             value = tune.findtext(tag)
             if value is not None and value.strip():
                 dom.sched[key] = int(value.strip())
+    memory = root.find("numatune/memory")
+    if memory is not None:
+        dom.memory_mode = memory.get("mode", "strict")
+        if memory.get("nodeset"):
+            dom.memory_nodes = cpuset.parse(memory.get("nodeset"))
     elem = metadata.find(root)
     if elem is not None:
         try:

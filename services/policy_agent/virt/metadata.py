@@ -32,10 +32,11 @@ def to_xml(policy: GuestPolicy, hint: AllocationHint | None = None) -> str:
         ET.SubElement(root, "vcpupin", vcpu=str(vcpu), cpuset=cpus)
     if policy.emulator_pin:
         ET.SubElement(root, "emulatorpin", cpuset=policy.emulator_pin)
-    if isinstance(policy.dedicated, int):
-        ET.SubElement(root, "dedicated", count=str(policy.dedicated))
-    elif policy.dedicated:
-        ET.SubElement(root, "dedicated", cpuset=policy.dedicated)
+    if policy.dedicated is not None:
+        attrs = {"count": str(policy.dedicated)} if isinstance(policy.dedicated, int) else {"cpuset": policy.dedicated}
+        attrs.update({k: v for k, v, default in (("threads", policy.thread_policy, "prefer"), ("numa", policy.numa, "any"),
+                                                  ("emulator", policy.emulator, "share")) if v != default})
+        ET.SubElement(root, "dedicated", attrs)
     if policy.weight is not None:
         ET.SubElement(root, "weight").text = str(policy.weight)
     if policy.cap_percent is not None:
@@ -105,6 +106,9 @@ def from_element(root: ET.Element) -> tuple[GuestPolicy, AllocationHint | None]:
                 data["emulator_pin"] = a["cpuset"]
             elif tag == "dedicated":
                 data["dedicated"] = int(a["count"]) if "count" in a else a["cpuset"]
+                for attr, key in (("threads", "thread_policy"), ("numa", "numa"), ("emulator", "emulator")):
+                    if attr in a:
+                        data[key] = a[attr]
             elif tag == "weight":
                 data["weight"] = int((child.text or "").strip())
             elif tag == "cap":

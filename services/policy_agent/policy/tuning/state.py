@@ -9,6 +9,7 @@ for as long as this agent runs).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,4 +101,4 @@ def _merge(d: Desired, o: Overlay) -> Desired:
     vcpus = d.vcpus
     if o.vcpus and vcpus is not None:
         vcpus = {i: o.vcpus.get(i, c) for i, c in vcpus.items()}
-    return Desired(vcpus, d.emulator, sched)
+    return dataclasses.replace(d, vcpus=vcpus, sched=sched)
