@@ -14,6 +14,8 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vmsched.gateway import agent_api, api, console, decisions_api, engine, facts_api, xmlrpc
+from vmsched.gateway.console_logouts import LogoutLink
+from vmsched.gateway.console_session import Sessions
 from vmsched.gateway.decisions import DecisionLog, gateway_label
 from vmsched.gateway.docs_ui import mount_docs
 from vmsched.gateway.auth import Guard, add_security_scheme
@@ -154,7 +156,14 @@ def create_app(settings: Settings, bus: BusClient | None = None, tokens: TokenSt
         if facts_sub is not None:
             facts_sub.start()
         decision_log.start()
+        if logouts is not None:
+            logouts.start()
+            if not sessions.shared:
+                log.info("console sessions are signed with a random key of this process: they end when it stops, "
+                         "and no other gateway replica accepts them (set --console-secret-file; docs/console.md)")
         yield
+        if logouts is not None:
+            logouts.stop()
         decision_log.stop()
         if facts_sub is not None:
             facts_sub.stop()
@@ -174,6 +183,11 @@ def create_app(settings: Settings, bus: BusClient | None = None, tokens: TokenSt
     scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings),
                           decision_log.submit if settings.decisions_size else None,
                           RenderOptions(score_per_unit=settings.score_per_unit))
+    sessions = Sessions.from_settings(settings.console_secret_file, tokens, settings.console_session_ttl)
+    logouts = (LogoutLink(transport, gateway_label(settings.gateway_id), sessions.logouts)
+               if transport.spans_processes else None)  # the in-process bus: one process, one gateway
+    app.state.console_sessions = sessions
+    app.state.console_logouts = logouts
     app.state.decisions = decision_log
     app.state.bus = bus
     app.state.scheduler = scheduler
@@ -204,4 +218,4 @@ def create_app(settings: Settings, bus: BusClient | None = None, tokens: TokenSt
         return JSONResponse({"ready": ready, "bus": "connected", "queues": queues}, status_code=200 if ready else 503)
 
     add_security_scheme(app)
-    return BodyLimit(EngineFastPath(Guard(app, tokens), scheduler, settings.engine_networks), settings.max_body_bytes)
+    return BodyLimit(EngineFastPath(Guard(app, tokens, sessions), scheduler, settings.engine_networks), settings.max_body_bytes)

@@ -8,8 +8,9 @@ framework reads a body: no credential is a 401 (``WWW-Authenticate: Bearer``)
 and a missing role a 403, each with a JSON reason. Credentials are the
 ``Authorization: Bearer`` header or a verified client certificate (the ASGI
 TLS extension's ``client_cert_name``). A cookie is read in one place only:
-the console cookie, for a GET of a console page (:data:`CONSOLE_PAGES`, read
-role); it never authorises a /v1 call or any state-changing request.
+the console's session cookie (:mod:`vmsched.gateway.console_session`), for a
+GET of a console page (:data:`CONSOLE_PAGES`, read role); it never authorises
+a /v1 call or any state-changing request.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from starlette.routing import compile_path
 from starlette.types import Message, Receive, Scope, Send
 
 from vmsched.gateway import audit
+from vmsched.gateway.console_session import COOKIE as CONSOLE_COOKIE
+from vmsched.gateway.console_session import Session, Sessions
 from vmsched.tokens import Identity, Role, TokenStore
 
 #: Routes anyone may call: they hold no data.
@@ -31,11 +34,12 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect",
 #: Path prefixes anyone may read: static assets of /docs and of the console, no data.
 OPEN_PREFIXES = ("/docs/assets/", "/static/")
 #: The console's pages (:mod:`vmsched.gateway.console`): GET only, the read role, from the bearer header or
-#: the console cookie. They are the only requests where a cookie counts; a cookie never authorises anything else.
+#: the console's session cookie. They are the only requests where a cookie counts; a cookie never authorises
+#: anything else.
 CONSOLE_PAGES = re.compile(r"^/(console/decisions/[0-9a-f]{32})?$")
-#: The console's login form and logout: open (the token is in the form; logout only clears the cookie).
+#: The console's login form and logout: open (the token is in the form, with a CSRF token; logout checks the
+#: session and the form's CSRF token itself).
 CONSOLE_OPEN = frozenset({("GET", "/login"), ("POST", "/login"), ("POST", "/logout")})
-CONSOLE_COOKIE = "vmsched_console"
 
 #: The role each JSON route needs, by (method, route path). Every route must be here or open.
 ROUTE_ROLES: dict[tuple[str, str], Role] = {
@@ -166,20 +170,25 @@ def identify(scope: Scope, store: TokenStore) -> tuple[Identity | None, str]:
     return None, "a credential is required: send 'Authorization: Bearer <token>' (see docs/api-auth.md)"
 
 
-def console_identity(scope: Scope, store: TokenStore) -> Identity | None:
-    """The console cookie's identity: only for a GET (or HEAD) of a console page."""
-    if scope["method"] not in ("GET", "HEAD") or not CONSOLE_PAGES.match(scope["path"]) or not store.configured:
-        return None
+def cookie(scope: Scope, name: str) -> str | None:
+    """The value of the request's cookie ``name``, or None."""
     header = _header(scope, b"cookie")
     if not header:
         return None
     try:
-        morsel = SimpleCookie(header).get(CONSOLE_COOKIE)
+        morsel = SimpleCookie(header).get(name)
     except CookieError:
         return None
-    if morsel is None or not morsel.value or len(morsel.value) > MAX_TOKEN:
+    return morsel.value if morsel is not None and morsel.value else None
+
+
+def console_session(scope: Scope, sessions: Sessions) -> tuple[Identity, Session] | None:
+    """The console session of a GET (or HEAD) of a console page, while it is valid."""
+    if scope["method"] not in ("GET", "HEAD") or not CONSOLE_PAGES.match(scope["path"]):
         return None
-    return store.by_token(morsel.value)
+    if not sessions.tokens.configured:
+        return None
+    return sessions.read(cookie(scope, CONSOLE_COOKIE))
 
 
 async def _redirect(send: Send, location: str) -> None:
@@ -199,10 +208,11 @@ async def _reply(send: Send, status: int, reason: str, extra: list[tuple[bytes, 
 class Guard:
     """Authenticate and authorise every non-open request before the app sees it; audit the result."""
 
-    def __init__(self, app: FastAPI, store: TokenStore) -> None:
+    def __init__(self, app: FastAPI, store: TokenStore, sessions: Sessions) -> None:
         check_routes(app)
         self.app = app
         self.store = store
+        self.sessions = sessions
         self.table = RouteTable(ROUTE_ROLES)
         self.operations = operation_names(app)
 
@@ -271,9 +281,12 @@ class Guard:
                              client=(scope.get("client") or (None,))[0])
 
     async def _console(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """A console page: the read role from the bearer header or the console cookie; else the login form."""
+        """A console page: the read role from the bearer header or a console session; else the login form."""
         identity, _ = identify(scope, self.store)
-        identity = identity or console_identity(scope, self.store)
+        if identity is None:
+            found = console_session(scope, self.sessions)
+            if found is not None:
+                identity, scope["vmsched.session"] = found
         client = (scope.get("client") or (None,))[0]
         if identity is None or Role.READ not in identity.roles:
             audit.record(role=Role.READ, identity=identity, method=scope["method"], route=scope["path"],

@@ -3,9 +3,11 @@
 Pages: ``/`` (recent decisions searchable by VM or host, units with load
 errors, the agents' pools and policies (:mod:`console_agents`), host facts
 and their age) and ``/console/decisions/{id}`` (every unit's
-verdict on every host). ``/login`` takes a token and keeps it in an HttpOnly,
-SameSite=Strict cookie that authorises these GET pages only
-(:mod:`vmsched.gateway.auth`). Everything that comes from plugins, agents or
+verdict on every host). ``/login`` takes a token and gives the browser a
+session of the console's own (:mod:`vmsched.gateway.console_session`), in an
+HttpOnly, SameSite=Strict cookie that authorises these GET pages only
+(:mod:`vmsched.gateway.auth`); the login and logout forms carry CSRF tokens.
+Everything that comes from plugins, agents or
 the engine is escaped; pages carry a strict Content-Security-Policy (scripts
 and styles from ``/static/`` only, no inline script). The engine only POSTs
 to ``/``, so GET is free.
@@ -13,6 +15,9 @@ to ``/``, so GET is free.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import time
 from html import escape
 from typing import Any
@@ -23,9 +28,11 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from vmsched.bus import BusError
 from vmsched.gateway import console_agents
-from vmsched.gateway.auth import CONSOLE_COOKIE, MAX_TOKEN
+from vmsched.gateway.auth import CONSOLE_COOKIE, MAX_TOKEN, cookie
+from vmsched.gateway.console_session import LOGIN_COOKIE, LOGIN_TTL, Session, Sessions
 from vmsched.tokens import Role
 
+log = logging.getLogger("vmsched.gateway.console")
 router = APIRouter(include_in_schema=False)
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -40,9 +47,11 @@ def e(value: object) -> str:
     return escape(str(value), quote=True)
 
 
-def page(title: str, body: str, status: int = 200, nav: bool = True) -> HTMLResponse:
-    logout = ('<form method="post" action="/logout" class="logout"><button type="submit">Log out</button></form>'
-              if nav else "")
+def page(title: str, body: str, status: int = 200, logout_token: str = "") -> HTMLResponse:
+    """A console page; with ``logout_token`` (a session's), its header has the log-out button."""
+    logout = ('<form method="post" action="/logout" class="logout">'
+              f'<input type="hidden" name="csrf" value="{e(logout_token)}"><button type="submit">Log out</button></form>'
+              if logout_token else "")
     html = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f'<link rel="icon" href="/static/favicon.svg" type="image/svg+xml"><link rel="stylesheet" href="/static/console.css"><script src="/static/console.js" defer></script>'
@@ -62,43 +71,90 @@ def _when(at: float) -> str:
 
 
 # --- login ---------------------------------------------------------------------------------------
-def _login_form(error: str = "", status: int = 200) -> HTMLResponse:
+def _sessions(request: Request) -> Sessions:
+    return request.app.state.console_sessions
+
+
+def _logout_token(request: Request) -> str:
+    """The log-out form's CSRF token of the request's console session ("" without one: a bearer header)."""
+    session = request.scope.get("vmsched.session")
+    return _sessions(request).logout_token(session) if isinstance(session, Session) else ""
+
+
+def _login_form(request: Request, error: str = "", status: int = 200) -> HTMLResponse:
+    """The login form with a fresh CSRF token, and its cookie."""
+    nonce, csrf = _sessions(request).login_form()
     problem = f'<p class="error" role="alert">{e(error)}</p>' if error else ""
-    return page("vmsched console - log in", (
+    response = page("vmsched console - log in", (
         f"<h1>Log in</h1>{problem}<form method=\"post\" action=\"/login\" class=\"login\">"
+        f'<input type="hidden" name="csrf" value="{e(csrf)}">'
         '<label for="token">API token (read role)</label>'
         '<input id="token" name="token" type="password" autocomplete="current-password" required>'
         '<button type="submit">Log in</button></form>'
-        "<p>Make a token with <code>vmsched token new --name NAME --role read --file tokens.yaml</code>.</p>"),
-        status, nav=False)
-
-
-@router.get("/login")
-async def login_form() -> HTMLResponse:
-    return _login_form()
-
-
-@router.post("/login")
-async def login(request: Request) -> Response:
-    body = await request.body()
-    if len(body) > MAX_FORM:
-        return _login_form("the form is too large", 413)
-    token = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0].strip()
-    store = request.app.state.tokens
-    identity = store.by_token(token) if store.configured and 0 < len(token) <= MAX_TOKEN else None
-    if identity is None:
-        why = "this gateway has no tokens file" if not store.configured else "unknown or revoked token"
-        return _login_form(why, 401)
-    if Role.READ not in identity.roles:
-        return _login_form(f"token {identity.name!r} lacks the read role", 403)
-    response = RedirectResponse("/", status_code=303, headers={"Cache-Control": "no-store"})
-    response.set_cookie(CONSOLE_COOKIE, token, httponly=True, samesite="strict", path="/",
+        "<p>Make a token with <code>vmsched token new --name NAME --role read --file tokens.yaml</code>. "
+        "The console keeps a read-only session of its own, never the token.</p>"),
+        status)
+    response.set_cookie(LOGIN_COOKIE, nonce, max_age=LOGIN_TTL, httponly=True, samesite="strict", path="/login",
                         secure=request.url.scheme == "https")
     return response
 
 
+async def _form(request: Request) -> dict[str, str] | None:
+    """The form's fields (the first value of each), or None when it is too large."""
+    body = await request.body()
+    if len(body) > MAX_FORM:
+        return None
+    return {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+
+
+@router.get("/login")
+async def login_form(request: Request) -> HTMLResponse:
+    return _login_form(request)
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    form = await _form(request)
+    if form is None:
+        return _login_form(request, "the form is too large", 413)
+    sessions = _sessions(request)
+    if not sessions.login_allowed(cookie(request.scope, LOGIN_COOKIE), form.get("csrf", "")):
+        return _login_form(request, "the login form expired or did not come from this console: log in again", 403)
+    token = form.get("token", "").strip()
+    store = request.app.state.tokens
+    identity = store.by_token(token) if store.configured and 0 < len(token) <= MAX_TOKEN else None
+    if identity is None:
+        why = "this gateway has no tokens file" if not store.configured else "unknown or revoked token"
+        return _login_form(request, why, 401)
+    if Role.READ not in identity.roles:
+        request.scope["vmsched.identity"] = identity  # the refusal's audit line names it
+        return _login_form(request, f"token {identity.name!r} lacks the read role", 403)
+    issued = sessions.issue(identity)
+    if issued is None:  # the token left the tokens file just now
+        return _login_form(request, "unknown or revoked token", 401)
+    response = RedirectResponse("/", status_code=303, headers={"Cache-Control": "no-store"})
+    response.set_cookie(CONSOLE_COOKIE, issued[0], max_age=int(sessions.ttl), httponly=True, samesite="strict",
+                        path="/", secure=request.url.scheme == "https")
+    response.delete_cookie(LOGIN_COOKIE, path="/login", httponly=True, samesite="strict")
+    return response
+
+
 @router.post("/logout")
-async def logout() -> Response:
+async def logout(request: Request) -> Response:
+    """End the console session everywhere (this replica's list and, on RabbitMQ, the others'), then the cookie."""
+    sessions = _sessions(request)
+    session = sessions.signed(cookie(request.scope, CONSOLE_COOKIE))
+    if session is not None:
+        form = await _form(request)
+        if form is None or not sessions.logout_allowed(session, form.get("csrf", "")):
+            return page("vmsched console - not logged out", "<h1>Not logged out</h1><p class=\"error\">The log-out "
+                        'form did not come from this console. Use the <a href="/">console</a>\'s Log out button.</p>',
+                        403)
+        sessions.logout(session)
+        link = request.app.state.console_logouts
+        if link is not None and not await asyncio.to_thread(link.share, [(session.sid, session.expires)]):
+            log.warning("console logout of a session of %r not shared with the other gateway replicas now: the bus "
+                        "is unavailable (it is shared when this gateway subscribes again)", session.name)
     response = RedirectResponse("/login", status_code=303, headers={"Cache-Control": "no-store"})
     response.delete_cookie(CONSOLE_COOKIE, path="/", httponly=True, samesite="strict")
     return response
@@ -192,7 +248,8 @@ async def overview(request: Request) -> HTMLResponse:
     units = await _units_section(request)
     cache = request.app.state.facts
     agents = await console_agents.section(request.app.state.bus, cache.hosts() if cache is not None else [])
-    return page("vmsched console", await _decisions_section(request) + units + agents + _facts_section(request))
+    return page("vmsched console", await _decisions_section(request) + units + agents + _facts_section(request),
+                logout_token=_logout_token(request))
 
 
 # --- one decision --------------------------------------------------------------------------------
@@ -216,7 +273,8 @@ async def decision_page(request: Request, decision_id: str) -> HTMLResponse:
     found = await request.app.state.decisions.find(decision_id) if len(decision_id) == 32 else None
     if found is None or not found.records:
         note = _replicas_note(found.missing) if found is not None else ""
-        return page("decision not found", f"<h1>Decision not found</h1><p>It may have left the ring.</p>{note}", 404)
+        return page("decision not found", f"<h1>Decision not found</h1><p>It may have left the ring.</p>{note}", 404,
+                    _logout_token(request))
     d = found.records[0]
     units = d["units"]
     head = "".join(f'<th>{e(u["unit"])}' + (f' <span class="factor">x{e(u["factor"])}</span>' if "factor" in u else "")
@@ -236,12 +294,18 @@ async def decision_page(request: Request, decision_id: str) -> HTMLResponse:
     body = (f'<h1>{e(d["op"])} decision</h1><p class="summary" id="summary">{e(d["summary"])}</p>'
             f'<dl><dt>time</dt><dd>{_when(d["time"])}</dd><dt>VM</dt><dd>{e(d["vm"]) or "-"}</dd>'
             f'<dt>gateway</dt><dd>{e(d["gateway"])}</dd><dt>fallback</dt><dd>{"yes" if d["fallback"] else "no"}</dd>'
-            f'<dt>sent to the engine</dt><dd><code>{e(result)}</code></dd>'
-            f'<dt>duration</dt><dd>{d["duration"] * 1000:.1f} ms</dd></dl>'
+            f'<dt>duration</dt><dd>{d["duration"] * 1000:.1f} ms</dd>'
+            f'<dt>sent to the engine</dt><dd><pre id="sent">{e(_envelope(d))}</pre></dd></dl>'
             + (f'<h2>Errors</h2><ul>{errors}</ul>' if errors else "")
             + f'<h2>Per unit, per host</h2><table id="verdicts"><thead><tr><th>host</th>{head}<th>result</th>'
               f'<th>facts age</th></tr></thead><tbody>{rows}</tbody></table>'
               f'<h2>Units</h2><table id="units-detail"><thead><tr><th>unit</th><th>outcome</th><th>duration</th>'
               f'<th>error</th><th>reason</th></tr></thead><tbody>{unit_rows}</tbody></table>'
               f'<p class="note">JSON: <code>/v1/decisions/{e(d["id"])}</code></p>')
-    return page(f"vmsched decision {decision_id}", body)
+    return page(f"vmsched decision {decision_id}", body, logout_token=_logout_token(request))
+
+
+def _envelope(record: dict[str, Any]) -> str:
+    """The engine's reply envelope of a decision as JSON (docs/plugins.md: what result_code 0 and 1 mean)."""
+    sent = {k: record.get(k) for k in ("result_code", "result", "plugin_errors", "errors")}
+    return json.dumps(sent, indent=2, ensure_ascii=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -94,6 +95,13 @@ def rabbit_up() -> bool:
         return True
     except OSError:
         return False
+
+
+def console_login(client: httpx.Client, token: str = TEST_TOKEN) -> httpx.Response:
+    """Log in to the console as a browser does: the login form's CSRF token, then the token (303 when it works)."""
+    found = re.search(r'name="csrf" value="([^"]+)"', client.get("/login").text)
+    assert found, "the login form has no CSRF token"
+    return client.post("/login", data={"token": token, "csrf": found.group(1)})
 
 
 def wait_until(predicate: Any, timeout: float = 20.0, interval: float = 0.05, what: str = "condition") -> Any:

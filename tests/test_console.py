@@ -6,6 +6,8 @@ these check login, the cookie's narrow reach, escaping, the CSP and content.
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import uuid
 from contextlib import contextmanager
@@ -40,10 +42,16 @@ def _client(stack: Stack) -> httpx.Client:
     return httpx.Client(base_url=stack.url, timeout=30, follow_redirects=False)
 
 
+def _csrf(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, html
+    return found.group(1)
+
+
 @contextmanager
 def _logged_in(stack: Stack) -> Iterator[httpx.Client]:
     with _client(stack) as client:
-        r = client.post("/login", data={"token": TEST_TOKEN})
+        r = client.post("/login", data={"token": TEST_TOKEN, "csrf": _csrf(client.get("/login").text)})
         assert r.status_code == 303 and r.headers["location"] == "/"
         yield client
 
@@ -55,12 +63,16 @@ def test_pages_need_a_login_and_the_cookie_is_strict(console: Stack) -> None:
         form = client.get("/login")
         assert form.status_code == 200 and 'name="token"' in form.text
         assert "script-src 'self'" in form.headers["content-security-policy"]
-        assert client.post("/login", data={"token": "wrong"}).status_code == 401
-        r = client.post("/login", data={"token": TEST_TOKEN})
+        assert client.post("/login", data={"token": TEST_TOKEN}).status_code == 403  # no CSRF token
+        wrong = client.post("/login", data={"token": "wrong", "csrf": _csrf(client.get("/login").text)})
+        assert wrong.status_code == 401
+        r = client.post("/login", data={"token": TEST_TOKEN, "csrf": _csrf(wrong.text)})
         cookie = r.headers["set-cookie"].lower()
         assert r.status_code == 303 and "httponly" in cookie and "samesite=strict" in cookie
-        assert client.get("/").status_code == 200
-        r = client.post("/logout")
+        assert TEST_TOKEN.lower() not in cookie, "the browser keeps a session, never the token"
+        page = client.get("/")
+        assert page.status_code == 200
+        r = client.post("/logout", data={"csrf": _csrf(page.text)})
         assert r.status_code == 303 and client.get("/").status_code == 303
 
 
@@ -108,6 +120,21 @@ def test_a_decision_appears_with_per_unit_per_host_detail(console: Stack) -> Non
         assert rows[H[1]].count('class="dropped"') == 1 and rows[H[4]].count('class="dropped"') == 1
         assert 'class="dropped"' not in rows[H[0]]
         assert client.get("/console/decisions/" + "0" * 32).status_code == 404
+
+
+def test_the_decision_page_shows_the_engines_envelope_as_json(console: Stack) -> None:
+    vm = str(uuid.uuid4())
+    sent = console.xmlrpc("runFilters", ["KeepEven", "Raises"], H, vm, {})
+    assert sent["result_code"] == 1 and list(sent["plugin_errors"]) == ["Raises"]
+    with _logged_in(console) as client:
+        def listed() -> str | None:
+            found = re.search(r'href="/console/decisions/([0-9a-f]{32})"', client.get("/", params={"vm": vm}).text)
+            return found.group(1) if found else None
+
+        detail = client.get(f"/console/decisions/{wait_until(listed, 10, 0.1, 'the decision on the console')}")
+    shown = re.search(r'<pre id="sent">(.*?)</pre>', detail.text, re.S)
+    assert shown, detail.text
+    assert json.loads(html.unescape(shown.group(1))) == sent  # exactly what the engine was sent
 
 
 def test_docs_are_served_from_package_assets(console: Stack) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import TEST_TOKEN, start_all_in_one, wait_until
+from tests.conftest import TEST_TOKEN, console_login, start_all_in_one, wait_until
 from tests.test_facts_bus import agent
 
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
@@ -27,7 +27,7 @@ def test_agents_pool_and_policies_are_shown(tmp_path: Path, rabbit_vhost: str) -
                       headers={"Authorization": f"Bearer {TEST_TOKEN}"}, timeout=30)
         assert r.status_code == 200, r.text
         with httpx.Client(base_url=stack.url, timeout=30) as client:
-            assert client.post("/login", data={"token": TEST_TOKEN}).status_code == 303
+            assert console_login(client).status_code == 303
             page = client.get("/").text
         section = page[page.index('<section id="agents">'):]
         section = section[:section.index("</section>")]

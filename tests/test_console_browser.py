@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 
@@ -204,3 +205,38 @@ def test_console_offline_units_decisions_and_docs(browser: Any, gateway: Stack) 
     assert any("/v1/decisions" in op.text for op in ops) and len(ops) >= 10
     urls = _assert_local(driver, gateway)
     assert any("/docs/assets/swagger-ui-bundle.js" in u for u in urls)
+
+
+def test_console_login_needs_its_csrf_token_and_logout_revokes_the_session(browser: Any, gateway: Stack) -> None:
+    """A login posted from another site is refused; after Log out, a copy of the session cookie is refused too."""
+    import httpx
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    driver.delete_all_cookies()
+    with httpx.Client(base_url=gateway.url, timeout=30) as attacker:  # a valid CSRF token of the attacker's own form
+        forged = re.search(r'name="csrf" value="([^"]+)"', attacker.get("/login").text).group(1)  # type: ignore[union-attr]
+    page = (f'<form id="f" method="post" action="{gateway.url}/login"><input name="token" value="{TEST_TOKEN}">'
+            f'<input name="csrf" value="{forged}"></form><script>document.getElementById("f").submit()</script>')
+    driver.get("data:text/html;charset=utf-8," + quote(page))  # another site posts the form
+    WebDriverWait(driver, WAIT).until(lambda d: "log in again" in d.page_source)
+    assert not [c for c in driver.get_cookies() if c["name"] == "vmsched_console"], "no session from a forged login"
+    driver.get_log("browser")  # the refused post's 403 is expected
+
+    driver.get(gateway.url + "/login")
+    _wait(driver, "input#token").send_keys(TEST_TOKEN)
+    driver.find_element(By.CSS_SELECTOR, "form.login button").click()
+    _wait(driver, "#units-table")
+    (session,) = [c["value"] for c in driver.get_cookies() if c["name"] == "vmsched_console"]
+    assert TEST_TOKEN not in session
+    stolen = {"Cookie": f"vmsched_console={session}"}
+    assert httpx.get(gateway.url + "/", headers=stolen, timeout=30).status_code == 200  # a copy works meanwhile
+
+    driver.find_element(By.CSS_SELECTOR, "form.logout button").click()
+    _wait(driver, "input#token")
+    assert httpx.get(gateway.url + "/", headers=stolen, timeout=30).status_code == 303, "revoked, not only deleted"
+    driver.add_cookie({"name": "vmsched_console", "value": session, "path": "/"})
+    driver.get(gateway.url + "/")
+    _wait(driver, "input#token")  # the browser holding the old cookie again gets the login form
+    _assert_local(driver, gateway)

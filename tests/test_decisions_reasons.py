@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.conftest import TEST_TOKEN, Stack, plugin_copy, start_all_in_one, wait_until
+from tests.conftest import Stack, console_login, plugin_copy, start_all_in_one, wait_until
 from tests.engine_wire import call
 
 H = [f"dddddddd-0000-0000-0000-00000000000{i}" for i in range(4)]
@@ -93,7 +93,7 @@ def test_filter_reasons_reach_the_record_api_and_console_but_not_the_engine(stac
     assert api["units"][0]["reasons"][H[1]] == "free 1.2 GiB < 4 GiB needed" and api["result"] == [H[0]]
 
     with httpx.Client(base_url=stack.url, timeout=30) as browser:
-        assert browser.post("/login", data={"token": TEST_TOKEN}).status_code == 303
+        assert console_login(browser).status_code == 303
         page = browser.get(f"/console/decisions/{record['id']}").text
     assert '<div class="reason">free 1.2 GiB &lt; 4 GiB needed</div>' in page
     assert "&lt;b id=&quot;injected&quot;&gt;bold&lt;/b&gt; &amp; &quot;quoted&quot;" in page

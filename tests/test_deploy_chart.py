@@ -240,9 +240,11 @@ def test_every_component_is_deployed(chart: helm.Chart) -> None:
     assert not objects(docs, "DaemonSet"), "the agent is off by default"
     assert not [d for d in docs if (d["apiVersion"], d["kind"]) in CRD_KINDS], "CRD objects are opt-in"
     assert not objects(docs, "HorizontalPodAutoscaler"), "autoscaling is opt-in"
-    # the only Secrets the chart makes: the gateway's tokens file and its first token (no broker password)
+    # the only Secrets the chart makes: the gateway's tokens file, its first token and the console's session
+    # secret (no broker password)
     assert {s["metadata"]["name"] for s in objects(docs, "Secret")} == {
-        f"{RELEASE}-vmsched-gateway-tokens", f"{RELEASE}-vmsched-gateway-admin-token"}
+        f"{RELEASE}-vmsched-gateway-tokens", f"{RELEASE}-vmsched-gateway-admin-token",
+        f"{RELEASE}-vmsched-gateway-console"}
     gateway_svc = [s for s in objects(docs, "Service") if component(s) == "gateway" and not s["spec"].get("clusterIP")]
     assert len(gateway_svc) == 1, "the API Service (the other one is the headless metrics Service)"
     assert gateway_svc[0]["spec"]["ports"][0]["port"] == 18781
@@ -739,8 +741,48 @@ def test_the_chart_makes_a_tokens_secret_and_the_gateway_mounts_it(chart: helm.C
     assert "checksum/tokens" in gw["spec"]["template"]["metadata"]["annotations"]
 
 
+def test_the_chart_makes_one_console_secret_that_every_gateway_pod_mounts(chart: helm.Chart) -> None:
+    from vmsched.gateway.console_session import MIN_SECRET, read_secret
+
+    docs = render(chart, {"gateway": {"replicaCount": 3}})
+    secret = by_name(docs, "Secret")[f"{RELEASE}-vmsched-gateway-console"]
+    value = base64.b64decode(secret["data"]["console.secret"]).decode()
+    again = by_name(render(chart, {}), "Secret")[f"{RELEASE}-vmsched-gateway-console"]["data"]["console.secret"]
+    assert again != secret["data"]["console.secret"], "generated: another render (no cluster to look up) differs"
+    gw = next(d for d in objects(docs, "Deployment") if component(d) == "gateway")
+    assert gw["spec"]["replicas"] == 3, "one Deployment: every replica mounts the same Secret"
+    (c,) = containers(gw)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    path = Path(env["VMSCHED_CONSOLE_SECRET_FILE"])
+    assert env["VMSCHED_CONSOLE_SESSION_TTL"] == "28800"
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == str(path.parent)]
+    (volume,) = [v for v in gw["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert mount["readOnly"] is True and volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert volume["secret"]["items"] == [{"key": "console.secret", "path": path.name}]
+    assert "checksum/console" in gw["spec"]["template"]["metadata"]["annotations"]
+    tmp = Path(__import__("tempfile").mkdtemp()) / path.name
+    tmp.write_text(value)
+    assert len(read_secret(tmp)) >= MIN_SECRET, "the gateway accepts what it is given"
+    for wl in workloads(docs):
+        if component(wl) != "gateway":
+            assert all(v.get("secret", {}).get("secretName") != secret["metadata"]["name"]
+                       for v in wl["spec"]["template"]["spec"]["volumes"]), "the gateway's alone"
+
+
+def test_an_existing_console_secret_is_used_as_is(chart: helm.Chart) -> None:
+    docs = render(chart, {"gateway": {"console": {"existingSecret": "site-console", "secretKey": "k"}}})
+    assert f"{RELEASE}-vmsched-gateway-console" not in by_name(docs, "Secret")
+    gw = next(d for d in objects(docs, "Deployment") if component(d) == "gateway")
+    (c,) = containers(gw)
+    volumes = {v["name"]: v for v in gw["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["console"]["secret"]["secretName"] == "site-console"
+    assert {"name": "VMSCHED_CONSOLE_SECRET_FILE", "value": "/etc/vmsched/console/k"} in c["env"]
+    assert "checksum/console" not in gw["spec"]["template"]["metadata"]["annotations"]
+
+
 def test_an_existing_tokens_secret_is_used_as_is(chart: helm.Chart) -> None:
-    docs = render(chart, {"gateway": {"auth": {"existingSecret": "site-tokens", "tokensKey": "t.yaml"}}})
+    docs = render(chart, {"gateway": {"auth": {"existingSecret": "site-tokens", "tokensKey": "t.yaml"},
+                                      "console": {"existingSecret": "site-console"}}})
     assert not objects(docs, "Secret"), "nothing generated"
     gw = next(d for d in objects(docs, "Deployment") if component(d) == "gateway")
     (c,) = containers(gw)

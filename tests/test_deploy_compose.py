@@ -206,6 +206,18 @@ def test_the_gateway_requires_its_tokens_file(services: dict[str, dict[str, Any]
     assert gw["depends_on"]["secrets"] == {"condition": "service_completed_successfully"}
 
 
+def test_the_gateway_reads_the_console_secret_the_secrets_service_makes(services: dict[str, dict[str, Any]]) -> None:
+    gw = services["gateway"]
+    secret = Path(gw["environment"]["VMSCHED_CONSOLE_SECRET_FILE"])
+    (mount,) = [v.split(":") for v in gw["volumes"] if v.split(":")[1] == str(secret.parent)]
+    assert mount[0] == "gateway-console" and mount[2] == "ro"
+    made = [v.split(":")[1] for v in services["secrets"]["volumes"] if v.startswith("gateway-console:")]
+    init = (ROOT / "deploy" / "compose" / "init-secrets.sh").read_text()
+    assert made == ["/secrets/gateway-console"] and f"$SECRETS/gateway-console/{secret.name}" in init
+    assert [name for name, svc in services.items() if any(str(v).startswith("gateway-console:")
+                                                          for v in svc.get("volumes", []))] == ["secrets", "gateway"]
+
+
 def test_the_secrets_service_is_a_confined_one_shot(services: dict[str, dict[str, Any]]) -> None:
     svc = services["secrets"]
     assert svc["image"] == services["gateway"]["image"], "it runs `vmsched token new` from the same image"
@@ -497,18 +509,22 @@ def test_each_unit_reads_its_own_broker_user_as_a_credential(unit_name: str) -> 
     unit = read_unit(SYSTEMD / unit_name)
     name = unit_name.removeprefix("vmsched-").removesuffix(".service")
     env = dict(kv.partition("=")[::2] for kv in unit_values(unit, "Service", "Environment"))
-    (cred,) = unit_values(unit, "Service", "LoadCredential")
-    cred_id, _, source = cred.partition(":")
-    assert source == f"/etc/vmsched/amqp-{name}.url", "one URL file (one broker user) per component"
+    creds = dict(c.partition(":")[::2] for c in unit_values(unit, "Service", "LoadCredential"))
+    assert set(creds) == ({"amqp-url", "console-secret"} if name == "gateway" else {"amqp-url"})
+    assert creds["amqp-url"] == f"/etc/vmsched/amqp-{name}.url", "one URL file (one broker user) per component"
     var = "VMSCHED_AGENT_AMQP_URL_FILE" if name == "agent" else "VMSCHED_AMQP_URL_FILE"
     assert var in settings_env_names() | AGENT_ENV
-    assert env[var] == f"/run/credentials/{unit_name}/{cred_id}"
+    assert env[var] == f"/run/credentials/{unit_name}/amqp-url"
     assert env["VMSCHED_METRICS_HOST"] == "127.0.0.1", "an explicit, safe metrics bind"
     if name == "gateway":
         assert env["VMSCHED_TOKENS_FILE"].startswith("/etc/vmsched/tokens/")
         (group,) = unit_values(unit, "Service", "SupplementaryGroups")
         sysusers = (SYSTEMD / "vmsched.sysusers.conf").read_text()
         assert re.search(rf"^g {group}\b", sysusers, re.M), "the tokens group is created by sysusers"
+        # the console secret: a root-only file made by `vmsched console-secret`, handed over as a credential
+        assert creds["console-secret"] == "/etc/vmsched/console.secret"
+        assert env["VMSCHED_CONSOLE_SECRET_FILE"] == f"/run/credentials/{unit_name}/console-secret"
+        assert "VMSCHED_CONSOLE_SECRET_FILE" in settings_env_names()
     # no broker URL in the shared environment file
     shared = read_env_file(SYSTEMD_ENV_EXAMPLE)
     assert not {"VMSCHED_AMQP_URL", "VMSCHED_AGENT_AMQP"} & set(shared)

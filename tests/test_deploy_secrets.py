@@ -4,7 +4,8 @@
   for real: its RabbitMQ definitions loaded at boot by a private RabbitMQ node
   (no guest user), each component's URL file logging in as that component with
   only that component's rights, the gateway's tokens file and first token read
-  by the real token store, passwords and tokens kept across re-runs.
+  by the real token store, the console secret read by the gateway, passwords,
+  tokens and the console secret kept across re-runs.
 * The gateway started with compose's own command and environment refuses to
   start without its tokens file, and with it refuses the API without a token.
 * No ``guest`` account and no URL with a password anywhere in compose, the
@@ -131,10 +132,12 @@ def test_a_rerun_keeps_passwords_and_tokens(tmp_path: Path) -> None:
     assert run_init(secrets).returncode == 0
     first = {c: (secrets / c / "amqp.url").read_text() for c in COMPONENTS}
     tokens = (secrets / "gateway-tokens" / "tokens.yaml").read_text()
+    console = (secrets / "gateway-console" / "console.secret").read_text()
     again = run_init(secrets)
     assert again.returncode == 0, again.stderr
     assert {c: (secrets / c / "amqp.url").read_text() for c in COMPONENTS} == first
     assert (secrets / "gateway-tokens" / "tokens.yaml").read_text() == tokens
+    assert (secrets / "gateway-console" / "console.secret").read_text() == console, "sessions survive a re-run"
     assert "made the gateway's tokens file" not in again.stderr
 
 
@@ -150,13 +153,14 @@ def compose_gateway() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["gateway"]
 
 
-def start_compose_gateway(tmp_path: Path, tokens: Path) -> tuple[subprocess.Popen[str], int]:
+def start_compose_gateway(tmp_path: Path, tokens: Path, console: Path) -> tuple[subprocess.Popen[str], int]:
     gw = compose_gateway()
     url_file = tmp_path / "amqp.url"
     url_file.write_text("memory://\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("VMSCHED_")}
     env.update({k: v for k, v in gw["environment"].items() if "${" not in str(v)})
-    env.update(VMSCHED_AMQP_URL_FILE=str(url_file), VMSCHED_TOKENS_FILE=str(tokens), PYTHONPATH=str(ROOT))
+    env.update(VMSCHED_AMQP_URL_FILE=str(url_file), VMSCHED_TOKENS_FILE=str(tokens),
+               VMSCHED_CONSOLE_SECRET_FILE=str(console), PYTHONPATH=str(ROOT))
     port = free_port()
     # compose's command, on free local ports
     args = [*gw["command"], "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1",
@@ -168,7 +172,7 @@ def start_compose_gateway(tmp_path: Path, tokens: Path) -> tuple[subprocess.Pope
 
 def test_the_compose_gateway_refuses_to_start_without_its_tokens_file(tmp_path: Path) -> None:
     assert compose_gateway()["environment"]["VMSCHED_TOKENS_FILE"]
-    proc, _ = start_compose_gateway(tmp_path, tmp_path / "tokens.yaml")  # not made
+    proc, _ = start_compose_gateway(tmp_path, tmp_path / "tokens.yaml", tmp_path / "console.secret")  # not made
     try:
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -177,11 +181,27 @@ def test_the_compose_gateway_refuses_to_start_without_its_tokens_file(tmp_path: 
     assert "tokens file" in out and "vmsched token new" in out
 
 
+def test_the_compose_gateway_refuses_to_start_without_its_console_secret(tmp_path: Path) -> None:
+    assert compose_gateway()["environment"]["VMSCHED_CONSOLE_SECRET_FILE"]
+    secrets = tmp_path / "secrets"
+    assert run_init(secrets).returncode == 0
+    proc, _ = start_compose_gateway(tmp_path, secrets / "gateway-tokens" / "tokens.yaml", tmp_path / "missing")
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, out
+    assert "vmsched: error: console secret file" in out and "vmsched console-secret --file" in out
+    assert "Traceback" not in out
+
+
 def test_the_compose_gateway_needs_the_made_token(tmp_path: Path) -> None:
     secrets = tmp_path / "secrets"
     assert run_init(secrets).returncode == 0
     token = (secrets / "operator" / "admin.token").read_text().strip()
-    proc, port = start_compose_gateway(tmp_path, secrets / "gateway-tokens" / "tokens.yaml")
+    console = secrets / "gateway-console" / "console.secret"
+    assert oct(console.stat().st_mode & 0o777) == "0o400" and len(console.read_text().strip()) >= 32
+    proc, port = start_compose_gateway(tmp_path, secrets / "gateway-tokens" / "tokens.yaml", console)
     base = f"http://127.0.0.1:{port}"
     try:
         def up() -> bool:

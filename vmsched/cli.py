@@ -21,6 +21,7 @@ from vmsched.services.discovery import DiscoveryService
 from vmsched.services.policy_agent.surfaces.cli import register as register_agent_commands
 from vmsched.services.scoring import ScoringService
 from vmsched.plugin_cli import register as register_plugin_commands
+from vmsched.secret_cli import register as register_secret_command
 from vmsched.token_cli import register as register_token_commands
 
 Command = Callable[[argparse.Namespace], int]
@@ -109,6 +110,12 @@ def _gateway(p: argparse.ArgumentParser) -> None:
                    help="accept client certificates signed by this CA, mapped to roles by the tokens file's clients: list")
     p.add_argument("--engine-allow", metavar="CIDR,...",
                    help="only these networks may call XML-RPC POST / and /RPC2 (env VMSCHED_ENGINE_ALLOW; default: any)")
+    p.add_argument("--console-secret-file", type=Path, metavar="FILE",
+                   help="the secret that signs console sessions, the same file on every gateway replica "
+                        "(`vmsched console-secret` makes one; env VMSCHED_CONSOLE_SECRET_FILE; default: a random "
+                        "secret of this process)")
+    p.add_argument("--console-session-ttl", type=float, metavar="S",
+                   help="how long a console session lasts (env VMSCHED_CONSOLE_SESSION_TTL; default 28800 s, 8 h)")
 
 
 def _tokens(p: argparse.ArgumentParser) -> None:
@@ -237,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_agent(sub)
     register_token_commands(sub)
     register_plugin_commands(sub)
+    register_secret_command(sub)
     parser.name_variables()
     return parser
 

@@ -9,8 +9,9 @@ The names (each option's ``--help`` gives its own):
 - the other commands: ``VMSCHED_<COMMAND>_<OPTION>`` (``VMSCHED_AGENT_LIBVIRT``,
   ``VMSCHED_POLICY_WEIGHT``, ``VMSCHED_TOKEN_NAME``); the client commands'
   options that say where the agent is share the agent's names
-  (``VMSCHED_AGENT_SOCKET``), and ``token --file`` is the gateway's
-  ``VMSCHED_TOKENS_FILE``.
+  (``VMSCHED_AGENT_SOCKET``), ``token --file`` is the gateway's
+  ``VMSCHED_TOKENS_FILE`` and ``console-secret --file`` its
+  ``VMSCHED_CONSOLE_SECRET_FILE``.
 
 A flag wins over its variable; an empty variable is as if unset. A variable
 of a list option holds its items separated by spaces (shell quoting applies);
@@ -88,6 +89,8 @@ def variable(command: Sequence[str], action: argparse.Action) -> Variable:
         return Variable(names, setting, "broker")
     if top == "token" and dest == "file":
         return Variable((setting_variable("tokens_file"),), "tokens_file", "parser")
+    if top == "console-secret" and dest == "file":
+        return Variable((setting_variable("console_secret_file"),), "console_secret_file", "parser")
     scope = "AGENT" if top == "agent" or (top in ("policy", "domain") and dest in AGENT_PLACE) else top.upper()
     option = flag_name(action)
     names = [option if option.startswith(f"{scope}_") else f"{scope}_{option}"]

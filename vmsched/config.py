@@ -101,6 +101,11 @@ class Settings(BaseSettings):
     tls_key: Path | None = Field(None, description="gateway HTTPS private key (PEM), reloaded on change")
     tls_client_ca: Path | None = Field(None, description="CA of accepted client certificates (mTLS)")
     engine_allow: str = Field("", description="CIDR,... allowed to call XML-RPC POST / and /RPC2; empty: any")
+    console_secret_file: Path | None = Field(None, description="file of the secret that signs console sessions, the "
+                                             "same on every gateway replica (`vmsched console-secret`); unset: a "
+                                             "random secret of the process")
+    console_session_ttl: float = Field(8 * 3600.0, gt=0, le=30 * 86400,
+                                       description="how long a console session lasts, seconds")
 
     # plugins
     plugins_dir: Path = Field(

@@ -219,6 +219,14 @@ class TokenStore:
                 found = entry
         return Identity(found.name, frozenset(found.roles), "token") if found else None
 
+    def by_name(self, name: str) -> tuple[Identity, str] | None:
+        """The token named ``name`` and its sha256 digest, or None (a session of the console checks both)."""
+        self.refresh()
+        for entry in self._doc.tokens:
+            if entry.name == name:
+                return Identity(entry.name, frozenset(entry.roles), "token"), entry.sha256
+        return None
+
     def by_subject(self, subject: str) -> Identity | None:
         self.refresh()
         for entry in self._doc.clients:

@@ -12,6 +12,9 @@
 #                               readable only by the services' uid
 #   $SECRETS/gateway-tokens/tokens.yaml
 #                               the gateway's hashed bearer tokens (created once, with one token)
+#   $SECRETS/gateway-console/console.secret
+#                               the secret that signs console sessions (created once; every gateway
+#                               replica reads the same file)
 #   $SECRETS/operator/          what the operator takes away: admin.token (the first token,
 #                               all roles) and vmsched-agent-<host>.url for the hypervisors
 #
@@ -33,7 +36,7 @@ owned() {  # chown to the services' user where we can (root in the container; a 
   chown "$SERVICE_UID:$SERVICE_UID" "$@" 2>/dev/null || [ "$(id -u)" != 0 ]
 }
 
-mkdir -p "$SECRETS/broker" "$SECRETS/rabbitmq" "$SECRETS/operator" "$SECRETS/gateway-tokens"
+mkdir -p "$SECRETS/broker" "$SECRETS/rabbitmq" "$SECRETS/operator" "$SECRETS/gateway-tokens" "$SECRETS/gateway-console"
 chmod 0700 "$SECRETS/broker" "$SECRETS/operator"
 chmod 0755 "$SECRETS/rabbitmq"
 
@@ -92,4 +95,12 @@ if [ ! -e "$tokens" ]; then
   say "made the gateway's tokens file with the token 'admin' (all roles); read it with:"
   say "  docker compose run --rm --no-deps --entrypoint cat secrets /secrets/operator/admin.token"
 fi
-say "broker users, URL files and tokens file ready"
+# --- the secret that signs console sessions (docs/console.md) ---------------------------------
+console_secret="$SECRETS/gateway-console/console.secret"
+if [ ! -e "$console_secret" ]; then
+  chmod 0755 "$SECRETS/gateway-console" 2>/dev/null || true
+  "$VMSCHED" console-secret --file "$console_secret"
+  chmod 0400 "$console_secret"
+  owned "$console_secret"   # the gateway's alone
+fi
+say "broker users, URL files, tokens file and console secret ready"

@@ -107,13 +107,19 @@ FACTS_BINDING='agent\.\*\.facts'
 # answer key its own token only) to its own exclusive queue vmsched.decisions.gateway.<token>
 DECISIONS_QUEUE='vmsched\.decisions\.gateway\.[0-9a-f]{12}'
 DECISIONS_KEYS='gateway\.decisions\.(query|presence|answer\.[0-9a-f]{12})'
+# console logouts (docs/console.md): a replica shares the sessions logged out on it under gateway.console.logout,
+# and asks for the others' list under gateway.console.hello; each binds both to its own exclusive queue
+# vmsched.console.gateway.<token>
+CONSOLE_QUEUE='vmsched\.console\.gateway\.[0-9a-f]{12}'
+CONSOLE_KEYS='gateway\.console\.(logout|hello)'
+GATEWAY_QUEUES="$DECISIONS_QUEUE|$CONSOLE_QUEUE"
 add vmsched-gateway \
-  "^(vmsched\.(requests|agent|reply|events|facts|dead)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+|$DECISIONS_QUEUE)\$" \
-  "^(vmsched\.(requests|agent|facts|dead|events)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+|$DECISIONS_QUEUE)\$" \
-  "^(vmsched\.(requests|reply|events)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+|$DECISIONS_QUEUE)\$"
+  "^(vmsched\.(requests|agent|reply|events|facts|dead)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+|$GATEWAY_QUEUES)\$" \
+  "^(vmsched\.(requests|agent|facts|dead|events)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+|$GATEWAY_QUEUES)\$" \
+  "^(vmsched\.(requests|reply|events)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+|$GATEWAY_QUEUES)\$"
 topic vmsched-gateway vmsched.requests "^$SERVICE_QUEUES\$" "^$SERVICE_QUEUES\$"
 topic vmsched-gateway vmsched.agent '.*' '^$'
-topic vmsched-gateway vmsched.events "^$DECISIONS_KEYS\$" "^($FACTS_BINDING|$DECISIONS_KEYS)\$"
+topic vmsched-gateway vmsched.events "^($DECISIONS_KEYS|$CONSOLE_KEYS)\$" "^($FACTS_BINDING|$DECISIONS_KEYS|$CONSOLE_KEYS)\$"
 topic vmsched-gateway vmsched.facts '^snapshot$' '^$'
 
 service() {  # name op-regex [facts]

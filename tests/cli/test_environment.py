@@ -18,7 +18,8 @@ POSITIONALS = {("policy", "pool"): ["none"], ("policy", "list"): [], ("policy", 
                ("policy", "reconcile"): [], ("plugin", "check"): ["p.py"], ("plugin", "run"): ["Unit"],
                ("token", "revoke"): ["me"]}
 #: Variables a command needs to parse at all (its required options), when they are not the one under test.
-BASE_ENV = {("token", "new"): {"VMSCHED_TOKEN_NAME": "me", "VMSCHED_TOKEN_ROLE": "read"}}
+BASE_ENV = {("token", "new"): {"VMSCHED_TOKEN_NAME": "me", "VMSCHED_TOKEN_ROLE": "read"},
+            ("console-secret",): {"VMSCHED_CONSOLE_SECRET_FILE": "console.secret"}}
 
 
 PARSER = build_parser()  # parsing leaves it as it was: one for every test here

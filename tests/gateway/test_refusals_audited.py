@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT, Proc, free_port
+from tests.conftest import ROOT, Proc, console_login, free_port
 from vmsched.config import Settings
 from vmsched.tokens import digest
 
@@ -38,8 +38,9 @@ def test_refused_logins_are_audited(tmp_path: Path):
             except httpx.TransportError:
                 assert time.monotonic() < deadline and proc.popen.poll() is None, proc.output()
                 time.sleep(0.1)
-        assert httpx.post(url + "/login", data={"token": "wrong"}).status_code == 401
-        assert httpx.post(url + "/login", data={"token": "ops-token"}).status_code == 403  # no read role
+        with httpx.Client(base_url=url) as browser:  # the login form's CSRF token and its cookie
+            assert console_login(browser, "wrong").status_code == 401
+            assert console_login(browser, "ops-token").status_code == 403  # no read role
         deadline = time.monotonic() + 10
         while len([a for a in audit_lines(proc) if a["route"] == "/login"]) < 2:
             assert time.monotonic() < deadline, proc.output()
@@ -47,6 +48,7 @@ def test_refused_logins_are_audited(tmp_path: Path):
         refused = [(a["method"], a["route"], a["status"], a["outcome"], a["role"])
                    for a in audit_lines(proc) if a["route"] == "/login"]
         assert refused == [("POST", "/login", 401, "unauthenticated", "read"), ("POST", "/login", 403, "forbidden", "read")]
+        assert [a["who"] for a in audit_lines(proc) if a["route"] == "/login"] == [None, "ops"]
         assert "ops-token" not in proc.output() and "wrong" not in proc.output()
     finally:
         proc.kill()

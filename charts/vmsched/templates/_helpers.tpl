@@ -181,6 +181,13 @@ Name of the Secret holding the gateway's tokens file.
 {{- end }}
 
 {{/*
+Name of the Secret holding the secret that signs console sessions.
+*/}}
+{{- define "vmsched.consoleSecret" -}}
+{{- .Values.gateway.console.existingSecret | default (include "vmsched.componentName" (list . "gateway-console")) }}
+{{- end }}
+
+{{/*
 Labels that select the release's pods of some components (for NetworkPolicies).
 Usage: include "vmsched.podSelector" (list . (list "gateway" "scoring"))
 */}}
