@@ -35,7 +35,7 @@ import libvirt  # noqa: E402
 from vmsched.services.policy_agent.policy import cpuset  # noqa: E402
 from vmsched.services.policy_agent.agent import Agent  # noqa: E402
 from vmsched.services.policy_agent.virt.connection import ensure_event_loop  # noqa: E402
-from tests.agent_testing import domain_xml, live_pins  # noqa: E402
+from tests.support.agent_driver import domain_xml, live_pins  # noqa: E402
 from vmsched.metrics import REGISTRY  # noqa: E402
 
 PREFIX = "vmsched-bench-"

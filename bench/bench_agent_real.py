@@ -55,10 +55,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e_libvirt"))
 sys.path.insert(0, str(ROOT))
 
-import e2e_helpers as h  # noqa: E402
+from tests.e2e.libvirt import helpers as h  # noqa: E402
 
 NAME = h.PREFIX + "bench"
 STARTED_SUM = 'vmsched_agent_event_to_applied_seconds_sum{event="started"}'

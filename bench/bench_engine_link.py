@@ -3,7 +3,7 @@
 A FactsCache of 100 agents; one request's payload (100 host IDs and a VM) is built CALLS times:
 
 - direct: the engine's host IDs are the agents' --host-id, the VM runs on one of the hosts;
-- link: the engine's host IDs are mapped by the engine link (the fake engine of tests/fake_engine.py over
+- link: the engine's host IDs are mapped by the engine link (the fake engine of tests/support/fake_engine.py over
   HTTPS, answers already cached), the VM is a VM being started (its answer from the link's cache);
 - link, cold: how long a new VM's answer takes to appear after the first miss (fake engine on loopback:
   the link's own overhead, not a real engine's latency).
@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.fake_engine import FakeEngine  # noqa: E402
-from tests.tls_certs import make_certs  # noqa: E402
+from tests.support.fake_engine import FakeEngine  # noqa: E402
+from tests.support.tls_certs import make_certs  # noqa: E402
 from vmsched.engine_link import EngineLink  # noqa: E402
 from vmsched.engine_link_client import LinkConfig  # noqa: E402
 from vmsched.facts import FactsMessage, GuestFacts, HostFacts  # noqa: E402

@@ -6,7 +6,7 @@ Run as root (prepares libvirtd with scripts/libvirt-setup.sh, like the e2e tests
     .venv/bin/python bench/bench_facts_real.py [--guests 2,8] [--rounds 5]
 
 For each guest count it starts that many disk-less TCG guests (1 vCPU, 64 MiB: what
-tests/e2e_libvirt/test_e2e_facts.py starts) and runs the agent's collector
+tests/e2e/libvirt/test_facts.py starts) and runs the agent's collector
 (``Collector.host`` + ``Collector.guests``: /proc, and one ``getAllDomainStats``
 over libvirt's RPC) ``--per-round`` times per round. Per collection: wall time,
 this process's CPU, and the CPU libvirtd and the QEMU processes spent answering
@@ -27,10 +27,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e_libvirt"))
 sys.path.insert(0, str(ROOT))
 
-import e2e_helpers as h  # noqa: E402
+from tests.e2e.libvirt import helpers as h  # noqa: E402
 
 INTERVAL = 5.0
 TICK = os.sysconf("SC_CLK_TCK")

@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import floor  # noqa: E402
-from tests.engine_wire import call  # noqa: E402
+from tests.support.engine_wire import call  # noqa: E402
 
 HOSTS = [str(uuid.UUID(int=i + 1)) for i in range(100)]
 VM = str(uuid.uuid4())

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_facts import summary  # noqa: E402
 from bench_facts_cpu import CpuMeter, rabbitmq_pids  # noqa: E402
 from bench_gateway import HOSTS, VM, arun, concurrent, free_port, pct, sequential, wait_ready  # noqa: E402
-from tests.engine_wire import call  # noqa: E402
+from tests.support.engine_wire import call  # noqa: E402
 
 INTERVAL = 5.0
 PLUGINS = '''

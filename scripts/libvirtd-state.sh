@@ -1,6 +1,6 @@
 # shellcheck shell=sh
 # Who owns the libvirtd the end-to-end tests use: sourced by libvirt-setup.sh
-# and libvirt-teardown.sh (and by tests/test_libvirt_scripts.py, which runs
+# and libvirt-teardown.sh (and by tests/cli/test_libvirt_scripts.py, which runs
 # these functions against a stand-in process instead of a real libvirtd).
 #
 # $STATE_FILE holds one line, written by the first setup of a session:

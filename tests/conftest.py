@@ -20,13 +20,13 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.engine_wire import call
+from tests.support.engine_wire import call
 from vmsched.runner import service_queues
 
 ROOT = Path(__file__).resolve().parent.parent
 if os.geteuid() == 0:  # issue 9: as root, workers switch to `nobody`, who cannot read a Python under /root
     # (pyenv here), so services started by tests run plugins as root without capabilities instead;
-    # tests/test_runtime_sandbox.py covers the switch itself with a Python `nobody` can read.
+    # tests/runtime/test_sandbox.py covers the switch itself with a Python `nobody` can read.
     os.environ.setdefault("VMSCHED_ALLOW_ROOT_PLUGINS", "true")
 TEST_PLUGINS = Path(__file__).resolve().parent / "plugins"
 #: The shared test broker; VMSCHED_TEST_RABBIT=HOST:PORT points the tests elsewhere
@@ -71,7 +71,7 @@ def _needs_rabbitmq(item: pytest.Item) -> bool:
     if callspec is not None and any(isinstance(v, str) and v == "rabbitmq" for v in callspec.params.values()):
         return True
     module = getattr(item, "module", None)
-    return any(getattr(v, "__module__", None) == "tests.rabbit_private" for v in vars(module).values()) if module else False
+    return any(getattr(v, "__module__", None) == "tests.support.rabbit_private" for v in vars(module).values()) if module else False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -79,7 +79,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _needs_rabbitmq(item):
             item.add_marker(pytest.mark.rabbitmq)
-        if "e2e_libvirt" in Path(str(item.fspath)).parts:
+        if Path(str(item.fspath)).parent.parts[-2:] == ("e2e", "libvirt"):
             item.add_marker(pytest.mark.libvirt)
 
 

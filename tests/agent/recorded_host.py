@@ -10,7 +10,7 @@ events, metadata, pins) is the test driver's own. Hand it to the agent through `
 What stays the test driver's: a pin keeps only CPUs 0-7 of its fixed CPU map (virt/apply.py
 ``Caps.pinnable``), so on a recorded host the agent's allocations, refusals, views and facts are what
 it would decide on that server, while pins beyond CPU 7 are not written there. Real pins are tested on
-real QEMU (tests/e2e_libvirt).
+real QEMU (tests/e2e/libvirt).
 
 The recorded documents are in tests/agent/capabilities/ (README.md there says what each one is).
 """

@@ -8,8 +8,8 @@ import libvirt
 import pytest
 
 from tests.agent.recorded_host import opener
-from tests.agent_testing import conn, make_agent, state_dir  # noqa: F401 - fixtures
-from tests.agent_testing import domain_xml, emulator_pin, live_pins
+from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
+from tests.support.agent_driver import domain_xml, emulator_pin, live_pins
 from vmsched.services.policy_agent.policy.errors import PolicyError
 from vmsched.services.policy_agent.virt import metadata
 

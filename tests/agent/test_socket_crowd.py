@@ -13,7 +13,7 @@ from pathlib import Path
 
 import libvirt
 
-from tests.agent_testing import conn, domain_xml, make_agent, state_dir  # noqa: F401 - fixtures
+from tests.support.agent_driver import conn, domain_xml, make_agent, state_dir  # noqa: F401 - fixtures
 from tests.conftest import ROOT
 from vmsched.agent_contract import AgentOp
 from vmsched.services.policy_agent.surfaces.client import SocketClient

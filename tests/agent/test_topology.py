@@ -8,7 +8,7 @@ import libvirt
 import pytest
 
 from tests.agent.recorded_host import RecordedHost, capabilities, opener
-from tests.agent_testing import make_agent, state_dir  # noqa: F401 - fixtures
+from tests.support.agent_driver import make_agent, state_dir  # noqa: F401 - fixtures
 from vmsched.services.policy_agent.policy.cpuset import parse as S
 from vmsched.services.policy_agent.policy.facts import topology_facts
 from vmsched.services.policy_agent.policy.topology import TopologyError, from_counts, parse_capabilities

@@ -3,7 +3,7 @@
 The contracts name ``vmsched.gateway`` and ``vmsched.services``, which exist only through setuptools'
 ``package-dir``. A staged tree in a temporary folder gives import-linter the package as installed: real folders,
 one link per source file (``vmsched/...``, ``gateway/...`` as ``vmsched/gateway/...``, and so on, as
-``[tool.setuptools.package-dir]`` says). What only a wheel shows is in tests/test_layout.py (slow tier).
+``[tool.setuptools.package-dir]`` says). What only a wheel shows is in tests/deploy/test_wheel.py (slow tier).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import RABBIT_URL, Proc, bus_args, free_port, private_vhost, wait_until
 from tests.gateway.test_console_session import OTHER, TOKEN, write_tokens
-from tests.test_bus_permissions import HOSTS, broker, publish, url  # noqa: F401 - the broker fixture
+from tests.bus.test_permissions import HOSTS, broker, publish, url  # noqa: F401 - the broker fixture
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.bus.transport import open_transport

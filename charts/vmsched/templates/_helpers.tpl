@@ -91,7 +91,7 @@ Image reference. Usage: include "vmsched.image" (list . .Values.image)
 
 {{/*
 The bus queues each worker consumes. They are fixed by vmsched/bus/topology.py
-(SERVICE_QUEUES); tests/test_deploy_chart.py keeps the two in step.
+(SERVICE_QUEUES); tests/deploy/test_chart.py keeps the two in step.
 */}}
 {{- define "vmsched.queues" -}}
 discovery: [vmsched.discover.v2]

@@ -1,0 +1,198 @@
+"""A 3-node RabbitMQ cluster loses the node leading the request queues under load, and nothing is lost (issue 16).
+
+Three private nodes (tests/support/rabbit_private.py: their own names, ports, data and
+``enabled_plugins``; joined with ``rabbitmqctl join_cluster``; the shared broker
+on 5672 is never touched). The gateway, discovery and two scoring services run
+as separate processes, each given the three nodes' URLs (one a line in their
+URL file), and so does a policy agent on libvirt's test driver. Four
+engine-like XML-RPC clients send requests for LOAD_SECONDS, a fifth client
+sets a guest's policy on the agent through the gateway over and over; at
+KILL_AT the node holding the leaders of the request queues (quorum queues:
+``rabbitmqctl list_queues name leader``) is SIGKILLed, at RESTART_AT it is
+started again. Every request is counted: answered (the same reply as before the
+kill), failed fast (any other reply or error) or hung (no reply within its
+deadline plus a margin). Required: no scheduling request failed, none hung,
+no policy call hung, and every service and the agent answer again without
+having been restarted. The figures are printed for docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import threading
+import time
+import xmlrpc.client
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import AUTH, SCORING_QUEUES, Proc, Stack, free_port, plugin_copy, wait_until
+from tests.support.engine_wire import call
+from tests.support.rabbit_private import PrivateCluster, available
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(available() is not None, reason=str(available()))]
+pytest.importorskip("libvirt", reason="libvirt-python (the agent) is installed by scripts/bootstrap --test")
+
+H = [f"bbbbbbbb-0000-0000-0000-00000000000{i}" for i in range(4)]
+VM = "11111111-2222-3333-4444-555555555555"
+CLIENTS = 4
+LOAD_SECONDS, KILL_AT, RESTART_AT = 30.0, 10.0, 20.0
+REQUEST_TIMEOUT = 10.0  # the gateway's --request-timeout: each request's deadline on the bus
+HUNG_AFTER = REQUEST_TIMEOUT + 5.0  # no HTTP reply by then: hung
+CALLS = [("runFilters", (["KeepEven"], H, VM, {})), ("runCostFunctions", ([["FloatScore", 2]], H, VM, {}))]
+
+
+@dataclass
+class Tally:
+    expected: dict[str, object]
+    done: list[tuple[float, float, str, str]] = field(default_factory=list)  # start, end, outcome, detail
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for d in self.done if d[2] == outcome)
+
+
+def _one(url: str, method: str, params: tuple) -> object:
+    r = httpx.post(url, content=call(method, *params), headers={"Content-Type": "text/xml"}, timeout=HUNG_AFTER)
+    r.raise_for_status()
+    (value,), _ = xmlrpc.client.loads(r.content)
+    return value
+
+
+def _client(url: str, tally: Tally, stop_at: float, index: int) -> None:
+    i = index
+    while time.monotonic() < stop_at:
+        method, params = CALLS[i % len(CALLS)]
+        i += 1
+        started = time.monotonic()
+        try:
+            reply = _one(url, method, params)
+            outcome, detail = ("answered", "") if reply == tally.expected[method] else ("failed", repr(reply)[:300])
+        except httpx.TimeoutException as exc:
+            outcome, detail = "hung", repr(exc)
+        except Exception as exc:  # noqa: BLE001 - every other failure is a failed request
+            outcome, detail = "failed", repr(exc)[:300]
+        with tally.lock:
+            tally.done.append((started, time.monotonic(), outcome, detail))
+
+
+def _policies(url: str, tally: Tally, stop_at: float) -> None:
+    """An operator setting a guest's policy on its agent through the gateway, again and again."""
+    weight = 256
+    while time.monotonic() < stop_at:
+        weight = 768 - weight  # 256, 512, ...: each call changes the policy
+        started = time.monotonic()
+        try:
+            r = httpx.put(url, json={"weight": weight}, headers=AUTH, timeout=HUNG_AFTER)
+            outcome, detail = ("answered", "") if r.status_code == 200 else ("failed", f"{r.status_code} {r.text[:200]}")
+        except httpx.TimeoutException as exc:
+            outcome, detail = "hung", repr(exc)
+        except Exception as exc:  # noqa: BLE001
+            outcome, detail = "failed", repr(exc)[:300]
+        with tally.lock:
+            tally.done.append((started, time.monotonic(), outcome, detail))
+        time.sleep(0.1)
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for m in re.finditer(rf"^{name}\{{([^}}]*)\}} ([0-9.e+]+)$", text, re.M):
+        if all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def test_losing_the_leader_node_under_load_loses_nothing(tmp_path: Path):
+    cluster = PrivateCluster.start_new(tmp_path / "cluster", 3)
+    procs: list[Proc] = []
+    try:
+        url_file = tmp_path / "amqp-urls"  # a password never on a command line: one node's URL a line
+        url_file.write_text("# the cluster's nodes\n" + "\n".join(node.url() for node in cluster.nodes) + "\n")
+        url_file.chmod(0o600)
+        bus = ["--amqp-url-file", str(url_file), "--connect-timeout", "1"]
+        plugins = plugin_copy(tmp_path)
+        port, metrics_port = free_port(), free_port()
+        procs.append(Proc(["gateway", *bus, "--port", str(port), "--request-timeout", f"{REQUEST_TIMEOUT:g}",
+                           "--metrics-port", str(metrics_port)], tmp_path / "gateway.log").start())
+        service_metrics: dict[str, int] = {}
+        for i, name in enumerate(["discovery", "scoring", "scoring"]):
+            service_metrics[f"{name}-{i}"] = free_port()
+            procs.append(Proc([name, *bus, "--plugins", str(plugins), "--pool-size", "2",
+                               "--metrics-port", str(service_metrics[f"{name}-{i}"])],
+                              tmp_path / f"{name}-{i}.log").start())
+        host = "hv-cluster"
+        procs.append(Proc(["agent", "--libvirt", "test:///default", "--host-id", host, "--amqp-url-file", str(url_file),
+                           "--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "agent.sock"),
+                           "--lock-dir", str(tmp_path / "lock")], tmp_path / "agent.log",
+                          env={"VMSCHED_AGENT_AMQP": "", "VMSCHED_AMQP_URL": ""}).start())
+        stack = Stack(port, plugins, procs, metrics_port)
+        stack.wait_ready(90, queues=SCORING_QUEUES)
+        policy_url = f"{stack.url}/v1/hosts/{host}/policies/test"
+        wait_until(lambda: httpx.put(policy_url, json={"weight": 512}, headers=AUTH, timeout=10).status_code == 200,
+                   60, 0.5, "the agent to answer through the gateway")
+        policies = Tally({})
+        tally = Tally({method: stack.xmlrpc(method, *params) for method, params in CALLS})
+        assert tally.expected["runFilters"]["result"] == [H[0], H[2]], tally.expected
+
+        leaders = cluster.leaders()
+        request_leaders = [leaders[q] for q in SCORING_QUEUES if q in leaders]
+        assert len(request_leaders) == len(SCORING_QUEUES), f"not all request queues are quorum queues: {leaders}"
+        victim = cluster.by_name(statistics.mode(request_leaders))  # the node leading (most of) them
+
+        started = time.monotonic()
+        clients = [threading.Thread(target=_client, args=(stack.url + "/", tally, started + LOAD_SECONDS, i),
+                                    daemon=True) for i in range(CLIENTS)]
+        clients.append(threading.Thread(target=_policies, args=(policy_url, policies, started + LOAD_SECONDS), daemon=True))
+        for t in clients:
+            t.start()
+        time.sleep(max(0.0, started + KILL_AT - time.monotonic()))
+        killed_at = time.monotonic()
+        victim.kill()  # SIGKILL to the node's process group
+        time.sleep(max(0.0, started + RESTART_AT - time.monotonic()))
+        victim.start(120)
+        for t in clients:
+            t.join(LOAD_SECONDS + HUNG_AFTER + 30)
+        assert not any(t.is_alive() for t in clients), "a client thread never returned"
+
+        answered, failed, hung = (tally.count(o) for o in ("answered", "failed", "hung"))
+        after_kill = sorted(end for _, end, outcome, _ in tally.done if outcome == "answered" and end > killed_at)
+        gaps = [b - a for a, b in zip([killed_at, *after_kill], after_kill)]
+        slowest = max(end - start for start, end, _, _ in tally.done)
+        metrics = httpx.get(f"{stack.metrics_url}/metrics", timeout=10).text
+        resent = {why: _metric(metrics, "vmsched_bus_resent_total", reason=why)
+                  for why in ("reconnect", "nack", "confirm_timeout")}
+        duplicates = _metric(metrics, "vmsched_bus_duplicate_replies_total")
+        policy_counts = {o: policies.count(o) for o in ("answered", "failed", "hung")}
+        print(f"\ncluster failover: {len(tally.done)} requests by {CLIENTS} clients in {LOAD_SECONDS:g} s; "
+              f"answered {answered}, failed fast {failed}, hung {hung}; re-sent {resent}, duplicate replies "
+              f"{duplicates:g}; longest pause in answers after the kill {max(gaps):.2f} s; slowest request "
+              f"{slowest:.2f} s; victim {victim.node} led {request_leaders.count(victim.node)} of "
+              f"{len(request_leaders)} request queues; policy calls {policy_counts}, failures: "
+              f"{[d[3] for d in policies.done if d[2] != 'answered'][:3]}")
+        problems = [d for d in tally.done if d[2] != "answered"][:5]
+        assert failed == 0 and hung == 0, f"{failed} failed, {hung} hung, e.g. {problems}"
+        assert answered > 0 and after_kill, "no request answered after the kill"
+        assert policy_counts["hung"] == 0, policies.done
+        assert any(outcome == "answered" and start > killed_at for start, _, outcome, _ in policies.done), \
+            "no policy call answered after the kill"
+
+        # every service is back by itself: same processes, each consuming again, the cluster whole again
+        for p in procs:
+            assert p.popen is not None and p.popen.poll() is None, f"{p.args[0]} exited:\n{p.output()[-3000:]}"
+        cluster.wait_running(3, 120)
+        stack.wait_ready(60, queues=SCORING_QUEUES)
+        for name, mport in service_metrics.items():
+            wait_until(lambda: _metric(httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=10).text,
+                                       "vmsched_bus_connected") >= 1, 30, 0.2, f"{name} to be on the bus again")
+        for method, params in CALLS:
+            assert stack.xmlrpc(method, *params) == tally.expected[method]
+        assert httpx.put(policy_url, json={"weight": 100}, headers=AUTH, timeout=10).status_code == 200
+        for p in procs:
+            assert ":guest@" not in p.output()  # the broker password never in a log line
+    finally:
+        for p in procs:
+            p.kill()
+        cluster.stop()

@@ -1,0 +1,116 @@
+"""Dedicated CPUs in the host facts and the stock vmsched_DedicatedCpus filter (issue 11).
+
+The agent's reporter on libvirt's test driver fills the dedicated-pool fields;
+a reader derives them from an older agent's message; the filter runs in a real
+plugin worker, in the sandbox, on crafted facts.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vmsched.config import stock_plugins_dir
+from vmsched.facts import HostFacts, read
+from vmsched.runtime import Call, PluginPool
+from vmsched.runtime.types import Confinement
+
+A, B, C, D = (f"aaaaaaaa-0000-0000-0000-00000000000{i}" for i in range(1, 5))
+VM = "11111111-2222-3333-4444-555555555555"
+UNIT = ("vmsched_dedicated_cpus", "vmsched_DedicatedCpus")
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[PluginPool]:
+    pool = PluginPool(stock_plugins_dir(), size=1, name=f"dedicated-{uuid.uuid4().hex[:8]}",
+                      confinement=Confinement(allow_root=True))
+    pool.start()
+    yield pool
+    pool.close()
+
+
+def run(pool: PluginPool, hosts: list[str], facts: dict[str, Any]) -> Any:
+    (result,) = pool.run([Call(*UNIT, "do_filter", (hosts, VM, {}), 10.0, facts)])
+    return result
+
+
+def host(free: int | None, pool_cpus: int = 8, **extra: Any) -> dict[str, Any]:
+    return {"dedicated_pool_cpus": pool_cpus, "dedicated_free_cpus": free, "threads": 2, **extra}
+
+
+def payload(hosts: dict[str, dict], vm: dict | None = None, problem: str | None = None) -> dict[str, Any]:
+    return {"hosts": hosts, "missing": {}, "vm": vm, "vm_problem": problem}
+
+
+# --- the facts ---------------------------------------------------------------------------
+
+def test_reporter_reports_pool_size_free_cpus_and_what_known_guests_want(tmp_path: Path) -> None:
+    libvirt = pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
+    from vmsched.services.policy_agent.policy.model import GuestPolicy
+    from vmsched.services.policy_agent.facts.reporter import FactsReporter
+    from vmsched.services.policy_agent.virt.collector import Collector
+    from tests.services.test_facts_units import fake_proc
+
+    conn = libvirt.open("test:///default")
+    running = conn.lookupByName("test").UUIDString()
+    stored = "99999999-0000-0000-0000-000000000001"  # a transient guest's stored policy: not on this host now
+    policies = {running: GuestPolicy(dedicated=2, vcpu_pins={0: "4", 1: "5"}), stored: GuestPolicy(dedicated="6-8")}
+    layout = (frozenset({4, 5, 6, 7, 8}), frozenset({0, 1, 2, 3}), {running: frozenset({4, 5})}, policies)
+    reporter = FactsReporter("hv1", Collector(proc=fake_proc(tmp_path), sys_dir=tmp_path / "sys"), lambda: conn,
+                             lambda: layout, lambda *_: None)
+    try:
+        message = read(json.dumps(reporter.collect().model_dump(mode="json")))  # as a reader gets it
+    finally:
+        reporter.collector.close()
+    h = message.host
+    assert (h.dedicated_pool_cpus, h.dedicated_free_cpus) == (5, 3)
+    assert {u: (g.wanted, g.held) for u, g in h.dedicated_guests.items()} == {running: (2, 2), stored: (3, 0)}
+    (guest,) = message.guests or []
+    assert guest.dedicated and guest.dedicated_cpus == 2 and guest.pinned and guest.has_policy
+
+
+def test_a_reader_derives_the_counts_from_an_agent_one_version_older() -> None:
+    old = HostFacts.model_validate({"dedicated_pool": "2-7,^5", "allocations": {VM: "2-3"}})  # no new fields
+    assert (old.dedicated_pool_cpus, old.dedicated_free_cpus) == (5, 3)
+    assert old.dedicated_guests[VM].wanted == old.dedicated_guests[VM].held == 2
+    unreadable = HostFacts.model_validate({"dedicated_pool": "2-x", "allocations": {}})
+    assert unreadable.dedicated_pool_cpus is None and unreadable.dedicated_free_cpus is None
+    none = HostFacts.model_validate({})
+    assert (none.dedicated_pool_cpus, none.dedicated_free_cpus, none.dedicated_guests) == (0, 0, {})
+
+
+# --- the filter --------------------------------------------------------------------------
+
+def test_a_vm_with_a_known_policy_goes_only_where_the_pool_has_its_cpus_free(pool: PluginPool) -> None:
+    wants = {VM: {"wanted": 4, "held": 0}}
+    facts = payload({A: host(4, dedicated_guests=wants), B: host(3), C: host(0, stale=True),
+                     D: host(1, dedicated_guests={VM: {"wanted": 4, "held": 3}})})  # its own 3 count as free
+    result = run(pool, [A, B, C, D], facts)
+    assert result.ok and result.value == [A, C, D]
+
+
+def test_the_engines_dedicated_pinning_policy_sets_the_need(pool: PluginPool) -> None:
+    hosts = {A: host(4), B: host(3), C: host(8)}
+    dedicated = {"id": VM, "vcpus": 4, "memory_mib": 1024, "source": "engine", "cpu_pinning_policy": "dedicated"}
+    assert run(pool, [A, B, C], payload(hosts, dedicated)).value == [A, C]
+    isolated = {**dedicated, "cpu_pinning_policy": "isolate_threads"}  # 4 vCPUs x 2 threads per core
+    assert run(pool, [A, B, C], payload(hosts, isolated)).value == [C]
+    unpinned = {**dedicated, "cpu_pinning_policy": "none"}
+    assert run(pool, [A, B, C], payload(hosts, unpinned)).value == [A, B, C]
+
+
+def test_a_running_vm_without_a_dedicated_policy_needs_none(pool: PluginPool) -> None:
+    facts = payload({A: host(0), B: host(0)}, {"id": VM, "vcpus": 2, "memory_mib": 512, "host_id": A,
+                                             "source": "host facts"})
+    assert run(pool, [A, B], facts).value == [A, B]
+
+
+def test_a_vm_of_unknown_need_is_an_error_that_drops_no_host(pool: PluginPool) -> None:
+    facts = payload({A: host(0), B: host(8)}, None, "no engine link is configured")
+    result = run(pool, [A, B], facts)
+    assert not result.ok and "dedicated CPUs of VM" in result.error and "no engine link is configured" in result.error
