@@ -7,6 +7,7 @@ import os
 import secrets
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def write_secret(path: Path) -> None:
@@ -27,7 +28,7 @@ def cmd_secret(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: Any) -> None:  # sub: what argparse's add_subparsers() returned
     p = sub.add_parser("console-secret", help="make the secret that signs console sessions (never printed)",
                        description="Write a new random secret to FILE (created with mode 0600; an existing file is "
                                    "left as it is, with an error). Every gateway replica reads the same file (--console-secret-file) to sign "
