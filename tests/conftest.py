@@ -58,31 +58,6 @@ def test_tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-# --- test tiers ------------------------------------------------------------------
-#: Fixtures that need the shared RabbitMQ broker.
-RABBIT_FIXTURES = {"rabbit_vhost"}
-
-
-def _needs_rabbitmq(item: pytest.Item) -> bool:
-    """Uses a broker fixture, is the ``rabbitmq`` case of a parametrized fixture, or starts private brokers."""
-    if RABBIT_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return True
-    callspec = getattr(item, "callspec", None)
-    if callspec is not None and any(isinstance(v, str) and v == "rabbitmq" for v in callspec.params.values()):
-        return True
-    module = getattr(item, "module", None)
-    return any(getattr(v, "__module__", None) == "tests.support.rabbit_private" for v in vars(module).values()) if module else False
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test by what it needs, so that ``-m "not rabbitmq and not libvirt and not slow"`` is the fast tier."""
-    for item in items:
-        if _needs_rabbitmq(item):
-            item.add_marker(pytest.mark.rabbitmq)
-        if Path(str(item.fspath)).parent.parts[-2:] == ("e2e", "libvirt"):
-            item.add_marker(pytest.mark.libvirt)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -244,7 +219,11 @@ def start_all_in_one(tmp_path: Path, bus: str, *extra: str, plugins: Path | None
     return stack
 
 
-@pytest.fixture(scope="module", params=["memory", "rabbitmq"])
+#: The two buses a test runs on, as fixture parameters: the ``rabbitmq`` case needs the broker.
+BUSES = ["memory", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)]
+
+
+@pytest.fixture(scope="module", params=BUSES)
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The all-in-one process on the embedded bus, then on RabbitMQ (one per test module)."""
     bus = "memory://" if request.param == "memory" else request.getfixturevalue("rabbit_vhost")

@@ -24,6 +24,8 @@ from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.messages import CONTRACT_VERSION
 
+pytestmark = pytest.mark.rabbitmq
+
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
 
 

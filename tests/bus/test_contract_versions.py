@@ -104,6 +104,7 @@ def old_service(rabbit_vhost: str) -> Iterator:
 
 
 # --- an old sender (gateway or CLI of version 1) against a new agent ----------------------------------
+@pytest.mark.rabbitmq
 def test_new_agent_answers_a_version_1_request_in_version_1(conn, make_agent, rabbit_vhost: str):
     host = f"hv-v1-{uuid.uuid4().hex[:6]}"
     a = make_agent(host_id=host, amqp_url=rabbit_vhost)
@@ -127,6 +128,7 @@ def test_new_agent_answers_a_version_1_request_in_version_1(conn, make_agent, ra
     assert bad_name["error"].startswith("invalid: guest: guest name contains the control character U+0000")
 
 
+@pytest.mark.rabbitmq
 def test_new_agent_refuses_a_newer_version_by_name(conn, make_agent, rabbit_vhost: str):
     host = f"hv-v3-{uuid.uuid4().hex[:6]}"
     a = make_agent(host_id=host, amqp_url=rabbit_vhost)
@@ -141,6 +143,7 @@ def test_new_agent_refuses_a_newer_version_by_name(conn, make_agent, rabbit_vhos
 
 
 # --- a new reader (gateway, CLI) against an old service -------------------------------------------------
+@pytest.mark.rabbitmq
 def test_new_clients_read_a_version_1_error_reply(rabbit_vhost: str, old_service):
     old = old_service({"ok": False, "error": "invalid: weight: weight (cpu_shares) 1 outside", "body": {}})
     with pytest.raises(RequestError) as sync_error:
@@ -162,6 +165,7 @@ def test_new_clients_read_a_version_1_error_reply(rabbit_vhost: str, old_service
     assert error.code == "invalid" and str(error).startswith("weight:")
 
 
+@pytest.mark.rabbitmq
 def test_new_clients_read_a_version_1_success_and_the_agent_client_maps_codes(rabbit_vhost: str, old_service):
     from vmsched.services.policy_agent.policy.errors import GuestNotFound
     from vmsched.services.policy_agent.surfaces.client import call_bus
@@ -177,6 +181,7 @@ def test_new_clients_read_a_version_1_success_and_the_agent_client_maps_codes(ra
         missing.close()
 
 
+@pytest.mark.rabbitmq
 def test_new_clients_refuse_a_newer_reply_by_name(rabbit_vhost: str, old_service):
     newer = old_service({"v": CONTRACT_VERSION + 1, "ok": True, "body": {"whatever": 1}, "shape": "new"})
     with pytest.raises(RequestError, match=f"contract version {CONTRACT_VERSION + 1} is newer") as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from kombu import Producer
 
 from tests.conftest import wait_until
@@ -16,6 +17,8 @@ from vmsched.bus.transport import open_transport
 from vmsched.bus.facts import LINGER, FactsSubscriber
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.facts import FactsMessage, HostFacts, facts_key
+
+pytestmark = pytest.mark.rabbitmq
 
 
 WAIT = 0.3

@@ -59,6 +59,7 @@ def test_the_nodes_of_a_cluster_are_all_plain_or_all_tls():
     assert "a@" not in repr(tls)
 
 
+@pytest.mark.rabbitmq
 def test_connecting_skips_a_dead_node_and_tries_it_last(rabbit_vhost: str):
     dead = f"amqp://guest:guest@127.0.0.1:{free_port()}/x"  # nothing listens there
     options = BusOptions(url=f"{dead};{rabbit_vhost}", connect_timeout=1)
@@ -83,6 +84,7 @@ def _resent(reason: str) -> float:
     return metrics.REGISTRY.get_sample_value("vmsched_bus_resent_total", {"service": "failover-test", "reason": reason}) or 0
 
 
+@pytest.mark.rabbitmq
 def test_a_request_whose_reply_queue_died_is_sent_again(rabbit_vhost: str):
     vhost = rabbit_vhost.rsplit("/", 1)[1]
     queue = f"test.failover.{time.monotonic_ns()}"
@@ -125,6 +127,7 @@ def test_a_request_whose_reply_queue_died_is_sent_again(rabbit_vhost: str):
         worker.stop()
 
 
+@pytest.mark.rabbitmq
 def test_an_event_after_the_connection_broke_goes_out_on_a_new_one(rabbit_vhost: str):
     pub = EventPublisher(rabbit_vhost, service="failover-test")
     conn = open_connection(BusOptions(url=rabbit_vhost))
@@ -149,6 +152,7 @@ def test_an_event_after_the_connection_broke_goes_out_on_a_new_one(rabbit_vhost:
         safe_release(conn)
 
 
+@pytest.mark.rabbitmq
 def test_a_refused_request_goes_out_again_on_a_new_connection_then_fails(rabbit_vhost: str):
     """A nack (as a quorum queue gives while it elects a leader) replaces the connection and sends the request
     again; a broker that keeps refusing it fails it after _MAX_SENDS sends, long before its deadline."""
@@ -177,6 +181,7 @@ def test_a_refused_request_goes_out_again_on_a_new_connection_then_fails(rabbit_
         safe_release(conn)
 
 
+@pytest.mark.rabbitmq
 def test_an_overdue_confirm_sends_again_and_the_second_reply_is_dropped(rabbit_vhost: str):
     """A request whose confirm is overdue (the timer fired by hand here: a real broker confirms too fast) is
     sent again; both copies are answered, the caller gets one reply and the other is counted as a duplicate."""
@@ -230,6 +235,7 @@ def test_an_overdue_confirm_sends_again_and_the_second_reply_is_dropped(rabbit_v
         worker.stop()
 
 
+@pytest.mark.rabbitmq
 def test_a_request_that_keeps_breaking_the_connection_fails_fast(rabbit_vhost: str):
     """Its queue exists with other arguments (PRECONDITION_FAILED closes the channel): three tries, then an error
     long before its deadline, and the client is connected again for the next call."""

@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import SCORING_QUEUES, Proc, Stack, bus_args, free_port, plugin_copy, wait_until
 
+pytestmark = pytest.mark.rabbitmq
+
 H = [f"bbbbbbbb-0000-0000-0000-00000000000{i}" for i in range(4)]
 VM = "11111111-2222-3333-4444-555555555555"
 
@@ -47,7 +49,6 @@ def _gateway(tmp: Path, bus: str, port: int, timeout: str = "30") -> Proc:
                  "--connect-timeout", "1"], tmp / "gateway.log").start()
 
 
-@pytest.mark.rabbitmq
 def test_worker_killed_mid_request_is_redelivered(tmp_path: Path, rabbit_vhost: str):
     plugins = plugin_copy(tmp_path)
     (plugins / "slow_once.py").write_text(SLOW_ONCE)
@@ -70,7 +71,6 @@ def test_worker_killed_mid_request_is_redelivered(tmp_path: Path, rabbit_vhost: 
         stack.stop()
 
 
-@pytest.mark.rabbitmq
 def test_broker_unreachable_gives_a_prompt_error(tmp_path: Path):
     closed = free_port()  # nothing listens there
     port = free_port()
@@ -150,7 +150,6 @@ class CuttableProxy:
                     pass
 
 
-@pytest.mark.rabbitmq
 def test_broker_going_away_and_coming_back(tmp_path: Path, rabbit_vhost: str):
     proxy = CuttableProxy(("127.0.0.1", 5672))
     proxy.open()

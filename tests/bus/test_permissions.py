@@ -26,6 +26,8 @@ from vmsched.bus.topology import AGENT_EXCHANGE, DEAD_EXCHANGE, EXCHANGES, REQUE
     dead_letter_queue, request_queue
 from vmsched.messages import Op
 
+pytestmark = pytest.mark.rabbitmq
+
 SCRIPT = ROOT / "deploy" / "rabbitmq" / "setup-users.sh"
 HOSTS = ("hv-a", "hv-b")
 

@@ -174,6 +174,7 @@ def _for(folder: Path, user: list[str] | None) -> None:
             os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
 
 
+@pytest.mark.rabbitmq
 @pytest.mark.parametrize("user", _users())
 def test_a_request_that_kills_its_service_gets_at_most_n_deliveries_then_an_error(vhost: str, user: list[str] | None):
     base = Path(tempfile.mkdtemp(prefix="vmsched-poison-"))
@@ -269,6 +270,7 @@ def _uid(pid: int) -> int:
     return os.stat(f"/proc/{pid}").st_uid
 
 
+@pytest.mark.rabbitmq
 def test_one_death_of_a_service_process_counts_one_delivery(vhost: str, tmp_path: Path):
     """A replica with 4 handler threads dies holding a request: the broker returns it counted once (one
     channel per process), not once per consumer channel of the dead process (what made a default of 2 unsafe)."""
@@ -310,6 +312,7 @@ def test_one_death_of_a_service_process_counts_one_delivery(vhost: str, tmp_path
         assert counts == [1, 1], counts
 
 
+@pytest.mark.rabbitmq
 def test_a_new_service_answers_an_old_gateway_on_the_unversioned_queue(tmp_path: Path, vhost: str):
     """Rolling upgrade (docs/upgrading.md): services first; an old gateway still publishes to vmsched.filter."""
     plugins = tmp_path / "plugins"

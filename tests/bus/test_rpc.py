@@ -11,6 +11,7 @@ from typing import Iterator
 import pytest
 from kombu import Producer
 
+from tests.conftest import BUSES
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, RequestError
 from vmsched.bus.client import AsyncBusClient
@@ -22,7 +23,7 @@ from vmsched.bus.transport import open_transport
 from vmsched.messages import CONTRACT_VERSION, Envelope, ReplyEnvelope
 
 
-@pytest.fixture(params=["memory", "rabbitmq"])
+@pytest.fixture(params=BUSES)
 def transport(request: pytest.FixtureRequest) -> Transport:
     url = "memory://" if request.param == "memory" else request.getfixturevalue("rabbit_vhost")
     return open_transport(BusOptions(url=url))
@@ -207,6 +208,7 @@ def test_event_publisher_never_raises_when_the_broker_is_gone():
     pub.close()
 
 
+@pytest.mark.rabbitmq
 def test_events_reach_a_topic_subscriber(rabbit_vhost: str):
     from kombu import Consumer, Queue
 

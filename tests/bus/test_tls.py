@@ -17,6 +17,8 @@ from vmsched.bus.rpc import call
 from vmsched.bus.worker import ServiceWorker
 from vmsched.messages import Envelope
 
+pytestmark = pytest.mark.rabbitmq
+
 
 @pytest.fixture(scope="module")
 def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivateRabbit, CertSet]]:

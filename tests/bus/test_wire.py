@@ -7,12 +7,15 @@ import json
 import time
 import uuid
 
+import pytest
 from kombu import Queue
 
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection, safe_release
 from vmsched.bus.topology import EXCHANGES, REPLY_EXCHANGE, REPLY_VIA, REQUESTS_EXCHANGE
 from vmsched.bus.worker import ServiceWorker
+
+pytestmark = pytest.mark.rabbitmq
 
 
 def test_a_request_and_its_reply_on_the_wire(rabbit_vhost: str) -> None:

@@ -33,6 +33,8 @@ from vmsched.bus.connection import BusOptions, open_connection
 from vmsched.bus.topology import AGENT_EXCHANGE, REQUESTS_EXCHANGE
 from vmsched.tokens import TokenStore
 
+pytestmark = pytest.mark.rabbitmq
+
 ROOT = Path(__file__).resolve().parents[2]
 INIT = ROOT / "deploy" / "compose" / "init-secrets.sh"
 COMPONENTS = ("gateway", "discovery", "scoring", "balancer")

@@ -42,7 +42,7 @@ from tests.e2e.test_prometheus_real import Prometheus, _config, _samples, freeze
 from tests.support.tls_certs import make_certs
 
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
 HOSTS = ["h1", "h2", "h3", "h4"]
 SERVICES = ("gateway", "discovery", "scoring", "balancer")

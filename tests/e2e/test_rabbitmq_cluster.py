@@ -33,7 +33,7 @@ from tests.conftest import AUTH, SCORING_QUEUES, Proc, Stack, free_port, plugin_
 from tests.support.engine_wire import call
 from tests.support.rabbit_private import PrivateCluster, available
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(available() is not None, reason=str(available()))]
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow, pytest.mark.skipif(available() is not None, reason=str(available()))]
 pytest.importorskip("libvirt", reason="libvirt-python (the agent) is installed by scripts/bootstrap --test")
 
 H = [f"bbbbbbbb-0000-0000-0000-00000000000{i}" for i in range(4)]

@@ -10,6 +10,8 @@ import pytest
 from tests.conftest import TEST_TOKEN, console_login, start_all_in_one, wait_until
 from tests.services.test_facts_bus import agent
 
+pytestmark = pytest.mark.rabbitmq
+
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
 
 HOST = "hv-console"

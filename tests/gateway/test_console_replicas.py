@@ -28,6 +28,8 @@ from vmsched.bus.transport import open_transport
 from vmsched.gateway.console_logouts import LogoutLink
 from vmsched.gateway.console_session import COOKIE, Logouts
 
+pytestmark = pytest.mark.rabbitmq
+
 SIDS = [f"session{i:015d}" for i in range(3)]
 PAGE = "/console/decisions/" + "0" * 32
 

@@ -354,6 +354,7 @@ def _linked(options: BusOptions, *names: str) -> list[DecisionLog]:
     return logs
 
 
+@pytest.mark.rabbitmq
 def test_a_reader_gets_every_replicas_decisions_by_asking_them(rabbit_vhost: str) -> None:
     a, b, c = _linked(BusOptions(url=rabbit_vhost, connect_timeout=2.0), "gw-a", "gw-b", "gw-c")
     try:

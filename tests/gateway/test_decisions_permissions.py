@@ -21,6 +21,8 @@ from vmsched.gateway.decisions import DecisionLog
 from vmsched.gateway.render import filter_decision
 from vmsched.messages import FilterOutcome, FilterRequest
 
+pytestmark = pytest.mark.rabbitmq
+
 
 @pytest.mark.parametrize("user, key", [
     ("vmsched-scoring", "gateway.decisions.query"),  # only gateways ask or answer gateways

@@ -17,6 +17,8 @@ import pytest
 from tests.conftest import (RABBIT_URL, SCORING_QUEUES, Proc, Stack, bus_args, free_port, plugin_copy, private_vhost,
                             wait_until)
 
+pytestmark = pytest.mark.rabbitmq
+
 H = [f"aaaaaaaa-0000-0000-0000-00000000000{i}" for i in range(5)]
 
 

@@ -25,6 +25,8 @@ from tests.support.fake_engine import FakeEngine
 from tests.support.tls_certs import make_certs
 from vmsched.facts import HostFacts
 
+pytestmark = pytest.mark.rabbitmq
+
 PLUGIN = '''
 from vmsched.plugin import facts
 

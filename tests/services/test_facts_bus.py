@@ -27,6 +27,8 @@ from tests.support.facts import publish_events
 from tests.agent.test_over_rabbitmq import EventTap
 from vmsched.facts import MAX_BYTES
 
+pytestmark = pytest.mark.rabbitmq
+
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
 
 PLUGIN = '''

@@ -19,6 +19,8 @@ from tests.bus.test_permissions import HOSTS, broker, publish, url  # noqa: F401
 from vmsched.bus.connection import BusOptions, open_connection
 from vmsched.bus.topology import EVENTS_EXCHANGE, FACTS_EXCHANGE
 
+pytestmark = pytest.mark.rabbitmq
+
 
 @pytest.mark.parametrize("user, exchange, key", [
     ("vmsched-scoring", EVENTS_EXCHANGE, "agent.hv-a.facts"),  # a service cannot forge facts

@@ -14,6 +14,8 @@ from tests.conftest import TEST_TOKEN, start_all_in_one, wait_until
 from tests.services.test_facts_bus import agent
 from vmsched.config import stock_plugins_dir
 
+pytestmark = pytest.mark.rabbitmq
+
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
 
 WIDE, NARROW = "hv-wide", "hv-narrow"  # each test-driver node has CPUs 0-3

@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import Proc, Stack, bus_args, free_port, wait_until
 from tests.services.test_facts_bus import agent, facts_of
 
+pytestmark = pytest.mark.rabbitmq
+
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
 
 HOSTS = ["hv-busy", "hv-idle"]

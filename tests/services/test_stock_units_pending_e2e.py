@@ -21,6 +21,8 @@ from tests.support.tls_certs import make_certs
 from vmsched.config import stock_plugins_dir
 from vmsched.facts import GuestFacts, HostFacts
 
+pytestmark = pytest.mark.rabbitmq
+
 SMALL, BIG = "hv-small", "hv-big"
 VM_MIB, FITS = 2048, 3
 SMALL_FREE = 321 + FITS * (VM_MIB + 65) + 100  # oVirt's reserve and overhead defaults: room for FITS VMs

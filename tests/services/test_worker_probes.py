@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Proc, bus_args, free_port, plugin_copy, wait_until
+
+pytestmark = pytest.mark.rabbitmq
 
 
 def _get(port: int, path: str) -> httpx.Response | None:

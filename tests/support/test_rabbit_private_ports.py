@@ -87,6 +87,7 @@ def test_a_port_clash_is_read_from_the_log_only_for_the_nodes_own_ports():
     assert ports_in_use("BOOT FAILED\n{error,{timeout_waiting_for_tables,[rabbit_user]}}", own) == set()
 
 
+@pytest.mark.rabbitmq
 def test_a_new_node_holds_distinct_ports_and_keeps_the_ones_it_is_given(tmp_path):
     node = PrivateRabbit(tmp_path / "a")
     given = PrivateRabbit(tmp_path / "b", dist_port=node.dist_port + 2)
@@ -102,6 +103,7 @@ def test_a_new_node_holds_distinct_ports_and_keeps_the_ones_it_is_given(tmp_path
         other.bind(("127.0.0.1", node.port))
 
 
+@pytest.mark.rabbitmq
 def test_a_failure_says_the_vms_last_word_and_the_log_tail(tmp_path):
     node = PrivateRabbit(tmp_path)
     node.release_ports()

@@ -38,13 +38,6 @@ def _note(msg: str) -> None:
     print(f"\n[e2e/libvirt] {msg}", file=sys.__stderr__, flush=True)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if Path(str(item.fspath)).resolve().parent == here:
-            item.add_marker(pytest.mark.libvirt)
-
-
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if _SKIP_REASON:
         terminalreporter.write_sep("=", "e2e/libvirt tests SKIPPED", yellow=True)

@@ -20,7 +20,7 @@ from tests.e2e.libvirt import helpers as h
 from tests.support.fake_engine import FakeEngine
 from tests.services.test_engine_link_e2e import engine, stack  # noqa: F401 - the fixtures
 
-pytestmark = pytest.mark.libvirt
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.libvirt]
 
 
 def score(stack: Stack, unit: str, host: str, vm: str) -> float | None:  # noqa: F811

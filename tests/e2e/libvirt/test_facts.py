@@ -19,7 +19,7 @@ from tests.agent.test_over_rabbitmq import EventTap
 from tests.services.test_facts_bus import agent as start_td_agent
 from tests.services.test_facts_bus import best, facts_of, stack  # noqa: F401 - the stack fixture
 
-pytestmark = pytest.mark.libvirt
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.libvirt]
 
 
 def test_guest_start_changes_facts_and_the_decision(env, guests, agent_factory, tmp_path: Path,
