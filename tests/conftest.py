@@ -24,8 +24,8 @@ from tests.support.engine_wire import call
 from vmsched.runner import service_queues
 
 ROOT = Path(__file__).resolve().parent.parent
-if os.geteuid() == 0:  # issue 9: as root, workers switch to `nobody`, who cannot read a Python under /root
-    # (pyenv here), so services started by tests run plugins as root without capabilities instead;
+if os.geteuid() == 0:  # as root, workers switch to `nobody`, who cannot read a Python under /root
+    # (a pyenv install, say), so services started by tests run plugins as root without capabilities instead;
     # tests/runtime/test_sandbox.py covers the switch itself with a Python `nobody` can read.
     os.environ.setdefault("VMSCHED_ALLOW_ROOT_PLUGINS", "true")
 TEST_PLUGINS = Path(__file__).resolve().parent / "plugins"

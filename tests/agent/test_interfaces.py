@@ -65,7 +65,7 @@ def test_socket_protocol(conn, make_agent):
     (" ", "empty guest name"),
 ])
 def test_socket_refuses_invalid_guest_names(conn, make_agent, caplog, name, reason):
-    """Bug 5: a NUL (or other invalid character) in a guest name is a refusal with a reason, not a traceback."""
+    """A NUL (or other invalid character) in a guest name is a refusal with a reason, not a traceback."""
     a = make_agent()
     guest(conn, "t-sock")
     client = SocketClient(a.socket_path)
@@ -183,7 +183,7 @@ def test_bus_rpc_and_events(conn, make_agent):
     with pytest.raises(RequestError) as refused:
         bus.call(agent_queue("h1"), "set_pool", {"dedicated_pool": "0-15"})  # every host CPU
     assert refused.value.code == "invalid" and refused.value.details
-    with pytest.raises(RequestError, match="control character U\\+0000") as nul:  # bug 5, on the bus
+    with pytest.raises(RequestError, match="control character U\\+0000") as nul:  # on the bus
         bus.call(agent_queue("h1"), "get_policy", {"guest": "t-bus\x00"})
     assert nul.value.code == "invalid"
     wait_until(lambda: any(e == "applied" and b["guest"] == "t-bus" for e, b in a.events))
@@ -231,7 +231,7 @@ def test_gateway_router(conn, make_agent):
 
 
 def test_gateway_answers_every_invalid_request_with_400_and_every_reason(conn, make_agent):
-    """Bug 8: a malformed body (pydantic) and an agent's refusal are both 400, each reason listed."""
+    """A malformed body (pydantic) and an agent's refusal are both 400, each reason listed."""
     from vmsched.gateway.agent_api import router
 
     a = make_agent(amqp_url=InProcessTransport())
@@ -269,7 +269,7 @@ def test_gateway_answers_every_invalid_request_with_400_and_every_reason(conn, m
     ("/v1/hosts/h1/policies/" + "x" * 300, "300 characters long"),
 ])
 def test_gateway_refuses_invalid_guest_names(conn, make_agent, caplog, path, reason):
-    """Bug 5 at the gateway: 400 with the reason for every route taking a guest; no traceback anywhere."""
+    """A bad guest name at the gateway: 400 with the reason for every route taking a guest; no traceback anywhere."""
     from vmsched.gateway.agent_api import router
 
     a = make_agent(amqp_url=InProcessTransport())

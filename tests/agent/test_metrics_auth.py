@@ -1,4 +1,4 @@
-"""The agent's metrics listener can require a read-role token, like the gateway's (issue 8)."""
+"""The agent's metrics listener can require a read-role token, like the gateway's."""
 
 from __future__ import annotations
 

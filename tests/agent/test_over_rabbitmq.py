@@ -89,7 +89,7 @@ def test_agent_policies_through_gateway_cli_and_events(tmp_path: Path, rabbit_vh
         refused = httpx.put(f"{url}/policies/test", json={"dedicated": 3}, timeout=10, headers=AUTH)
         assert refused.status_code == 400 and "pool" in json.dumps(refused.json()).lower()
         assert httpx.get(f"{url}/policies/no-such-guest", timeout=10, headers=AUTH).status_code == 404
-        # bug 5 and 8 through the real gateway and bus: 400 with every reason, never a 502
+        # a bad guest name and a bad body through the real gateway and bus: 400 with every reason, never a 502
         nul = httpx.get(f"{url}/policies/test%00", timeout=10, headers=AUTH)
         assert nul.status_code == 400 and "U+0000" in nul.json()["detail"]["error"]
         bad = httpx.put(f"{url}/policies/test", json={"weight": 1, "cap_percent": 500}, timeout=10, headers=AUTH)

@@ -1,11 +1,11 @@
-"""Issue 7, agent bugs 1, 2, 6 and 7 on libvirt's test driver.
+"""Dedicated pools, host identity and foreign pins on libvirt's test driver.
 
-1: a pool change that conflicts with a policy's explicit pins is refused naming every guest; the
+- a pool change that conflicts with a policy's explicit pins is refused naming every guest; the
    sweep reports any dedicated CPU shared with another guest (metric, error state).
-2: host state is keyed to the machine, not to the host ID: a renamed agent keeps pool and
+- host state is keyed to the machine, not to the host ID: a renamed agent keeps pool and
    allocations; a version-1 checkpoint and old-style hints are migrated, nothing is dropped.
-6: a second agent on the same libvirtd is refused, naming the first.
-7: a guest pinned by its manager (own <cputune>, no vmsched policy) is left alone.
+- a second agent on the same libvirtd is refused, naming the first.
+- a guest pinned by its manager (own <cputune>, no vmsched policy) is left alone.
 """
 
 from __future__ import annotations

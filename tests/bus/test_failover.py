@@ -1,4 +1,4 @@
-"""Several broker URLs (a cluster's nodes), and the gateway client's recovery when its reply queue dies (issue 16).
+"""Several broker URLs (a cluster's nodes), and the gateway client's recovery when its reply queue dies.
 
 The 3-node cluster under load is tests/e2e/test_rabbitmq_cluster.py (slow); here: the URL list
 (masking, the command-line rule, the URL file), connecting past a dead node, and

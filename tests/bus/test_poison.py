@@ -1,4 +1,4 @@
-"""Poison messages (issue 9): a request whose handling kills its service runs at most N times (the default
+"""Poison messages: a request whose handling kills its service runs at most N times (the default
 --delivery-limit, 2), then is dead-lettered and answered with an error naming its units; every other
 request is run and answered, even those a killed replica held; a killed replica that comes back never
 runs it again (its in-flight journal).

@@ -167,7 +167,7 @@ def test_check_as_root_uses_the_services_confinement(tmp_path: Path):
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "VMSCHED_ALLOW_ROOT_PLUGINS": "false"})
     assert "Traceback" not in done.stderr
-    if done.returncode == 2:  # nobody cannot read this Python (pyenv under /root): refused as the services refuse
+    if done.returncode == 2:  # nobody cannot read this Python (one under /root): refused as the services refuse
         assert "sandbox: the service runs as root and cannot switch plugin workers to user" in done.stderr
     else:  # the switch worked: the plugins were loaded as the plugin user
         assert done.returncode == 0 and "2 unit(s), 0 error(s)" in done.stdout, done.stdout + done.stderr

@@ -72,7 +72,7 @@ class Process:
     def __init__(self, args: list[str], log: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VMSCHED_", "OSCHEDPROXY_"))}
         # As root, plugin workers switch to an unprivileged user, who cannot read a Python under
-        # /root (pyenv here): tests/conftest.py then sets VMSCHED_ALLOW_ROOT_PLUGINS for the
+        # /root (a pyenv install, say): tests/conftest.py then sets VMSCHED_ALLOW_ROOT_PLUGINS for the
         # processes tests start, and so do these (the sandbox's own tests cover the switch).
         if "VMSCHED_ALLOW_ROOT_PLUGINS" in os.environ:
             env["VMSCHED_ALLOW_ROOT_PLUGINS"] = os.environ["VMSCHED_ALLOW_ROOT_PLUGINS"]

@@ -89,7 +89,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     plugins = plugin_copy(tmp)  # the test plugins (a broken one among them) and the stock ones
     for stock in (ROOT / "plugins").glob("*.py"):
         shutil.copy(stock, plugins / stock.name)
-    (plugins / "says_why.py").write_text(SAYS_WHY)  # a unit that gives reasons (issue 15)
+    (plugins / "says_why.py").write_text(SAYS_WHY)  # a unit that gives reasons
     stack = start_all_in_one(tmp, "memory://", plugins=plugins)
     yield stack
     stack.stop()

@@ -1,4 +1,4 @@
-"""A 3-node RabbitMQ cluster loses the node leading the request queues under load, and nothing is lost (issue 16).
+"""A 3-node RabbitMQ cluster loses the node leading the request queues under load, and nothing is lost.
 
 Three private nodes (tests/support/rabbit_private.py: their own names, ports, data and
 ``enabled_plugins``; joined with ``rabbitmqctl join_cluster``; the shared broker

@@ -1,4 +1,4 @@
-"""The operator console (GET /) and the offline /docs, over HTTP on a real all-in-one process (issue 15).
+"""The operator console (GET /) and the offline /docs, over HTTP on a real all-in-one process.
 
 The browser test (tests/e2e/test_console_browser.py) checks what a browser loads;
 these check login, the cookie's narrow reach, escaping, the CSP and content.

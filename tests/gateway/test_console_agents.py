@@ -1,4 +1,4 @@
-"""The console's agents section, with an agent on libvirt's test driver over the real RabbitMQ (issue 15)."""
+"""The console's agents section, with an agent on libvirt's test driver over the real RabbitMQ."""
 
 from __future__ import annotations
 

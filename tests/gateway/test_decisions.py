@@ -1,4 +1,4 @@
-"""The decision log (issue 15): records, summaries, the bounded ring, the JSON API, and replicas on the bus."""
+"""The decision log: records, summaries, the bounded ring, the JSON API, and replicas on the bus."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reasons units give per host (issue 15), end to end on a real all-in-one process.
+"""Reasons units give per host, end to end on a real all-in-one process.
 
 A filter returns ``{host: reason}`` for the hosts it drops, a score unit
 ``(host, score, reason)`` triples, a balance unit a third element: the reasons

@@ -1,4 +1,4 @@
-"""Fuzzing the gateway in CI, bounded (issue 8): no 5xx, no "internal error".
+"""Fuzzing the gateway in CI, bounded: no 5xx, no "internal error".
 
 * XML-RPC over HTTP (hypothesis): arbitrary method calls with nested and
   hostile values against a real ``vmsched run``: every answer is a

@@ -1,7 +1,6 @@
-"""Hostile input gets a 4xx or an XML-RPC fault with a reason: never a bare 500 or "internal error" (issue 8).
+"""Hostile input gets a 4xx or an XML-RPC fault with a reason: never a bare 500 or "internal error".
 
-Each case was first reproduced on a running ``vmsched run``; the same cases
-run here against a real all-in-one process (small limits, so they are cheap
+The cases run against a real all-in-one process (small limits, so they are cheap
 to exceed), and the parsers' rules are checked directly.
 """
 

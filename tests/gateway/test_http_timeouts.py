@@ -1,4 +1,4 @@
-"""Header and body read timeouts (issue 8): half-open connections are closed; others are served meanwhile.
+"""Header and body read timeouts: half-open connections are closed; others are served meanwhile.
 
 A real ``vmsched run`` with short timeouts; real sockets that send half a
 request line, headers without their end, or half a body. The bound checked

@@ -64,7 +64,7 @@ def test_integer_totals_in_the_bound_go_out_unchanged():
 
 
 def test_fractional_totals_are_scaled_not_rounded_into_ties():
-    # main used to round half to even: 0.5, 1.5, 2.5, 3.5 -> 0, 2, 2, 4
+    # not half to even (0.5, 1.5, 2.5, 3.5 -> 0, 2, 2, 4): ties keep their order
     d = score_decision(H[:4], [ScoreOutcome(unit="s", ok=True, scores=list(zip(H, [0.5, 1.5, 2.5, 3.5])))])
     assert d.result == [[H[0], 1], [H[1], 2], [H[2], 3], [H[3], 4]]  # half up, differences kept
     d = score_decision(H[:3], [ScoreOutcome(unit="s", ok=True, scores=list(zip(H, [0.1, 0.2, 0.25])))])

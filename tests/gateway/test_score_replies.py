@@ -1,4 +1,4 @@
-"""Score replies through the real gateway and services, as the engine gets them (issue 11).
+"""Score replies through the real gateway and services, as the engine gets them.
 
 A unit that scores only some hosts, and the optional per-unit triples
 (``--score-per-unit``), on the all-in-one process a user starts.

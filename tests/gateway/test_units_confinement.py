@@ -1,4 +1,4 @@
-"""The plugin sandbox in GET /v1/units: what the discovery reply says, as the pool's metric says it (issue 9)."""
+"""The plugin sandbox in GET /v1/units: what the discovery reply says, as the pool's metric says it."""
 
 from __future__ import annotations
 

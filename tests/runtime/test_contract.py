@@ -70,7 +70,7 @@ def test_checks_refuse_other_shapes(kind: str, value: object, reason: str) -> No
         KIND[kind].check(value, ["a", "b"])
 
 
-# --- reasons (issue 15): optional, compatible, bounded ----------------------------------------------
+# --- reasons: optional, compatible, bounded ----------------------------------------------
 def test_a_filter_may_return_reasons_for_the_hosts_it_drops() -> None:
     verdict = KIND["filter"].read({"b": "free 1.2 GiB < 4 GiB needed", "d": None, "zz": "not requested"},
                                   ["a", "b", "c", "d"])

@@ -1,4 +1,4 @@
-"""A plugin whose import failed is retried when its environment changes (issue 11).
+"""A plugin whose import failed is retried when its environment changes.
 
 Real catalog over a real plugins folder and real plugin workers: the missing
 helper module appears in the plugins folder; the missing dependency appears in

@@ -1,4 +1,4 @@
-"""What a plugin returns that is not a requested host ID never reaches the engine verbatim (issue 9)."""
+"""What a plugin returns that is not a requested host ID never reaches the engine verbatim."""
 
 from __future__ import annotations
 

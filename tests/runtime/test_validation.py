@@ -41,7 +41,7 @@ from vmsched.runtime.validation import ENGINE_VALIDATION, translate_validation
         ("mem = [0-9]+, cpu = [0-9]{2}", "mem=[0-9]+;cpu=[0-9]{2}"),
         ("mem = [0-9]+; cpu = [0-9]+", "mem=[0-9]+;cpu=[0-9]+"),
         ("mem: [0-9]+", "mem=[0-9]+"),
-        # an empty regex: the current engine accepts it (issue 11)
+        # an empty regex: the current engine accepts it
         ("flag=", "flag="),
         ("a=[0-9]+;flag=;", "a=[0-9]+;flag=;"),
         ("{mem = }", "mem="),

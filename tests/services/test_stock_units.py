@@ -53,7 +53,7 @@ def test_memory_keeps_hosts_whose_free_memory_minus_reserve_covers_vm_plus_overh
                     vm={"id": VM, "memory_mib": 4096, "host_id": E})
     hosts = [A, B, C, D, E]
     assert run(pool, "vmsched_memory", "vmsched_Memory", "filter", hosts, facts) == [A, C, D, E]
-    k = KIND["filter"]  # and it says why it dropped B (issue 15)
+    k = KIND["filter"]  # and it says why it dropped B
     (result,) = pool.run([Call("vmsched_memory", "vmsched_Memory", k.method, k.args(hosts, VM, {}), 10.0, facts)])
     assert k.read(result.value, hosts).reasons == {B: "free 4160 MiB < 4161 MiB needed"}
     assert run(pool, "vmsched_memory", "vmsched_Memory", "filter", hosts, facts,

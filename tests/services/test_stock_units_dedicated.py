@@ -1,4 +1,4 @@
-"""Dedicated CPUs in the host facts and the stock vmsched_DedicatedCpus filter (issue 11).
+"""Dedicated CPUs in the host facts and the stock vmsched_DedicatedCpus filter.
 
 The agent's reporter on libvirt's test driver fills the dedicated-pool fields;
 a reader derives them from an older agent's message; the filter runs in a real

@@ -1,4 +1,4 @@
-"""vmsched_DedicatedCpus end to end (issue 11): two real agents on libvirt's test driver publish their dedicated
+"""vmsched_DedicatedCpus end to end: two real agents on libvirt's test driver publish their dedicated
 pools and guests' policies on RabbitMQ; vmsched (all in one, the stock plugins) filters through XML-RPC as the
 engine calls it."""
 

@@ -1,4 +1,4 @@
-"""Stock units end to end (issue 11): real agents' facts, through XML-RPC as the engine calls them.
+"""Stock units end to end: real agents' facts, through XML-RPC as the engine calls them.
 
 Two policy agents on libvirt's test driver publish facts on the real RabbitMQ;
 the gateway, the scoring and the balancer services run the stock plugins (the

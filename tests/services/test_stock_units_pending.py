@@ -1,4 +1,4 @@
-"""Pending placements (vmsched/pending.py) and the stock vmsched_Memory filter that counts them (issue 11).
+"""Pending placements (vmsched/pending.py) and the stock vmsched_Memory filter that counts them.
 
 The burst test drives a real scoring service (its plugin pool in the sandbox,
 the stock plugins, its facts cache fed with facts messages) without a bus:

@@ -1,4 +1,4 @@
-"""Pending placements end to end (issue 11): a burst of starts through XML-RPC, as the engine makes them.
+"""Pending placements end to end: a burst of starts through XML-RPC, as the engine makes them.
 
 Real gateway and scoring processes on the real RabbitMQ run the stock plugins;
 the fake engine (tests/support/fake_engine.py, over HTTPS) gives the engine link the

@@ -1,4 +1,4 @@
-"""The rules every stock balancer keeps (issue 11), checked on each of them with crafted facts:
+"""The rules every stock balancer keeps, checked on each of them with crafted facts:
 
 - it never proposes a VM with dedicated CPUs, or one whose vmsched policy pins it;
 - it never proposes a destination that would cross its threshold after the move;

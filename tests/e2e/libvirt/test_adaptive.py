@@ -1,4 +1,4 @@
-"""Adaptive policy on real QEMU (issue 12): the agent's tuners act on guests that burn CPU.
+"""Adaptive policy on real QEMU: the agent's tuners act on guests that burn CPU.
 
 The guests boot a 512-byte boot sector the test writes to a raw disk image: it spins on the BIOS tick
 counter for a given number of ticks (18.2 per second; 0 means 65536, about an hour), then halts in a loop

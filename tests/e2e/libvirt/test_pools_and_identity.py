@@ -1,9 +1,9 @@
-"""Issue 7, agent bugs 1 and 6 on a real libvirtd with QEMU guests, seen at the OS level.
+"""Dedicated pools and a second agent on a real libvirtd with QEMU guests, seen at the OS level.
 
-1: a pool change that conflicts with a guest's explicit pins is refused naming the guest, so two
+- a pool change that conflicts with a guest's explicit pins is refused naming the guest, so two
    guests can no longer end up on one dedicated CPU; a guest pinned onto a dedicated CPU by its
    manager is reported (reconcile, metric, error state), its threads left where its manager put them.
-6: a second agent on the same libvirtd refuses to start and names the first; no sequence of
+- a second agent on the same libvirtd refuses to start and names the first; no sequence of
    repairs writes a duplicated element into a domain's XML.
 On this 2-CPU machine: pool = {hi}, shared = the rest.
 """
