@@ -22,10 +22,11 @@ from kombu import Queue
 
 from tests.conftest import free_port
 from vmsched import metrics
-from vmsched.bus.client import _MAX_SENDS, AsyncBusClient
+from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection, safe_release
 from vmsched.bus.events import EventPublisher
 from vmsched.bus import BusUnavailable
+from vmsched.bus.link import MAX_SENDS
 from vmsched.bus.topology import EVENTS_EXCHANGE, REQUESTS_EXCHANGE
 from vmsched.bus.urls import command_line_url, has_password, mask, read_url_file
 from vmsched.bus.worker import ServiceWorker
@@ -84,6 +85,18 @@ def _resent(reason: str) -> float:
     return metrics.REGISTRY.get_sample_value("vmsched_bus_resent_total", {"service": "failover-test", "reason": reason}) or 0
 
 
+def _reconnects() -> float:
+    return metrics.REGISTRY.get_sample_value("vmsched_bus_reconnects_total", {"service": "failover-test"}) or 0
+
+
+def _reply_queues(vhost: str) -> list[str]:
+    """The reply queues on ``vhost`` (the client's exclusive one, the only one there while it runs)."""
+    out = subprocess.run(["rabbitmqctl", "-q", "list_queues", "-p", vhost, "name"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [line.strip() for line in out.stdout.splitlines() if line.strip().startswith("vmsched.reply.")]
+
+
 @pytest.mark.rabbitmq
 def test_a_request_whose_reply_queue_died_is_sent_again(rabbit_vhost: str):
     vhost = rabbit_vhost.rsplit("/", 1)[1]
@@ -106,7 +119,8 @@ def test_a_request_whose_reply_queue_died_is_sent_again(rabbit_vhost: str):
         await client.start()
         try:
             assert await asyncio.to_thread(worker.ready.wait, 20)
-            before, old_queue = _resent("reconnect"), client._reply_queue
+            before = _resent("reconnect")
+            [old_queue] = await asyncio.to_thread(_reply_queues, vhost)
             call = asyncio.ensure_future(client.call(queue, "x", {"n": 7}, 15))
             assert await asyncio.to_thread(started.wait, 10)
             out = await asyncio.to_thread(subprocess.run, ["rabbitmqctl", "-q", "delete_queue", "-p", vhost, old_queue],
@@ -114,7 +128,7 @@ def test_a_request_whose_reply_queue_died_is_sent_again(rabbit_vhost: str):
             assert out.returncode == 0, out.stderr
             deleted.set()
             assert await asyncio.wait_for(call, 15) == {"n": 7}
-            assert client._reply_queue != old_queue and client.connected
+            assert client.connected and await asyncio.to_thread(_reply_queues, vhost) not in ([], [old_queue])
             assert _resent("reconnect") == before + 1
             assert len(handled) == 2  # the first reply went to the deleted queue; the second one came back
         finally:
@@ -155,7 +169,7 @@ def test_an_event_after_the_connection_broke_goes_out_on_a_new_one(rabbit_vhost:
 @pytest.mark.rabbitmq
 def test_a_refused_request_goes_out_again_on_a_new_connection_then_fails(rabbit_vhost: str):
     """A nack (as a quorum queue gives while it elects a leader) replaces the connection and sends the request
-    again; a broker that keeps refusing it fails it after _MAX_SENDS sends, long before its deadline."""
+    again; a broker that keeps refusing it fails it after MAX_SENDS sends, long before its deadline."""
     queue = f"test.nack.{time.monotonic_ns()}"
     conn = open_connection(BusOptions(url=rabbit_vhost))
     try:
@@ -167,12 +181,12 @@ def test_a_refused_request_goes_out_again_on_a_new_connection_then_fails(rabbit_
             client = AsyncBusClient(BusOptions(url=rabbit_vhost), declare=(queue,), service="failover-test")
             await client.start()
             try:
-                before, first_queue = _resent("nack"), client._reply_queue
+                before, reconnects = _resent("nack"), _reconnects()
                 started = time.monotonic()
                 with pytest.raises(BusUnavailable, match="publisher nack"):
                     await client.call(queue, "x", {}, 20)
                 assert time.monotonic() - started < 10
-                assert _resent("nack") == before + _MAX_SENDS - 1 and client._reply_queue != first_queue
+                assert _resent("nack") == before + MAX_SENDS - 1 and _reconnects() > reconnects
             finally:
                 await client.close()
 
@@ -207,11 +221,14 @@ def test_an_overdue_confirm_sends_again_and_the_second_reply_is_dropped(rabbit_v
             assert await asyncio.to_thread(worker.ready.wait, 20)
             resent, dropped = _resent("confirm_timeout"), duplicates()
             call = asyncio.ensure_future(client.call(queue, "x", {}, 15))
-            for _ in range(500):
-                if client._requests:
+            await asyncio.sleep(0)  # the call hands its request to the link
+            link = client._link
+            assert link is not None  # on the link's thread, after the request: as if its confirm were overdue
+            link.call_soon(lambda: link._confirm_overdue(next(iter(link._requests))))
+            for _ in range(100):
+                if _resent("confirm_timeout") > resent:
                     break
-                await asyncio.sleep(0.01)
-            client._confirm_overdue(next(iter(client._requests)))
+                await asyncio.sleep(0.05)
             assert _resent("confirm_timeout") == resent + 1
             for _ in range(400):  # bounded: 20 s
                 if len(handled) >= 2:

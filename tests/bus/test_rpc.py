@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 import uuid
 from typing import Iterator
 
 import pytest
-from kombu import Producer
+from kombu import Consumer, Producer, Queue
 
 from tests.conftest import BUSES
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, RequestError
 from vmsched.bus.client import AsyncBusClient
-from vmsched.bus.connection import BusOptions, open_connection
+from vmsched.bus.connection import BusOptions, open_connection, safe_release
 from vmsched.bus.events import EventPublisher
 from vmsched.bus.inprocess import InProcessTransport, Request
 from vmsched.bus.interface import Transport, Worker
@@ -149,19 +150,24 @@ def _raw_reply(transport: Transport, queue: str, payload: bytes) -> bytes:
         assert done.wait(5)
         return replies[0]
 
-    async def scenario() -> bytes:
-        client = AsyncBusClient(transport.options, declare=(queue,))
-        await client.start()
-        try:
-            future = asyncio.get_running_loop().create_future()
-            client._pending["raw-1"] = future
-            client._publisher.publish(payload, routing_key=queue, content_type="application/json",  # type: ignore[union-attr]
-                                      content_encoding="utf-8", correlation_id="raw-1", reply_to=client._reply_queue)
-            return await asyncio.wait_for(future, 5)
-        finally:
-            await client.close()
-
-    return asyncio.run(scenario())
+    conn = open_connection(transport.options)
+    try:
+        channel, replies = conn.default_channel, []
+        reply_to = f"test.raw.{uuid.uuid4().hex}"  # on the default exchange, as an old sender waits
+        with Consumer(channel, [Queue(reply_to, exclusive=True, auto_delete=True)], no_ack=True,
+                      on_message=lambda message: replies.append(message.body)):
+            Producer(channel).publish(payload, routing_key=queue, content_type="application/json",
+                                      content_encoding="utf-8", correlation_id="raw-1", reply_to=reply_to)
+            deadline = time.monotonic() + 5
+            while not replies and time.monotonic() < deadline:
+                try:
+                    conn.drain_events(timeout=0.2)
+                except socket.timeout:
+                    pass
+        assert replies, "no reply within 5 s"
+        return replies[0]
+    finally:
+        safe_release(conn)
 
 
 def _raw(transport: Transport, queue: str, payload: bytes) -> dict:

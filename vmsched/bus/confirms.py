@@ -1,39 +1,38 @@
-"""Publisher confirms awaited asynchronously: which request each delivery tag was, and which are overdue."""
+"""Publisher confirms awaited without blocking: which request each delivery tag was, and which are overdue."""
 
 from __future__ import annotations
 
-import asyncio
+import time
+from collections import OrderedDict
 from typing import Callable
 
 
 class Confirms:
-    """The confirms of the current channel (:meth:`reset` for each new one).
+    """The confirms awaited on the current channel (:meth:`reset` for each new one), on the thread that owns it.
 
-    The broker's basic.ack or basic.nack arrives like any frame; ``on_nack`` gets the correlation ids a
-    nack covers, ``on_overdue`` one whose confirm did not come within ``timeout`` seconds.
+    The broker's basic.ack or basic.nack arrives like any frame; ``on_nack`` gets the correlation ids a nack
+    covers. :meth:`overdue` hands out those not confirmed in time, with when each was published.
     """
 
-    def __init__(self, timeout: float, on_nack: Callable[[list[str]], None], on_overdue: Callable[[str], None]) -> None:
-        self.timeout = timeout
+    def __init__(self, on_nack: Callable[[list[str]], None]) -> None:
         self._on_nack = on_nack
-        self._on_overdue = on_overdue
-        self._generation = 0  # channels so far: a timer of an older one is stale
         self._tag = 0  # last publish delivery tag on the channel
-        self._unconfirmed: dict[int, str] = {}  # delivery tag -> correlation id
+        self._unconfirmed: OrderedDict[int, tuple[str, float]] = OrderedDict()  # tag -> (correlation id, published)
+
+    def __bool__(self) -> bool:
+        return bool(self._unconfirmed)
 
     def reset(self, channel: object) -> None:
         """Watch ``channel`` (in confirm mode from now on)."""
-        self._generation += 1
         self._tag = 0
         self._unconfirmed.clear()
         channel.confirm_select()  # type: ignore[attr-defined]
         channel.events["basic_ack"].add(self.ack)  # type: ignore[attr-defined]
         channel.events["basic_nack"].add(self.nack)  # type: ignore[attr-defined]
 
-    def published(self, cid: str, loop: asyncio.AbstractEventLoop) -> None:
+    def published(self, cid: str) -> None:
         self._tag += 1
-        self._unconfirmed[self._tag] = cid
-        loop.call_later(self.timeout, self._overdue, self._generation, self._tag)
+        self._unconfirmed[self._tag] = (cid, time.monotonic())
 
     def ack(self, tag: int, multiple: bool) -> None:
         self._settle(tag, multiple)
@@ -43,13 +42,26 @@ class Confirms:
         if cids:
             self._on_nack(cids)
 
-    def _settle(self, tag: int, multiple: bool) -> list[str]:
-        tags = [t for t in self._unconfirmed if t <= tag] if multiple else [tag]
-        return [cid for t in tags if (cid := self._unconfirmed.pop(t, None)) is not None]
+    def overdue(self, timeout: float) -> list[tuple[str, float]]:
+        """The requests published more than ``timeout`` seconds ago and not confirmed (forgotten here), oldest
+        first, each with its ``time.monotonic()`` of publication."""
+        limit, due = time.monotonic() - timeout, []
+        while self._unconfirmed:
+            tag, (cid, at) = next(iter(self._unconfirmed.items()))
+            if at > limit:
+                break
+            del self._unconfirmed[tag]
+            due.append((cid, at))
+        return due
 
-    def _overdue(self, generation: int, tag: int) -> None:
-        if generation != self._generation:
-            return  # a timer of a channel replaced since: its requests went out again
-        cid = self._unconfirmed.pop(tag, None)
-        if cid is not None:
-            self._on_overdue(cid)
+    def _settle(self, tag: int, multiple: bool) -> list[str]:
+        if not multiple:
+            settled = self._unconfirmed.pop(tag, None)
+            return [settled[0]] if settled is not None else []
+        cids = []
+        while self._unconfirmed:
+            first = next(iter(self._unconfirmed))
+            if first > tag:
+                break
+            cids.append(self._unconfirmed.pop(first)[0])
+        return cids

@@ -166,7 +166,7 @@ def _open(options: BusOptions, url: str, blocking_confirms: bool) -> Connection:
     try:
         conn.connect()
     except BaseException:
-        safe_release(conn)
+        drop(conn)  # a node that did not complete the handshake may not answer a closing one either
         raise
     with _failed_lock:
         _failed_at.pop(url, None)
@@ -240,9 +240,21 @@ def backoff(attempt: int, max_delay: float) -> float:
 
 
 def safe_release(conn: Connection | None) -> None:
+    """Close ``conn`` with the broker (its channels, then the connection): waits for the broker's answers."""
     if conn is None:
         return
     try:
         conn.release()
+    except Exception:  # noqa: BLE001 - the connection is being thrown away
+        pass
+
+
+def drop(conn: Connection | None) -> None:
+    """Throw ``conn`` away without a word to the broker (kombu's ``collect``: the socket is closed, nothing is
+    sent or awaited): for a connection that broke, or whose broker stopped answering."""
+    if conn is None:
+        return
+    try:
+        conn.collect()
     except Exception:  # noqa: BLE001 - the connection is being thrown away
         pass

@@ -1,0 +1,434 @@
+"""The gateway's connection to RabbitMQ, held by a thread of its own: nothing that waits on the broker runs on
+the gateway's event loop.
+
+The event loop hands each request to the :class:`Link` (a deque and a wake-up pipe) and gets its reply, or its
+error, back through ``loop.call_soon_threadsafe`` (:mod:`vmsched.bus.client`). The link's thread owns the kombu
+connection (kombu objects are not thread-safe): it publishes, awaits the publisher confirms, drains the replies,
+sends heartbeats and reconnects. Replies are matched to requests by correlation id.
+
+Every wait of that thread on the broker is bounded too: the socket's reads and writes by
+:data:`IO_TIMEOUT_FLOOR` or the confirm timeout, whichever is longer, the connection's handshake by
+``connect_timeout``. A broker that stops answering while its TCP connection stays open (a frozen node) is told
+from a slow one by the confirms: a confirm overdue with nothing at all heard from the broker since that publish
+means the node is gone. A lost connection is dropped without a closing exchange (kombu's ``collect``) and
+replaced at once, to another node of a cluster first, with a new reply queue.
+
+Scheduling requests have no side effects: those in flight go out again on the new connection, and so does one
+whose confirm is refused or overdue (:data:`MAX_SENDS` copies at most), within the caller's deadline
+(``vmsched_bus_resent_total``; a second reply is dropped: ``vmsched_bus_duplicate_replies_total``). A request to
+an agent is never sent twice: it fails with :class:`BusUnavailable`. Requests made while reconnecting wait for
+it; when no node answers, they fail at once with :class:`BusUnavailable` and reconnection goes on with bounded
+backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from typing import Callable
+
+from kombu import Connection, Consumer, Producer
+from kombu.message import Message
+
+from vmsched import metrics
+from vmsched.bus import BusUnavailable
+from vmsched.bus.confirms import Confirms
+from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, drop, ensure_exchanges, note_lost, \
+    open_connection, safe_release
+from vmsched.bus.outgoing import Outgoing
+from vmsched.bus.sockets import buffered, nonblocking
+from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, REPLY_EXCHANGE, REPLY_VIA, reply_queue, request_queue
+from vmsched.bus.urls import mask
+
+log = logging.getLogger("vmsched.bus")
+
+#: What the link hands back to the event loop: (correlation id, the reply's bytes or the request's error).
+Outcome = tuple[str, bytes | BaseException]
+
+#: A request the broker keeps refusing or not confirming fails after this many sends (a node loss can take three:
+#: the send to the dying node, the re-send at each reconnection while the cluster settles).
+MAX_SENDS = 5
+#: The least time the link's socket waits for one read or write of the broker, seconds.
+IO_TIMEOUT_FLOOR = 1.0
+_READ_TIMEOUT = 0.05  # the wait for the rest of a message whose first bytes have come, seconds
+_TICK = 0.1  # how often confirms and deadlines are looked at while requests wait, seconds
+_RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
+_REPLY_HEADERS = {REPLY_VIA: REPLY_EXCHANGE.name}
+
+
+class Link:
+    """One process's request connection to RabbitMQ and the thread that owns it.
+
+    The event loop calls :meth:`submit` and reads :attr:`up`, :attr:`recovering` and :attr:`last_error`; every
+    other method runs on the link's thread. ``deliver`` gets the outcomes of each round of the thread (it must
+    only hand them over: ``loop.call_soon_threadsafe``).
+    """
+
+    def __init__(self, options: BusOptions, service: str, declare: tuple[str, ...],
+                 deliver: Callable[[list[Outcome]], None]) -> None:
+        self.options = options
+        self.service = service
+        self._declare = declare
+        self._deliver = deliver
+        self.io_timeout = max(IO_TIMEOUT_FLOOR, options.confirm_timeout)
+        # shared with the event loop
+        self.up = False  # connected and subscribed
+        self.recovering = False  # a lost connection is being replaced: requests wait instead of failing
+        self.last_error = "not connected yet"
+        self.attempted = threading.Event()  # the first connection attempt is over (made or failed)
+        self._work: deque[Callable[[], None]] = deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # the thread's own
+        self._conn: Connection | None = None
+        self._sock: socket.socket | None = None
+        self._producer: Producer | None = None
+        self.reply_queue = ""
+        self._declared: set[str] = set()
+        self._requests: dict[str, Outgoing] = {}  # correlation id -> what to (re)send, until answered or expired
+        self._resent_answered: OrderedDict[str, None] = OrderedDict()
+        self._confirms = Confirms(self._on_nack)
+        self._nacked = False  # a nack asks for a new connection once the frames at hand are read
+        self._heard = 0.0  # time.monotonic() the broker was last heard from
+        self._beat = 0.0
+        self._next_expiry = 0.0
+        self._outcomes: list[Outcome] = []
+
+    @property
+    def accepting(self) -> bool:
+        """Whether a new request is taken (else it fails at once: no node answers)."""
+        return self.up or self.recovering
+
+    # --- the event loop's side ----------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"{self.service}-bus", daemon=True)
+        self._thread.start()
+
+    def submit(self, cid: str, request: Outgoing) -> None:
+        """Send ``request``; its outcome comes back through ``deliver``."""
+        self.call_soon(lambda: self._take(cid, request))
+
+    def call_soon(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on the link's thread."""
+        self._work.append(work)
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is pending already, or the link has stopped
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self.call_soon(lambda: None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return  # still in a bounded wait: it ends by itself and keeps its pipe
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
+    # --- the thread -----------------------------------------------------------
+    def _run(self) -> None:
+        attempt = 0
+        try:
+            while not self._stop.is_set():
+                if self._conn is None:
+                    if self.attempted.is_set():
+                        self._idle(backoff(attempt, self.options.reconnect_max_delay))
+                        attempt += 1
+                    if not self._stop.is_set() and self._connect():
+                        attempt = 0
+                    self._flush()
+                    continue
+                try:
+                    self._round()
+                except CONNECTION_ERRORS as exc:  # also ConsumerCancelled: the reply queue was deleted (its node died)
+                    self._lost(exc)
+                self._flush()
+        except Exception:  # noqa: BLE001 - logged: the requests fail below instead of waiting for their deadline
+            log.exception("%s: the bus thread failed", self.service)
+        finally:
+            self._close()
+
+    def _round(self) -> None:
+        """Wait for the broker or the event loop; send, read, and look at confirms, heartbeats and deadlines."""
+        sock = self._sock
+        assert sock is not None
+        wait = _TICK if self._requests else 1.0
+        readable = [sock] if buffered(sock) else select.select([sock, self._wake_r], [], [], wait)[0]
+        if self._wake_r in readable:
+            self._drain_pipe()
+        self._run_work()
+        if sock in readable and self._sock is sock:
+            self._heard = time.monotonic()
+            self._read(sock)
+        if self._nacked and self._sock is sock:
+            self._nacked = False
+            self._lost(BusUnavailable("the broker refused a request (publisher nack)"))
+        if self._sock is sock:
+            self._check_confirms()
+        if self._conn is not None and time.monotonic() >= self._beat:
+            self._beat = time.monotonic() + max(1.0, self.options.heartbeat / 3)
+            self._conn.heartbeat_check()
+        self._expire()
+
+    def _idle(self, seconds: float) -> None:
+        """Wait ``seconds`` without a connection, still taking (and failing, unless recovering) requests."""
+        until = time.monotonic() + seconds
+        while not self._stop.is_set() and (left := until - time.monotonic()) > 0:
+            self._run_work()
+            self._expire()
+            self._flush()
+            if select.select([self._wake_r], [], [], min(left, 1.0))[0]:
+                self._drain_pipe()
+        self._run_work()
+
+    def _drain_pipe(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _run_work(self) -> None:
+        while self._work:
+            self._work.popleft()()
+
+    def _read(self, sock: socket.socket) -> None:
+        """Read the messages that have come (a message's frames: each read waits a moment for the rest)."""
+        conn = self._conn
+        assert conn is not None
+        while True:
+            try:
+                with nonblocking(sock, _READ_TIMEOUT):
+                    conn.drain_events(timeout=_READ_TIMEOUT)
+            except socket.timeout:
+                return
+            if not (buffered(sock) or select.select([sock], [], [], 0)[0]):
+                return
+
+    def _flush(self) -> None:
+        if self._outcomes:
+            outcomes, self._outcomes = self._outcomes, []
+            try:
+                self._deliver(outcomes)
+            except RuntimeError:  # the event loop is closed: nobody waits any more
+                pass
+
+    def _close(self) -> None:
+        conn = self._conn
+        self._conn = self._sock = self._producer = None
+        if self.up:
+            self.up = False
+            metrics.BUS_UP.labels(self.service).set(0)
+            safe_release(conn)  # its waits are bounded by the socket's timeout
+        drop(conn)
+        self._fail_all(lambda: BusUnavailable("gateway shutting down"))
+        self._flush()
+
+    # --- requests -------------------------------------------------------------
+    def _take(self, cid: str, request: Outgoing) -> None:
+        self._requests[cid] = request
+        if self._conn is not None:
+            self._send(cid, request)
+        elif not self.recovering:
+            self._fail(cid, BusUnavailable(f"message bus unavailable: {self.last_error}"))
+        # else sent once reconnected
+
+    def _send(self, cid: str, request: Outgoing) -> None:
+        """Publish ``request``; a broken connection is replaced and the request sent again from there."""
+        assert self._producer is not None and self._conn is not None
+        try:
+            if request.queue not in self._declared and request.exchange is not AGENT_EXCHANGE:
+                # scheduling queues wait for their service; an agent declares its own queue
+                request_queue(request.queue, self.options.delivery_limit)(self._conn.default_channel).declare()
+                self._declared.add(request.queue)
+            self._producer.publish(
+                request.payload,
+                exchange=request.exchange,
+                routing_key=request.key,
+                headers=_REPLY_HEADERS,
+                content_type="application/json",
+                content_encoding="utf-8",
+                correlation_id=cid,
+                reply_to=self.reply_queue,
+                expiration=max(0.001, request.deadline - time.time()),
+                retry=False,
+            )
+        except CONNECTION_ERRORS as exc:
+            request.failed += 1
+            if request.failed >= MAX_SENDS:  # e.g. a queue refused
+                self._fail(cid, BusUnavailable(f"message bus unavailable: {_describe(exc)}"))
+            self._lost(exc)  # else not sent: goes out again once reconnected
+            return
+        request.sent += 1
+        if self.options.confirms:
+            self._confirms.published(cid)
+
+    def _send_waiting(self) -> None:
+        """After a reconnection: send what waited for it, and again the scheduling requests sent before."""
+        now = time.time()
+        for cid, request in list(self._requests.items()):
+            if self._conn is None:
+                return  # lost again: the next reconnection sends them
+            if cid not in self._requests or request.deadline <= now or (request.sent and not request.resend):
+                continue
+            if request.sent:
+                metrics.BUS_RESENT.labels(self.service, request.why).inc()
+                request.why = "reconnect"
+            self._send(cid, request)
+
+    def _check_confirms(self) -> None:
+        """Confirms overdue: the broker went silent (the connection is replaced), or this request was not
+        confirmed (a scheduling request is sent again, up to MAX_SENDS copies; else it fails)."""
+        if not self._confirms:
+            return
+        for cid, published in self._confirms.overdue(self.options.confirm_timeout):
+            if self._heard < published:
+                self._lost(BusUnavailable(f"the broker answered nothing for {self.options.confirm_timeout:g} s"))
+                return
+            self._confirm_overdue(cid)
+            if self._conn is None:
+                return
+
+    def _confirm_overdue(self, cid: str) -> None:
+        request = self._requests.get(cid)
+        if request is None:
+            return
+        if not request.resend or request.sent >= MAX_SENDS or request.deadline <= time.time():
+            self._fail(cid, BusUnavailable(f"no publisher confirm within {self.options.confirm_timeout:g} s"))
+        elif self._conn is not None:  # else it goes out again once reconnected
+            metrics.BUS_RESENT.labels(self.service, "confirm_timeout").inc()
+            log.info("%s: request %s to %s sent again (no confirm)", self.service, cid, request.queue)
+            self._send(cid, request)
+
+    def _on_nack(self, cids: list[str]) -> None:
+        """A quorum queue nacks while it elects a leader, and RabbitMQ (3.10) then nacks every later publish
+        of that channel to it: the requests go out again on a new connection."""
+        for cid in cids:
+            request = self._requests.get(cid)
+            if request is None:
+                continue
+            if request.resend and request.deadline > time.time() and request.sent < MAX_SENDS:
+                request.why, self._nacked = "nack", True
+            else:
+                self._fail(cid, BusUnavailable("the broker refused the request (publisher nack)"))
+
+    def _on_reply(self, message: Message) -> None:
+        cid = message.properties.get("correlation_id")
+        request = self._requests.pop(cid, None) if cid else None
+        if request is None:
+            if cid in self._resent_answered:
+                metrics.BUS_DUPLICATE_REPLIES.labels(self.service).inc()
+            return  # else the caller gave up already
+        if request.sent > 1:
+            self._remember(cid)
+        body = message.body
+        self._outcomes.append((cid, body if isinstance(body, bytes) else str(body).encode()))
+
+    def _expire(self) -> None:
+        """Forget the requests whose deadline passed (their callers gave up)."""
+        now = time.monotonic()
+        if now < self._next_expiry or not self._requests:
+            return
+        self._next_expiry = now + _TICK
+        wall = time.time()
+        for cid, request in list(self._requests.items()):
+            if request.deadline <= wall:
+                del self._requests[cid]
+                if request.sent > 1:
+                    self._remember(cid)
+
+    def _remember(self, cid: str) -> None:
+        self._resent_answered[cid] = None
+        while len(self._resent_answered) > _RESENT_MEMORY:
+            self._resent_answered.popitem(last=False)
+
+    def _fail(self, cid: str, error: BaseException) -> None:
+        if self._requests.pop(cid, None) is not None:
+            self._outcomes.append((cid, error))
+
+    def _fail_all(self, error: Callable[[], BaseException], only_unrepeatable: bool = False) -> None:
+        """Fail the requests waiting (``only_unrepeatable``: those to agents already sent, never sent twice)."""
+        for cid, request in list(self._requests.items()):
+            if not only_unrepeatable or (request.sent and not request.resend):
+                self._fail(cid, error())
+
+    # --- the connection ---------------------------------------------------------
+    def _connect(self) -> bool:
+        """Open a connection, create the exchanges (the gateway's user may: docs/deploy/broker-users.md) and
+        subscribe; False when no node answers (the requests waiting then fail)."""
+        first = not self.attempted.is_set()
+        conn = None
+        try:
+            conn = open_connection(self.options)
+            conn.connection.sock.settimeout(self.io_timeout)  # every later wait on the broker is bounded
+            ensure_exchanges(conn, EXCHANGES)
+            self._subscribe(conn)
+        except CONNECTION_ERRORS as exc:
+            note_lost(conn)
+            drop(conn)
+            self.last_error = _describe(exc)
+            if self.recovering or first:  # no node answers: fail fast until one does
+                log.warning("%s: no broker node answers (%s)", self.service, self.last_error)
+                self.recovering = False
+                self._fail_all(lambda: BusUnavailable(f"message bus unavailable: {self.last_error}"))
+            return False
+        finally:
+            self.attempted.set()
+        self._conn, self._sock = conn, conn.connection.sock
+        self.up, self.recovering, self.last_error = True, False, ""
+        self._heard = time.monotonic()
+        metrics.BUS_UP.labels(self.service).set(1)
+        if not first:
+            metrics.BUS_RECONNECTS.labels(self.service).inc()
+            log.info("%s: reconnected to the bus at %s", self.service, _where(conn))
+        self._send_waiting()
+        return True
+
+    def _subscribe(self, conn: Connection) -> None:
+        channel = conn.default_channel
+        # a new name each time: the old queue may outlive its connection on the broker for a moment
+        self.reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
+        Consumer(channel, [reply_queue(self.reply_queue)], on_message=self._on_reply, no_ack=True).consume()
+        self._declared = set()
+        for name in self._declare:
+            request_queue(name, self.options.delivery_limit)(channel).declare()
+            self._declared.add(name)
+        self._producer = Producer(channel, auto_declare=False)
+        if self.options.confirms:
+            self._confirms.reset(channel)  # a refused or missing confirm sends the request again or fails it
+
+    def _lost(self, exc: BaseException, recovering: bool = True) -> None:
+        """The connection broke (or its broker went silent): drop it; the thread reconnects."""
+        self.last_error = _describe(exc)
+        log.warning("%s: bus connection lost (%s)", self.service, self.last_error)
+        conn = self._conn
+        note_lost(conn)
+        self._conn = self._sock = self._producer = None
+        self.up = False
+        metrics.BUS_UP.labels(self.service).set(0)
+        drop(conn)
+        error = f"message bus connection lost: {self.last_error}"
+        if recovering and not self._stop.is_set():
+            self.recovering = True  # scheduling requests wait for the next connection
+            self._fail_all(lambda: BusUnavailable(error), only_unrepeatable=True)  # an agent's request is never sent twice
+        else:
+            self.recovering = False
+            self._fail_all(lambda: BusUnavailable(error))
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {mask(str(exc))}" if str(exc) else type(exc).__name__
+
+
+def _where(conn: Connection) -> str:
+    return mask(getattr(conn, "bus_url", ""))
