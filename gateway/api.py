@@ -25,6 +25,7 @@ from vmsched.messages import (
     DiscoverReply,
     FilterOutcome,
     FilterRequest,
+    MissingFacts,
     ScoreOutcome,
     ScoreRequest,
 )
@@ -48,10 +49,14 @@ class ScoreUnitDetail(ScoreOutcome):
 
 
 class EngineAnswer(BaseModel):
-    result_code: int
+    result_code: int = Field(description="0: every unit answered; 1: a unit failed (plugin_errors) or the request "
+                                         "did (errors), which the engine writes to its audit log")
     result: Any
     plugin_errors: dict[str, list[str]]
     errors: list[str]
+    missing_facts: MissingFacts | None = Field(None, description=(
+        "not sent to the engine: the host facts the units that read them lacked (why hosts had none -> those "
+        "hosts, and why the VM's are unknown); absent when they lacked nothing"))
 
 
 class FilterAnswer(EngineAnswer):
@@ -75,7 +80,7 @@ def _scheduler(request: Request) -> Scheduler:
 
 
 def _answer(decision: Decision) -> dict[str, Any]:
-    return decision.envelope()
+    return {**decision.envelope(), "missing_facts": decision.missing_facts}
 
 
 async def _run(request: Request, operation: Operation, req: Any) -> tuple[Decision, Any]:

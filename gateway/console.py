@@ -296,13 +296,28 @@ async def decision_page(request: Request, decision_id: str) -> HTMLResponse:
             f'<dt>gateway</dt><dd>{e(d["gateway"])}</dd><dt>fallback</dt><dd>{"yes" if d["fallback"] else "no"}</dd>'
             f'<dt>duration</dt><dd>{d["duration"] * 1000:.1f} ms</dd>'
             f'<dt>sent to the engine</dt><dd><pre id="sent">{e(_envelope(d))}</pre></dd></dl>'
-            + (f'<h2>Errors</h2><ul>{errors}</ul>' if errors else "")
+            + (f'<h2>Errors</h2><ul>{errors}</ul>' if errors else "") + _missing_facts(d)
             + f'<h2>Per unit, per host</h2><table id="verdicts"><thead><tr><th>host</th>{head}<th>result</th>'
               f'<th>facts age</th></tr></thead><tbody>{rows}</tbody></table>'
               f'<h2>Units</h2><table id="units-detail"><thead><tr><th>unit</th><th>outcome</th><th>duration</th>'
               f'<th>error</th><th>reason</th></tr></thead><tbody>{unit_rows}</tbody></table>'
               f'<p class="note">JSON: <code>/v1/decisions/{e(d["id"])}</code></p>')
     return page(f"vmsched decision {decision_id}", body, logout_token=_logout_token(request))
+
+
+def _missing_facts(record: dict[str, Any]) -> str:
+    """What the units that read host facts lacked: which hosts had no facts and why, and the VM's."""
+    missing = record.get("missing_facts")
+    if not missing:
+        return ""
+    causes = missing.get("hosts") or {}
+    count = sum(len(hosts) for hosts in causes.values())
+    items = "".join(f"<li>{len(hosts)} host{'s' if len(hosts) != 1 else ''}: {e(cause)} "
+                    f"<span class=\"hosts\">({e(', '.join(hosts))})</span></li>" for cause, hosts in causes.items())
+    if missing.get("vm"):
+        items += f"<li>the VM: {e(missing['vm'])}</li>"
+    return (f'<h2>Missing host facts</h2><div id="missing-facts"><p>{e(", ".join(missing.get("units", [])))} read '
+            f'host facts; {count} of {len(record["hosts"])} hosts had none.</p><ul>{items}</ul></div>')
 
 
 def _envelope(record: dict[str, Any]) -> str:

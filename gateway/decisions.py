@@ -92,6 +92,7 @@ class Kept:
     bus_failed: bool
     duration: float
     facts_age: dict[str, float] = field(default_factory=dict)
+    missing_facts: dict[str, Any] | None = None  # messages.MissingFacts as a dict
 
     def dumps(self) -> bytes:
         """One bytes object, JSON (TypeError for a value JSON cannot carry: a bug upstream). A non-finite float
@@ -122,6 +123,7 @@ class Kept:
             "fallback": self.bus_failed or nothing_ran or all_failed or ALL_FILTERS_FAILED in self.errors,
             "duration": round(self.duration, 6),
             "facts_age": self.facts_age,
+            "missing_facts": self.missing_facts,
         }
         if self.op == "balance":
             record["unit"] = self.unit
@@ -146,7 +148,8 @@ def keep(op: str, req: Any, decision: Decision, outcomes: Any, bus_failed: bool,
     # req.unit only on a balance request: getattr(req, "unit", "") on another one makes pydantic raise (slow)
     return Kept(op=op, vm=req.vm if op != "balance" else "", unit=req.unit if op == "balance" else "", hosts=hosts,
                 units=units, result=decision.result, plugin_errors=decision.plugin_errors,
-                errors=decision.errors, bus_failed=bus_failed, duration=duration, facts_age=facts_age or {})
+                errors=decision.errors, bus_failed=bus_failed, duration=duration, facts_age=facts_age or {},
+                missing_facts=decision.missing_facts.model_dump() if decision.missing_facts is not None else None)
 
 
 def build(op: str, req: Any, decision: Decision, outcomes: Any, *, bus_failed: bool, gateway: str,
@@ -271,7 +274,7 @@ def filter_summary(record: dict[str, Any]) -> str:
     head = f"kept {len(kept)} of {len(hosts)} hosts"
     clauses = [f"{u['unit']} dropped {len(u['dropped'])} ({_reason_text(u, u['dropped'])})"
                for u in units if u["ok"] and u["dropped"]]
-    clauses += _failed_clauses(units)
+    clauses += _failed_clauses(units) + _missing_facts_clauses(record)
     return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
 
 
@@ -288,7 +291,7 @@ def score_summary(record: dict[str, Any]) -> str:
         clauses.append(f"no score for {_short(unscored)}")
     best = ranked[0][0] if ranked else None
     clauses += [f"{u['unit']} on {best}: {u['reasons'][best]}" for u in ok if best in u.get("reasons", {})][:SHOWN]
-    clauses += _failed_clauses(record["units"])
+    clauses += _failed_clauses(record["units"]) + _missing_facts_clauses(record)
     return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
 
 
@@ -299,8 +302,20 @@ def balance_summary(record: dict[str, Any]) -> str:
     head = (f"{name} proposes migrating VM {vm} to one of {len(hosts)} hosts ({_short(hosts)})" if vm
             else f"{name}: no migration")
     clauses = [u["reason"] for u in record["units"] if u["ok"] and u.get("reason")]
-    clauses += _failed_clauses(record["units"])
+    clauses += _failed_clauses(record["units"]) + _missing_facts_clauses(record)
     return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
+
+
+def _missing_facts_clauses(record: dict[str, Any]) -> list[str]:
+    """``no facts for 3 of 5 hosts (no agent reports them) for vmsched_Memory``: the hosts the units that read
+    facts found none for, how many and why (grouped by why)."""
+    missing = record.get("missing_facts") or {}
+    causes: dict[str, list[str]] = missing.get("hosts") or {}
+    count = sum(len(hosts) for hosts in causes.values())
+    if not count:
+        return []
+    why = "; ".join(f"{len(hosts)}: {cause}" if len(causes) > 1 else cause for cause, hosts in causes.items())
+    return [f"no facts for {count} of {len(record['hosts'])} hosts ({why}) for {', '.join(missing.get('units', []))}"]
 
 
 def _fallback_tail(record: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from operator import add, mul
 from typing import Any
 
 from vmsched.gateway.scores import common_denominator, encode, fill_worst, finite, scaled
-from vmsched.messages import BalanceOutcome, DiscoverReply, FilterOutcome, Kind, ScoreOutcome
+from vmsched.messages import BalanceOutcome, DiscoverReply, FilterOutcome, Kind, MissingFacts, ScoreOutcome
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 DISCOVER_KEYS = {Kind.FILTER: "filters", Kind.SCORE: "scores", Kind.BALANCE: "balance"}
@@ -44,6 +44,9 @@ class Decision:
     #: exactly the requested hosts that no working unit dropped, in order: what the decision log keeps instead of
     #: the result (not sent; not compared)
     dropped: list[set[str] | None] | None = field(default=None, compare=False, repr=False)
+    #: what the units that read host facts lacked (the service's ``missing_facts``): the JSON API and the decision
+    #: log show it; never sent to the engine (not in :meth:`envelope`)
+    missing_facts: MissingFacts | None = field(default=None, compare=False, repr=False)
 
     @property
     def result_code(self) -> int:

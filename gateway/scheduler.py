@@ -80,6 +80,7 @@ class Scheduler:
                 return _failed(operation.fallback(req), exc, outcome), operation.no_outcomes(), True
             reply = operation.complete(req, reply)
             decision = operation.decide(req, reply, self.render)
+            decision.missing_facts = reply.missing_facts
             outcome.append("ok" if decision.result_code == 0 else "error")
             return decision, operation.outcomes(reply), False
 

@@ -18,7 +18,7 @@ class vmsched_DedicatedCpus:
         found = {h: f for h in hosts if (f := facts.host(h)) is not None}
         need = _need(vm, found, the_vm)
         if need is None:
-            raise LookupError(f"dedicated CPUs of VM {vm} unknown: no agent of these hosts knows a vmsched "
+            raise facts.FactsMissing(f"dedicated CPUs of VM {vm} unknown: no agent of these hosts knows a vmsched "
                               f"policy for it, and {facts.vm_problem() or 'the engine gave no CPU pinning policy'}"
                               "; no host dropped")
         kept = []

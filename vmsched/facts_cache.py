@@ -45,6 +45,23 @@ DROPPED = Counter("vmsched_facts_dropped_total",
 #: Staleness when no --facts-max-age is set: this many of the agent's intervals.
 STALE_INTERVALS = 3
 
+#: Why hosts have no facts, as a decision says it of several hosts at once (:func:`cause`), from the reasons
+#: :meth:`FactsCache.resolve` gives one host.
+NO_AGENT = "no agent reports them"
+SILENT_AGENT = "the agents they are mapped to have sent none"
+NOT_LINKED = "no agent reports them, and the engine link does not map them to one"
+NO_CACHE = "this service keeps no host facts (--facts is off)"
+_NO_AGENT, _SILENT, _NOT_LINKED = "no agent reports host", "which has sent none", "it is not in --facts-host-map"
+
+
+def cause(reason: str) -> str:
+    """What a summary of several hosts says of one host's reason for having no facts (another reason as is)."""
+    if reason.endswith(_SILENT):
+        return SILENT_AGENT
+    if _NO_AGENT in reason:
+        return NOT_LINKED if _NOT_LINKED in reason else NO_AGENT
+    return reason
+
 
 #: Generation numbers of stored host messages and guest lists, unique in the process (vmsched.runtime.facts_wire).
 _GENERATIONS = itertools.count(1)
@@ -198,15 +215,15 @@ class FactsCache:
                 entry = self._hosts.get(mapped)
                 if entry is not None:
                     return entry, mapped
-                return None, f"no facts: host {host_id!r} is mapped to agent {mapped!r}, which has sent none"
+                return None, f"no facts: host {host_id!r} is mapped to agent {mapped!r}, {_SILENT}"
         if self.link is not None:
             agent, why = self.link.host(host_id)
             with self._lock:
                 entry = self._hosts.get(agent) if agent is not None else None
             if entry is not None:
                 return entry, agent  # type: ignore[return-value]
-            return None, f"no facts: no agent reports host {host_id!r}, it is not in --facts-host-map, and {why}"
-        return None, (f"no facts: no agent reports host {host_id!r} (set the agent's --host-id to the engine's "
+            return None, f"no facts: {_NO_AGENT} {host_id!r}, {_NOT_LINKED}, and {why}"
+        return None, (f"no facts: {_NO_AGENT} {host_id!r} (set the agent's --host-id to the engine's "
                       "host ID, or map it in --facts-host-map)")
 
     def age(self, entry: Entry, now: float | None = None) -> float:

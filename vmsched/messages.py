@@ -255,19 +255,37 @@ class BalanceOutcome(UnitOutcome):
     reason: str = Field("", description="the unit's reason for its proposal (plugin-supplied, as ``reasons``)")
 
 
+class MissingFacts(BaseModel):
+    """The host facts the request's units that read facts lacked (shown by the JSON API, the decision log and the
+    console; never sent to the engine)."""
+
+    units: list[str] = Field(description="the request's units whose plugins read host facts")
+    hosts: dict[str, list[str]] = Field(default_factory=dict, description=(
+        "why hosts had no facts -> those hosts, e.g. {\"no agent reports them\": [...]}"))
+    vm: str | None = Field(None, description="why the facts of the request's VM (its memory and vCPUs) are unknown")
+
+
+_MISSING_FACTS = Field(None, description="what the units that read host facts lacked; absent when they lacked "
+                                         "nothing, and from an older service")
+
+
 class FilterReply(BaseModel):
     outcomes: list[FilterOutcome]
+    missing_facts: MissingFacts | None = _MISSING_FACTS
 
 
 class ScoreReply(BaseModel):
     outcomes: list[ScoreOutcome]
+    missing_facts: MissingFacts | None = _MISSING_FACTS
 
 
 class ScoreReplyOnBus(BaseModel):
     """A score reply on the bus (:class:`ScoreOutcomeOnBus`); the gateway pairs aligned values with its hosts."""
 
     outcomes: list[ScoreOutcomeOnBus]
+    missing_facts: MissingFacts | None = _MISSING_FACTS
 
 
 class BalanceReply(BaseModel):
     outcome: BalanceOutcome
+    missing_facts: MissingFacts | None = _MISSING_FACTS

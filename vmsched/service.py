@@ -23,8 +23,8 @@ from vmsched.bus.topology import REQUEST_QUEUES, legacy_name
 from vmsched.bus.transport import open_transport
 from vmsched.config import Settings
 from vmsched.engine_link import facts_cache
-from vmsched.facts_cache import FactsCache
-from vmsched.messages import Kind
+from vmsched.facts_cache import NO_CACHE, FactsCache, cause
+from vmsched.messages import Kind, MissingFacts
 from vmsched.runtime import Call, CallResult, Catalog, Limits, PluginPool
 from vmsched.runtime.contract import KIND
 from vmsched.runtime.types import Confinement
@@ -77,6 +77,29 @@ class UnitRun:
 
     name: str
     result: CallResult
+    read_facts: bool = False  # its plugin reads host facts: the call carried them (those the service has)
+    facts: Any = None  # then the call's facts (a facts_wire.CallFacts; None without a facts cache)
+
+
+def missing_facts(runs: list[UnitRun], hosts: list[str], vm: str = "") -> MissingFacts | None:
+    """What the request's units that read host facts lacked (the call's facts know which hosts had none, and
+    why), or None when they lacked nothing."""
+    readers = [run for run in runs if run.read_facts]
+    if not readers:
+        return None
+    facts = readers[0].facts  # one request's calls share its facts
+    units = [run.name for run in readers]
+    causes: dict[str, list[str]] = {}
+    if facts is None:
+        causes[NO_CACHE] = list(dict.fromkeys(hosts))
+        problem = NO_CACHE if vm else None
+    else:
+        for host, reason in facts.missing.items():
+            causes.setdefault(cause(reason), []).append(host)
+        problem = facts.vm_problem if vm else None
+    if not causes and problem is None:
+        return None
+    return MissingFacts(units=units, hosts=causes, vm=problem)
 
 
 class PluginService:
@@ -173,6 +196,7 @@ class PluginService:
                 if built is _UNBUILT:
                     built = facts()
                 unit_facts = built  # type: ignore[assignment]
+                runs[i].read_facts, runs[i].facts = True, built
             calls.append(Call(unit.plugin, unit.name, KIND[kind].method, args, max(budget, 0.001), unit_facts))
             slots.append(i)
         if calls:

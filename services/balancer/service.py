@@ -7,7 +7,7 @@ from pydantic import BaseModel
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.messages import BalanceOutcome, BalanceReply, BalanceRequest, Envelope, Kind, Op
 from vmsched.runtime.contract import KIND, BadResult
-from vmsched.service import PluginService
+from vmsched.service import PluginService, missing_facts
 
 _BALANCE = KIND[Kind.BALANCE]
 
@@ -32,4 +32,4 @@ class BalancerService(PluginService):
                 outcome.reasons, outcome.reason = verdict.reasons, verdict.reason
             except BadResult as exc:
                 outcome.ok, outcome.error = False, str(exc)
-        return BalanceReply(outcome=outcome)
+        return BalanceReply(outcome=outcome, missing_facts=missing_facts([run], req.hosts))

@@ -21,7 +21,7 @@ from vmsched.messages import (
 )
 from vmsched.pending import PendingBook, attach
 from vmsched.runtime.contract import KIND, BadResult, checked_aligned
-from vmsched.service import PluginService, UnitRun
+from vmsched.service import PluginService, UnitRun, missing_facts
 
 _FILTER, _SCORE = KIND[Kind.FILTER], KIND[Kind.SCORE]
 
@@ -46,7 +46,8 @@ class ScoringService(PluginService):
         args = _FILTER.args(req.hosts, req.vm, req.properties)
         runs = self.run_units(Kind.FILTER, req.units, args, env.deadline, req.timeout,
                               lambda: self._call_facts(req.hosts, req.vm))
-        return FilterReply(outcomes=[_filter_outcome(run, req.hosts) for run in runs])
+        return FilterReply(outcomes=[_filter_outcome(run, req.hosts) for run in runs],
+                           missing_facts=missing_facts(runs, req.hosts, req.vm))
 
     def score(self, env: Envelope) -> BaseModel:
         req = ScoreRequest.model_validate(env.body)
@@ -64,7 +65,7 @@ class ScoringService(PluginService):
                 _align(o, req.hosts)
             elif o.values is not None:  # an older sender: the pairs
                 o.scores, o.values = _pairs(o, req.hosts), None
-        return ScoreReplyOnBus(outcomes=outcomes)
+        return ScoreReplyOnBus(outcomes=outcomes, missing_facts=missing_facts(runs, req.hosts, req.vm))
 
 
 def _common(run: UnitRun) -> dict[str, Any]:

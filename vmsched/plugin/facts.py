@@ -14,7 +14,10 @@ reading them does no I/O::
   data is still returned with ``stale=True``; :func:`missing` says why a host
   has none);
 - :func:`hosts` -> every host of the call that has facts;
-- :func:`vm` -> :class:`VM` or ``None`` (:func:`vm_problem` says why).
+- :func:`vm` -> :class:`VM` or ``None`` (:func:`vm_problem` says why);
+- :class:`FactsMissing`: raise it when the facts a unit needs are missing, so
+  that its call fails with the message alone (an expected failure: no
+  traceback in the service's log).
 
 Units: memory in MiB, CPU in % (a host's 100 % is all its CPUs; a guest's is
 all its vCPUs), times in seconds. Standard library only (the worker imports it).
@@ -252,6 +255,10 @@ class CallFacts:
     def _from_fields(self, host_id: str) -> Host | None:
         data = self.hosts[host_id]
         return build(Host, {**data, "host_id": host_id}) if isinstance(data, dict) else None
+
+
+class FactsMissing(Exception):
+    """The facts this unit needs are missing: its call fails with this message alone (no traceback is logged)."""
 
 
 #: The facts of the call being served: the plugin worker sets it around each call (``CALL.set``, ``CALL.reset``).

@@ -208,6 +208,8 @@ class Runner:
     def _failed(self, exc: BaseException, stdout: Capture, stderr: Capture) -> dict[str, Any]:
         if stdout.exceeded:
             return {"ok": False, "error": f"stdout exceeded {self.max_output} bytes"}
+        if isinstance(exc, facts.FactsMissing):  # expected (a unit without the facts it needs): its message alone
+            return {"ok": False, "error": str(exc)[:2000] or "facts missing"}
         if not isinstance(exc, SystemExit):
             stderr.write("".join(traceback.format_exception(exc)))
         return {"ok": False, "error": describe_exception(exc, self.dir)}
