@@ -271,6 +271,17 @@ class Agent:
             metrics.ERRORS.labels("checkpoint").inc()
             log.error("cannot write checkpoint %s: %s", self.checkpoint_path, exc)
 
+    def _check_checkpoint(self) -> None:
+        """Compare the checkpoint file with the allocations; rewrite it when they differ."""
+        assert self.enforcer is not None and self.machine
+        with self.enforcer.lock:
+            why = checkpoint.mismatch(self.checkpoint_path, self.machine, self.enforcer.pools)
+            if why is None:
+                return
+            metrics.ERRORS.labels("checkpoint").inc()
+            log.warning("checkpoint %s does not hold the allocations (%s); rewriting it", self.checkpoint_path, why)
+            self._save()
+
     def _load_store(self) -> store.PolicyStore:
         policies = store.PolicyStore(self.state_dir / store.FILENAME).load()
         if policies.problem is not None:
@@ -390,7 +401,9 @@ class Agent:
     @_libvirt_errors
     def reconcile(self) -> dict:
         assert self.enforcer is not None
-        return self.enforcer.sweep(self.conn)
+        summary = self.enforcer.sweep(self.conn)
+        self._check_checkpoint()
+        return summary
 
     def check_start(self, guest: str, xml: str | None = None) -> tuple[bool, str]:
         """May ``guest`` start now? From the event-fed cache only (the hook asks while libvirtd waits)."""

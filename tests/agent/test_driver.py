@@ -114,6 +114,18 @@ def test_dependency_cycle_refused(conn, make_agent):
         a.set_policy("t-z", {"requires": ["t-x"]})
 
 
+def test_dependency_cycle_through_a_guest_not_seen_yet_is_refused(conn, make_agent):
+    """A guest defined a moment ago, whose define event the agent has not handled, closes a cycle too."""
+    a = make_agent()
+    doms = [guest(conn, n, start=False) for n in ("t-x", "t-y", "t-z")]
+    a.set_policy("t-x", {"requires": ["t-y"]})
+    a.set_policy("t-y", {"requires": ["t-z"]})
+    assert a.wait_idle()
+    a.inventory.remove(doms[2].UUIDString())  # as if t-z's define event were still on its way
+    with pytest.raises(PolicyError, match="dependency cycle: t-z -> t-x -> t-y -> t-z"):
+        a.set_policy("t-z", {"requires": ["t-x"]})
+
+
 # --- drift, reboot, sweep ---------------------------------------------------------------
 def test_tunable_drift_is_restored_and_counted(conn, make_agent):
     a = make_agent()

@@ -40,6 +40,7 @@ class PolicyChanges:
             snap = e.read(dom)
             src = e.source(snap)
             info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
+            e.inv.upsert(snap.uuid, snap.name)  # known by name before its define event is handled: cycles close
             try:
                 checked = check_policy(policy, info, e.pools, e.inv.graph(), e.inv.resolve, e.inv.name_of)
             except PolicyError as exc:

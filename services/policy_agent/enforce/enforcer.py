@@ -99,24 +99,35 @@ class Enforcer:
     def _sync(self, snap: Snapshot, trigger: str, received: float | None, confine: bool,
               drift: bool) -> tuple[Result | None, Snapshot]:
         """:meth:`sync`, deciding again from a new read while the definition changes under the repair
-        (another writer defined the guest after ``snap`` was read); returns the snapshot last used."""
+        (another writer defined the guest after ``snap`` was read); returns the snapshot last used.
+        Whatever it changed in the allocations (a release, a new count, CPUs recovered from the guest's
+        metadata) is saved before the lock is let go."""
         with self.lock:
-            for _ in range(CHANGED_RETRIES):
-                try:
-                    return self._sync_once(snap, trigger, received, confine, drift), snap
-                except DefinitionChanged as exc:
-                    log.info("%s: %s; deciding again from the definition as it is now", trigger, exc)
-                try:
-                    snap = self.read(snap.dom)
-                except libvirt.libvirtError as exc:
-                    if not snapshot.gone(exc):
-                        self._record_error(self.observe(snap), f"reading {snap.name!r} again failed: {exc}",
-                                           "libvirt")
-                    return None, snap
-            g = self.observe(snap)
-            self._record_error(g, f"the definition of {snap.name!r} changed under each of {CHANGED_RETRIES}"
-                                  " repairs; the next event or sweep tries again", "apply")
-            return None, snap
+            held = self.pools.pool, dict(self.pools.allocations)
+            try:
+                return self._sync_tries(snap, trigger, received, confine, drift)
+            finally:
+                if (self.pools.pool, self.pools.allocations) != held:
+                    self.save()
+
+    def _sync_tries(self, snap: Snapshot, trigger: str, received: float | None, confine: bool,
+                    drift: bool) -> tuple[Result | None, Snapshot]:
+        for _ in range(CHANGED_RETRIES):
+            try:
+                return self._sync_once(snap, trigger, received, confine, drift), snap
+            except DefinitionChanged as exc:
+                log.info("%s: %s; deciding again from the definition as it is now", trigger, exc)
+            try:
+                snap = self.read(snap.dom)
+            except libvirt.libvirtError as exc:
+                if not snapshot.gone(exc):
+                    self._record_error(self.observe(snap), f"reading {snap.name!r} again failed: {exc}",
+                                       "libvirt")
+                return None, snap
+        g = self.observe(snap)
+        self._record_error(g, f"the definition of {snap.name!r} changed under each of {CHANGED_RETRIES}"
+                              " repairs; the next event or sweep tries again", "apply")
+        return None, snap
 
     def _sync_once(self, snap: Snapshot, trigger: str, received: float | None, confine: bool,
                    drift: bool) -> Result | None:
@@ -163,7 +174,6 @@ class Enforcer:
         if policy is None or policy.dedicated is None or (self.release_on_stop and not active):
             if self.pools.release(g.uuid) is not None:
                 log.info("released the dedicated CPUs of %r", g.name)
-                self.save()
             if policy is None:
                 return self._unmanaged(g, info, confine, src)
             if policy.dedicated is not None:
@@ -179,7 +189,6 @@ class Enforcer:
         if checked.allocation != self.pools.allocations.get(g.uuid):
             log.info("guest %r now holds dedicated CPUs %s", g.name, cpuset.fmt(checked.allocation or ()))
             self.pools.assign(g.uuid, g.name, checked.allocation or frozenset())
-            self.save()
         g.warnings = checked.warnings
         return checked.desired
 

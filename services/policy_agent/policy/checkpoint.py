@@ -104,4 +104,20 @@ def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Loaded | 
     return Loaded(pools, ckpt.version, ckpt.host_id), None
 
 
+def mismatch(path: Path, machine: str, pools: Pools) -> str | None:
+    """Why the checkpoint at ``path`` does not hold ``pools`` (missing, unusable, or other allocations);
+    None when it holds them."""
+    loaded, reason = load(path, machine, pools.host_cpus)
+    if loaded is None:
+        return reason
+    if (loaded.pools.pool, loaded.pools.allocations) == (pools.pool, pools.allocations):
+        return None
+    return f"it says pool {_describe(loaded.pools)}; the agent holds pool {_describe(pools)}"
+
+
+def _describe(pools: Pools) -> str:
+    held = {pools.name(u): cpuset.fmt(c) for u, c in sorted(pools.allocations.items())}
+    return f"{cpuset.fmt(pools.pool) or '(none)'} and allocations {held}"
+
+
 quarantine = durable.quarantine
