@@ -180,7 +180,8 @@ class GuestView(Reply):
     policy: dict[str, Any] | None = Field(None, description="the stored policy (PolicyDocument), normalised")
     allocation: str | None = Field(None, description="dedicated CPUs allocated to the guest")
     desired: Desired | None = None
-    status: str = Field(description="applied, pending, error or unmanaged")
+    status: str = Field(description="applied, partial (applied but for what the libvirt driver cannot apply,"
+                                    " named in warnings), pending, error or unmanaged")
     error: str | None = None
     warnings: list[str] = Field(default_factory=list)
 

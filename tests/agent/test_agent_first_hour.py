@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.agent_driver import conn, domain_xml, make_agent, state_dir  # noqa: F401 - fixtures
 from tests.conftest import ROOT, wait_until
 from vmsched.agent_contract import AgentOp
 from vmsched.services.policy_agent.policy.errors import AgentUnavailable
@@ -41,3 +42,16 @@ def test_agents_on_per_process_test_drivers_do_not_refuse_each_other(tmp_path: P
         for proc, _, _ in agents:
             proc.wait(15)
     assert list(lock_dir.iterdir()) == [], "a process's own lock is removed when it stops"
+
+
+def test_weight_and_cap_the_driver_cannot_apply_are_not_reported_applied(conn, make_agent):
+    """libvirt's test driver has no scheduler parameters: the status says what was left out."""
+    a = make_agent()
+    conn.defineXML(domain_xml("t-w")).create()
+    pins = a.set_policy("t-w", {"vcpu_pins": {"0": "1"}})
+    assert (pins["status"], pins["warnings"]) == ("applied", [])
+    view = a.set_policy("t-w", {"vcpu_pins": {"0": "1"}, "weight": 512, "cap_percent": 50})
+    assert view["status"] == "partial"
+    assert view["warnings"] == ["weight and cap not applied: libvirt's TEST driver has no scheduler parameters"]
+    assert a.get_policy("t-w")["status"] == "partial"
+    assert [p["status"] for p in a.list_policies()["policies"]] == ["partial"]

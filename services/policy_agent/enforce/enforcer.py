@@ -360,4 +360,8 @@ class Enforcer:
             self.update_gauges()
 
     def view(self, g: Guest) -> dict:
-        return self.inv.view(g, self.pools.allocations.get(g.uuid))
+        view = self.inv.view(g, self.pools.allocations.get(g.uuid))
+        left_out = self.applier.left_out(g.desired)
+        if left_out is not None and view["status"] == "applied":  # e.g. weight and cap on the test driver
+            view["status"], view["warnings"] = "partial", [*view["warnings"], left_out]
+        return view

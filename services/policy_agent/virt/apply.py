@@ -29,6 +29,7 @@ from . import domxml
 log = logging.getLogger(__name__)
 
 CONFIG = libvirt.VIR_DOMAIN_AFFECT_CONFIG
+SCHED_NAMES = {"cpu_shares": "weight", "vcpu_quota": "cap", "vcpu_period": "cap"}  # policy words
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
 INACTIVE = libvirt.VIR_DOMAIN_XML_INACTIVE
 
@@ -132,6 +133,14 @@ class Applier:
         self.ncpus = ncpus
         self.host = host_cpus
         self._deferred: set[tuple[str, CpuSet]] = set()  # live memory changes libvirt refused (logged once)
+
+    def left_out(self, desired: Desired | None) -> str | None:
+        """What of ``desired`` this driver does not apply, said for the guest's status; None: nothing."""
+        if desired is None or self.caps.scheduler or not desired.sched:
+            return None
+        parts = sorted({SCHED_NAMES[k] for k in desired.sched}, reverse=True)  # weight, then cap
+        return (f"{' and '.join(parts)} not applied: libvirt's {self.caps.driver} driver has no scheduler"
+                " parameters")
 
     def read(self, dom: "libvirt.virDomain", live: bool) -> domxml.DomainXml:
         flags = 0 if live else libvirt.VIR_DOMAIN_XML_INACTIVE
