@@ -3,7 +3,8 @@
 Requests may carry bare ``<value>`` strings, ``<i4>`` and ``<ex:nil/>``; every
 body is read by one parser, defusedxml's expat parser (no entity expansion, no
 external references) feeding the stdlib's unmarshaller, with arrays and
-structs nested at most :data:`MAX_DEPTH` deep. Nothing is patched process-wide. Replies never
+structs nested at most :data:`MAX_DEPTH` deep. Nothing is patched
+process-wide. Replies never
 contain nil, doubles or integers outside int32: :func:`dump_response` enforces
 that on every reply, whatever a bug upstream did. Every check of a request
 raises :class:`Fault` with a precise reason; values are shown in it shortened.
