@@ -31,6 +31,8 @@ from urllib.parse import quote, urlsplit
 import httpx
 import yaml
 
+from vmsched.plugin.facts import pinning_needs
+
 #: An engine ID as the engine writes them (a GUID); anything else never goes into a URL.
 ENGINE_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]{0,127}$")
 MIB = 1 << 20
@@ -93,9 +95,11 @@ def vm_requirements(data: dict[str, Any]) -> dict[str, Any]:
     """What vmsched.plugin.facts.VM carries, from the engine's VM representation."""
     topology = (data.get("cpu") or {}).get("topology") or {}
     sockets, cores, threads = (max(1, number(topology.get(k))) for k in ("sockets", "cores", "threads"))
+    pinning = str(data.get("cpu_pinning_policy") or "none")
+    vcpus = sockets * cores * threads
     return {"id": str(data.get("id", "")), "memory_mib": number(data.get("memory")) // MIB,
-            "vcpus": sockets * cores * threads, "sockets": sockets, "cores": cores, "threads": threads,
-            "cpu_pinning_policy": str(data.get("cpu_pinning_policy") or "none"), "source": "engine"}
+            "vcpus": vcpus, "sockets": sockets, "cores": cores, "threads": threads,
+            "cpu_pinning_policy": pinning, **pinning_needs(pinning, vcpus), "source": "engine"}
 
 
 class EngineClient:

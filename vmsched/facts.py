@@ -1,7 +1,8 @@
 """Host facts on the bus: what a policy agent measured on its hypervisor.
 
-Part of the one versioned bus contract (:mod:`vmsched.messages`): a
-:class:`FactsMessage` carries the contract version ``v``, the publishing
+Part of the versioned bus contract (:mod:`vmsched.messages`), with a
+version of its own: a :class:`FactsMessage` carries the facts version ``v``
+(:data:`FACTS_VERSION`), the publishing
 agent's host ID, a per-agent-process ``instance`` and a sequence number
 ``seq`` (both for ordering), the collection time and the facts. Agents
 publish it on the ``vmsched.events`` topic exchange with the routing key
@@ -13,7 +14,7 @@ last message, on a snapshot request, or every few intervals. ``guests`` is
 ``None`` when left out: the reader keeps the list it has (``guests_digest``
 says which list that is).
 
-A reader accepts messages of its own contract version and of the one before
+A reader accepts messages of its own facts version and of the one before
 (hosts are upgraded one at a time) and refuses newer ones, oversized ones
 (:data:`MAX_BYTES`), malformed ones and out-of-order ones (:func:`read`).
 Units: MiB for memory, % for CPU (100 = one whole CPU for a guest, all CPUs
@@ -27,14 +28,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from vmsched.messages import CONTRACT_VERSION, Versioned
+from vmsched.messages import Versioned
 
 #: Largest facts message a reader accepts, bytes of JSON.
 MAX_BYTES = 4 << 20
 #: Most guests in one message.
 MAX_GUESTS = 20000
-#: Oldest contract version whose facts a reader accepts: one older than its own.
-OLDEST_FACTS_VERSION = CONTRACT_VERSION - 1
+#: Version of the facts messages (their ``v``). Facts change version on their own: version 3 says, per NUMA
+#: node, the free dedicated CPUs and whole cores, and each dedicated guest's thread, NUMA and emulator policies.
+FACTS_VERSION = 3
+#: Oldest facts version a reader accepts: one older than its own.
+OLDEST_FACTS_VERSION = FACTS_VERSION - 1
 #: The event name in the routing key.
 FACTS_EVENT = "facts"
 
@@ -60,8 +64,21 @@ class HugePages(_Model):
 
 
 class DedicatedGuest(_Model):
-    wanted: int = Field(0, ge=0, description="dedicated CPUs the guest's vmsched policy asks for")
-    held: int = Field(0, ge=0, description="dedicated CPUs it holds on this host now")
+    wanted: int = Field(0, ge=0, description="dedicated CPUs the guest's vmsched policy asks for (with emulator "
+                                              "isolate, one more for the emulator threads)")
+    held: int = Field(0, ge=0, description="dedicated CPUs it holds on this host now (isolate: the siblings too)")
+    thread_policy: str = Field("prefer", description="prefer, require (whole cores) or isolate (one thread per core)")
+    numa: str = Field("any", description="any, or strict: every CPU and the memory in one NUMA node")
+    emulator: str = Field("share", description="share, or isolate: one more dedicated CPU for the emulator threads")
+
+
+class DedicatedNode(_Model):
+    """The dedicated pool's room in one NUMA node."""
+
+    node: int
+    free_cpus: int = Field(0, ge=0, description="CPUs of the pool in the node no guest holds")
+    free_cores: int = Field(0, ge=0, description="cores of the pool in the node whose every thread is free")
+    free_core_cpus: int = Field(0, ge=0, description="CPUs of those free whole cores")
 
 
 class HostFacts(_Model):
@@ -91,6 +108,9 @@ class HostFacts(_Model):
                                             "from dedicated_pool for an older agent)")
     dedicated_free_cpus: int | None = Field(None, ge=0, description="CPUs of the pool no guest holds (read: "
                                             "derived from dedicated_pool and allocations for an older agent)")
+    dedicated_nodes: list[DedicatedNode] = Field(
+        default_factory=list, description="per NUMA node: the pool's free CPUs and free whole cores (empty from an "
+                                          "agent of facts version 2)")
     dedicated_guests: dict[str, DedicatedGuest] = Field(
         default_factory=dict, description="guest UUID -> dedicated CPUs wanted and held, for every guest whose "
                                           "policy this agent knows (running, defined or stored)")
@@ -131,6 +151,13 @@ class GuestFacts(_Model):
 
 class FactsMessage(Versioned):
     """One facts message of one agent."""
+
+    v: int = Field(FACTS_VERSION, ge=1, description="facts version; absent (version 1) in messages of older agents")
+
+    def version_problem(self) -> str | None:
+        if self.v > FACTS_VERSION:
+            return f"facts version {self.v} is newer than this reader understands ({FACTS_VERSION}); upgrade the reader"
+        return None
 
     model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
 
@@ -191,7 +218,7 @@ def read(raw: bytes | str) -> FactsMessage:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
         raise Rejected("malformed", f"facts message refused: {problems}") from None
-    if message.v > CONTRACT_VERSION or message.v < OLDEST_FACTS_VERSION:
-        raise Rejected("version", f"facts of contract version {message.v} from {message.host_id!r}: this reader "
-                                  f"accepts {OLDEST_FACTS_VERSION}-{CONTRACT_VERSION}")
+    if message.v > FACTS_VERSION or message.v < OLDEST_FACTS_VERSION:
+        raise Rejected("version", f"facts of version {message.v} from {message.host_id!r}: this reader "
+                                  f"accepts {OLDEST_FACTS_VERSION}-{FACTS_VERSION}")
     return message

@@ -22,6 +22,7 @@ from kombu import Consumer, Queue
 from tests.conftest import AUTH, ROOT, Proc, Stack, free_port, wait_until
 from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
 from vmsched.bus.topology import EVENTS_EXCHANGE
+from vmsched.facts import FACTS_VERSION
 from vmsched.messages import CONTRACT_VERSION
 
 pytestmark = pytest.mark.rabbitmq
@@ -113,7 +114,9 @@ def test_agent_policies_through_gateway_cli_and_events(tmp_path: Path, rabbit_vh
         wait_until(lambda: (f"agent.{host}.applied", "test", "set") in
                    [(key, e.get("guest"), e.get("trigger")) for key, e in tap.events],
                    15, 0.1, "the agent's applied event on the topic exchange")
-        assert all(e.get("v") == CONTRACT_VERSION for _, e in tap.events)  # every event carries its version
+        # every event carries its version; facts have a version of their own
+        assert all(e.get("v") == (FACTS_VERSION if key.endswith(".facts") else CONTRACT_VERSION)
+                   for key, e in tap.events)
 
         assert httpx.delete(f"{url}/policies/test", timeout=10, headers=AUTH).status_code == 200
         assert httpx.get(f"{url}/policies/test", timeout=10, headers=AUTH).json().get("policy") in (None, {})

@@ -35,7 +35,7 @@ def test_vmsched_run_starts_and_answers_with_stock_plugins(tmp_path: Path):
         assert set(found["scores"]) == {"PreferredHosts", "vmsched_EvenGuestDistribution", "vmsched_CpuEvenDistribution",
                                         "vmsched_CpuPowerSaving", "vmsched_MemoryEvenDistribution",
                                         "vmsched_MemoryPowerSaving", "vmsched_TargetLoadPacking",
-                                        "vmsched_LoadVariationRisk"}
+                                        "vmsched_LoadVariationRisk", "vmsched_DedicatedCpus"}
         assert set(found["balance"]) == {"DrainHosts", "vmsched_EvenGuestDistribution", "vmsched_CpuEvenDistribution",
                                          "vmsched_MemoryEvenDistribution", "vmsched_CpuPowerSaving"}
         assert stack.xmlrpc("runFilters", ["HostAllowDeny"], H, VM, {"denied_hosts": H[1]})["result"] == [H[0], H[2]]

@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import AUTH, Proc, Stack, bus_args, free_port, wait_until
 from tests.support.facts import publish_events
 from tests.agent.test_over_rabbitmq import EventTap
-from vmsched.facts import MAX_BYTES
+from vmsched.facts import FACTS_VERSION, MAX_BYTES
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -124,7 +124,7 @@ def test_facts_drive_a_plugin_through_xmlrpc(tmp_path: Path, rabbit_vhost: str, 
     seen = stack.get("/v1/facts").json()
     assert {h["host_id"] for h in seen["hosts"]} == set(hosts) and seen["stale"] == 0
     fa = facts_of(stack, "hv-a")
-    assert fa["host"]["guests_running"] == 3 and fa["host"]["memory_total_mib"] > 0 and fa["version"] == 2
+    assert fa["host"]["guests_running"] == 3 and fa["host"]["memory_total_mib"] > 0 and fa["version"] == FACTS_VERSION
     assert fa["source"].startswith("agent hv-a") and {g["name"] for g in fa["guests"]} == {"a1", "a2", "a3"}
 
     # two guests of hv-a stop: it has the fewest guests, the unit (in the scoring service, via its cache) picks it
@@ -170,7 +170,7 @@ def test_bad_facts_messages_are_dropped_and_never_break_the_cache(tmp_path: Path
         old = tap.events[0][1]
     finally:
         tap.close()
-    newer = dict(old, v=3)
+    newer = dict(old, v=FACTS_VERSION + 1)
     cases = {
         "malformed": [b"{not json", json.dumps([1, 2]).encode(), json.dumps({**old, "seq": "many"}).encode(),
                       json.dumps({**old, "host": {"cpu_pct": -5}}).encode()],

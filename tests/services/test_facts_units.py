@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.facts import reading
-from vmsched.facts import MAX_BYTES, FactsMessage, GuestFacts, HostFacts, Rejected, read
+from vmsched.facts import FACTS_VERSION, MAX_BYTES, FactsMessage, GuestFacts, HostFacts, Rejected, read
 from vmsched.facts_cache import FactsCache, load_host_map
 from vmsched.plugin import facts as api
 
@@ -39,10 +39,13 @@ def message(host: str = "hv1", seq: int = 1, instance: str = "i1", guests: list 
 def test_reader_refuses_what_it_cannot_use() -> None:
     good = json.loads(message())
     assert read(json.dumps(good)).host_id == "hv1"
-    assert read(json.dumps({k: v for k, v in good.items() if k != "v"})).v == 1  # one version older: accepted
+    assert good["v"] == FACTS_VERSION == 3
+    assert read(json.dumps({**good, "v": 2})).v == 2  # one version older: accepted
+    unversioned = json.dumps({k: v for k, v in good.items() if k != "v"})  # version 1: two older
     for raw, reason in [(b"{", "malformed"), (b"[]", "malformed"), (json.dumps({**good, "seq": -1}), "malformed"),
                         (json.dumps({**good, "host": {"cpu_pct": float("nan")}}), "malformed"),
-                        (json.dumps({**good, "v": 3}), "version"), (b" " * (MAX_BYTES + 1), "oversized")]:
+                        (json.dumps({**good, "v": 4}), "version"), (unversioned, "version"),
+                        (b" " * (MAX_BYTES + 1), "oversized")]:
         with pytest.raises(Rejected) as info:
             read(raw)
         assert info.value.reason == reason, raw[:80]

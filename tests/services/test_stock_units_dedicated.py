@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from vmsched.config import stock_plugins_dir
-from vmsched.facts import HostFacts, read
+from vmsched.facts import FACTS_VERSION, HostFacts, read
 from vmsched.runtime import Call, PluginPool
 from vmsched.runtime.types import Confinement
 
@@ -68,8 +68,12 @@ def test_reporter_reports_pool_size_free_cpus_and_what_known_guests_want(tmp_pat
     finally:
         reporter.collector.close()
     h = message.host
+    assert message.v == FACTS_VERSION
     assert (h.dedicated_pool_cpus, h.dedicated_free_cpus) == (5, 3)
     assert {u: (g.wanted, g.held) for u, g in h.dedicated_guests.items()} == {running: (2, 2), stored: (3, 0)}
+    # per NUMA node of the test driver (0-7, 8-15): the pool's free CPUs and free whole cores (no SMT: one each)
+    assert [(n.node, n.free_cpus, n.free_cores, n.free_core_cpus) for n in h.dedicated_nodes] == [(0, 2, 2, 2),
+                                                                                                (1, 1, 1, 1)]
     (guest,) = message.guests or []
     assert guest.dedicated and guest.dedicated_cpus == 2 and guest.pinned and guest.has_policy
 
@@ -114,3 +118,51 @@ def test_a_vm_of_unknown_need_is_an_error_that_drops_no_host(pool: PluginPool) -
     facts = payload({A: host(0), B: host(8)}, None, "no engine link is configured")
     result = run(pool, [A, B], facts)
     assert not result.ok and "dedicated CPUs of VM" in result.error and "no engine link is configured" in result.error
+
+
+# --- per NUMA node, with thread and NUMA policies ----------------------------------------------
+
+def nodes(*rooms: tuple[int, int, int]) -> list[dict[str, int]]:
+    """(free CPUs, free whole cores, CPUs on them) per node."""
+    return [{"node": i, "free_cpus": c, "free_cores": k, "free_core_cpus": kc} for i, (c, k, kc) in enumerate(rooms)]
+
+
+def test_thread_and_numa_policies_need_room_in_the_right_unit(pool: PluginPool) -> None:
+    strict = {VM: {"wanted": 4, "held": 0, "thread_policy": "isolate", "numa": "strict"}}
+    facts = payload({A: host(10, dedicated_nodes=nodes((5, 2, 4), (5, 3, 6)), dedicated_guests=strict),
+                     B: host(8, dedicated_nodes=nodes((8, 4, 8), (0, 0, 0))),
+                     C: host(12, dedicated_nodes=nodes((6, 3, 6), (6, 3, 6)))})
+    assert run(pool, [A, B, C], facts).value == [B]  # 4 whole cores in one node: only B has them
+    spread = {VM: {**strict[VM], "numa": "any"}}
+    facts["hosts"][A]["dedicated_guests"] = spread
+    assert run(pool, [A, B, C], facts).value == [A, B, C]  # 2 + 3 and 3 + 3 cores across nodes
+    required = {VM: {"wanted": 6, "held": 0, "thread_policy": "require", "numa": "strict"}}
+    facts["hosts"][A]["dedicated_guests"] = required
+    assert run(pool, [A, B, C], facts).value == [A, B, C]  # 6 CPUs on whole cores in one node: 6, 8 and 6
+
+
+def test_the_engines_pinning_policies_map_onto_thread_and_numa_policies(pool: PluginPool) -> None:
+    hosts = {A: host(8, dedicated_nodes=nodes((4, 1, 2), (4, 1, 2))),  # 8 free CPUs but 2 whole cores
+             B: host(8, dedicated_nodes=nodes((8, 4, 8)))}
+    vm = {"id": VM, "vcpus": 4, "memory_mib": 1024, "source": "engine"}
+    assert run(pool, [A, B], payload(hosts, {**vm, "cpu_pinning_policy": "dedicated"})).value == [A, B]
+    assert run(pool, [A, B], payload(hosts, {**vm, "cpu_pinning_policy": "isolate_threads"})).value == [B]
+    assert run(pool, [A, B], payload(hosts, {**vm, "cpu_pinning_policy": "resize_and_pin_numa"})).value == [A, B]
+    from vmsched.engine_link_client import vm_requirements
+
+    mapped = vm_requirements({"id": VM, "memory": str(1 << 30), "cpu_pinning_policy": "isolate_threads",
+                              "cpu": {"topology": {"sockets": "1", "cores": "4", "threads": "1"}}})
+    assert (mapped["dedicated_cpus"], mapped["thread_policy"], mapped["numa"]) == (4, "isolate", "any")
+    assert run(pool, [A, B], payload(hosts, mapped)).value == [B]
+
+
+def test_the_weight_prefers_the_tightest_node_and_one_node_over_several(pool: PluginPool) -> None:
+    wants = {VM: {"wanted": 4, "held": 0, "thread_policy": "prefer", "numa": "any"}}
+    facts = payload({A: host(12, dedicated_nodes=nodes((6, 3, 6), (6, 3, 6)), dedicated_guests=wants),
+                     B: host(5, dedicated_nodes=nodes((5, 2, 4))),
+                     C: host(6, dedicated_nodes=nodes((3, 1, 2), (3, 1, 2))),
+                     D: host(2, dedicated_nodes=nodes((1, 0, 0), (1, 0, 0)))})
+    (result,) = pool.run([Call(*UNIT, "do_score", ([A, B, C, D], VM, {}), 10.0, facts)])
+    weights = dict(result.value)
+    assert weights[B] == 1 and weights[A] == 2 and weights[C] > weights[A]  # lower is better
+    assert D not in weights  # no room: not scored, the call's worst weight

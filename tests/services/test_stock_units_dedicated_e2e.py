@@ -47,8 +47,9 @@ def test_a_vm_goes_only_where_the_pool_has_its_dedicated_cpus_free(tmp_path: Pat
             w, n = host(WIDE)["host"], host(NARROW)["host"]
             return (w["dedicated_free_cpus"], n["dedicated_free_cpus"], w["dedicated_guests"].get(web),
                     n["dedicated_guests"].get(db))
-        wait_until(lambda: pools() == (1, 0, {"wanted": 2, "held": 2}, {"wanted": 1, "held": 1}), 30, 0.2,
-                   "the pools and policies in the facts")
+        plain = {"thread_policy": "prefer", "numa": "any", "emulator": "share"}  # the policies' defaults
+        wait_until(lambda: pools() == (1, 0, {"wanted": 2, "held": 2, **plain}, {"wanted": 1, "held": 1, **plain}),
+                   30, 0.2, "the pools and policies in the facts")
 
         def kept(vm: str) -> dict:
             return stack.xmlrpc("runFilters", ["vmsched_DedicatedCpus"], [WIDE, NARROW], vm, {})

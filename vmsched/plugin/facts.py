@@ -110,8 +110,11 @@ class Host:
     shared_cpus: str = ""  # CPU set
     dedicated_pool_cpus: int | None = None  # CPUs in the dedicated pool (None: not known)
     dedicated_free_cpus: int | None = None  # CPUs of the pool no guest holds (None: not known)
-    dedicated_guests: dict = field(default_factory=dict)  # guest UUID -> {"wanted", "held"} dedicated CPUs,
-    # for every guest whose vmsched policy this host's agent knows (running, defined, or stored for a transient guest)
+    dedicated_nodes: tuple[dict, ...] = ()  # per NUMA node of the pool: {"node", "free_cpus", "free_cores",
+    # "free_core_cpus"} (free whole cores and their CPUs); () from an agent of facts version 2
+    dedicated_guests: dict = field(default_factory=dict)  # guest UUID -> {"wanted", "held" dedicated CPUs,
+    # "thread_policy", "numa", "emulator"}, for every guest whose vmsched policy this host's agent knows (running,
+    # defined, or stored for a transient guest)
     guests_running: int = 0
     guests_total: int = 0
     guest_memory_mib: int = 0  # sum of running guests' current balloon, MiB
@@ -164,7 +167,24 @@ class VM:
     host_id: str = ""  # the host it runs on, when running
     source: str = ""  # "host facts" (a running VM) or "engine" (the engine link)
     cpu_pinning_policy: str = ""  # the engine's (none, manual, dedicated, isolate_threads, ...); "": unknown
+    dedicated_cpus: int | None = None  # what cpu_pinning_policy asks of a dedicated pool (the engine link); None: unknown
+    thread_policy: str = ""  # ... and how: prefer, require or isolate ("": unknown)
+    numa: str = ""  # any or strict ("": unknown)
     pending: dict = field(default_factory=dict)  # host ID -> MiB of each other VM placed there moments ago (pending())
+
+
+#: oVirt's CPU pinning policies (a VM's ``cpu_pinning_policy``) in the agent's words: dedicated CPUs per vCPU, the
+#: thread policy and the NUMA policy. ``resize_and_pin_numa`` takes no CPUs of a pool (oVirt pins the VM to the
+#: host's NUMA nodes itself); none and manual ask nothing of a pool.
+PINNING_POLICIES = {"dedicated": (1, "prefer", "any"), "isolate_threads": (1, "isolate", "any"),
+                    "resize_and_pin_numa": (0, "prefer", "strict")}
+
+
+def pinning_needs(policy: str, vcpus: int) -> dict[str, Any]:
+    """What a VM of the engine's CPU pinning ``policy`` asks of a host's dedicated pool: ``dedicated_cpus``,
+    ``thread_policy``, ``numa``."""
+    per_vcpu, threads, numa = PINNING_POLICIES.get(policy, (0, "prefer", "any"))
+    return {"dedicated_cpus": per_vcpu * vcpus, "thread_policy": threads, "numa": numa}
 
 
 def run_length(samples: Any, interval: float, test: Any) -> float:
@@ -201,7 +221,7 @@ def build(cls: type, data: Mapping[str, Any]) -> Any:
     """A Host, Guest or VM from its wire form (fields it does not know are left out; lists become tuples)."""
     known = _FIELDS.get(cls) or _FIELDS.setdefault(cls, frozenset(f.name for f in fields(cls)))
     values = {k: v for k, v in data.items() if k in known}
-    for name in ("load_avg", "numa", "hugepages"):
+    for name in ("load_avg", "numa", "hugepages", "dedicated_nodes"):
         if isinstance(values.get(name), list):
             values[name] = tuple(values[name])
     for name, text in (("pcpu_pct", "pcpu_text"), ("cpu_history", "history_text")):

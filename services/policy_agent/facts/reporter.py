@@ -102,7 +102,7 @@ class FactsReporter:
         host = host.model_copy(update={
             "dedicated_pool": cpuset.fmt(pool), "shared_cpus": cpuset.fmt(shared),
             "allocations": {u: cpuset.fmt(c) for u, c in allocations.items()},
-            **dedicated_summary(pool, allocations, policies),
+            **dedicated_summary(pool, allocations, policies, self.collector.topology),
             "guests_running": len(running), "guests_total": len(guests),
             "guest_memory_mib": sum(g.memory_mib for g in running), "guest_vcpus": sum(g.vcpus for g in running),
             "history_interval": self.interval, "cpu_history": self.history.cpu(),

@@ -10,11 +10,12 @@ import collections
 import hashlib
 from dataclasses import dataclass
 
-from vmsched.facts import DedicatedGuest, GuestFacts
+from vmsched.facts import DedicatedGuest, DedicatedNode, GuestFacts
 
 from . import cpuset
+from .assignment import free_cpus_by_node, free_whole_cores
 from .model import GuestPolicy
-from .topology import Topology
+from .topology import Topology, flat
 
 KIB_PER_MIB = 1024
 #: History length, seconds (the last 10 minutes).
@@ -116,10 +117,12 @@ def guests_digest(guests: list[GuestFacts]) -> str:
 
 
 def wanted_cpus(policy: GuestPolicy | None) -> int:
-    """Dedicated CPUs a policy asks for: its count, or the size of its explicit set."""
+    """Dedicated CPUs a policy asks for: its count (one more with emulator isolate), or its explicit set's size."""
     if policy is None or policy.dedicated is None:
         return 0
-    return policy.dedicated if isinstance(policy.dedicated, int) else len(cpuset.parse(policy.dedicated))
+    if isinstance(policy.dedicated, int):
+        return policy.dedicated + (1 if policy.emulator == "isolate" else 0)
+    return len(cpuset.parse(policy.dedicated))
 
 
 def pinned(policy: GuestPolicy | None) -> bool:
@@ -128,16 +131,27 @@ def pinned(policy: GuestPolicy | None) -> bool:
 
 
 def dedicated_summary(pool: frozenset[int], allocations: dict[str, frozenset[int]],
-                      policies: dict[str, GuestPolicy | None]) -> dict:
-    """The host's dedicated-CPU fields: pool size, free CPUs, and per known guest what it wants and holds."""
+                      policies: dict[str, GuestPolicy | None], topology: Topology | None = None) -> dict:
+    """The host's dedicated-CPU fields: pool size, free CPUs, per NUMA node its free CPUs and free whole cores,
+    and per known guest what it wants (with its thread, NUMA and emulator policies) and holds."""
     allocated: set[int] = set()
     for cpus in allocations.values():
         allocated |= cpus
-    guests = {u: DedicatedGuest(wanted=wanted_cpus(p), held=len(allocations.get(u, ())))
-              for u, p in policies.items() if wanted_cpus(p)}
+    guests = {u: DedicatedGuest(wanted=wanted_cpus(p), held=len(allocations.get(u, ())), thread_policy=p.thread_policy,
+                                numa=p.numa, emulator=p.emulator)
+              for u, p in policies.items() if p is not None and wanted_cpus(p)}
     for uuid, cpus in allocations.items():
         guests.setdefault(uuid, DedicatedGuest(wanted=len(cpus), held=len(cpus)))
-    return {"dedicated_pool_cpus": len(pool), "dedicated_free_cpus": len(pool - allocated),
+    free = frozenset(pool - allocated)
+    topology = topology if topology is not None else flat(pool | allocated)
+    cores = free_whole_cores(topology, pool, free)
+    core_cpus = {n: 0 for n in topology.nodes()}
+    for core in topology.cores():
+        if core <= pool and core <= free:
+            core_cpus[topology.node_of(min(core))] += len(core)
+    nodes = [DedicatedNode(node=n, free_cpus=c, free_cores=cores[n], free_core_cpus=core_cpus[n])
+             for n, c in free_cpus_by_node(topology, free).items() if topology.node_cpus(n) & pool]
+    return {"dedicated_pool_cpus": len(pool), "dedicated_free_cpus": len(free), "dedicated_nodes": nodes,
             "dedicated_guests": guests}
 
 
