@@ -28,7 +28,7 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
         a = g.policy.adaptive
         if a is None or a.cap_percent is None:
             continue
-        recent = g.recent(k)
+        recent = g.settled(k)
         if recent is None:
             continue
         lo, hi = a.cap_percent

@@ -7,6 +7,9 @@ busy on average over those intervals. When no CPU is that idle (the host is busy
 small test machine) and at least two busy vCPUs of tuned guests compete for the hot CPUs with their wait
 above target, the destination is a CPU no busy tuned vCPU is confined to and no busier than the hot one.
 One guest per hot set per interval: the one that waited most.
+
+:func:`pending` says, from the last interval alone, which hot CPUs a move may soon relieve: the engine holds
+back weight and cap changes there (placement first).
 """
 
 from __future__ import annotations
@@ -88,3 +91,39 @@ def _wait(g: GuestView, k: int) -> float:
     recent = g.recent(k) or []
     waits = [s.wait_pct for s in recent if s.wait_pct is not None]
     return mean(waits) if waits else 0.0
+
+
+def pending(inp: TuneInput, cfg: TunerConfig) -> CpuSet:
+    """Hot CPUs a move may relieve soon, judged on the last interval: a movable guest's vCPU confined to CPUs
+    at least ``hot_percent`` busy, waiting above its target (or, with no wait reported, with another busy vCPU
+    confined there), with somewhere to go: a shared CPU ``cool_margin`` less busy, or one no busier where no
+    busy tuned vCPU is confined."""
+    if not inp.host:
+        return frozenset()
+    last = inp.host[-1].pcpu_pct
+    hot = {c for c in inp.shared if last.get(c, 0.0) >= cfg.hot_percent}
+    if not hot:
+        return frozenset()
+    busy: dict[CpuSet, int] = {}
+    occupied: set[int] = set()
+    for g in inp.guests.values():
+        if g.samples and g.samples[-1].cpu_pct >= cfg.idle_percent / 2:
+            for cpus in g.pins.values():
+                busy[cpus] = busy.get(cpus, 0) + 1
+                if cpus < inp.shared:
+                    occupied |= cpus
+    out: set[int] = set()
+    for g in inp.guests.values():
+        a = g.policy.adaptive
+        if a is None or not a.may_move or g.policy.dedicated is not None or not g.samples:
+            continue
+        wait = g.samples[-1].wait_pct
+        target = a.target_wait_percent or cfg.target_wait_percent
+        for cpus in g.pins.values():
+            if not cpus or not cpus <= hot or not (wait >= target if wait is not None else busy.get(cpus, 0) >= 2):
+                continue
+            least = min(last.get(c, 0.0) for c in cpus)
+            if any(last.get(c, 0.0) <= least - cfg.cool_margin or (c not in occupied and last.get(c, 0.0) <= least)
+                   for c in inp.shared - cpus):
+                out |= cpus
+    return frozenset(out)

@@ -37,10 +37,17 @@ class GuestView:
     cpu_shares: int  # in force
     cap_percent: float | None  # in force (None: no cap)
     period: int
-    samples: list[GuestSample] = field(default_factory=list)
+    samples: list[GuestSample] = field(default_factory=list)  # since its last move (what placement judges)
+    since_change: int | None = None  # of those, how many since its last weight or cap change (None: all)
 
     def recent(self, k: int) -> list[GuestSample] | None:
+        """The last ``k`` samples since the guest's vCPUs last moved (placement's view)."""
         return self.samples[-k:] if len(self.samples) >= k else None
+
+    def settled(self, k: int) -> list[GuestSample] | None:
+        """The last ``k`` samples since any tuned change of the guest (weight, cap or placement)."""
+        n = len(self.samples) if self.since_change is None else min(len(self.samples), self.since_change)
+        return self.samples[-k:] if n >= k else None
 
 
 @dataclass
