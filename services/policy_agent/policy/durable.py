@@ -75,7 +75,7 @@ def read(path: Path, key: str) -> tuple[Any, str | None]:
         intact = doc.get("checksum") == digest(payload)
     except RecursionError:
         return None, f"not a valid {key} document: JSON nested too deeply"
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         return None, f"not a valid {key} document: {exc!r}"
     if not intact:
         return None, "checksum mismatch (truncated or edited file)"
