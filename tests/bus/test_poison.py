@@ -39,7 +39,8 @@ from tests.conftest import RABBIT_URL, ROOT, SERVICE_QUEUES, TEST_ENV, Proc, Sta
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.journal import FIRST, SECOND, Journal
-from vmsched.bus.poison import PASSED_BY, PoisonTriage, Triage, Verdict
+from vmsched.bus.poison import HOLD_SECONDS, LAST_CALL, PASSED_BY, TURN, TURN_WAIT, Decision, HeldSecondChances, \
+    PoisonTriage, Triage, Turns, Verdict
 from vmsched.bus.topology import DELIVERY_LIMIT, EXCHANGES, REQUEST_QUEUES, REQUESTS_EXCHANGE, dead_letter_queue, \
     legacy_name, request_queue
 from vmsched.messages import Envelope, FilterReply, Op, request_units
@@ -84,6 +85,31 @@ def _ancestors(pid: int) -> Iterator[int]:
             return
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s children, theirs, and so on (from each thread's ``children`` list)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def _comm(pid: int, tid: str) -> bytes:
+    with open(f"/proc/{pid}/task/{tid}/comm", "rb") as f:
+        return f.read().strip()
+
+
 class Kernel(threading.Thread):
     """Kills the replica (its whole process group) whose plugin worker runs the marked unit."""
 
@@ -97,19 +123,20 @@ class Kernel(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
+        # only the live replicas' descendants, each thread of each: cheap enough to see the mark at once on a
+        # loaded machine (a scan of all of /proc could take longer than the unit waits)
         while not self.stop.wait(0.02):
-            for entry in os.listdir("/proc"):
-                if not entry.isdigit():
+            for proc in list(self.replicas):
+                if proc.popen is None or proc.popen.poll() is not None:
                     continue
-                try:
-                    with open(f"/proc/{entry}/comm", "rb") as f:
-                        if f.read().strip() != MARK.encode():
-                            continue
-                    self._kill_owner(int(entry))
-                except OSError:
-                    continue  # the process is gone
-                except Exception as exc:  # noqa: BLE001 - reported by the test, never a silent dead watcher
-                    self.errors.append(repr(exc))
+                for pid in _descendants(proc.popen.pid):
+                    try:
+                        if any(_comm(pid, tid) == MARK.encode() for tid in os.listdir(f"/proc/{pid}/task")):
+                            self._kill_owner(pid)
+                    except OSError:
+                        continue  # the process is gone
+                    except Exception as exc:  # noqa: BLE001 - reported by the test, never a silent dead watcher
+                        self.errors.append(repr(exc))
 
     def _kill_owner(self, worker: int) -> None:
         chain = set(_ancestors(worker))
@@ -270,6 +297,61 @@ def _uid(pid: int) -> int:
     return os.stat(f"/proc/{pid}").st_uid
 
 
+KILLS_TWICE_DEADLINE = 20  # the gateway's --request-timeout, seconds
+
+
+@pytest.mark.rabbitmq
+def test_a_request_that_kills_twice_takes_no_innocent_with_it(vhost: str, tmp_path: Path):
+    """Three replicas, none restarted. The poisoned request kills the replica that runs it among others, then
+    the one that runs its second chance; the requests held beside it are answered by the last replica with their
+    results, and the poisoned one with an error naming its unit, all by their deadline."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "poison.py").write_text(PLUGIN)
+    url = RABBIT_URL + vhost
+    port = free_port()
+    gateway = Proc(["gateway", "--port", str(port), "--request-timeout", str(KILLS_TWICE_DEADLINE),
+                    *bus_args(tmp_path, url)], tmp_path / "gateway.log", env={"VMSCHED_AMQP_URL": ""}).start()
+    replicas = [Proc(["scoring", "--plugins", str(plugins), "--pool-size", "2", "--no-legacy-queues",
+                      "--runtime-dir", str(tmp_path / f"run-{k}"), *bus_args(tmp_path, url)],
+                     tmp_path / f"scoring-{k}.log", env={"VMSCHED_AMQP_URL": ""}).start() for k in range(3)]
+    stack = Stack(port, plugins, [gateway, *replicas])
+    kernel = Kernel(replicas)
+    try:
+        stack.wait_ready(queues=SERVICE_QUEUES["scoring"])
+        wait_until(lambda: _consumers(vhost, REQUEST_QUEUES[Op.FILTER]) == 3, 60, 0.2, "three replicas consuming")
+        kernel.start()
+
+        def timed(*params: Any) -> tuple[float, Any]:
+            started = time.monotonic()
+            reply = stack.xmlrpc("runFilters", *params)
+            return time.monotonic() - started, reply
+
+        with ThreadPoolExecutor(12) as pool:
+            poisoned = pool.submit(timed, ["Poison"], HOSTS, VM, {})
+            others = [pool.submit(timed, ["KeepAll"], HOSTS[: 1 + i % 4], VM, {}) for i in range(10)]
+            seconds, reply = poisoned.result(timeout=KILLS_TWICE_DEADLINE + 30)
+            answers = [f.result(timeout=KILLS_TWICE_DEADLINE + 30) for f in others]
+        kernel.stop.set()
+        kernel.join(5)
+        assert not kernel.errors and len(kernel.kills) == 2, (kernel.errors, kernel.kills, reply)
+        assert not kernel.alone, (kernel.alone, kernel.kills)  # never the last replica alive
+        assert reply["result"] == HOSTS and seconds <= KILLS_TWICE_DEADLINE + 1, (seconds, reply)
+        (error,) = reply["errors"]
+        assert "second chance also ended with the death" in error and "units: Poison" in error, error
+        for i, (took, answer) in enumerate(answers):
+            assert answer == {"result_code": 0, "result": HOSTS[: 1 + i % 4], "plugin_errors": {}, "errors": []}, \
+                (i, answer, took)
+            assert took <= KILLS_TWICE_DEADLINE + 1, (i, took)
+        logs = "".join(p.output() for p in stack.procs)
+        print(f"poisoned answered in {seconds:.1f} s; others in {max(t for t, _ in answers):.1f} s at most; "
+              f"turns declined {logs.count('turn declined')}")
+    finally:
+        kernel.stop.set()
+        for proc in stack.procs:
+            proc.kill()
+
+
 @pytest.mark.rabbitmq
 def test_one_death_of_a_service_process_counts_one_delivery(vhost: str, tmp_path: Path):
     """A replica with 4 handler threads dies holding a request: the broker returns it counted once (one
@@ -405,11 +487,13 @@ def test_journal_records_several_at_a_death_replicas_own_files_and_a_shared_dire
 class _Message:
     """What the worker reads of a delivered message (kombu's Message), and what it does to it."""
 
-    def __init__(self, cid: str, headers: dict[str, Any] | None = None, redelivered: bool = False) -> None:
+    def __init__(self, cid: str, headers: dict[str, Any] | None = None, redelivered: bool = False,
+                 left: float = 30.0, channel: object = None) -> None:
         self.properties = {"correlation_id": cid, "reply_to": "vmsched.reply.x"}
         self.headers = headers or {}
         self.delivery_info = {"redelivered": redelivered}
-        self.body = Envelope(op="filter", deadline=time.time() + 30, body={"units": ["U"], "hosts": []}).model_dump_json()
+        self.channel = channel
+        self.body = Envelope(op="filter", deadline=time.time() + left, body={"units": ["U"], "hosts": []}).model_dump_json()
         self.content_type, self.content_encoding = "application/json", "utf-8"
         self.acked = False
 
@@ -429,21 +513,37 @@ def test_triage_of_requests_that_were_in_a_dead_process(tmp_path: Path):
     queue, rejected = REQUEST_QUEUES[Op.FILTER], [{"reason": "rejected"}]
     run, to_second_chance = Triage(Verdict.RUN), Triage(Verdict.TO_SECOND_CHANCE)
     second_chance, pass_on = Triage(Verdict.SECOND_CHANCE), Triage(Verdict.PASS_ON)
+    hold = Triage(Verdict.HOLD)
     try:
         assert triage.decide(queue, False, _Message("fresh")) == run and run.journal_kind == FIRST
         assert triage.decide(queue, False, _Message("held", {"x-delivery-count": 1})) == to_second_chance
         assert triage.decide(queue, False, _Message("among-1")) == to_second_chance  # among those of the death
-        assert triage.decide(queue, True, _Message("held", {"x-death": rejected})) == second_chance
+        assert triage.decide(queue, True, _Message("held", {"x-death": rejected})) == hold
+        # its turn: marked running, run by whoever receives it
+        published: list[dict[str, Any]] = []
+        sink = SimpleNamespace(publish=lambda body, **kw: published.append(kw))
+        message = _Message("held", {"x-death": rejected, "x-delivery-count": 1})  # a death returned it while held
+        assert triage.decide(queue, True, message) == hold
+        triage.give_turn(queue, message, sink)  # type: ignore[arg-type]
+        turn = published.pop()
+        assert message.acked and turn["headers"][TURN] and "x-delivery-count" not in turn["headers"]
+        assert turn["exchange"] == "vmsched.dead" and turn["routing_key"] == queue
+        assert triage.decide(queue, True, _Message("held", turn["headers"])) == second_chance
         assert second_chance.journal_kind == SECOND
-        why = triage.decide(queue, True, _Message("held", {"x-death": rejected}, redelivered=True))
+        # a turn that comes back from a death was running: refused
+        why = triage.decide(queue, True, _Message("held", turn["headers"], redelivered=True))
         assert why.verdict is Verdict.REFUSE and "second chance also ended with the death" in why.why
+        why = triage.decide(queue, True, _Message("held", {**turn["headers"], "x-delivery-count": 1}))
+        assert why.verdict is Verdict.REFUSE
+        # a turn that came while another ran here goes back unmarked: held again
+        triage.decline_turn(queue, _Message("held", turn["headers"]), sink)  # type: ignore[arg-type]
+        assert TURN not in published[-1]["headers"]
+        assert triage.decide(queue, True, _Message("held", published.pop()["headers"])) == hold
         why = triage.decide(queue, True, _Message("limit", {"x-death": [{"reason": "delivery_limit"}]}))
         assert why.verdict is Verdict.REFUSE and "each of its deliveries" in why.why
         # a second chance of what the predecessor was handling among others: another replica's, unless it came back
         assert triage.decide(queue, True, _Message("among-2", {"x-death": rejected})) == pass_on
-        published: list[dict[str, Any]] = []
         message = _Message("among-2", {"x-death": rejected})
-        sink = SimpleNamespace(publish=lambda body, **kw: published.append(kw))
         triage.pass_on(queue, message, sink)  # type: ignore[arg-type]
         assert message.acked and published[0]["headers"][PASSED_BY] == [journal.identity]
         assert published[0]["exchange"] == "vmsched.dead" and published[0]["routing_key"] == queue
@@ -453,7 +553,7 @@ def test_triage_of_requests_that_were_in_a_dead_process(tmp_path: Path):
             triage.pass_on(queue, back, sink)  # type: ignore[arg-type]
         assert published[-1]["headers"][PASSED_BY] == [journal.identity] * 3
         back = _Message("among-2", published[-1]["headers"])
-        assert triage.decide(queue, True, back) == second_chance  # no other replica took it: run here
+        assert triage.decide(queue, True, back) == hold  # no other replica took it: held here for its turn
     finally:
         journal.close()
     alone = Journal(directory, "scoring", 3)  # this one dies handling one request alone
@@ -465,3 +565,44 @@ def test_triage_of_requests_that_were_in_a_dead_process(tmp_path: Path):
         assert why.verdict is Verdict.REFUSE and "died handling it in its second chance and was restarted" in why.why
     finally:
         journal.close()
+
+
+def test_held_second_chances_are_decided_together_and_take_turns_one_at_a_time():
+    """No broker: the decisions alone. Second chances held together share one wait for another replica, bounded
+    by half the time left before each deadline; one turn at a time; one that cannot run in time is answered."""
+    channel, queue = object(), REQUEST_QUEUES[Op.FILTER]
+    alone = lambda name: False  # noqa: E731 - no other replica consumes the queue
+    held = HeldSecondChances(check=0.0)
+    soon, later = _Message("soon", left=60.0, channel=channel), _Message("later", left=90.0, channel=channel)
+    late, gone = _Message("late", left=LAST_CALL / 2, channel=channel), _Message("gone", channel=object())
+    for message in (later, soon, late, gone):
+        held.hold(queue, message)
+    decided = held.due(channel, alone, turn_free=True)
+    assert [(m, d) for _, m, d in decided] == [(late, Decision.LATE)]  # gone (its channel closed): dropped
+    assert held.due(channel, alone, turn_free=True) == []  # both wait for another replica (HOLD_SECONDS)
+    # another replica consumes: the nearest deadline first, one turn at a time
+    assert [(m, d) for _, m, d in held.due(channel, lambda name: True, turn_free=True)] == [(soon, Decision.TURN)]
+    assert held.due(channel, lambda name: True, turn_free=False) == []  # a turn runs here: the next one waits
+    assert [(m, d) for _, m, d in held.due(channel, lambda name: True, turn_free=True)] == [(later, Decision.TURN)]
+    assert not held
+    # alone, the wait is bounded by half the time left before the deadline (and HOLD_SECONDS for the queue)
+    started, short = time.monotonic(), _Message("short", left=2.8, channel=channel)
+    held.hold(queue, short)
+    held.hold(queue, _Message("long", left=2 * HOLD_SECONDS + 60, channel=channel))
+    while not (turn := held.due(channel, alone, turn_free=True)):
+        assert time.monotonic() - started < 2.8 - LAST_CALL, "no turn before its deadline"
+        time.sleep(0.02)
+    assert turn == [(queue, short, Decision.TURN)] and time.monotonic() - started >= 1.4 - 0.05
+    assert held.due(channel, alone, turn_free=True) == [] and held  # 'long' waits for its queue's wait (15 s)
+
+    turns = Turns()
+    assert turns.free
+    turns.given()
+    assert not turns.free  # until its turn comes back, or TURN_WAIT
+    first, second = _Message("first"), _Message("second")
+    assert turns.arrived(first) and not turns.free
+    assert not turns.arrived(second)  # declined: another runs here
+    turns.finished(second)
+    assert not turns.free
+    turns.finished(first)
+    assert turns.free and TURN_WAIT > 0

@@ -11,7 +11,8 @@ request (with one channel per thread, a returned request could first be handed t
 of the same dead process and be counted twice).
 
 Poison requests (a request that was held by a process that died) are triaged by
-:mod:`vmsched.bus.poison`: run, a second chance alone, passed on, or refused with an error.
+:mod:`vmsched.bus.poison`: run, held for a second chance (decided for together, run one at a time,
+alone), passed on, or refused with an error.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from vmsched import metrics
 from vmsched.bus.connection import BusOptions, ensure_exchanges
 from vmsched.bus.journal import Journal
 from vmsched.bus.loop import run_reconnecting
-from vmsched.bus.poison import HOLD_CHECK, HeldSecondChances, PoisonTriage, Triage, Verdict, correlation_id
+from vmsched.bus.poison import HELD_MAX, HOLD_CHECK, Decision, HeldSecondChances, PoisonTriage, Triage, Turns, \
+    Verdict, correlation_id
 from vmsched.bus.replies import Handler, Replier
 from vmsched.bus.sockets import buffered, nonblocking
 from vmsched.bus.topology import DEAD_EXCHANGE, REPLY_EXCHANGE, REPLY_VIA, dead_letter_queue, is_versioned, \
@@ -83,6 +85,7 @@ class ServiceWorker:
         self._wake: tuple[int, int] = (-1, -1)
         self._channel: object = None  # the channel of the live connection
         self._held = HeldSecondChances()  # on the bus thread
+        self._turns = Turns()  # on the bus thread; a new one per connection
         self.ready = threading.Event()  # set once the consumers have subscribed
 
     # --- lifecycle ---------------------------------------------------------
@@ -144,9 +147,10 @@ class ServiceWorker:
         ensure_exchanges(conn, (REPLY_EXCHANGE, DEAD_EXCHANGE))
         channel = self._channel = conn.channel()  # before consuming: deliveries may come while subscribing
         producer = Producer(channel, auto_declare=False)
-        # a dead-letter queue's consumer holds one request: a second chance runs apart from other suspects
+        # a dead-letter queue's consumer holds several second chances, decided for together; each runs alone
         # (declared first: a quorum queue drops what it dead-letters to an exchange without a bound queue)
-        channel.basic_qos(0, 1, False)
+        self._held, self._turns = HeldSecondChances(), Turns()
+        channel.basic_qos(0, HELD_MAX, False)
         for name in self.routes:
             if is_versioned(name):
                 Consumer(channel, [dead_letter_queue(name)], no_ack=False,
@@ -168,7 +172,7 @@ class ServiceWorker:
         beat = time.monotonic()
         while not self._stop.is_set():
             self._flush(producer, channel)
-            self._release_held(channel)
+            self._release_held(channel, producer)
             wait = HOLD_CHECK if self._held else 1.0
             readable = [sock] if buffered(sock) else select.select([sock, self._wake[0]], [], [], wait)[0]
             if self._wake[0] in readable:
@@ -195,6 +199,7 @@ class ServiceWorker:
             if message.channel is channel:
                 message.ack()  # only after the reply is out: a killed process means redelivery
             # else: its channel is gone and the broker has returned it; the reply may still be in time
+            self._turns.finished(message)
 
     def _poke(self) -> None:
         if self._wake[1] >= 0:
@@ -219,19 +224,32 @@ class ServiceWorker:
             self._work.put((name, message, triage))
         elif verdict is Verdict.TO_SECOND_CHANCE:
             message.reject(requeue=False)
-        elif verdict is Verdict.SECOND_CHANCE:
-            self._held.hold(name, message)  # runs once another replica is up
+        elif verdict is Verdict.HOLD:
+            self._held.hold(name, message)  # its turn comes once another replica is up (vmsched.bus.poison)
             self._poke()
+        elif verdict is Verdict.SECOND_CHANCE:
+            if self._turns.arrived(message):
+                self._work.put((name, message, triage))
+            else:
+                self.triage.decline_turn(name, message, producer)
         elif verdict is Verdict.PASS_ON:
             self.triage.pass_on(name, message, producer)
         else:
             self._reply(message, self.replier.dead(name, message.body, correlation_id(message), triage.why), producer)
             message.ack()
 
-    def _release_held(self, channel: object) -> None:
-        """Hand the held second chances whose wait is over to the handlers (vmsched.bus.poison)."""
-        for name, message in self._held.due(channel, lambda name: self._others_consume(channel, name)):
-            self._work.put((name, message, Triage(Verdict.SECOND_CHANCE)))
+    def _release_held(self, channel: object, producer: Producer) -> None:
+        """Give a held second chance whose wait is over its turn; answer those that cannot run in time
+        (vmsched.bus.poison)."""
+        for name, message, decision in self._held.due(channel, lambda name: self._others_consume(channel, name),
+                                                      self._turns.free):
+            if decision is Decision.TURN:
+                self.triage.give_turn(name, message, producer)
+                self._turns.given()
+            else:  # late: an error naming its units, or nothing once its caller gave up
+                why = f"its second chance could not run before its deadline (a {self.service} process holding it died)"
+                self._reply(message, self.replier.dead(name, message.body, correlation_id(message), why), producer)
+                message.ack()
 
     def _others_consume(self, channel: object, name: str) -> bool:
         """Whether a process besides this one consumes ``name``'s request queue (one channel per process)."""
