@@ -60,7 +60,7 @@ def _problem(err: dict[str, Any]) -> str:
     return f"{'.'.join(loc)}: {msg}" if loc else msg
 
 
-class _Route(APIRoute):
+class InvalidAs400Route(APIRoute):
     """A malformed path or body is a 400 with every problem listed, like an agent's refusal."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -86,7 +86,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     504: {"model": ErrorReply, "description": "no answer from the host's agent in time"},
     "4XX": {"description": "other client errors of the gateway (e.g. 413 body too large)"},
 }
-router = APIRouter(prefix="/v1/hosts", tags=["policy agent"], route_class=_Route, responses=_ERRORS)
+router = APIRouter(prefix="/v1/hosts", tags=["policy agent"], route_class=InvalidAs400Route, responses=_ERRORS)
 
 
 async def _call(request: Request, host: str, op: AgentOp, body: dict[str, Any], timeout: float = TIMEOUT) -> dict:

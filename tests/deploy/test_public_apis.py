@@ -23,9 +23,6 @@ FOLDERS = ("gateway", "services", "vmsched", "plugins")
 
 #: area -> findings still allowed there ("path: kind: what", as private_access and ruff_findings spell them).
 ALLOWED: dict[str, set[str]] = {
-    "gateway": {
-        "gateway/facts_api.py: import: vmsched.gateway.agent_api._Route",
-    },
     "agent": {
         "services/policy_agent/surfaces/cli.py: subclass: _Formatter overrides RawDescriptionHelpFormatter._get_help_string",
     },
