@@ -122,6 +122,37 @@ def test_hotspot_moves_one_guest_off_the_saturated_cpu(env, guests, agent_factor
         assert "repair loop" not in (agent.request("get_policy", {"guest": name}).get("error") or "")
 
 
+def test_tuners_cooperate_the_move_comes_first(env, guests, agent_factory, tmp_path):
+    """Two burning guests on one pCPU, each with a weight range, a cap range and may_move: placement goes
+    first. The move comes in the earliest round (a baseline, then the hysteresis' 3 samples) or the next, and no
+    weight or cap is applied to either guest before it (a move relieves the contention they would answer)."""
+    if len(env.host_cpus) < 2:
+        pytest.skip(f"needs 2 host CPUs, found {sorted(env.host_cpus)}")
+    lo, hi = min(env.host_cpus), max(env.host_cpus)
+    agent = agent_factory(reconcile_interval=2, extra_args=("--tune-interval", "2"))
+    names = [burner(env, guests, tmp_path, None) for _ in range(2)]
+    policy = {"vcpu_pins": {"0": str(hi)},
+              "adaptive": {"may_move": True, "weight": [512, 4096], "cap_percent": [50, 100]}}
+    for name in names:
+        agent.request("set_policy", {"guest": name, "policy": policy})
+    os_guests = [guests.start(name) for name in names]
+    rounds0 = agent.metric(ROUNDS)  # both run: the next round is at the latest their baseline
+    for g in os_guests:
+        h.wait_for(g.vcpu_pins, {0: frozenset({hi})}, what=f"{g.name} pinned to CPU {hi}")
+
+    def moved() -> list[str]:
+        return [g.name for g in os_guests if g.vcpu_pins() == {0: frozenset({lo})}]
+
+    h.wait_until(moved, timeout=60, interval=0.2, what=f"a guest's vCPU moved to CPU {lo}")
+    rounds = agent.metric(ROUNDS) - rounds0
+    assert rounds <= 4 + 1, f"moved after {rounds:g} tuner rounds: the earliest is 4 (a baseline and 3 samples)"
+    explained = {n: agent.cli_json("policy", "explain", n)["decisions"] for n in names}
+    (move,) = [d for ds in explained.values() for d in ds if d["field"] == "vcpus" and d["outcome"] == "applied"]
+    early = [(n, d) for n, ds in explained.items() for d in ds
+             if d["outcome"] == "applied" and d["field"] != "vcpus" and d["time"] <= move["time"]]
+    assert early == [], f"weight or cap applied before the move: {early}"
+
+
 def test_weight_follows_demand_and_decays_when_idle(env, guests, agent_factory, tmp_path):
     hi = max(env.host_cpus)
     agent = agent_factory(reconcile_interval=2, extra_args=("--tune-interval", "2"))
