@@ -204,6 +204,9 @@ class CpuView(Reply):
     free: str
     allocated: str
     allocations: dict[str, str] = Field(description="guest name -> its dedicated CPUs")
+    topology: dict[str, Any] | None = Field(
+        None, description="sockets -> NUMA nodes -> cores -> threads, each CPU with its state (shared, free, held, "
+                          "and for a held CPU its guest and use: vcpuN, emulator or idle); offline CPUs")
 
 
 class Reconciled(Reply):

@@ -385,7 +385,18 @@ class Agent:
 
     def cpus(self) -> dict:
         with self.enforcer.lock:  # type: ignore[union-attr]
-            return {"host_id": self.host_id, **self.pools.view()}
+            uses: dict[int, list[str]] = {}  # what each dedicated CPU runs, as enforced
+            for g in self.inventory.all():
+                held = self.pools.allocations.get(g.uuid)
+                if held and g.desired is not None:
+                    for i, cpus in sorted((g.desired.vcpus or {}).items()):
+                        if len(cpus) == 1 and cpus <= held:
+                            uses.setdefault(min(cpus), []).append(f"vcpu{i}")
+                    if g.desired.emulator is not None and g.desired.emulator <= held:
+                        for cpu in g.desired.emulator:
+                            uses.setdefault(cpu, []).append("emulator")
+            view = self.pools.topology_view({c: ",".join(u) for c, u in uses.items()})
+            return {"host_id": self.host_id, **self.pools.view(), "topology": view}
 
     @_libvirt_errors
     def set_pool(self, pool: str | None) -> dict:

@@ -42,7 +42,7 @@ def test_isolated_strict_guest_on_a_two_socket_server(conn, make_agent) -> None:
     assert a.get_policy("t-iso")["policy"] == {"dedicated": 2, "thread_policy": "isolate", "numa": "strict",
                                                 "emulator": "isolate"}
     assert a.reconcile()["repaired"] == 0  # what was applied is what it wants
-    other = guest(conn, "t-other", 1)
+    guest(conn, "t-other", 1)
     assert a.set_policy("t-other", {"dedicated": 1})["allocation"] == "4"  # never 49-51
 
 
@@ -54,3 +54,36 @@ def test_a_strict_request_no_node_can_take_is_refused_whole(conn, make_agent) ->
     assert exc.value.errors == ["guest 't-big' needs 25 whole cores (50 CPUs, thread_policy require) in one NUMA"
                                 " node (numa strict); free CPUs on whole cores: node 0 has 46, node 1 has 46"]
     assert a.get_policy("t-big")["policy"] is None and a.cpus()["allocations"] == {}
+
+
+def test_policy_cpus_draws_sockets_cores_threads_and_holders(conn, make_agent, capsys) -> None:  # noqa: F811
+    import argparse
+    import json
+
+    from vmsched.services.policy_agent.serve import serve
+    from vmsched.services.policy_agent.surfaces.cli import register
+
+    a = make_agent(opener=opener(TWO), dedicated_pool=POOL)
+    guest(conn, "t-db")
+    a.set_policy("t-db", {"dedicated": 2, "thread_policy": "isolate", "emulator": "isolate"})
+    parser = argparse.ArgumentParser(prog="vmsched")
+    register(parser.add_subparsers(dest="command", required=True), serve)
+
+    def run(*argv: str) -> str:
+        args = parser.parse_args(["policy", "cpus", *argv, "--socket", str(a.socket_path)])
+        assert args.func(args) == 0
+        return capsys.readouterr().out
+
+    drawing = run()
+    lines = drawing.splitlines()
+    assert lines[0].startswith(f"host h1: CPUs 0-95; dedicated pool {POOL}")
+    words = [line.split() for line in lines]
+    assert ["socket", "0"] in words and ["socket", "1"] in words and words.count(["node", "1", "(189", "GiB)"]) == 1
+    core1 = next(line for line in lines if line.split()[:2] == ["core", "1"])
+    assert core1.split() == ["core", "1", "[1", "t-db", "vcpu0]", "[49", "t-db", "idle]"]  # its sibling held idle
+    assert "[3 t-db emulator]" in drawing and "[0 shared]" in drawing and "[4 free]" in drawing
+    assert sum(line.strip().startswith("core ") for line in lines) == 48
+    reply = json.loads(run("--json"))
+    threads = [t for s in reply["topology"]["sockets"] for n in s["nodes"] for c in n["cores"] for t in c["threads"]]
+    assert len(threads) == 96 and {t["use"] for t in threads if t.get("guest") == "t-db"} == {"vcpu0", "vcpu1",
+                                                                                             "emulator", "idle"}

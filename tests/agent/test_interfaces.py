@@ -121,8 +121,12 @@ def test_cli_policy_commands(conn, make_agent, capsys, tmp_path):
     assert parsed.func(parsed) == 0
     shown = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
     assert shown["policy"] == "dedicated=2 requires=t-other" and shown["allocation"] == "4-5"
-    code, out, _ = run_cli(["policy", "cpus", *sock], capsys)
+    code, out, _ = run_cli(["policy", "cpus", "--json", *sock], capsys)
     assert out["free"] == "6-7"
+    parsed = parser.parse_args(["policy", "cpus", *sock])  # a drawing by default
+    assert parsed.func(parsed) == 0
+    drawn = capsys.readouterr().out
+    assert "free 6-7" in drawn.splitlines()[0] and "[4 t-cli vcpu0]" in drawn and "[5 t-cli vcpu1]" in drawn
     code, out, err = run_cli(["policy", "check-start", "t-cli", *sock], capsys)
     assert code == 1 and "'t-other' (not defined on this host)" in err
     # refusals: exit 1 with the precise reason; unknown guest 4; no agent 3; bad usage 2

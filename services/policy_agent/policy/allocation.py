@@ -76,6 +76,29 @@ class Pools:
             "allocations": {self.name(u): cpuset.fmt(c) for u, c in sorted(self.allocations.items())},
         }
 
+    def topology_view(self, uses: dict[int, str] | None = None) -> dict:
+        """The host's sockets, their NUMA nodes, cores and threads, each CPU with its state (shared, free,
+        held) and, when held, its guest and what it runs there (``uses``: CPU -> "vcpu0", "emulator", ...)."""
+        t, uses = self.topo, uses or {}
+        holder = {c: u for u, cpus in self.allocations.items() for c in cpus}
+        sockets: dict[int, dict[int, list[dict]]] = {}
+        for core in t.cores():
+            first = t.cpus[min(core)] if min(core) in t.cpus else None
+            socket, node = (first.socket, first.node) if first is not None else (0, 0)
+            threads = []
+            for cpu in sorted(core):
+                entry: dict = {"cpu": cpu, "state": "shared" if cpu not in self.pool else "free"}
+                if cpu in holder:
+                    entry.update(state="held", guest=self.name(holder[cpu]), use=uses.get(cpu, "idle"))
+                threads.append(entry)
+            sockets.setdefault(socket, {}).setdefault(node, []).append(
+                {"core": first.core if first is not None else min(core), "threads": threads})
+        memory = {c.id: c.memory_kib // 1024 for c in t.cells}
+        return {"sockets": [{"socket": s, "nodes": [{"node": n, "memory_mib": memory.get(n, 0), "cores": cores}
+                                                    for n, cores in sorted(nodes.items())]}
+                            for s, nodes in sorted(sockets.items())],
+                "offline": cpuset.fmt(t.offline)}
+
     # --- checks --------------------------------------------------------------
     def missing(self, cpus: CpuSet) -> CpuSet:
         return frozenset(cpus - self.host_cpus)

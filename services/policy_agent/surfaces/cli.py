@@ -232,11 +232,15 @@ def _policy_parser(sub: Any) -> None:
         c.set_defaults(func=_simple(op))
 
     for name, op, text in (("list", AgentOp.LIST_POLICIES, "list the guests that have a policy on the host"),
-                           ("cpus", AgentOp.CPUS, "show the host CPUs, dedicated pool, shared set and allocations"),
+                           ("cpus", AgentOp.CPUS, "draw the host's sockets, NUMA nodes, cores and threads, and who "
+                                                  "holds each CPU (the dedicated pool, shared set and allocations)"),
                            ("reconcile", AgentOp.RECONCILE, "run one reconcile sweep now and show what it repaired")):
         c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=_Formatter)
         if op is AgentOp.LIST_POLICIES:
             c.add_argument("--json", action="store_true", help="print the agent's reply as JSON instead of a table")
+        if op is AgentOp.CPUS:
+            c.add_argument("--json", action="store_true",
+                           help="print the agent's reply as JSON instead of the drawing of sockets, cores and threads")
         _client_options(c)
         c.set_defaults(func=_simple(op))
 
@@ -292,7 +296,7 @@ def call(args: argparse.Namespace, op: AgentOp, body: dict, timeout: float | Non
 
 
 #: Replies printed as a table unless --json.
-TABLES = {AgentOp.LIST_POLICIES: tables.policies, AgentOp.GET_POLICY: tables.policy}
+TABLES = {AgentOp.LIST_POLICIES: tables.policies, AgentOp.GET_POLICY: tables.policy, AgentOp.CPUS: tables.cpus}
 
 
 class _Usage(Exception):

@@ -44,3 +44,40 @@ def policy(view: dict) -> str:
         rows.append([key, summary(view.get(key))])
     rows += [[key, summary(value)] for key, value in view.items() if key not in {"guest", "uuid", *(r[0] for r in rows)}]
     return table(rows)
+
+
+def cpus(reply: dict) -> str:
+    """``policy cpus``: the host's sockets, NUMA nodes, cores and threads, and who holds each CPU."""
+    topo = reply.get("topology")
+    head = (f"host {reply.get('host_id')}: CPUs {reply.get('host_cpus') or '-'}; dedicated pool"
+            f" {reply.get('dedicated_pool') or 'none'}, free {reply.get('free') or '-'}")
+    if not isinstance(topo, dict):  # an agent that sends no topology: its lists only
+        rows = [["dedicated pool", summary(reply.get("dedicated_pool"))], ["shared", summary(reply.get("shared"))],
+                ["free", summary(reply.get("free"))]]
+        rows += [[f"held by {g}", cpus] for g, cpus in sorted((reply.get("allocations") or {}).items())]
+        return head + "\n" + table(rows)
+    lines = [head]
+    rows: list[list[str]] = []
+    for socket in topo.get("sockets", []):
+        rows.append([f"socket {socket.get('socket')}"])
+        for node in socket.get("nodes", []):
+            rows.append([f"  node {node.get('node')}", f"({_mib(node.get('memory_mib'))})"])
+            for core in node.get("cores", []):
+                rows.append([f"    core {core.get('core')}", *(_thread(t) for t in core.get("threads", []))])
+    width = max((len(r) for r in rows), default=1)
+    lines.append(table([r + [""] * (width - len(r)) for r in rows]).rstrip("\n"))
+    if topo.get("offline"):
+        lines.append(f"offline: {topo['offline']}")
+    return "\n".join(lines) + "\n"
+
+
+def _thread(t: dict) -> str:
+    text = f"{t.get('cpu')} {t.get('state')}"
+    if t.get("state") == "held":
+        text = f"{t.get('cpu')} {t.get('guest')} {t.get('use')}"
+    return f"[{text}]"
+
+
+def _mib(value: Any) -> str:
+    mib = int(value or 0)
+    return f"{mib / 1024:.0f} GiB" if mib >= 1024 else f"{mib} MiB"
