@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.libvirt import helpers as h  # noqa: E402
+from tests.support import libvirtd  # noqa: E402
 
 NAME = h.PREFIX + "bench"
 STARTED_SUM = 'vmsched_agent_event_to_applied_seconds_sum{event="started"}'
@@ -91,14 +92,14 @@ def main() -> int:
         print("bench_agent_real: needs root (runs libvirtd and reads QEMU's /proc entries); skipped")
         return 0
 
-    state_file = h.STATE_DIR / "libvirtd.started"
+    state_file = libvirtd.STATE_DIR / "libvirtd.started"
     owned_session = not state_file.exists()
     t0 = time.monotonic()
-    proc = h.run_setup(check=False)
+    proc = libvirtd.run_setup(check=False)
     if proc.returncode != 0:
         print(f"bench_agent_real: libvirt-setup.sh failed; cannot run here:\n{proc.stdout}{proc.stderr}")
         return 0
-    print(f"libvirtd ready in {time.monotonic() - t0:.1f} s (pid {h.libvirtd_pid()})")
+    print(f"libvirtd ready in {time.monotonic() - t0:.1f} s (pid {libvirtd.libvirtd_pid()})")
 
     import libvirt
 
@@ -199,7 +200,7 @@ def main() -> int:
         agent.stop()
         lv.close()
         if owned_session and not args.keep_libvirtd:
-            td = h.run_teardown()
+            td = libvirtd.run_teardown()
             print("teardown: " + " | ".join(td.stdout.strip().splitlines()))
 
     print(f"\nresults over {args.runs} start/destroy runs (real libvirtd {h.URI}, QEMU TCG, "

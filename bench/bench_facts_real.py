@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.libvirt import helpers as h  # noqa: E402
+from tests.support import libvirtd  # noqa: E402
 
 INTERVAL = 5.0
 TICK = os.sysconf("SC_CLK_TCK")
@@ -60,7 +61,7 @@ def measure(conn: object, count: int, rounds: int, per_round: int) -> None:
     own: list[float] = []
     others: list[float] = []
     for _ in range(rounds):
-        pids = [p for p in [h.libvirtd_pid(), *h.qemu_processes().values()] if p]
+        pids = [p for p in [libvirtd.libvirtd_pid(), *h.qemu_processes().values()] if p]
         w, c, o = time.perf_counter(), time.process_time(), cpu_of(pids)
         for _ in range(per_round):
             collector.host(conn)  # type: ignore[arg-type]
@@ -88,8 +89,8 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_facts_real: needs root (runs libvirtd); skipped")
         return 0
-    owned_session = not (h.STATE_DIR / "libvirtd.started").exists()
-    proc = h.run_setup(check=False)
+    owned_session = not (libvirtd.STATE_DIR / "libvirtd.started").exists()
+    proc = libvirtd.run_setup(check=False)
     if proc.returncode != 0:
         print(f"bench_facts_real: libvirt-setup.sh failed; cannot run here:\n{proc.stdout}{proc.stderr}")
         return 0
@@ -114,7 +115,7 @@ def main() -> int:
         h.remove_guests(conn, names)
         conn.close()
         if owned_session and not args.keep_libvirtd:
-            h.run_teardown()
+            libvirtd.run_teardown()
     return 0
 
 

@@ -56,17 +56,19 @@ if [ -n "$missing" ]; then
     command -v apt-get >/dev/null 2>&1 || die "packages missing:$missing, and no apt-get on this machine"
     export DEBIAN_FRONTEND=noninteractive
     log "installing:$missing"
-    # `apt-get update` only when the package lists are empty or the install fails
+    APT="flock -o /tmp/vmsched-apt.lock apt-get -o DPkg::Lock::Timeout=600"
+    # `apt-get update` only when the package lists are empty or the install fails; apt runs under
+    # the lock scripts/apt-install takes (tests install packages in parallel)
     if ! ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1; then
         log "apt package lists are empty: apt-get update"
-        apt-get update -q >/dev/null || die "apt-get update failed"
+        $APT update -q >/dev/null || die "apt-get update failed"
     fi
     # shellcheck disable=SC2086
-    if ! apt-get install -y -q --no-install-recommends $missing >/dev/null; then
+    if ! $APT install -y -q --no-install-recommends $missing >/dev/null; then
         log "install failed; retrying after apt-get update"
-        apt-get update -q >/dev/null || die "apt-get update failed"
+        $APT update -q >/dev/null || die "apt-get update failed"
         # shellcheck disable=SC2086
-        apt-get install -y -q --no-install-recommends $missing >/dev/null \
+        $APT install -y -q --no-install-recommends $missing >/dev/null \
             || die "apt-get install$missing failed"
     fi
 else

@@ -12,13 +12,12 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
+from tests.support.paths import ROOT
 from tests.support.tiers import FAST_TIER
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +60,12 @@ def test_the_heavy_tests_are_found_and_left_out(collected: list[dict]):
     # and the light cases of the same modules stay in the fast tier
     light = _files([r for r in collected if r["selected"]])
     assert light["tests/bus/test_poison.py"] > 0 and light["tests/gateway/test_scheduling_path.py"] > 0
+
+
+def test_the_tests_run_alone_and_the_real_qemu_ones_are_where_scripts_test_looks(collected: list[dict]):
+    """scripts/test runs the tests marked alone after the others unless the tier leaves out slow ones, and
+    the libvirt ones in a process of their own."""
+    alone = [r for r in collected if "alone" in r["marks"]]
+    assert alone and all("slow" in r["marks"] for r in alone), alone
+    libvirt = {r["id"].split("::", 1)[0] for r in collected if "libvirt" in r["marks"]}
+    assert libvirt and all(path.startswith("tests/e2e/libvirt/") for path in libvirt), libvirt

@@ -12,7 +12,8 @@ from vmsched.services.policy_agent.serve import serve
 from vmsched.services.policy_agent.policy.errors import PolicyError
 from vmsched.services.policy_agent.policy.model import parse_policy, parse_policy_partial
 from vmsched.services.policy_agent.surfaces.cli import register
-from tests.agent.test_driver import conn, guest, make_agent, state_dir  # noqa: F401 - fixtures
+from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
+from tests.support.agent_driver import guest
 
 
 def test_field_and_model_errors_are_reported_together():

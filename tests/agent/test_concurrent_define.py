@@ -19,7 +19,7 @@ from vmsched.services.policy_agent.policy.errors import DefinitionChanged
 from vmsched.services.policy_agent.policy.validation import Desired
 from vmsched.services.policy_agent.virt import snapshot
 from tests.support.agent_driver import domain_xml, emulator_pin
-from tests.agent.test_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
+from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
 
 INACTIVE = libvirt.VIR_DOMAIN_XML_INACTIVE
 

@@ -16,15 +16,9 @@ from vmsched.services.policy_agent.virt import metadata
 from vmsched.services.policy_agent.agent import Agent
 from vmsched.services.policy_agent.policy.errors import GuestNotFound, PolicyError
 from vmsched.services.policy_agent.virt.connection import DomainEvent
-from tests.support.agent_driver import conn, make_agent, metric, state_dir  # noqa: F401 - fixtures, and for other modules
-from tests.support.agent_driver import domain_xml, emulator_pin, live_pins, wait_until
-
-
-def guest(conn, name: str, vcpus: int = 2, start: bool = True) -> libvirt.virDomain:
-    dom = conn.defineXML(domain_xml(name, vcpus))
-    if start:
-        dom.create()
-    return dom
+from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
+from tests.support.agent_driver import emulator_pin, guest, live_pins, metric
+from tests.support.waiting import wait_until
 
 
 def inject(agent: Agent, dom: libvirt.virDomain, kind: str) -> None:

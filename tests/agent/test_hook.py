@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from vmsched.services.policy_agent.virt import metadata
 
 HOOK = ROOT / "services" / "policy_agent" / "surfaces" / "hooks" / "qemu"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import re
 import socket
@@ -15,8 +17,9 @@ from vmsched.services.policy_agent.serve import serve
 from vmsched.services.policy_agent.surfaces.cli import register
 from vmsched.services.policy_agent.policy.errors import GuestNotFound, PolicyError
 from vmsched.services.policy_agent.surfaces.client import SocketClient
-from tests.support.agent_driver import live_pins, wait_until
-from tests.agent.test_driver import conn, guest, make_agent, state_dir  # noqa: F401 - fixtures
+from tests.support.waiting import wait_until
+from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
+from tests.support.agent_driver import guest, live_pins
 from vmsched.bus.inprocess import InProcessTransport
 from vmsched.messages import Envelope
 
@@ -164,7 +167,9 @@ def test_help_documents_every_command():
     register(sub, serve)
     text = {name: p.format_help() for name, p in sub.choices.items()}
     assert "--dedicated-pool CPUSET" in text["agent"] and "--release-on-stop" in text["agent"]
-    set_help = sub.choices["policy"]._subparsers._group_actions[0].choices["set"].format_help()
+    with contextlib.redirect_stdout(io.StringIO()) as out, pytest.raises(SystemExit):
+        parser.parse_args(["policy", "set", "--help"])
+    set_help = out.getvalue()
     for opt in ("--pin VCPU=CPUSET", "--emulator-pin", "--dedicated N|CPUSET", "--weight SHARES", "--cap PERCENT",
                 "--quota US", "--period US", "--requires GUEST", "--file POLICY.yaml"):
         assert opt in set_help

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import AUTH, ROOT, free_port, wait_until
+from tests.support.net import free_port
+from tests.support.paths import ROOT
+from tests.support.stack import AUTH
+from tests.support.waiting import wait_until
 from vmsched.tokens import digest
 
 

@@ -12,53 +12,22 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx
 import pytest
-from kombu import Consumer, Queue
 
-from tests.conftest import AUTH, ROOT, Proc, Stack, free_port, wait_until
-from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
-from vmsched.bus.topology import EVENTS_EXCHANGE
+from tests.support.agents import EventTap
+from tests.support.net import free_port
+from tests.support.paths import ROOT
+from tests.support.stack import AUTH, Proc, Stack
+from tests.support.waiting import wait_until
 from vmsched.facts import FACTS_VERSION
 from vmsched.messages import CONTRACT_VERSION
 
 pytestmark = pytest.mark.rabbitmq
 
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
-
-
-class EventTap:
-    """Collects the agent's events from the topic exchange in a thread."""
-
-    def __init__(self, url: str, pattern: str) -> None:
-        self.events: list[tuple[str, dict]] = []  # (routing key, body)
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(url, pattern), daemon=True)
-        self._thread.start()
-        assert self._ready.wait(10)
-
-    def _run(self, url: str, pattern: str) -> None:
-        conn = open_connection(BusOptions(url=url))
-        try:
-            ensure_exchanges(conn, (EVENTS_EXCHANGE,))
-            q = Queue(exchange=EVENTS_EXCHANGE, routing_key=pattern, exclusive=True, auto_delete=True)
-            with Consumer(conn.default_channel, [q], callbacks=[lambda body, m: self.events.append((m.delivery_info["routing_key"], body))]):
-                self._ready.set()
-                while not self._stop.is_set():
-                    try:
-                        conn.drain_events(timeout=0.2)
-                    except TimeoutError:
-                        pass
-        finally:
-            conn.release()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 def test_agent_policies_through_gateway_cli_and_events(tmp_path: Path, rabbit_vhost: str):

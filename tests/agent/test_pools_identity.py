@@ -20,8 +20,8 @@ from vmsched.services.policy_agent.policy import checkpoint, durable
 from vmsched.services.policy_agent.policy.errors import AgentError, PolicyError
 from vmsched.services.policy_agent.virt import metadata
 from vmsched.services.policy_agent.virt.hostlock import HostLocked
-from tests.support.agent_driver import TEST_URI, emulator_pin, live_pins
-from tests.agent.test_driver import conn, guest, make_agent, metric, state_dir  # noqa: F401 - fixtures
+from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
+from tests.support.agent_driver import TEST_URI, emulator_pin, guest, live_pins, metric
 
 
 def pinned_guest(conn, name: str, pins: dict[int, str], emulator: str | None = None, start: bool = True):  # noqa: F811

@@ -14,7 +14,7 @@ from pathlib import Path
 import libvirt
 
 from tests.support.agent_driver import conn, domain_xml, make_agent, state_dir  # noqa: F401 - fixtures
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from vmsched.agent_contract import AgentOp
 from vmsched.services.policy_agent.surfaces.client import SocketClient
 

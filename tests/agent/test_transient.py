@@ -13,8 +13,9 @@ from vmsched.services.policy_agent.policy.errors import GuestNotFound
 from vmsched.services.policy_agent.policy.model import parse_policy
 from vmsched.services.policy_agent.policy.store import PolicyStore
 from vmsched.services.policy_agent.virt import metadata
-from tests.support.agent_driver import domain_xml, live_pins, wait_until
-from tests.agent.test_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
+from tests.support.agent_driver import domain_xml, live_pins
+from tests.support.waiting import wait_until
+from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
 
 UUID = "5c1e2f6a-1b2c-4d3e-8f90-0123456789ab"
 

@@ -25,7 +25,8 @@ from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
 from vmsched.bus.rpc import call
 from vmsched.bus.topology import EXCHANGES, agent_queue, request_queue
 from vmsched.messages import CONTRACT_VERSION
-from tests.agent.test_driver import conn, guest, make_agent, state_dir  # noqa: F401 - fixtures
+from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
+from tests.support.agent_driver import guest
 
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
 

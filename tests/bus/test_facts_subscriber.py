@@ -11,7 +11,7 @@ import time
 import pytest
 from kombu import Producer
 
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
 from vmsched.bus.transport import open_transport
 from vmsched.bus.facts import LINGER, FactsSubscriber

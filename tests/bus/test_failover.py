@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from kombu import Queue
 
-from tests.conftest import free_port
+from tests.support.net import free_port
 from vmsched import metrics
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection, safe_release

@@ -18,7 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import AUTH, SCORING_QUEUES, Proc, Stack, bus_args, free_port, plugin_copy, wait_until
+from tests.support.net import free_port
+from tests.support.stack import AUTH, SCORING_QUEUES, Proc, Stack, bus_args, plugin_copy
+from tests.support.waiting import wait_until
 from tests.support.engine_wire import call
 from tests.support.rabbit_private import PrivateRabbit, available
 

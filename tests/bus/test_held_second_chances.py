@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RABBIT_URL, Proc, bus_args, private_vhost, wait_until
+from tests.support.rabbit import RABBIT_URL, private_vhost
+from tests.support.stack import Proc, bus_args
+from tests.support.waiting import wait_until
 from vmsched.bus import BusError, RequestError
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions

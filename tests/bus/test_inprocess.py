@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 from vmsched.bus import BusTimeout, RequestError
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions, open_connection

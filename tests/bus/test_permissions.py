@@ -10,59 +10,23 @@ agent (libvirt test driver) -> reply.
 from __future__ import annotations
 
 import subprocess
-import uuid
 from pathlib import Path
-from typing import Iterator
 
 import amqp.exceptions
 import httpx
 import pytest
-from kombu import Consumer, Producer, Queue
+from kombu import Consumer, Queue
 
-from tests.conftest import AUTH, ROOT, SCORING_QUEUES, SERVICE_QUEUES, Proc, Stack, free_port, plugin_copy, wait_until
-from tests.support.rabbit_private import PrivateRabbit, _tool, available
+from tests.support.broker_users import HOSTS, SCRIPT, broker, publish, url  # noqa: F401 - the broker fixture
+from tests.support.net import free_port
+from tests.support.stack import AUTH, SCORING_QUEUES, SERVICE_QUEUES, Proc, Stack, plugin_copy
+from tests.support.waiting import wait_until
 from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
 from vmsched.bus.topology import AGENT_EXCHANGE, DEAD_EXCHANGE, EXCHANGES, REQUEST_QUEUES, REQUESTS_EXCHANGE, agent_queue, \
     dead_letter_queue, request_queue
 from vmsched.messages import Op
 
 pytestmark = pytest.mark.rabbitmq
-
-SCRIPT = ROOT / "deploy" / "rabbitmq" / "setup-users.sh"
-HOSTS = ("hv-a", "hv-b")
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivateRabbit, Path]]:
-    why = available()
-    if why:
-        pytest.skip(why)
-    base = tmp_path_factory.mktemp("rabbit-perms")
-    node = PrivateRabbit.start_new(base / "node")
-    secrets = base / "secrets"
-    try:
-        args = [str(SCRIPT), "--secrets", str(secrets), "--vhost", "vmsched", "--broker", f"localhost:{node.port}",
-                "--delete-guest"]
-        for host in HOSTS:
-            args += ["--agent", host]
-        env = {**node.env(), "RABBITMQCTL": f"{_tool('rabbitmqctl')} -n {node.node}"}
-        out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        yield node, secrets
-    finally:
-        node.stop()
-
-
-def url(secrets: Path, user: str) -> str:
-    return (secrets / f"{user}.url").read_text().strip()
-
-
-def publish(secrets: Path, user: str, exchange: object, key: str) -> None:
-    """One confirmed publish as ``user`` (raises the broker's refusal)."""
-    with open_connection(BusOptions(url=url(secrets, user)), blocking_confirms=True) as conn:
-        Producer(conn.default_channel, auto_declare=False).publish(b"{}", exchange=exchange, routing_key=key,
-                                                                   retry=False, confirm_timeout=5)
-
 
 def test_the_script_keeps_passwords_off_the_command_line_and_out_of_the_definitions(broker):
     node, secrets = broker

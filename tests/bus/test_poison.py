@@ -34,8 +34,11 @@ from typing import Any, Iterator
 import pytest
 from kombu import Connection, Exchange, Producer
 
-from tests.conftest import RABBIT_URL, ROOT, SERVICE_QUEUES, TEST_ENV, Proc, Stack, bus_args, free_port, private_vhost, \
-    wait_until
+from tests.support.net import free_port
+from tests.support.paths import ROOT
+from tests.support.rabbit import RABBIT_URL, private_vhost
+from tests.support.stack import SERVICE_QUEUES, TEST_ENV, Proc, Stack, bus_args
+from tests.support.waiting import wait_until
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.journal import FIRST, SECOND, Journal

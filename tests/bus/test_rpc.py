@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 from kombu import Consumer, Producer, Queue
 
-from tests.conftest import BUSES
+from tests.support.stack import BUSES
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, RequestError
 from vmsched.bus.client import AsyncBusClient

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.libvirt import helpers as h
+from tests.support import libvirtd
 
 LIB = Path(__file__).resolve().parents[2] / "scripts" / "libvirtd-state.sh"
 
@@ -81,31 +81,31 @@ def test_nothing_running_nothing_claimed(tmp_path):
 
 def test_the_test_helpers_refuse_to_signal_a_libvirtd_they_did_not_start(tmp_path, daemon, monkeypatch):
     state = tmp_path / "libvirtd.started"
-    monkeypatch.setattr(h, "LIBVIRTD_STATE", state)
-    monkeypatch.setattr(h, "libvirtd_pid", lambda: daemon.pid)
+    monkeypatch.setattr(libvirtd, "LIBVIRTD_STATE", state)
+    monkeypatch.setattr(libvirtd, "libvirtd_pid", lambda: daemon.pid)
     state.write_text(f"no {daemon.pid}\n")
-    ours, why = h.libvirtd_owner()
+    ours, why = libvirtd.libvirtd_owner()
     assert not ours
     assert why == (f"libvirtd pid {daemon.pid} was already running before the tests; killing it would disturb"
                    " this host")
-    with pytest.raises(h.NotOurLibvirtd, match="already running before the tests"):
-        h.stop_libvirtd(signal.SIGKILL)
+    with pytest.raises(libvirtd.NotOurLibvirtd, match="already running before the tests"):
+        libvirtd.stop_libvirtd(signal.SIGKILL)
     assert daemon.poll() is None, "the helper signalled a daemon the tests did not start"
     state.unlink()
-    with pytest.raises(h.NotOurLibvirtd, match="was not started by"):
-        h.stop_libvirtd(signal.SIGKILL)
+    with pytest.raises(libvirtd.NotOurLibvirtd, match="was not started by"):
+        libvirtd.stop_libvirtd(signal.SIGKILL)
     assert daemon.poll() is None
     state.write_text(f"yes {daemon.pid}\n")
-    assert h.libvirtd_owner()[0]
+    assert libvirtd.libvirtd_owner()[0]
 
 
 def test_own_libvirtd_skip_fails_when_required(tmp_path, monkeypatch):
-    monkeypatch.setattr(h, "LIBVIRTD_STATE", tmp_path / "libvirtd.started")
-    monkeypatch.setattr(h, "libvirtd_pid", lambda: 4242)
+    monkeypatch.setattr(libvirtd, "LIBVIRTD_STATE", tmp_path / "libvirtd.started")
+    monkeypatch.setattr(libvirtd, "libvirtd_pid", lambda: 4242)
     (tmp_path / "libvirtd.started").write_text("no 4242\n")
     monkeypatch.delenv("VMSCHED_E2E_REQUIRE", raising=False)
     with pytest.raises(pytest.skip.Exception, match="libvirtd pid 4242 was already running before the tests"):
-        h.require_own_libvirtd()
+        libvirtd.require_own_libvirtd()
     monkeypatch.setenv("VMSCHED_E2E_REQUIRE", "1")
     with pytest.raises(pytest.fail.Exception, match="VMSCHED_E2E_REQUIRE=1"):
-        h.require_own_libvirtd()
+        libvirtd.require_own_libvirtd()

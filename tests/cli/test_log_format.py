@@ -9,7 +9,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import TEST_PLUGINS, Proc, free_port
+from tests.support.net import free_port
+from tests.support.paths import TEST_PLUGINS
+from tests.support.stack import Proc
 from vmsched.tokens import digest
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from services.policy_agent.surfaces import tables
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 
 @pytest.mark.parametrize("argv", [["run", "--help"], ["policy", "set", "--help"]])

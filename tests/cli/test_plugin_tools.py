@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TEST_PLUGINS, free_port
+from tests.support.net import free_port
+from tests.support.paths import ROOT, TEST_PLUGINS
 
 H1, H2, H3 = (f"aaaaaaaa-0000-0000-0000-00000000000{i}" for i in range(1, 4))
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import ROOT, free_port
+from tests.support.net import free_port
+from tests.support.paths import ROOT
 
 
 def test_relative_paths_are_the_callers(tmp_path: Path):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port
+from tests.support.net import free_port
+from tests.support.paths import ROOT
 
 STARTED = ("all-in-one on", "running (bus", "Uvicorn running", " INFO ")
 

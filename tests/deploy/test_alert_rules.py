@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 RULES = ROOT / "charts" / "vmsched" / "rules" / "vmsched.yaml"
 RULE_TESTS = sorted((ROOT / "tests" / "prometheus").glob("*.test.yaml"))
 DOCS = ROOT / "docs" / "deploy" / "monitoring.md"

@@ -29,9 +29,9 @@ import yaml
 from kubernetes_validate import utils as kv_utils
 
 from tests.support.deploy import AGENT_ENV, parse_cli, settings_env_names
+from tests.support.paths import ROOT
 from vmsched.runner import service_queues
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "vmsched"
 RELEASE, NAMESPACE = "sched", "ovirt"
 SECRET_KEY = "amqp-url"

@@ -26,10 +26,10 @@ import pytest
 import yaml
 
 from tests.support.deploy import AGENT_ENV, parse_cli, settings_env_names
+from tests.support.paths import ROOT
 from vmsched.runner import service_queues
 from vmsched.config import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"
 DEPLOY = ROOT / "deploy"
 SCHEMA = ROOT / "tests" / "schemas" / "compose-spec.json"

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.net import free_port
+from tests.support.paths import ROOT
+
 DASHBOARD = ROOT / "charts" / "vmsched" / "dashboards" / "vmsched.json"
 WORKERS = ("discovery", "scoring", "balancer")
 FRESH = "gateway before any request"
@@ -62,12 +63,6 @@ PROMQL_KEYWORDS = {
 
 
 # --- processes -------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Process:
     def __init__(self, args: list[str], log: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VMSCHED_", "OSCHEDPROXY_"))}
@@ -125,7 +120,7 @@ def wait_http(url: str, proc: Alive, timeout: float = 60.0, status: int = 200) -
 def scrapes(tmp_path_factory: pytest.TempPathFactory, test_tokens_file: Path) -> Iterator[dict[str, str]]:
     """name -> /metrics text of: gateway (all-in-one, its own metrics listener), discovery, scoring, balancer,
     and FRESH: the gateway's before its first request (the workers, on their own buses, get none)."""
-    from tests.conftest import AUTH
+    from tests.support.stack import AUTH
 
     logs = tmp_path_factory.mktemp("metrics")
     gateway_port, gateway_metrics = free_port(), free_port()

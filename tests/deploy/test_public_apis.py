@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.deploy.private_access import findings
 
 FOLDERS = ("gateway", "services", "vmsched", "plugins")

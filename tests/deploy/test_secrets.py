@@ -27,7 +27,9 @@ import pytest
 import yaml
 from kombu import Producer
 
-from tests.conftest import free_port, wait_until
+from tests.support.net import free_port
+from tests.support.paths import ROOT
+from tests.support.waiting import wait_until
 from tests.support.rabbit_private import PrivateRabbit, available
 from vmsched.bus.connection import BusOptions, open_connection
 from vmsched.bus.topology import AGENT_EXCHANGE, REQUESTS_EXCHANGE
@@ -35,7 +37,6 @@ from vmsched.tokens import TokenStore
 
 pytestmark = pytest.mark.rabbitmq
 
-ROOT = Path(__file__).resolve().parents[2]
 INIT = ROOT / "deploy" / "compose" / "init-secrets.sh"
 COMPONENTS = ("gateway", "discovery", "scoring", "balancer")
 ADMIN_PASSWORD = "admin-password-for-tests-0123"

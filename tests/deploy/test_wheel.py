@@ -21,7 +21,9 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.conftest import ROOT, free_port, wait_until
+from tests.support.net import free_port
+from tests.support.paths import ROOT
+from tests.support.waiting import wait_until
 from tests.support.engine_wire import call
 
 pytestmark = pytest.mark.slow

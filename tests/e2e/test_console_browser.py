@@ -24,7 +24,8 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
-from tests.conftest import ROOT, TEST_TOKEN, Stack, plugin_copy, start_all_in_one
+from tests.support.paths import ROOT
+from tests.support.stack import TEST_TOKEN, Stack, plugin_copy, start_all_in_one
 
 pytestmark = pytest.mark.slow
 

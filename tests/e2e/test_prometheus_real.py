@@ -28,7 +28,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import AUTH, TEST_TOKEN, wait_until
+from tests.support.stack import AUTH, TEST_TOKEN
+from tests.support.waiting import wait_until
 from tests.deploy.test_alert_rules import ROOT, RULES, prometheus_tool
 from tests.deploy.test_metrics import Process, dashboard_queries, free_port, stop_group, wait_http
 

@@ -35,7 +35,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import AUTH, ROOT, TEST_PLUGINS, Proc, bus_args, free_port, wait_until
+from tests.support.net import free_port
+from tests.support.paths import ROOT, TEST_PLUGINS
+from tests.support.stack import AUTH, Proc, bus_args
+from tests.support.waiting import wait_until
 from tests.deploy.test_alert_rules import alerts, prometheus_tool
 from tests.deploy.test_metrics import dashboard_queries
 from tests.e2e.test_prometheus_real import Prometheus, _config, _samples, freeze_then_kill, scrape_files

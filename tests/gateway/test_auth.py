@@ -21,7 +21,9 @@ import pytest
 from cryptography import x509
 from fastapi import FastAPI
 
-from tests.conftest import Proc, free_port, wait_until
+from tests.support.net import free_port
+from tests.support.stack import Proc
+from tests.support.waiting import wait_until
 from tests.support.engine_wire import call
 from tests.support.tls_certs import CertSet, make_certs
 from vmsched.gateway import agent_api, api, decisions_api, facts_api

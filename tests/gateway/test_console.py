@@ -17,7 +17,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.conftest import TEST_TOKEN, Stack, start_all_in_one, wait_until
+from tests.support.stack import TEST_TOKEN, Stack, start_all_in_one
+from tests.support.waiting import wait_until
 
 H = [f"bbbbbbbb-0000-0000-0000-00000000000{i}" for i in range(5)]
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'

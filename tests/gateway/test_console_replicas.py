@@ -19,9 +19,12 @@ import amqp.exceptions
 import httpx
 import pytest
 
-from tests.conftest import RABBIT_URL, Proc, bus_args, free_port, private_vhost, wait_until
+from tests.support.broker_users import HOSTS, broker, publish, url  # noqa: F401 - the broker fixture
+from tests.support.net import free_port
+from tests.support.rabbit import RABBIT_URL, private_vhost
+from tests.support.stack import Proc, bus_args
+from tests.support.waiting import wait_until
 from tests.gateway.test_console_session import OTHER, TOKEN, write_tokens
-from tests.bus.test_permissions import HOSTS, broker, publish, url  # noqa: F401 - the broker fixture
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.bus.transport import open_transport

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Stack, wait_until
+from tests.support.stack import Stack
+from tests.support.waiting import wait_until
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.inprocess import InProcessTransport
 from vmsched.bus.transport import open_transport

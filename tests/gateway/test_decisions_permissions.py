@@ -12,8 +12,8 @@ import asyncio
 import amqp.exceptions
 import pytest
 
-from tests.conftest import wait_until
-from tests.bus.test_permissions import HOSTS, broker, publish, url  # noqa: F401 - the broker fixture
+from tests.support.broker_users import HOSTS, broker, publish, url  # noqa: F401 - the broker fixture
+from tests.support.waiting import wait_until
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.transport import open_transport
 from vmsched.bus.topology import EVENTS_EXCHANGE

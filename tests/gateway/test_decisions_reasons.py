@@ -14,7 +14,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.conftest import Stack, console_login, plugin_copy, start_all_in_one, wait_until
+from tests.support.stack import Stack, console_login, plugin_copy, start_all_in_one
+from tests.support.waiting import wait_until
 from tests.support.engine_wire import call
 
 H = [f"dddddddd-0000-0000-0000-00000000000{i}" for i in range(4)]

@@ -14,8 +14,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.conftest import (RABBIT_URL, SCORING_QUEUES, Proc, Stack, bus_args, free_port, plugin_copy, private_vhost,
-                            wait_until)
+from tests.support.net import free_port
+from tests.support.rabbit import RABBIT_URL, private_vhost
+from tests.support.stack import SCORING_QUEUES, Proc, Stack, bus_args, plugin_copy
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.rabbitmq
 

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
-from tests.conftest import Stack, start_all_in_one
+from tests.support.stack import AUTH, Stack, start_all_in_one
 
 pytestmark = pytest.mark.slow
 
@@ -43,9 +43,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def _auth() -> dict[str, str]:
-    from tests import conftest
-
-    return dict(getattr(conftest, "AUTH", {}))
+    return dict(AUTH)
 
 
 # --- XML-RPC ------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.conftest import Stack, start_all_in_one
+from tests.support.stack import AUTH, Stack, start_all_in_one
 from tests.support.engine_wire import call
 from vmsched.gateway import engine, strict_json, xmlrpc
 from vmsched.gateway.limits import Limits, OverLimit
@@ -38,10 +38,8 @@ def _post_json(stack: Stack, path: str, raw: str) -> httpx.Response:
 
 
 def _auth(stack: Stack) -> dict[str, str]:
-    """The bearer header the test stack's gateway wants (tests/conftest.py), if the JSON API needs one."""
-    from tests import conftest
-
-    return dict(getattr(conftest, "AUTH", {}))
+    """The bearer header the test stack's gateway wants."""
+    return dict(AUTH)
 
 
 def _fault(stack: Stack, body: bytes) -> stdlib_xmlrpc.Fault:

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.conftest import Stack, start_all_in_one
+from tests.support.stack import TEST_TOKEN, Stack, start_all_in_one
 
 HEADER_TIMEOUT, BODY_TIMEOUT = 1.0, 1.5
 N = 200
@@ -119,6 +119,4 @@ def _response(s: socket.socket) -> bytes:
 
 
 def _token() -> bytes:
-    from tests import conftest
-
-    return getattr(conftest, "TEST_TOKEN", "none").encode()
+    return TEST_TOKEN.encode()

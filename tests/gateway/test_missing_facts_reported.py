@@ -16,7 +16,9 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.conftest import ROOT, Stack, console_login, start_all_in_one, wait_until
+from tests.support.paths import ROOT
+from tests.support.stack import Stack, console_login, start_all_in_one
+from tests.support.waiting import wait_until
 
 HOSTS = [f"dddddddd-0000-0000-0000-00000000000{i}" for i in range(3)]
 UNITS = ["vmsched_Memory", "vmsched_DedicatedCpus"]

@@ -11,7 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT, Proc, console_login, free_port
+from tests.support.net import free_port
+from tests.support.paths import ROOT
+from tests.support.stack import Proc, console_login
 from vmsched.config import Settings
 from vmsched.tokens import digest
 

@@ -11,7 +11,8 @@ import xmlrpc.client
 import httpx
 import pytest
 
-from tests.conftest import Stack, wait_until
+from tests.support.stack import Stack
+from tests.support.waiting import wait_until
 from tests.support.engine_wire import call
 
 H = [f"aaaaaaaa-0000-0000-0000-00000000000{i}" for i in range(6)]

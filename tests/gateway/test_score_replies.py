@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Stack, plugin_copy, start_all_in_one
+from tests.support.stack import Stack, plugin_copy, start_all_in_one
 
 H = [f"aaaaaaaa-0000-0000-0000-00000000000{i}" for i in range(4)]
 VM = "11111111-2222-3333-4444-555555555555"

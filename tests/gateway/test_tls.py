@@ -16,7 +16,10 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.conftest import ROOT, Proc, free_port, wait_until
+from tests.support.net import free_port
+from tests.support.paths import ROOT
+from tests.support.stack import Proc
+from tests.support.waiting import wait_until
 from tests.support.tls_certs import make_certs
 from vmsched import metrics
 from vmsched.config import Settings

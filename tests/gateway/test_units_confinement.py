@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.conftest import Stack
+from tests.support.stack import Stack
 from vmsched.messages import DiscoverReply
 from vmsched.runtime.sandbox import FEATURES
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.waiting import wait_until
 from vmsched.metrics import REGISTRY
 from vmsched.runtime import Call, CallResult, Limits, PluginPool
 from vmsched.runtime.types import Confinement
@@ -42,13 +43,6 @@ def call(plugin: str, cls: str = "P", method: str = "do_filter", args: tuple[obj
 def restarts(pool: PluginPool, reason: str) -> float:
     value = REGISTRY.get_sample_value("vmsched_plugin_worker_restarts_total", {"pool": pool.name, "reason": reason})
     return value or 0.0
-
-
-def wait_until(condition: Callable[[], bool], limit: float = 10.0) -> None:
-    end = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < end, "condition not reached"
-        time.sleep(0.01)
 
 
 def full(pool: PluginPool) -> bool:

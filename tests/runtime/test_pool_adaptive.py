@@ -68,7 +68,7 @@ def test_shrinks_to_its_minimum_after_the_idle_period(plugins: Path, make_pool: 
     pool = make_pool(min_size=1, max_size=3, idle_seconds=0.5)
     _three_slow_calls_at_once(pool)
     assert pool.workers >= 2 and _gauge(pool) == pool.workers  # the pool's size, as Prometheus reads it
-    wait_until(lambda: pool.workers == 1, limit=10)
+    wait_until(lambda: pool.workers == 1, timeout=10)
     assert _gauge(pool) == 1
     [result] = pool.run([call("slow")])  # the one left serves
     assert result.ok

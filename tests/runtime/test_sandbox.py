@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
+from tests.support.paths import ROOT
 from vmsched.runtime import landlock
 
-ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = ROOT / "tests" / "plugins_hostile"
 HOST = ROOT / "tests" / "support" / "sandbox_host.py"
 SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
@@ -171,6 +171,7 @@ def test_file_size_limit(mode: Any, folder: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its 300 processes as nobody count against the limit of every other plugin worker
 @pytest.mark.parametrize("mode", MODES)
 def test_no_process_outlives_the_call(mode: Any, folder: Path) -> None:
     reply = host(mode, folder, "breeder", {"children": 300}, limits={"max_procs": 2000})

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, wait_until
+from tests.support.net import free_port
+from tests.support.waiting import wait_until
 from tests.support.facts import reading
 from tests.support.fake_engine import API, FakeEngine
 from tests.support.tls_certs import CertSet, make_certs

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Proc, Stack, bus_args, free_port, wait_until
+from tests.support.net import free_port
+from tests.support.stack import Proc, Stack, bus_args
+from tests.support.waiting import wait_until
 from tests.support.facts import facts_message, publish_facts
 from tests.support.fake_engine import FakeEngine
 from tests.support.tls_certs import make_certs

@@ -22,9 +22,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import AUTH, Proc, Stack, bus_args, free_port, wait_until
+from tests.support.agents import EventTap, agent
+from tests.support.net import free_port
+from tests.support.stack import Proc, Stack, bus_args
+from tests.support.waiting import wait_until
 from tests.support.facts import publish_events
-from tests.agent.test_over_rabbitmq import EventTap
 from vmsched.facts import FACTS_VERSION, MAX_BYTES
 
 pytestmark = pytest.mark.rabbitmq
@@ -52,22 +54,6 @@ class FreshFacts:
     def do_filter(self, hosts, vm, args):
         return [h for h in hosts if facts.host(h) is not None and not facts.host(h).stale]
 '''
-
-
-def node_xml(guests: list[tuple[str, int]]) -> str:
-    domains = "".join(f"<domain type='test'><name>{name}</name><memory unit='KiB'>{mib * 1024}</memory>"
-                      f"<vcpu>1</vcpu><os><type>hvm</type></os></domain>" for name, mib in guests)
-    return (f"<node><cpu><mhz>2000</mhz><model>i686</model><active>4</active><nodes>1</nodes><sockets>1</sockets>"
-            f"<cores>4</cores><threads>1</threads></cpu><memory>8388608</memory>{domains}</node>")
-
-
-def agent(tmp_path: Path, url: str, host: str, guests: list[tuple[str, int]], interval: str = "0.5") -> Proc:
-    node = tmp_path / f"{host}.xml"
-    node.write_text(node_xml(guests))
-    return Proc(["agent", "--libvirt", f"test://{node}", "--host-id", host, *bus_args(tmp_path, url),
-                 "--state-dir", str(tmp_path / host), "--socket", str(tmp_path / f"{host}.sock"),
-                 "--lock-dir", str(tmp_path / f"{host}-lock"), "--facts-interval", interval],
-                tmp_path / f"agent-{host}.log", env={"VMSCHED_AGENT_AMQP": "", "VMSCHED_AMQP_URL": ""}).start()
 
 
 def metric(text: str, name: str, **labels: str) -> float:

@@ -14,8 +14,10 @@ import amqp.exceptions
 import pytest
 from kombu import Consumer, Queue
 
-from tests.conftest import AUTH, Proc, Stack, free_port, wait_until
-from tests.bus.test_permissions import HOSTS, broker, publish, url  # noqa: F401 - the broker fixture
+from tests.support.broker_users import HOSTS, broker, publish, url  # noqa: F401 - the broker fixture
+from tests.support.net import free_port
+from tests.support.stack import AUTH, Proc, Stack
+from tests.support.waiting import wait_until
 from vmsched.bus.connection import BusOptions, open_connection
 from vmsched.bus.topology import EVENTS_EXCHANGE, FACTS_EXCHANGE
 

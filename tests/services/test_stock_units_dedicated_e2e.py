@@ -10,8 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import TEST_TOKEN, start_all_in_one, wait_until
-from tests.services.test_facts_bus import agent
+from tests.support.stack import TEST_TOKEN, start_all_in_one
+from tests.support.waiting import wait_until
+from tests.support.agents import agent
 from vmsched.config import stock_plugins_dir
 
 pytestmark = pytest.mark.rabbitmq

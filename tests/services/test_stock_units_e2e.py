@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Proc, Stack, bus_args, free_port, wait_until
-from tests.services.test_facts_bus import agent, facts_of
+from tests.support.net import free_port
+from tests.support.stack import Proc, Stack, bus_args
+from tests.support.waiting import wait_until
+from tests.services.test_facts_bus import facts_of
+from tests.support.agents import agent
 
 pytestmark = pytest.mark.rabbitmq
 

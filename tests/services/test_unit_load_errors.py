@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TEST_PLUGINS
+from tests.support.paths import ROOT, TEST_PLUGINS
 from vmsched.config import Settings
 from vmsched.messages import Kind
 from vmsched.runtime.contract import KIND

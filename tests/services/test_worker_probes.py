@@ -8,7 +8,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Proc, bus_args, free_port, plugin_copy, wait_until
+from tests.support.net import free_port
+from tests.support.stack import Proc, bus_args, plugin_copy
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.rabbitmq
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +26,14 @@ def domain_xml(name: str, vcpus: int = 2, memory_kib: int = 65536, dtype: str = 
             f"<vcpu placement='static'>{vcpus}</vcpu><os><type>hvm</type></os></domain>")
 
 
+def guest(conn: "libvirt.virConnect", name: str, vcpus: int = 2, start: bool = True) -> "libvirt.virDomain":
+    """A test-driver guest ``name``, defined and (by default) started."""
+    dom = conn.defineXML(domain_xml(name, vcpus))
+    if start:
+        dom.create()
+    return dom
+
+
 def live_pins(dom: "libvirt.virDomain") -> dict[int, str]:
     return {i: cpuset.fmt(cpuset.from_cpumap(m)) for i, m in enumerate(dom.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE))}
 
@@ -37,18 +44,6 @@ def config_pins(dom: "libvirt.virDomain") -> dict[int, str]:
 
 def emulator_pin(dom: "libvirt.virDomain", flags: int = libvirt.VIR_DOMAIN_AFFECT_LIVE) -> str:
     return cpuset.fmt(cpuset.from_cpumap(dom.emulatorPinInfo(flags)))
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.005) -> object:
-    """Poll ``predicate`` until truthy; raise AssertionError with its last value after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    value = predicate()
-    while not value:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s (last value {value!r})")
-        time.sleep(interval)
-        value = predicate()
-    return value
 
 
 def metric(name: str, **labels: str) -> float:

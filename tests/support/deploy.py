@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 
 import pytest
 
+from tests.support.paths import ROOT
 from vmsched.cli import build_parser
 from vmsched.config import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
 
 #: Environment variables the policy agent's command line reads (not Settings fields).
 AGENT_ENV = set(re.findall(r'os\.environ\.get\("(VMSCHED_\w+)"',

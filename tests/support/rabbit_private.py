@@ -40,7 +40,7 @@ from tests.support.rabbit_ports import CTL_DIST_PORTS, SHARED_PORTS, PortInUse, 
 LIB_BIN = Path("/usr/lib/rabbitmq/bin")
 
 
-def _tool(name: str) -> str:
+def tool(name: str) -> str:
     path = LIB_BIN / name
     return str(path) if path.exists() else (shutil.which(name) or name)
 
@@ -174,7 +174,7 @@ class PrivateRabbit:
             cookie.write_text(self.cookie)
             cookie.chmod(0o400)  # Erlang refuses a cookie others may read
         with (self.base / "server.out").open("ab") as out:
-            self.proc = subprocess.Popen([_tool("rabbitmq-server")], env=self.env(), stdout=out,
+            self.proc = subprocess.Popen([tool("rabbitmq-server")], env=self.env(), stdout=out,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                          cwd=self.base)
 
@@ -199,18 +199,18 @@ class PrivateRabbit:
                 own = {f: getattr(self, f) for f in ("port", "dist_port", "tls_port")}
                 fields = ports_in_use(self._log_text(), own)
                 if not fields:
-                    raise RuntimeError(self._failure(why))
+                    raise RuntimeError(self.failure(why))
                 why += f" because its {', '.join(f'{f} {own[f]}' for f in sorted(fields))} was in use"
-                raise PortInUse(self._failure(why), why, fields)
+                raise PortInUse(self.failure(why), why, fields)
             if self._answers():
                 self._has_started = True
                 self.release_ports()  # it listens on them itself now
                 return self
             time.sleep(0.25)
         self.stop()
-        raise RuntimeError(self._failure(f"did not start within {timeout:g} s"))
+        raise RuntimeError(self.failure(f"did not start within {timeout:g} s"))
 
-    def _failure(self, what: str) -> str:
+    def failure(self, what: str) -> str:
         again = f" after a relaunch with fresh ports (the first launch {self.relaunched})" if self.relaunched else ""
         out = self.base / "server.out"  # the Erlang VM's last word, often above the log tail's shutdown lines
         last = [line for line in (out.read_text(errors="replace") if out.exists() else "").splitlines()
@@ -242,7 +242,7 @@ class PrivateRabbit:
 
     def ctl(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """``rabbitmqctl -n NODE ARGS`` (output captured; raises on failure when ``check``)."""
-        out = subprocess.run([_tool("rabbitmqctl"), "-q", "-n", self.node, *args], env=self.env(), capture_output=True,
+        out = subprocess.run([tool("rabbitmqctl"), "-q", "-n", self.node, *args], env=self.env(), capture_output=True,
                              text=True, timeout=timeout)
         if check and out.returncode != 0:
             raise RuntimeError(f"rabbitmqctl {' '.join(args)} on {self.node}: {out.stderr.strip() or out.stdout}")

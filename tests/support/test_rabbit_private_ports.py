@@ -108,7 +108,7 @@ def test_a_failure_says_the_vms_last_word_and_the_log_tail(tmp_path):
     node = PrivateRabbit(tmp_path)
     node.release_ports()
     (tmp_path / "server.out").write_text("\n".join(["BOOT FAILED", DIST_CLASH, *(f"line {i}" for i in range(50))]))
-    message = node._failure("exited while starting (status 0)")
+    message = node.failure("exited while starting (status 0)")
     assert message.startswith(f"private RabbitMQ {node.node} exited while starting (status 0); {DIST_CLASH}\nlog tail:")
     assert message.endswith("line 49") and "line 19" not in message
 

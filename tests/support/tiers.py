@@ -1,7 +1,8 @@
 """Which tests need a broker or libvirtd, judged from their code, not from their markers.
 
 A pytest plugin (``-p tests.support.tiers``): at collection it writes, for every test, whether
-it was selected and whether it is heavy, to the JSON file named by ``VMSCHED_TIERS_OUT``.
+it was selected, whether it is heavy, and its tier markers, to the JSON file named by
+``VMSCHED_TIERS_OUT``.
 tests/test_tiers.py runs it with the fast tier's marker expression.
 
 A test is heavy when it is under tests/e2e/, is the ``rabbitmq`` case of a parametrized
@@ -120,7 +121,8 @@ class Recorder:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         judge = Judge()
-        rows = [{"id": i.nodeid, "selected": selected, "heavy": is_heavy(i, judge)}
+        rows = [{"id": i.nodeid, "selected": selected, "heavy": is_heavy(i, judge),
+                 "marks": sorted({m.name for m in i.iter_markers()} & {"rabbitmq", "libvirt", "slow", "alone"})}
                 for selected, items in ((True, session.items), (False, self.deselected)) for i in items]
         self.out.write_text(json.dumps(rows))
 

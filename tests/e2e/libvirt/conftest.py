@@ -28,6 +28,7 @@ from typing import Any, Iterator
 import pytest
 
 from tests.e2e.libvirt import helpers as h
+from tests.support import libvirtd
 
 _SKIP_REASON: list[str] = []
 _NOTES: list[str] = []
@@ -86,9 +87,9 @@ class Env:
 
     def ensure_libvirtd(self) -> None:
         """Make sure libvirtd runs (a test may have killed it) and the connection is usable."""
-        if h.libvirtd_pid() is None:
+        if libvirtd.libvirtd_pid() is None:
             _note("libvirtd was not running before a test: restarting it with libvirt-setup.sh")
-            h.run_setup()
+            libvirtd.run_setup()
         h.wait_until(lambda: self.conn.getURI(), timeout=30, what="a live qemu:///system connection")
 
     def remove_test_guests(self) -> list[str]:
@@ -100,17 +101,20 @@ class Env:
 
 @pytest.fixture(scope="session")
 def e2e_env() -> Iterator[Env]:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.fail("the real-QEMU tests share one libvirtd: run them in one process (-p no:xdist), as "
+                    "scripts/test does beside the xdist workers", pytrace=False)
     if os.geteuid() != 0:
         _skip(f"needs root to install packages and run libvirtd (euid {os.geteuid()})")
-    if not h.SETUP.exists():
-        _skip(f"{h.SETUP} is missing")
+    if not libvirtd.SETUP.exists():
+        _skip(f"{libvirtd.SETUP} is missing")
     t0 = time.monotonic()
-    proc = h.run_setup(check=False)
+    proc = libvirtd.run_setup(check=False)
     if proc.returncode != 0:
-        _skip(f"{h.SETUP.name} failed (exit {proc.returncode}); libvirtd cannot run here:\n"
+        _skip(f"{libvirtd.SETUP.name} failed (exit {proc.returncode}); libvirtd cannot run here:\n"
               f"{(proc.stdout + proc.stderr).strip()}")
-    if not Path(h.LIBVIRTD).exists():
-        _skip(f"{h.LIBVIRTD} not present after {h.SETUP.name}")
+    if not Path(libvirtd.LIBVIRTD).exists():
+        _skip(f"{libvirtd.LIBVIRTD} not present after {libvirtd.SETUP.name}")
     try:
         import libvirt  # noqa: F401
     except ImportError as exc:
@@ -122,8 +126,8 @@ def e2e_env() -> Iterator[Env]:
     except Exception as exc:  # noqa: BLE001
         _skip(f"libvirtd does not answer on {h.URI}: {exc}")
     leftovers = env.remove_test_guests()
-    ours, why = h.libvirtd_owner()
-    _note(f"libvirtd ready in {time.monotonic() - t0:.1f} s (pid {h.libvirtd_pid()}, host CPUs "
+    ours, why = libvirtd.libvirtd_owner()
+    _note(f"libvirtd ready in {time.monotonic() - t0:.1f} s (pid {libvirtd.libvirtd_pid()}, host CPUs "
           f"{sorted(env.host_cpus)})" + (f"; removed leftover guests {leftovers}" if leftovers else "")
           + f"; {why}" + ("" if ours else ": the tests that kill libvirtd will skip"))
     try:
@@ -138,7 +142,7 @@ def e2e_env() -> Iterator[Env]:
         if os.environ.get("VMSCHED_E2E_KEEP_LIBVIRTD") == "1":
             _note("VMSCHED_E2E_KEEP_LIBVIRTD=1: libvirt-teardown.sh not run")
         else:
-            td = h.run_teardown()
+            td = libvirtd.run_teardown()
             _note("teardown: " + " | ".join(td.stdout.strip().splitlines())
                   + (f" | ERROR (exit {td.returncode}): {td.stderr.strip()}" if td.returncode else ""))
 
@@ -147,7 +151,7 @@ def e2e_env() -> Iterator[Env]:
 def own_libvirtd(env: Env) -> Env:
     """For tests that kill or restart libvirtd: only when this session started it (else skip, saying why;
     with VMSCHED_E2E_REQUIRE=1 that is a failure)."""
-    h.require_own_libvirtd()
+    libvirtd.require_own_libvirtd()
     return env
 
 

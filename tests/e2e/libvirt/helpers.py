@@ -8,6 +8,7 @@ awaited before the test fails with what was last observed.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -20,17 +21,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parents[3]
-SETUP = ROOT / "scripts" / "libvirt-setup.sh"
-TEARDOWN = ROOT / "scripts" / "libvirt-teardown.sh"
+from tests.support import waiting
+from tests.support.net import free_port
+from tests.support.paths import ROOT
+
 HOOK_SRC = ROOT / "services" / "policy_agent" / "surfaces" / "hooks" / "qemu"
 URI = "qemu:///system"
 PREFIX = "vmsched-e2e-"
-LIBVIRTD = "/usr/sbin/libvirtd"
-LIBVIRTD_PIDFILE = Path("/run/libvirtd.pid")
-LIBVIRTD_SOCK = Path("/run/libvirt/libvirt-sock")
 QEMU_RUN_DIR = Path("/run/libvirt/qemu")
-STATE_DIR = Path(os.environ.get("VMSCHED_TEST_STATE_DIR", "/run/vmsched-test"))
 HOOK_PATH = Path("/etc/libvirt/hooks/qemu")
 HOOK_CONF = Path("/etc/vmsched/policy-hook.conf")
 
@@ -38,50 +36,10 @@ DEFAULT_WAIT = float(os.environ.get("VMSCHED_E2E_WAIT", "30"))
 
 
 # --- waiting ---------------------------------------------------------------------
-class Timeout(AssertionError):
-    pass
-
-
-def wait_until(fn: Callable[[], Any], timeout: float = DEFAULT_WAIT, interval: float = 0.02,
-               what: str = "condition") -> Any:
-    """Poll ``fn`` until it returns a truthy value (returned); exceptions count as 'not yet'."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    last_exc: BaseException | None = None
-    while True:
-        try:
-            last = fn()
-            last_exc = None
-            if last:
-                return last
-        except Exception as exc:  # noqa: BLE001 - a probe may race with a starting/stopping process
-            last_exc = exc
-        if time.monotonic() >= deadline:
-            raise Timeout(f"gave up after {timeout:.0f} s waiting for {what}; last value {last!r}"
-                          + (f", last error {last_exc!r}" if last_exc else ""))
-        time.sleep(interval)
-
-
-def wait_for(observe: Callable[[], Any], expected: Any, timeout: float = DEFAULT_WAIT,
-             what: str = "value", interval: float = 0.02) -> Any:
-    """Poll ``observe()`` until it equals ``expected`` (or ``expected(value)`` is true)."""
-    deadline = time.monotonic() + timeout
-    value: Any = None
-    exc: BaseException | None = None
-    ok = expected if callable(expected) else (lambda v: v == expected)
-    while True:
-        try:
-            value = observe()
-            exc = None
-            if ok(value):
-                return value
-        except Exception as e:  # noqa: BLE001
-            exc = e
-        if time.monotonic() >= deadline:
-            exp = getattr(expected, "__doc__", None) or repr(expected) if callable(expected) else repr(expected)
-            raise Timeout(f"{what}: expected {exp}, observed {value!r} after {timeout:.0f} s"
-                          + (f" (last error {exc!r})" if exc else ""))
-        time.sleep(interval)
+#: Waiting in these tests: up to VMSCHED_E2E_WAIT seconds (a guest boots under TCG), and an error
+#: from a probe racing a starting or stopping process counts as "not yet".
+wait_until = functools.partial(waiting.wait_until, timeout=DEFAULT_WAIT, interval=0.02, retry_on=(Exception,))
+wait_for = functools.partial(waiting.wait_for, timeout=DEFAULT_WAIT, interval=0.02, retry_on=(Exception,))
 
 
 # --- cpu lists -------------------------------------------------------------------
@@ -349,115 +307,6 @@ def remove_guests(conn: Any, names: list[str]) -> None:
         t.join(120)
 
 
-# --- libvirtd --------------------------------------------------------------------
-def libvirtd_pid() -> int | None:
-    """PID of the running libvirtd (pid file, else a /proc scan), ignoring zombies."""
-    def alive(pid: int) -> bool:
-        try:
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            return False
-        return comm == "libvirtd" and not re.search(r"^State:\s+Z", status, re.M)
-
-    try:
-        pid = int(LIBVIRTD_PIDFILE.read_text().strip())
-        if alive(pid):
-            return pid
-    except (OSError, ValueError):
-        pass
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and alive(int(d.name)):
-            return int(d.name)
-    return None
-
-
-LIBVIRTD_STATE = STATE_DIR / "libvirtd.started"
-
-
-class NotOurLibvirtd(RuntimeError):
-    """Refusal to stop or kill a libvirtd the test session did not start."""
-
-
-def libvirtd_owner() -> tuple[bool, str]:
-    """(True, why) when the running libvirtd is the one scripts/libvirt-setup.sh started in this session
-    (its state file says "yes PID" for the running pid); (False, why not) otherwise."""
-    pid = libvirtd_pid()
-    try:
-        owner, _, recorded = LIBVIRTD_STATE.read_text().strip().partition(" ")
-    except OSError:
-        owner, recorded = "", ""
-    if pid is None:
-        return False, "libvirtd is not running"
-    if owner == "yes" and recorded == str(pid):
-        return True, f"libvirtd pid {pid} was started by {SETUP.name} for these tests"
-    if owner == "no":
-        return False, (f"libvirtd pid {recorded} was already running before the tests; killing it would disturb"
-                       " this host")
-    return False, (f"libvirtd pid {pid} was not started by {SETUP.name} ({LIBVIRTD_STATE} says"
-                   f" {owner + ' ' + recorded if owner else 'nothing'}); killing it would disturb this host")
-
-
-def require_own_libvirtd() -> None:
-    """Skip the calling test (fail with VMSCHED_E2E_REQUIRE=1) unless this session started libvirtd."""
-    import pytest
-
-    ours, why = libvirtd_owner()
-    if not ours:
-        msg = f"e2e/libvirt: {why}"
-        if os.environ.get("VMSCHED_E2E_REQUIRE") == "1":
-            pytest.fail(msg + " (VMSCHED_E2E_REQUIRE=1: the suite must start its own libvirtd)", pytrace=False)
-        pytest.skip(msg)
-
-
-def run_setup(check: bool = True) -> subprocess.CompletedProcess:
-    """scripts/libvirt-setup.sh with this interpreter's venv; output captured."""
-    proc = subprocess.run(["sh", str(SETUP), sys.prefix], capture_output=True, text=True, timeout=900)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"{SETUP} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
-    return proc
-
-
-def run_teardown() -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", str(TEARDOWN)], capture_output=True, text=True, timeout=120)
-
-
-def stop_libvirtd(sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-    """Send ``sig`` to libvirtd and wait until the process is gone; returns its old pid.
-    Refuses (NotOurLibvirtd) when this test session did not start it."""
-    ours, why = libvirtd_owner()
-    if not ours:
-        raise NotOurLibvirtd(f"refusing to send signal {sig} to libvirtd: {why}")
-    pid = libvirtd_pid()
-    if pid is None:
-        raise RuntimeError("libvirtd is not running")
-    os.kill(pid, sig)
-
-    def gone() -> bool:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            return True
-        return bool(re.search(r"^State:\s+Z", status, re.M))
-
-    try:
-        wait_until(gone, timeout=timeout, interval=0.05, what=f"libvirtd (pid {pid}) to exit after signal {sig}")
-    except Timeout:
-        os.kill(pid, signal.SIGKILL)
-        wait_until(gone, timeout=10, interval=0.05, what=f"libvirtd (pid {pid}) to exit after SIGKILL")
-    return pid
-
-
-def restart_libvirtd(sig: int = signal.SIGTERM) -> tuple[int, int]:
-    """Stop libvirtd with ``sig`` and start it again with the setup script: (old pid, new pid)."""
-    old = stop_libvirtd(sig)
-    run_setup()
-    new = libvirtd_pid()
-    if new is None:
-        raise RuntimeError("libvirtd is not running after libvirt-setup.sh")
-    return old, new
-
-
 # --- libvirt connection with events in this process -------------------------------
 _loop_lock = threading.Lock()
 _loop_started = False
@@ -553,12 +402,6 @@ class EventLog:
     def since(self, t0: float) -> list[tuple[float, str, int, int]]:
         with self._cond:
             return [e for e in self.events if e[0] >= t0]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def qemu_processes() -> dict[str, int]:

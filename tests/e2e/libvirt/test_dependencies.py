@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.libvirt import helpers as h
+from tests.support import libvirtd
 
 pytestmark = pytest.mark.libvirt
 
@@ -37,7 +38,7 @@ class Hook:
 
 @pytest.fixture(scope="module")
 def hook(e2e_env, tmp_path_factory):
-    h.require_own_libvirtd()  # installing the hook restarts libvirtd: only one this session started
+    libvirtd.require_own_libvirtd()  # installing the hook restarts libvirtd: only one this session started
     backup = tmp_path_factory.mktemp("hook-backup")
     saved: dict[Path, Path] = {}
     created: list[Path] = []
@@ -51,13 +52,13 @@ def hook(e2e_env, tmp_path_factory):
     h.HOOK_PATH.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(h.HOOK_SRC, h.HOOK_PATH)
     os.chmod(h.HOOK_PATH, 0o755)
-    h.STATE_DIR.mkdir(parents=True, exist_ok=True)
-    (h.STATE_DIR / "hook.installed").write_text(str(h.HOOK_PATH) + "\n")
+    libvirtd.STATE_DIR.mkdir(parents=True, exist_ok=True)
+    (libvirtd.STATE_DIR / "hook.installed").write_text(str(h.HOOK_PATH) + "\n")
     ctl = Hook(tmp_path_factory.mktemp("hook-logs"))
     ctl.configure(Path("/nonexistent/agent.sock"))
     try:
         e2e_env.ensure_libvirtd()
-        h.restart_libvirtd(signal.SIGTERM)  # libvirtd looks for hook scripts only when it starts
+        libvirtd.restart_libvirtd(signal.SIGTERM)  # libvirtd looks for hook scripts only when it starts
         e2e_env.ensure_libvirtd()
         yield ctl
     finally:
@@ -71,11 +72,11 @@ def hook(e2e_env, tmp_path_factory):
                 d.rmdir()
             except OSError:
                 pass
-        (h.STATE_DIR / "hook.installed").unlink(missing_ok=True)
-        if h.libvirtd_pid() is not None:
-            h.restart_libvirtd(signal.SIGTERM)  # forget the hook
+        (libvirtd.STATE_DIR / "hook.installed").unlink(missing_ok=True)
+        if libvirtd.libvirtd_pid() is not None:
+            libvirtd.restart_libvirtd(signal.SIGTERM)  # forget the hook
         else:
-            h.run_setup()
+            libvirtd.run_setup()
         e2e_env.ensure_libvirtd()
 
 

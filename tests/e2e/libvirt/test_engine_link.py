@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Stack, wait_until
+from tests.support.stack import Stack
+from tests.support.waiting import wait_until
 from tests.e2e.libvirt import helpers as h
 from tests.support.fake_engine import FakeEngine
 from tests.services.test_engine_link_e2e import engine, stack  # noqa: F401 - the fixtures

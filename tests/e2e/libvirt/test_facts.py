@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Stack, wait_until
-from tests.agent.test_over_rabbitmq import EventTap
-from tests.services.test_facts_bus import agent as start_td_agent
 from tests.services.test_facts_bus import best, facts_of, stack  # noqa: F401 - the stack fixture
+from tests.support.agents import EventTap
+from tests.support.agents import agent as start_td_agent
+from tests.support.stack import Stack
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.libvirt]
 

@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from tests.e2e.libvirt import helpers as h
+from tests.support import libvirtd
 
 pytestmark = pytest.mark.libvirt
 
@@ -88,7 +89,7 @@ def test_libvirtd_killed_and_restarted_under_a_running_agent(own_libvirtd, guest
     reconnects = agent.metric("vmsched_agent_libvirt_reconnects_total")
 
     # SIGKILL libvirtd, then start it the way setup does
-    old, new = h.restart_libvirtd(signal.SIGKILL)
+    old, new = libvirtd.restart_libvirtd(signal.SIGKILL)
     assert old != new
     # the guests survived with their pins (libvirtd reattached to the same QEMU processes)
     assert (d.pid(), p.pid()) == pids
@@ -113,7 +114,7 @@ def test_libvirtd_killed_and_restarted_under_a_running_agent(own_libvirtd, guest
     assert lt.shares() == 900
 
     # and a plain SIGTERM restart (what the hook install does) is fine as well
-    h.restart_libvirtd(signal.SIGTERM)
+    libvirtd.restart_libvirtd(signal.SIGTERM)
     env.ensure_libvirtd()
     _assert_intact(d, p, want_d, want_p, pool, shared)
     h.wait_for(lambda: agent.request("ping")["connected"], True, what="agent connected after SIGTERM restart")
