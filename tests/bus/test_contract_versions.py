@@ -27,6 +27,7 @@ from vmsched.bus.topology import EXCHANGES, agent_queue, request_queue
 from vmsched.messages import CONTRACT_VERSION
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
 from tests.support.agent_driver import guest
+from tests.support.waiting import wait_until
 
 pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
 
@@ -196,8 +197,8 @@ def test_every_reply_of_a_real_agent_matches_its_model(conn, make_agent):
     from vmsched.services.policy_agent.surfaces.ops import dispatch
 
     a = make_agent()
-    guest(conn, "t-db", start=False)
-    guest(conn, "t-web", start=False)
+    defined = [guest(conn, "t-db", start=False).UUIDString(), guest(conn, "t-web", start=False).UUIDString()]
+    wait_until(lambda: all(a.inventory.get(u) for u in defined), what="the agent to see both guests defined")
     bodies = {
         AgentOp.SET_POLICY: {"guest": "t-web", "policy": {"dedicated": 2, "requires": ["t-db"]}},
         AgentOp.GET_POLICY: {"guest": "t-web"},
