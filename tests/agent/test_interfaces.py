@@ -183,7 +183,7 @@ def test_bus_rpc_and_events(conn, make_agent):
     bus = InProcessTransport()  # the in-process bus, handed to the agent and to its caller
     a = make_agent(amqp_url=bus)
     dom = guest(conn, "t-bus")
-    assert a._bus.worker.ready.wait(5)
+    assert bus.call(agent_queue("h1"), "ping", {}, timeout=10) == {"service": "agent"}  # it consumes its queue
     view = bus.call(agent_queue("h1"), "set_policy", {"guest": "t-bus", "policy": {"dedicated": 2}})
     assert view["allocation"] == "4-5" and live_pins(dom) == {0: "4", 1: "5"}
     with pytest.raises(RequestError, match="^no guest") as missing:

@@ -105,13 +105,22 @@ def old_service(rabbit_vhost: str) -> Iterator:
         s.close()
 
 
+def agent_answers(url: str, host: str) -> None:
+    """Until the agent of ``host`` answers a ping on the bus (its queue is declared once it consumes)."""
+    from vmsched.services.policy_agent.policy.errors import AgentUnavailable
+    from vmsched.services.policy_agent.surfaces.client import call_bus
+
+    wait_until(lambda: call_bus(url, host, AgentOp.PING, {}, timeout=1), 15, 0.1, f"the agent of {host} to answer",
+               retry_on=(AgentUnavailable,))
+
+
 # --- an old sender (gateway or CLI of version 1) against a new agent ----------------------------------
 @pytest.mark.rabbitmq
 def test_new_agent_answers_a_version_1_request_in_version_1(conn, make_agent, rabbit_vhost: str):
     host = f"hv-v1-{uuid.uuid4().hex[:6]}"
     a = make_agent(host_id=host, amqp_url=rabbit_vhost)
     guest(conn, "t-v1")
-    assert a._bus.worker.ready.wait(10)
+    agent_answers(rabbit_vhost, host)
     queue = agent_queue(host)
 
     def v1(op: str, body: dict) -> dict:  # exactly today's (version 1) request: no "v"
@@ -134,7 +143,7 @@ def test_new_agent_answers_a_version_1_request_in_version_1(conn, make_agent, ra
 def test_new_agent_refuses_a_newer_version_by_name(conn, make_agent, rabbit_vhost: str):
     host = f"hv-v3-{uuid.uuid4().hex[:6]}"
     a = make_agent(host_id=host, amqp_url=rabbit_vhost)
-    assert a._bus.worker.ready.wait(10)
+    agent_answers(rabbit_vhost, host)
     reply = raw_request(rabbit_vhost, agent_queue(host),
                         {"v": CONTRACT_VERSION + 1, "op": "cpus", "deadline": time.time() + 10, "body": {},
                          "something": "new"})
