@@ -3,10 +3,7 @@
 Ruff's SLF001 runs over gateway/, services/, vmsched/ and plugins/ with nothing that could suppress it
 (``--isolated --ignore-noqa``); tests/deploy/private_access.py finds in the AST what SLF001 cannot see (imports of
 underscore names, ``getattr(x, "_...")``, ``__dict__`` of other objects, subclasses using a dependency's underscore
-members).
-
-ALLOWED lists, per area, the findings its owner is removing while this test is already on: a new finding fails,
-and so does an allowance that is no longer needed (the list only shrinks, to empty).
+members). Nothing is allowed.
 """
 
 from __future__ import annotations
@@ -20,14 +17,6 @@ from tests.support.paths import ROOT
 from tests.deploy.private_access import findings
 
 FOLDERS = ("gateway", "services", "vmsched", "plugins")
-
-#: area -> findings still allowed there ("path: kind: what", as private_access and ruff_findings spell them).
-ALLOWED: dict[str, set[str]] = {
-    "agent": {
-        "services/policy_agent/surfaces/cli.py: subclass: _Formatter overrides RawDescriptionHelpFormatter._get_help_string",
-    },
-}
-
 
 def ruff_findings() -> set[str]:
     ruff = Path(sys.executable).with_name("ruff")
@@ -48,17 +37,8 @@ def found() -> dict[str, list[int]]:
 
 
 def test_no_private_member_of_another_module_or_dependency_is_used() -> None:
-    allowed = set().union(*ALLOWED.values())
-    new = {what: lines for what, lines in found().items() if what not in allowed}
-    assert not new, "\n".join(f"{what} (lines {lines})" for what, lines in sorted(new.items()))
-
-
-def test_every_allowance_is_still_needed() -> None:
-    """An area whose finding is gone drops it from ALLOWED (and its area once empty)."""
-    present = found()
-    stale = {area: sorted(kept - present.keys()) for area, kept in ALLOWED.items() if kept - present.keys()}
-    assert not stale, stale
-    assert all(ALLOWED.values()), [area for area, kept in ALLOWED.items() if not kept]
+    found_here = found()
+    assert not found_here, "\n".join(f"{what} (lines {lines})" for what, lines in sorted(found_here.items()))
 
 
 def test_the_checks_see_what_they_are_for(tmp_path: Path) -> None:

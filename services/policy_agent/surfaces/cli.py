@@ -36,15 +36,15 @@ EXIT = {"ok": 0, ErrorCode.INVALID.value: 1, ErrorCode.INTERNAL.value: 1, ErrorC
 CPUSET_HELP = "CPU sets use libvirt's syntax: '0-3,^2,6' (ranges, exclusions with ^, commas)."
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps descriptions as written; shows an option's default when it has a meaningful one."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if action.default not in (None, False, [], argparse.SUPPRESS) and "%(default)" not in text \
-                and action.option_strings:
-            text += " (default: %(default)s)"
-        return text
+def show_defaults(parser: Any) -> None:
+    """Add '(default: ...)' to the help of every option of ``parser`` and its sub-commands that has a meaningful
+    default (the root ``vmsched`` parser keeps the options and sub-commands it is given: vmsched.cli_env)."""
+    for action in getattr(parser, "options", ()):
+        if action.default not in (None, False, [], argparse.SUPPRESS) and action.help \
+                and "%(default)" not in action.help:
+            action.help += " (default: %(default)s)"
+    for child in getattr(parser, "commands", {}).values():
+        show_defaults(child)
 
 
 def register(subparsers: Any, serve: Callable[[argparse.Namespace], int]) -> None:
@@ -53,16 +53,15 @@ def register(subparsers: Any, serve: Callable[[argparse.Namespace], int]) -> Non
     ``serve`` runs the agent (``vmsched agent``); the entry layer passes it in, so
     the client commands never load the agent or libvirt.
     """
-    _agent_parser(subparsers, serve)
-    _policy_parser(subparsers)
-    _domain_parser(subparsers)
+    for parser in (_agent_parser(subparsers, serve), _policy_parser(subparsers), _domain_parser(subparsers)):
+        show_defaults(parser)
 
 
 # --- vmsched agent -----------------------------------------------------------------
-def _agent_parser(sub: Any, serve: Callable[[argparse.Namespace], int]) -> None:
+def _agent_parser(sub: Any, serve: Callable[[argparse.Namespace], int]) -> Any:
     p = sub.add_parser(
         "agent", help="the per-hypervisor CPU policy agent (libvirt events, pinning, pools, dependencies)",
-        formatter_class=_Formatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run the policy agent of this hypervisor. It follows libvirt domain events, applies each "
                     "guest's CPU policy (stored in the guest's own metadata) to its persistent config and live, "
                     "repairs drift, keeps every other guest off dedicated CPUs, and answers policy requests on a "
@@ -111,6 +110,7 @@ def _agent_parser(sub: Any, serve: Callable[[argparse.Namespace], int]) -> None:
                    help="DEBUG, INFO, WARNING or ERROR")
     adaptive_cli.add_agent_options(p)
     p.set_defaults(func=lambda args: _serve_with_bus(serve, args))
+    return p
 
 
 def _bus_options(g: Any, dest: str, what: str) -> None:
@@ -172,14 +172,14 @@ def _client_options(p: argparse.ArgumentParser, timeout: float = 10.0) -> None:
                    help="seconds to wait for the agent's answer")
 
 
-def _policy_parser(sub: Any) -> None:
+def _policy_parser(sub: Any) -> Any:
     p = sub.add_parser("policy", help="set, show or delete guests' CPU policies and the host's pools",
-                       formatter_class=_Formatter,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Manage the CPU policy of guests through the policy agent of their host.\n\n"
                                    + CPUSET_HELP)
     ps = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
 
-    s = ps.add_parser("set", help="set (replace) a guest's policy", formatter_class=_Formatter,
+    s = ps.add_parser("set", help="set (replace) a guest's policy", formatter_class=argparse.RawDescriptionHelpFormatter,
                       description="Validate and apply a guest's CPU policy. The policy built from --file and the "
                                   "options replaces the stored one (use --merge to start from the stored one). "
                                   "An invalid policy is refused whole with every reason; nothing is applied.\n\n"
@@ -224,7 +224,7 @@ def _policy_parser(sub: Any) -> None:
                                                           "hook asks); exit 1 when it may not"),
                            ("explain", AgentOp.EXPLAIN_POLICY, "show a guest's static policy, the values the tuners "
                                                                "set and their last decisions with reasons")):
-        c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=_Formatter)
+        c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=argparse.RawDescriptionHelpFormatter)
         c.add_argument("guest", metavar="GUEST", help="guest name or UUID")
         if op is AgentOp.GET_POLICY:
             c.add_argument("--json", action="store_true", help="print the agent's reply as JSON instead of a table")
@@ -235,7 +235,7 @@ def _policy_parser(sub: Any) -> None:
                            ("cpus", AgentOp.CPUS, "draw the host's sockets, NUMA nodes, cores and threads, and who "
                                                   "holds each CPU (the dedicated pool, shared set and allocations)"),
                            ("reconcile", AgentOp.RECONCILE, "run one reconcile sweep now and show what it repaired")):
-        c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=_Formatter)
+        c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=argparse.RawDescriptionHelpFormatter)
         if op is AgentOp.LIST_POLICIES:
             c.add_argument("--json", action="store_true", help="print the agent's reply as JSON instead of a table")
         if op is AgentOp.CPUS:
@@ -245,23 +245,24 @@ def _policy_parser(sub: Any) -> None:
         c.set_defaults(func=_simple(op))
 
     c = ps.add_parser("pool", help="set the host's dedicated pool (re-pins affected guests)",
-                      formatter_class=_Formatter,
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
                       description="Set the host's dedicated CPU pool. Count allocations move into the new pool; "
                                   "the change is refused whole when a guest's explicit dedicated set no longer fits. "
                                   "Running guests are re-pinned.\n\n" + CPUSET_HELP)
     c.add_argument("pool", metavar="CPUSET|none", help="the new dedicated pool, or 'none'")
     _client_options(c, timeout=60.0)
     c.set_defaults(func=cmd_policy_pool)
+    return p
 
 
-def _domain_parser(sub: Any) -> None:
+def _domain_parser(sub: Any) -> Any:
     p = sub.add_parser("domain", help="start or stop a guest together with its start dependencies",
-                       formatter_class=_Formatter,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Start a guest after the guests it requires, or stop it after the guests that "
                                    "require it (through the policy agent).")
     ds = p.add_subparsers(dest="domain_command", metavar="ACTION", required=True)
     s = ds.add_parser("start", help="start a guest's requirements (transitively, in order), then the guest",
-                      formatter_class=_Formatter,
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
                       description="Start every guest GUEST requires, transitively, in dependency order, waiting "
                                   "until each one runs, then GUEST itself.")
     s.add_argument("guest", metavar="GUEST", help="guest name or UUID")
@@ -269,7 +270,7 @@ def _domain_parser(sub: Any) -> None:
     _client_options(s)
     s.set_defaults(func=cmd_domain_start)
     t = ds.add_parser("stop", help="stop the guests that require a guest (dependents first), then the guest",
-                      formatter_class=_Formatter,
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
                       description="Shut down every guest that requires GUEST, transitively (dependents first), "
                                   "then GUEST itself.")
     t.add_argument("guest", metavar="GUEST", help="guest name or UUID")
@@ -277,6 +278,7 @@ def _domain_parser(sub: Any) -> None:
     t.add_argument("--force", action="store_true", help="destroy a guest that has not shut down within --wait")
     _client_options(t)
     t.set_defaults(func=cmd_domain_stop)
+    return p
 
 
 # --- running client commands --------------------------------------------------------------
