@@ -79,7 +79,7 @@ def _plugins(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin-write-dirs", metavar="DIR,...", help="directories plugins may write besides a private temporary one (default: none)")
     p.add_argument("--plugin-env", metavar="NAME,...", help="extra environment variables passed to plugins (default: none beyond PATH, LANG, LC_*, TZ)")
     p.add_argument("--consumers", type=int, metavar="N", help="consumer threads per service (default 2)")
-    p.add_argument("--prefetch", type=int, metavar="N", help="unacknowledged requests per consumer (default 2)")
+    p.add_argument("--prefetch", type=int, metavar="N", help="unacknowledged requests per consumer (default 8)")
     p.add_argument("--runtime-dir", type=Path, metavar="DIR",
                    help="runtime directory kept across restarts, for the in-flight journal (env VMSCHED_RUNTIME_DIR; "
                         "default: systemd's $RUNTIME_DIRECTORY, else vmsched-<uid> in the temporary directory)")
