@@ -42,9 +42,10 @@ from tests.support.waiting import wait_until
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.journal import FIRST, SECOND, Journal
-from vmsched.bus.poison import HOLD_SECONDS, LAST_CALL, PASSED_BY, TURN, TURN_WAIT, Decision, HeldSecondChances, \
+from vmsched.bus.acks import AcksAfterConfirm
+from vmsched.bus.poison import HOLD_SECONDS, LAST_CALL, PASSED_BY, SENT_BY, TURN, TURN_WAIT, Decision, HeldSecondChances, \
     PoisonTriage, Triage, Turns, Verdict
-from vmsched.bus.topology import DELIVERY_LIMIT, EXCHANGES, REQUEST_QUEUES, REQUESTS_EXCHANGE, dead_letter_queue, \
+from vmsched.bus.topology import DELIVERY_LIMIT, EXCHANGES, REPLY_VIA, REQUEST_QUEUES, REQUESTS_EXCHANGE, dead_letter_queue, \
     legacy_name, request_queue
 from vmsched.messages import Envelope, FilterReply, Op, request_units
 
@@ -522,14 +523,23 @@ def test_triage_of_requests_that_were_in_a_dead_process(tmp_path: Path):
         assert triage.decide(queue, False, _Message("held", {"x-delivery-count": 1})) == to_second_chance
         assert triage.decide(queue, False, _Message("among-1")) == to_second_chance  # among those of the death
         assert triage.decide(queue, True, _Message("held", {"x-death": rejected})) == hold
-        # its turn: marked running, run by whoever receives it
+        # the service puts it on its dead-letter queue itself (the broker's dead-lettering may drop it)
         published: list[dict[str, Any]] = []
         sink = SimpleNamespace(publish=lambda body, **kw: published.append(kw))
+        message = _Message("held", {"x-delivery-count": 1, REPLY_VIA: "vmsched.reply"})
+        triage.to_second_chance(queue, message, sink)  # type: ignore[arg-type]
+        copy = published.pop()
+        assert not message.acked and copy["exchange"] == "vmsched.dead" and copy["routing_key"] == queue
+        assert copy["headers"][SENT_BY] and copy["headers"][REPLY_VIA] == "vmsched.reply"
+        assert copy["correlation_id"] == "held" and copy["reply_to"] == "vmsched.reply.x"
+        assert triage.decide(queue, True, _Message("held", copy["headers"])) == hold
+        # its turn: marked running, run by whoever receives it
         message = _Message("held", {"x-death": rejected, "x-delivery-count": 1})  # a death returned it while held
         assert triage.decide(queue, True, message) == hold
         triage.give_turn(queue, message, sink)  # type: ignore[arg-type]
         turn = published.pop()
-        assert message.acked and turn["headers"][TURN] and "x-delivery-count" not in turn["headers"]
+        # acknowledged by the worker once the copy is confirmed (AcksAfterConfirm), not here
+        assert not message.acked and turn["headers"][TURN] and "x-delivery-count" not in turn["headers"]
         assert turn["exchange"] == "vmsched.dead" and turn["routing_key"] == queue
         assert triage.decide(queue, True, _Message("held", turn["headers"])) == second_chance
         assert second_chance.journal_kind == SECOND
@@ -548,7 +558,7 @@ def test_triage_of_requests_that_were_in_a_dead_process(tmp_path: Path):
         assert triage.decide(queue, True, _Message("among-2", {"x-death": rejected})) == pass_on
         message = _Message("among-2", {"x-death": rejected})
         triage.pass_on(queue, message, sink)  # type: ignore[arg-type]
-        assert message.acked and published[0]["headers"][PASSED_BY] == [journal.identity]
+        assert not message.acked and published[0]["headers"][PASSED_BY] == [journal.identity]
         assert published[0]["exchange"] == "vmsched.dead" and published[0]["routing_key"] == queue
         for passes in (1, 2):  # it came back (the broker may hand it to the same replica): passed on again
             back = _Message("among-2", published[-1]["headers"])
@@ -609,3 +619,36 @@ def test_held_second_chances_are_decided_together_and_take_turns_one_at_a_time()
     assert not turns.free
     turns.finished(first)
     assert turns.free and TURN_WAIT > 0
+
+
+class _Channel:
+    """What AcksAfterConfirm uses of a channel: confirm mode and the confirm events."""
+
+    def __init__(self) -> None:
+        self.confirming = False
+        self.events: dict[str, set[Any]] = {"basic_ack": set(), "basic_nack": set()}
+
+    def confirm_select(self) -> None:
+        self.confirming = True
+
+    def confirm(self, kind: str, tag: int, multiple: bool = False) -> None:
+        for callback in self.events[kind]:
+            callback(tag, multiple)
+
+
+def test_a_request_is_acknowledged_once_its_reply_is_confirmed():
+    channel, acks = _Channel(), AcksAfterConfirm()
+    acks.watch(channel)  # type: ignore[arg-type]
+    first, second, third, fourth = (_Message(f"m{i}") for i in range(4))
+    acks.published(first)  # tag 1
+    acks.published(None)  # tag 2: an event, nothing waits for it
+    acks.published(second)  # tag 3
+    acks.published(third)  # tag 4
+    assert channel.confirming and not any(m.acked for m in (first, second, third)) and len(acks) == 3
+    channel.confirm("basic_ack", 3, multiple=True)
+    assert first.acked and second.acked and not third.acked
+    channel.confirm("basic_ack", 4)
+    assert third.acked and not acks.refused and len(acks) == 0
+    acks.published(fourth)  # tag 5: refused, never acknowledged: the worker takes a new connection
+    channel.confirm("basic_nack", 5)
+    assert acks.refused and not fourth.acked and len(acks) == 0

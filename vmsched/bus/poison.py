@@ -2,7 +2,8 @@
 
 A request that was held by a process that died (its quorum queue's ``x-delivery-count``, or the in-flight
 journal of this process's dead predecessor, :mod:`vmsched.bus.journal`) is not run among others again: it
-is rejected to its dead-letter queue for a second chance, which an innocent bystander of the death survives.
+is put on its dead-letter queue for a second chance (by the service itself, acknowledged once confirmed:
+:mod:`vmsched.bus.acks`), which an innocent bystander of the death survives.
 
 The consumers of a dead-letter queue hold several second chances side by side (:data:`HELD_MAX`) and decide
 for them together (:class:`HeldSecondChances`): a second chance waits until another replica consumes the
@@ -38,6 +39,9 @@ log = logging.getLogger("vmsched.bus")
 
 #: Header of a second chance put back by replicas whose predecessor died among several requests: who passed.
 PASSED_BY = "x-vmsched-passed-by"
+#: Header of a request a service put on its dead-letter queue itself, for its second chance (the broker's own
+#: dead-lettering from a quorum queue may drop it: vmsched.bus.acks): who sent it.
+SENT_BY = "x-vmsched-second-chance"
 #: Header of a second chance given its turn: it runs as soon as a process receives it (the identity of the
 #: process that gave it). Coming back from a death, it was running: it is refused.
 TURN = "x-vmsched-turn"
@@ -107,7 +111,8 @@ class PoisonTriage:
             if headers.get(TURN) is not None and returned:
                 return Triage(Verdict.REFUSE,
                               f"its second chance also ended with the death of the {self.service} process holding it")
-            if str(death[0].get("reason", "")) != "rejected" or self.limit < 2:
+            rejected = headers.get(SENT_BY) is not None or str(death[0].get("reason", "")) == "rejected"
+            if not rejected or self.limit < 2:
                 return Triage(Verdict.REFUSE,
                               f"each of its deliveries ended with the death of the {self.service} process holding it")
             if blamed is not None and passed_by(headers).count(self.identity) < PASSES:
@@ -122,6 +127,10 @@ class PoisonTriage:
                         "apart from other requests", self.service, cid, name, failed)
             return Triage(Verdict.TO_SECOND_CHANCE)
         return RUN
+
+    def to_second_chance(self, name: str, message: Message, producer: Producer) -> None:
+        """Put a request on its dead-letter queue for its second chance (acknowledge it once confirmed)."""
+        _again(name, message, producer, {**(message.headers or {}), SENT_BY: self.identity or self.service})
 
     def pass_on(self, name: str, message: Message, producer: Producer) -> None:
         """Put a second chance back on its dead-letter queue for another replica (back here a 4th time, it runs)."""
@@ -144,15 +153,14 @@ class PoisonTriage:
 
 
 def _again(name: str, message: Message, producer: Producer, headers: dict[str, Any]) -> None:
-    """Publish ``message`` again on ``name``'s dead-letter queue with ``headers``, then ack the delivery (a death
-    between the two leaves two copies, never none). The copy is a new message: the broker's count of its returns
-    starts again."""
+    """Publish ``message`` again on ``name``'s dead-letter queue with ``headers``; the caller acknowledges the
+    delivery once the copy is confirmed (vmsched.bus.acks: a death between the two leaves two copies, never
+    none). The copy is a new message: the broker's count of its returns starts again."""
     headers = {key: value for key, value in headers.items() if key != "x-delivery-count"}
     # the content type as received (kombu reads a missing one as application/data)
     producer.publish(message.body, exchange=DEAD_EXCHANGE.name, routing_key=name, retry=False, headers=headers,
                      content_type=message.content_type, content_encoding=message.content_encoding,
                      correlation_id=correlation_id(message), reply_to=message.properties.get("reply_to"))
-    message.ack()
 
 
 class Decision(Enum):

@@ -31,6 +31,8 @@ from kombu import Connection, Consumer, Producer
 from kombu.message import Message
 
 from vmsched import metrics
+from vmsched.bus import BusUnavailable
+from vmsched.bus.acks import AcksAfterConfirm
 from vmsched.bus.connection import BusOptions, ensure_exchanges
 from vmsched.bus.journal import Journal
 from vmsched.bus.loop import run_reconnecting
@@ -86,6 +88,7 @@ class ServiceWorker:
         self._channel: object = None  # the channel of the live connection
         self._held = HeldSecondChances()  # on the bus thread
         self._turns = Turns()  # on the bus thread; a new one per connection
+        self._acks = AcksAfterConfirm()  # likewise: requests acknowledged once their reply is confirmed
         self.ready = threading.Event()  # set once the consumers have subscribed
 
     # --- lifecycle ---------------------------------------------------------
@@ -146,6 +149,8 @@ class ServiceWorker:
         ensure_exchanges(conn, {route(name)[0].name: route(name)[0] for name in self.routes}.values())
         ensure_exchanges(conn, (REPLY_EXCHANGE, DEAD_EXCHANGE))
         channel = self._channel = conn.channel()  # before consuming: deliveries may come while subscribing
+        self._acks = AcksAfterConfirm()
+        self._acks.watch(channel)
         producer = Producer(channel, auto_declare=False)
         # a dead-letter queue's consumer holds several second chances, decided for together; each runs alone
         # (declared first: a quorum queue drops what it dead-letters to an exchange without a bound queue)
@@ -183,6 +188,8 @@ class ServiceWorker:
                         conn.drain_events(timeout=_READ_TIMEOUT)  # one complete message; a partial frame is kept
                 except socket.timeout:
                     pass
+            if self._acks.refused:  # its requests come back on the next connection
+                raise BusUnavailable("the broker refused a reply or a second chance (publisher nack)")
             if time.monotonic() - beat >= 1.0:
                 conn.heartbeat_check()
                 beat = time.monotonic()
@@ -195,11 +202,18 @@ class ServiceWorker:
                 message, reply = self._done.get_nowait()
             except queues.Empty:
                 return
-            self._reply(message, reply, producer)
-            if message.channel is channel:
-                message.ack()  # only after the reply is out: a killed process means redelivery
-            # else: its channel is gone and the broker has returned it; the reply may still be in time
+            # acknowledged once the reply is confirmed (a killed process, a lost reply: delivered again); if its
+            # channel is gone the broker has returned it, and the reply may still be in time
+            self._answered(message, self._reply(message, reply, producer), channel)
             self._turns.finished(message)
+
+    def _answered(self, message: Message, replied: bool, channel: object) -> None:
+        """``message`` is done with: acknowledged once its reply (if one went out) is confirmed."""
+        current = message.channel is channel
+        if replied:
+            self._acks.published(message if current else None)
+        elif current:
+            message.ack()
 
     def _poke(self) -> None:
         if self._wake[1] >= 0:
@@ -223,7 +237,8 @@ class ServiceWorker:
         if verdict is Verdict.RUN:
             self._work.put((name, message, triage))
         elif verdict is Verdict.TO_SECOND_CHANCE:
-            message.reject(requeue=False)
+            self.triage.to_second_chance(name, message, producer)
+            self._acks.published(message)
         elif verdict is Verdict.HOLD:
             self._held.hold(name, message)  # its turn comes once another replica is up (vmsched.bus.poison)
             self._poke()
@@ -232,11 +247,13 @@ class ServiceWorker:
                 self._work.put((name, message, triage))
             else:
                 self.triage.decline_turn(name, message, producer)
+                self._acks.published(message)
         elif verdict is Verdict.PASS_ON:
             self.triage.pass_on(name, message, producer)
+            self._acks.published(message)
         else:
-            self._reply(message, self.replier.dead(name, message.body, correlation_id(message), triage.why), producer)
-            message.ack()
+            reply = self.replier.dead(name, message.body, correlation_id(message), triage.why)
+            self._answered(message, self._reply(message, reply, producer), message.channel)
 
     def _release_held(self, channel: object, producer: Producer) -> None:
         """Give a held second chance whose wait is over its turn; answer those that cannot run in time
@@ -245,11 +262,12 @@ class ServiceWorker:
                                                       self._turns.free):
             if decision is Decision.TURN:
                 self.triage.give_turn(name, message, producer)
+                self._acks.published(message)
                 self._turns.given()
             else:  # late: an error naming its units, or nothing once its caller gave up
                 why = f"its second chance could not run before its deadline (a {self.service} process holding it died)"
-                self._reply(message, self.replier.dead(name, message.body, correlation_id(message), why), producer)
-                message.ack()
+                reply = self.replier.dead(name, message.body, correlation_id(message), why)
+                self._answered(message, self._reply(message, reply, producer), channel)
 
     def _others_consume(self, channel: object, name: str) -> bool:
         """Whether a process besides this one consumes ``name``'s request queue (one channel per process)."""
@@ -286,7 +304,8 @@ class ServiceWorker:
             log.exception("%s: request %s on %s not handled", self.service, cid, name)
             return None
 
-    def _reply(self, message: Message, reply: bytes | None, producer: Producer) -> None:
+    def _reply(self, message: Message, reply: bytes | None, producer: Producer) -> bool:
+        """Publish ``reply`` to the sender of ``message``; whether a reply went out."""
         reply_to = message.properties.get("reply_to")
         if reply is not None and reply_to:
             # the reply exchange when the sender asks for it; a sender older than the exchanges waits on the
@@ -301,3 +320,5 @@ class ServiceWorker:
                 correlation_id=message.properties.get("correlation_id"),
                 retry=False,
             )
+            return True
+        return False
