@@ -120,10 +120,12 @@ class Link:
     def call_soon(self, work: Callable[[], None]) -> None:
         """Run ``work`` on the link's thread."""
         self._work.append(work)
+        if self._wake_w < 0:
+            return  # the link has stopped
         try:
             os.write(self._wake_w, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # a wake-up is pending already, or the link has stopped
+        except OSError:
+            pass  # a wake-up is pending already
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -132,7 +134,8 @@ class Link:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 return  # still in a bounded wait: it ends by itself and keeps its pipe
-        for fd in (self._wake_r, self._wake_w):
+        wake, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+        for fd in wake:
             os.close(fd)
 
     # --- the thread -----------------------------------------------------------
