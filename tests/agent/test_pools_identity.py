@@ -22,6 +22,7 @@ from vmsched.services.policy_agent.virt import metadata
 from vmsched.services.policy_agent.virt.hostlock import HostLocked
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
 from tests.support.agent_driver import TEST_URI, emulator_pin, guest, live_pins, metric
+from tests.support.waiting import wait_until
 
 
 def pinned_guest(conn, name: str, pins: dict[int, str], emulator: str | None = None, start: bool = True):  # noqa: F811
@@ -93,6 +94,15 @@ def test_sweep_reports_a_dedicated_cpu_shared_by_two_guests(conn, make_agent):  
     assert metric("vmsched_agent_dedicated_overlaps") == 1
     assert metric("vmsched_agent_errors_total", kind="overlap") == errors_before + 2  # one per guest involved
     ded = [p for p in a.list_policies()["policies"] if p["guest"] == "t-ded"][0]
+    assert ded["status"] == "error" and msg in ded["error"]
+    # an event between sweeps (its metadata rewritten as it is) does not hide the overlap
+    synced = metric("vmsched_agent_event_to_applied_seconds_count", event="metadata")
+    same = d.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata.NS, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    d.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, same, metadata.PREFIX, metadata.NS,
+                  libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    assert wait_until(lambda: metric("vmsched_agent_event_to_applied_seconds_count", event="metadata") > synced)
+    assert a.wait_idle()
+    ded = a.get_policy("t-ded")
     assert ded["status"] == "error" and msg in ded["error"]
     assert live_pins(d) == {0: "5", 1: "6"}
     assert live_pins(conn.lookupByName("t-mgr"))[0] == "6"

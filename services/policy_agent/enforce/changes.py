@@ -79,6 +79,7 @@ class PolicyChanges:
             g = e.inv.upsert(snap.uuid, snap.name)
             g.policy, g.hint, g.nvcpus, g.desired = policy, hint, src.nvcpus, checked.desired
             g.status, g.error, g.applied_at = "applied", None, time.time()
+            e.overlaps.forget(snap.uuid)
             g.warnings = [*checked.warnings, *result.deferred]
             metrics.APPLICATIONS.labels("ok").inc()
             e.update_gauges()

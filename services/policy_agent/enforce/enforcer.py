@@ -59,7 +59,7 @@ class Enforcer:
         self.lock = threading.RLock()
         self._drift_times: dict[str, collections.deque[float]] = {}
         self._foreign: set[str] = set()  # guests left to their manager's own pinning (logged once)
-        self._overlaps = OverlapReporter(publish)
+        self.overlaps = OverlapReporter(publish)
         self.tuned: TunedState | None = None  # the tuners' live values: part of the desired state (tuning/tuner.py)
 
     # --- reading -----------------------------------------------------------------
@@ -296,7 +296,14 @@ class Enforcer:
                     return
                 raise
             self.sync(snap, trigger, received, drift=drift)
+            self._keep_overlap(snap.uuid)
             self.update_gauges()
+
+    def _keep_overlap(self, uuid: str) -> None:
+        """An event between sweeps does not clear the overlap the last sweep found: the next sweep decides."""
+        g, overlap = self.inv.get(uuid), self.overlaps.standing(uuid)
+        if g is not None and overlap is not None and overlap not in (g.error or ""):
+            g.status, g.error = "error", f"{g.error}; {overlap}" if g.error else overlap
 
     # --- all guests --------------------------------------------------------------
     def scan(self, conn: "libvirt.virConnect") -> list[Snapshot]:
@@ -340,7 +347,7 @@ class Enforcer:
 
     def _report_overlaps(self, snaps: list[Snapshot]) -> list[str]:
         with self.lock:
-            return self._overlaps.report(snaps, self.inv, self.pools, self.applier.host, self._foreign)
+            return self.overlaps.report(snaps, self.inv, self.pools, self.applier.host, self._foreign)
 
     def update_gauges(self) -> None:
         metrics.GUESTS_MANAGED.set(self.inv.managed())

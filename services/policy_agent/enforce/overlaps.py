@@ -100,6 +100,14 @@ class OverlapReporter:
         self._warned: list[str] = []
         self._seen: dict[str, str] = {}  # guest -> the overlap last reported
 
+    def standing(self, uuid: str) -> str | None:
+        """The overlap the last sweep found on this guest: it holds until a sweep finds it gone."""
+        return self._seen.get(uuid)
+
+    def forget(self, uuid: str) -> None:
+        """The guest's policy was set: the next sweep says again whether it overlaps."""
+        self._seen.pop(uuid, None)
+
     def report(self, snaps: Iterable[Snapshot], inv: Inventory, pools: Pools, host: CpuSet,
                foreign: set[str]) -> list[str]:
         """Report what is in force now (under the enforcer's lock); returns every overlap message."""
