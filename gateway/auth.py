@@ -205,6 +205,19 @@ async def _reply(send: Send, status: int, reason: str, extra: list[tuple[bytes, 
     await send({"type": "http.response.body", "body": body})
 
 
+class StatusOf:
+    """An ASGI ``send`` that remembers the status the app answered with (``status`` until it answers)."""
+
+    def __init__(self, send: Send, status: int) -> None:
+        self.send = send
+        self.status = status
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self.send(message)
+
+
 class Guard:
     """Authenticate and authorise every non-open request before the app sees it; audit the result."""
 
@@ -245,39 +258,25 @@ class Guard:
             return await _reply(send, 405 if known else 404,
                                 f"{scope['method']} is not allowed here" if known else "no such route")
         scope["vmsched.identity"] = identity
-        status = 500
-
-        async def watched(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        answer = StatusOf(send, 500)
         try:
-            await self.app(scope, receive, watched)
+            await self.app(scope, receive, answer)
         finally:
-            done(status)
+            done(answer.status)
 
     async def _open(self, scope: Scope, receive: Receive, send: Send) -> None:
         """An open console route (log in, log out): the app answers, and a 401 or 403 it gives is audited.
 
         Who was refused is named when the route puts the identity it found in ``scope["vmsched.identity"]``.
         """
-        status = 0
-
-        async def watched(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        answer = StatusOf(send, 0)
         try:
-            await self.app(scope, receive, watched)
+            await self.app(scope, receive, answer)
         finally:
-            if status in (401, 403):
+            if answer.status in (401, 403):
                 operation = self.operations.get((scope["method"], scope["path"]), "console")
                 audit.record(role=Role.READ, identity=scope.get("vmsched.identity"), method=scope["method"],
-                             route=scope["path"], operation=operation, params={}, status=status,
+                             route=scope["path"], operation=operation, params={}, status=answer.status,
                              client=(scope.get("client") or (None,))[0])
 
     async def _console(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -19,15 +19,13 @@ ends every session).
 
 from __future__ import annotations
 
-import json
 import logging
-import re
-import secrets
 import time
 from typing import Any
 
 from vmsched.bus.interface import Publish, Topic, Transport
 from vmsched.bus.topology import EVENTS_EXCHANGE
+from vmsched.gateway import replica_messages
 from vmsched.gateway.console_session import Logouts
 
 log = logging.getLogger("vmsched.gateway.console")
@@ -37,7 +35,6 @@ HELLO_KEY = "gateway.console.hello"
 #: logouts in one message at most (a hello's answer is sent in as many as needed)
 CHUNK = 2000
 MAX_MESSAGE = 1 << 20
-_TOKEN = re.compile(r"^[0-9a-f]{12}$")
 
 
 class LogoutLink:
@@ -47,7 +44,7 @@ class LogoutLink:
     def __init__(self, transport: Transport, gateway: str, logouts: Logouts) -> None:
         self.gateway = gateway
         self.logouts = logouts
-        self.token = secrets.token_hex(6)
+        self.token = replica_messages.new_token()
         self.queue_name = f"vmsched.console.gateway.{self.token}"
         self.publisher = transport.events(f"gateway-{gateway}")
         topic = Topic(self.queue_name, EVENTS_EXCHANGE, (LOGOUT_KEY, HELLO_KEY), 1000)
@@ -76,17 +73,8 @@ class LogoutLink:
         self.publisher.publish(HELLO_KEY, {"token": self.token, "gateway": self.gateway})
 
     def _handle(self, body: bytes, routing_key: str) -> None:
-        if len(body) > MAX_MESSAGE:
-            return
-        try:
-            message = json.loads(body)
-        except ValueError:
-            log.warning("console logouts: a message on %s is not JSON: ignored", routing_key)
-            return
-        if not isinstance(message, dict):
-            return
-        token = message.get("token")
-        if not isinstance(token, str) or not _TOKEN.match(token) or token == self.token:
+        message = replica_messages.read(body, routing_key, MAX_MESSAGE, log, "console logouts")
+        if message is None or not replica_messages.from_another(message.get("token"), self.token):
             return  # our own, or not well formed
         if routing_key == HELLO_KEY:
             self.share(self.logouts.entries())

@@ -22,7 +22,6 @@ question ever hangs a reader longer than the window.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import secrets
@@ -33,6 +32,7 @@ from typing import Any, Callable
 
 from vmsched.bus.interface import Publish, Topic, Transport
 from vmsched.bus.topology import EVENTS_EXCHANGE
+from vmsched.gateway import replica_messages
 
 log = logging.getLogger("vmsched.gateway.decisions")
 
@@ -47,7 +47,6 @@ FORGET = 3 * BEACON + 10.0
 #: bytes of records in one answer at most (the rest is left out and the answer says so)
 MAX_ANSWER = 4 << 20
 MAX_MESSAGE = 8 << 20
-_TOKEN = re.compile(r"^[0-9a-f]{12}$")
 _QID = re.compile(r"^[0-9a-f]{16}$")
 
 #: (question) -> (records, truncated); runs on the link's thread
@@ -81,7 +80,7 @@ class PeerLink:
     def __init__(self, transport: Transport, gateway: str, answer: Answerer) -> None:
         self.gateway = gateway
         self.answer = answer
-        self.token = secrets.token_hex(6)
+        self.token = replica_messages.new_token()
         self.queue_name = f"vmsched.decisions.gateway.{self.token}"
         self.publisher = transport.events(f"gateway-{gateway}")
         topic = Topic(self.queue_name, EVENTS_EXCHANGE, (QUERY_KEY, PRESENCE_KEY, ANSWER_PREFIX + self.token), 1000)
@@ -177,17 +176,11 @@ class PeerLink:
             self._next_beacon = time.monotonic() + BEACON
 
     def _handle(self, body: bytes, routing_key: str) -> None:
-        if len(body) > MAX_MESSAGE:
-            return
-        try:
-            message = json.loads(body)
-        except ValueError:
-            log.warning("decision peers: a message on %s is not JSON: ignored", routing_key)
-            return
-        if not isinstance(message, dict):
+        message = replica_messages.read(body, routing_key, MAX_MESSAGE, log, "decision peers")
+        if message is None:
             return
         token, label = message.get("token") or message.get("from"), message.get("gateway")
-        if not isinstance(token, str) or not _TOKEN.match(token) or not isinstance(label, str) or token == self.token:
+        if not replica_messages.from_another(token, self.token) or not isinstance(label, str):
             return  # our own question or presence, or not well formed
         if routing_key == PRESENCE_KEY:
             self._on_presence(token, label, message)
