@@ -32,7 +32,6 @@ SERVER_ERROR = -32500
 
 #: Deepest nesting of arrays and structs accepted in a request (the engine sends 2).
 MAX_DEPTH = 32
-_NESTING = ("array", "struct")
 
 
 class Fault(Exception):
@@ -51,39 +50,30 @@ def shown(value: Any) -> str:
     return _repr.repr(value)
 
 
-class _Reader(xmlrpc.client.Unmarshaller):
-    """The stdlib unmarshaller, refusing nesting deeper than :data:`MAX_DEPTH` (its own count of the arrays and
-    structs open: expat sees to it that every end tag closes the last start tag)."""
-
-    def __init__(self) -> None:
-        super().__init__(use_builtin_types=True)
-        self.depth = 0
-
-    def start(self, tag: str, attrs: Any) -> None:
-        if tag.rpartition(":")[2] in _NESTING:
-            if self.depth >= MAX_DEPTH:
-                raise Fault(INVALID_PARAMS, f"a parameter nests arrays or structs deeper than {MAX_DEPTH} levels")
-            self.depth += 1
-        super().start(tag, attrs)
-
-    def end(self, tag: str) -> None:
-        if tag.rpartition(":")[2] in _NESTING:
-            self.depth -= 1
-        super().end(tag)
+def _nesting_exceeds(params: list[Any]) -> bool:
+    """Whether a parameter nests arrays and structs (lists and dicts once read) deeper than :data:`MAX_DEPTH`:
+    a count of its own, without recursion (the unmarshaller builds any depth without recursing either)."""
+    open_ = [(value, 1) for value in params if isinstance(value, (list, dict))]
+    while open_:
+        value, depth = open_.pop()
+        if depth > MAX_DEPTH:
+            return True
+        for item in value.values() if isinstance(value, dict) else value:
+            if isinstance(item, (list, dict)):
+                open_.append((item, depth + 1))
+    return False
 
 
 def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
     """Return ``(method, params)`` or raise :class:`Fault` with a precise reason."""
     if not body.strip():
         raise Fault(PARSE_ERROR, "empty request body: expected an XML-RPC methodCall")
-    reader = _Reader()
+    reader = xmlrpc.client.Unmarshaller(use_builtin_types=True)
     try:
         parser = DefusedExpatParser(reader)
         parser.feed(body)
         parser.close()
         params, method = reader.close(), reader.getmethodname()
-    except Fault:
-        raise
     except ExpatError as exc:
         raise Fault(PARSE_ERROR, f"malformed XML: {exc}") from None
     except xmlrpc.client.ResponseError as exc:  # the unmarshaller's only complaint: a tag it does not know
@@ -94,6 +84,8 @@ def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
         raise Fault(PARSE_ERROR, f"malformed XML-RPC request: {type(exc).__name__}: {shown(str(exc))}") from None
     if not method:
         raise Fault(PARSE_ERROR, "request has no methodName")
+    if _nesting_exceeds(params):
+        raise Fault(INVALID_PARAMS, f"a parameter nests arrays or structs deeper than {MAX_DEPTH} levels")
     return method, tuple(params)
 
 
