@@ -50,7 +50,7 @@ def shown(value: Any) -> str:
     return _repr.repr(value)
 
 
-def _nesting_exceeds(params: list[Any]) -> bool:
+def _nesting_exceeds(params: tuple[Any, ...]) -> bool:
     """Whether a parameter nests arrays and structs (lists and dicts once read) deeper than :data:`MAX_DEPTH`:
     a count of its own, without recursion (the unmarshaller builds any depth without recursing either)."""
     open_ = [(value, 1) for value in params if isinstance(value, (list, dict))]

@@ -45,6 +45,7 @@ from vmsched.bus.journal import FIRST, SECOND, Journal
 from vmsched.bus.acks import AcksAfterConfirm
 from vmsched.bus.poison import HOLD_SECONDS, LAST_CALL, PASSED_BY, SENT_BY, TURN, TURN_WAIT, Decision, HeldSecondChances, \
     PoisonTriage, Triage, Turns, Verdict
+from vmsched.runtime.process import descendants
 from vmsched.bus.topology import DELIVERY_LIMIT, EXCHANGES, REPLY_VIA, REQUEST_QUEUES, REQUESTS_EXCHANGE, dead_letter_queue, \
     legacy_name, request_queue
 from vmsched.messages import Envelope, FilterReply, Op, request_units
@@ -89,26 +90,6 @@ def _ancestors(pid: int) -> Iterator[int]:
             return
 
 
-def _descendants(pid: int) -> list[int]:
-    """``pid``'s children, theirs, and so on (from each thread's ``children`` list)."""
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    children = [int(c) for c in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            found += children
-            todo += children
-    return found
-
-
 def _comm(pid: int, tid: str) -> bytes:
     with open(f"/proc/{pid}/task/{tid}/comm", "rb") as f:
         return f.read().strip()
@@ -133,7 +114,7 @@ class Kernel(threading.Thread):
             for proc in list(self.replicas):
                 if proc.popen is None or proc.popen.poll() is not None:
                     continue
-                for pid in _descendants(proc.popen.pid):
+                for pid in descendants(proc.popen.pid):
                     try:
                         if any(_comm(pid, tid) == MARK.encode() for tid in os.listdir(f"/proc/{pid}/task")):
                             self._kill_owner(pid)
