@@ -12,19 +12,13 @@ from typing import Iterator
 
 import pytest
 
-from tests.support.locks import exclusive
+from tests.support.locks import broker_faults_alone  # noqa: F401 - an autouse fixture
 from tests.support.net import free_port
 from tests.support.stack import SCORING_QUEUES, Proc, Stack, bus_args, plugin_copy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.rabbitmq
 
-
-@pytest.fixture(scope="module", autouse=True)
-def alone() -> Iterator[None]:
-    """The broker-fault tests (a cut proxy, private nodes, the 3-node cluster) never run beside each other."""
-    with exclusive("broker-faults"):
-        yield
 
 H = [f"bbbbbbbb-0000-0000-0000-00000000000{i}" for i in range(4)]
 VM = "11111111-2222-3333-4444-555555555555"

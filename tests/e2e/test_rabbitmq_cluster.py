@@ -32,7 +32,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.support.locks import exclusive
+from tests.support.locks import broker_faults_alone  # noqa: F401 - an autouse fixture
 from tests.support.net import free_port
 from tests.support.stack import AUTH, SCORING_QUEUES, Proc, Stack, plugin_copy
 from tests.support.waiting import wait_until
@@ -43,12 +43,6 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow,
               pytest.mark.skipif(available() is not None, reason=str(available()))]
 pytest.importorskip("libvirt", reason="libvirt-python (the agent) is installed by scripts/bootstrap --test")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def alone() -> Iterator[None]:
-    """The broker-fault tests (a cut proxy, private nodes, the 3-node cluster) never run beside each other."""
-    with exclusive("broker-faults"):
-        yield
 
 H = [f"bbbbbbbb-0000-0000-0000-00000000000{i}" for i in range(4)]
 VM = "11111111-2222-3333-4444-555555555555"

@@ -6,6 +6,8 @@ import fcntl
 from contextlib import contextmanager
 from typing import Iterator
 
+import pytest
+
 
 @contextmanager
 def exclusive(name: str) -> Iterator[None]:
@@ -16,3 +18,11 @@ def exclusive(name: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def broker_faults_alone() -> Iterator[None]:
+    """For the modules that import it: the broker-fault tests (a cut proxy, private nodes, the 3-node cluster)
+    never run beside each other."""
+    with exclusive("broker-faults"):
+        yield

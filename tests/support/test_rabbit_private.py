@@ -11,18 +11,12 @@ from typing import Iterator
 import kombu
 import pytest
 
-from tests.support.locks import exclusive
+from tests.support.locks import broker_faults_alone  # noqa: F401 - an autouse fixture
 from tests.support.rabbit_private import PrivateCluster, PrivateRabbit, TlsFiles, available
 from tests.support.tls_certs import make_certs
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.skipif(available() is not None, reason=str(available()))]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def alone() -> Iterator[None]:
-    """The broker-fault tests (a cut proxy, private nodes, the 3-node cluster) never run beside each other."""
-    with exclusive("broker-faults"):
-        yield
 
 
 def test_private_node_has_its_own_users_and_stops(tmp_path):
