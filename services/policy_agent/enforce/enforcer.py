@@ -296,14 +296,10 @@ class Enforcer:
                     return
                 raise
             self.sync(snap, trigger, received, drift=drift)
-            self._keep_overlap(snap.uuid)
+            g = self.inv.get(snap.uuid)
+            if g is not None:
+                self.overlaps.keep(g)
             self.update_gauges()
-
-    def _keep_overlap(self, uuid: str) -> None:
-        """An event between sweeps does not clear the overlap the last sweep found: the next sweep decides."""
-        g, overlap = self.inv.get(uuid), self.overlaps.standing(uuid)
-        if g is not None and overlap is not None and overlap not in (g.error or ""):
-            g.status, g.error = "error", f"{g.error}; {overlap}" if g.error else overlap
 
     # --- all guests --------------------------------------------------------------
     def scan(self, conn: "libvirt.virConnect") -> list[Snapshot]:

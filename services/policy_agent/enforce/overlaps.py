@@ -15,7 +15,7 @@ from .. import metrics
 from ..policy import cpuset
 from ..policy.allocation import Pools
 from ..policy.cpuset import CpuSet
-from ..policy.inventory import Inventory
+from ..policy.inventory import Guest, Inventory
 from ..policy.validation import Desired
 from ..virt.domxml import DomainXml
 from ..virt.snapshot import Snapshot
@@ -100,9 +100,12 @@ class OverlapReporter:
         self._warned: list[str] = []
         self._seen: dict[str, str] = {}  # guest -> the overlap last reported
 
-    def standing(self, uuid: str) -> str | None:
-        """The overlap the last sweep found on this guest: it holds until a sweep finds it gone."""
-        return self._seen.get(uuid)
+    def keep(self, g: Guest) -> None:
+        """After an event's repair between sweeps: the overlap the last sweep found on the guest stays on it
+        until a sweep finds it gone."""
+        overlap = self._seen.get(g.uuid)
+        if overlap is not None:
+            _mark(g, overlap)
 
     def forget(self, uuid: str) -> None:
         """The guest's policy was set: the next sweep says again whether it overlaps."""
@@ -137,7 +140,7 @@ class OverlapReporter:
                 log.error("%s", text)
                 self.publish("error", {"guest": g.name, "uuid": g.uuid, "error": text})
                 metrics.ERRORS.labels("overlap").inc()
-            g.status, g.error = "error", f"{g.error}; {text}" if g.error and text not in g.error else text
+            _mark(g, text)
         self._seen = {u: "; ".join(m) for u, m in per_guest.items()}
         messages = list(found.values())
         metrics.DEDICATED_OVERLAPS.set(len({u for u, _ in found}))
@@ -148,3 +151,12 @@ class OverlapReporter:
                         cpuset.fmt(pools.pool), ", ".join(sorted(foreign_in_pool)))
         self._warned = sorted(foreign_in_pool)
         return sorted(set(messages))
+
+
+def _mark(g: Guest, overlap: str) -> None:
+    """An error state on the guest that names ``overlap``, after any error it has already."""
+    g.status = "error"
+    if not g.error:
+        g.error = overlap
+    elif overlap not in g.error:
+        g.error = f"{g.error}; {overlap}"
