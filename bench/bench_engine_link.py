@@ -29,8 +29,8 @@ from tests.support.fake_engine import FakeEngine  # noqa: E402
 from tests.support.tls_certs import make_certs  # noqa: E402
 from vmsched.engine_link import EngineLink  # noqa: E402
 from vmsched.engine_link_client import LinkConfig  # noqa: E402
-from vmsched.facts import FactsMessage, GuestFacts, HostFacts  # noqa: E402
-from vmsched.facts_cache import FactsCache  # noqa: E402
+from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts  # noqa: E402
+from vmsched.facts.cache import FactsCache  # noqa: E402
 
 HOSTS = 100
 

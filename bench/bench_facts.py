@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vmsched.facts import FactsMessage, GuestFacts, HostFacts  # noqa: E402
-from vmsched.facts_cache import FactsCache  # noqa: E402
+from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts  # noqa: E402
+from vmsched.facts.cache import FactsCache  # noqa: E402
 
 INTERVAL = 5.0
 

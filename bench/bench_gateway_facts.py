@@ -129,7 +129,7 @@ def feed(url: str) -> None:
 
     from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
     from vmsched.bus.topology import EVENTS_EXCHANGE
-    from vmsched.facts import FactsMessage, GuestFacts, facts_key
+    from vmsched.facts.model import FactsMessage, GuestFacts, facts_key
 
     os.nice(19)
     guests = [GuestFacts(uuid=str(uuid.UUID(int=(h << 16) + g)), name=f"vm{g}", state="running", vcpus=4,

@@ -25,7 +25,7 @@ from vmsched.gateway.scheduler import Scheduler
 from vmsched.gateway.strict_json import StrictJson, invalid_request, read_body
 from vmsched import __version__, metrics
 from vmsched.bus.connection import BusOptions
-from vmsched.bus.facts import FactsSubscriber
+from vmsched.facts.subscription import FactsSubscriber
 from vmsched.bus.interface import BusClient, Transport
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.bus.transport import open_transport

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import orjson
 
 from vmsched.bus.interface import Transport
-from vmsched.facts_cache import FactsCache
+from vmsched.facts.cache import FactsCache
 from vmsched.gateway.decision_peers import MAX_ANSWER, Gathered, PeerLink
 from vmsched.gateway.render import ALL_FILTERS_FAILED, Decision
 from vmsched.gateway.scores import finite

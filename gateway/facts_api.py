@@ -13,7 +13,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from vmsched.facts_cache import FactsCache
+from vmsched.facts.cache import FactsCache
 
 from vmsched.gateway.agent_api import ErrorDetail, ErrorReply, Host, InvalidAs400Route
 

@@ -34,7 +34,8 @@ from prometheus_client import Counter
 
 from vmsched.config import Settings
 from vmsched.engine_link_client import ENGINE_ID, EngineClient, EngineError, LinkConfig, load_config, vm_requirements
-from vmsched.facts_cache import FactsCache, load_host_map
+from vmsched.facts.cache import FactsCache
+from vmsched.facts.host_map import load_host_map
 from vmsched.metrics import REGISTRY
 
 log = logging.getLogger("vmsched.engine_link")

@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar
 
 from vmsched import metrics
 from vmsched.bus.connection import BusOptions
-from vmsched.bus.facts import FactsSubscriber
+from vmsched.facts.subscription import FactsSubscriber
 from vmsched.bus.interface import Transport, Worker
 from vmsched.bus.journal import default_dir
 from vmsched.bus.replies import Handler
@@ -23,7 +23,7 @@ from vmsched.bus.topology import REQUEST_QUEUES, legacy_name
 from vmsched.bus.transport import open_transport
 from vmsched.config import Settings
 from vmsched.engine_link import facts_cache
-from vmsched.facts_cache import NO_CACHE, FactsCache, cause
+from vmsched.facts.cache import NO_CACHE, FactsCache, cause
 from vmsched.messages import Kind, MissingFacts
 from vmsched.runtime import Call, CallResult, Catalog, Limits, PluginPool
 from vmsched.runtime.contract import KIND

@@ -6,7 +6,7 @@ import threading
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from vmsched.facts import HostFacts
+from vmsched.facts.model import HostFacts
 from vmsched.metrics import REGISTRY
 
 #: An event is applied in milliseconds; a sweep of many guests or a slow libvirtd takes seconds.

@@ -19,7 +19,7 @@ from vmsched.messages import (
     ScoreReplyOnBus,
     ScoreRequest,
 )
-from vmsched.pending import PendingBook, attach
+from vmsched.facts.pending import PendingBook, attach
 from vmsched.runtime.contract import KIND, BadResult, checked_aligned
 from vmsched.service import PluginService, UnitRun, missing_facts
 
@@ -34,7 +34,7 @@ class ScoringService(PluginService):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pool.aligned_scores = True  # a unit that scored every host in order sends its numbers alone
-        self.pending = PendingBook()  # VMs ranked first moments ago (vmsched/pending.py)
+        self.pending = PendingBook()  # VMs ranked first moments ago (vmsched/facts/pending.py)
 
     def _call_facts(self, hosts: list[str], vm: str) -> Any:
         """The call's facts with the placements still pending elsewhere (the stock memory filter counts them)."""

@@ -22,7 +22,7 @@ from tests.support.net import free_port
 from tests.support.paths import ROOT
 from tests.support.stack import AUTH, Proc, Stack
 from tests.support.waiting import wait_until
-from vmsched.facts import FACTS_VERSION
+from vmsched.facts.model import FACTS_VERSION
 from vmsched.messages import CONTRACT_VERSION
 
 pytestmark = pytest.mark.rabbitmq

@@ -1,4 +1,4 @@
-"""The facts subscriber takes messages in batches (vmsched/bus/facts.py, LINGER) and loses none.
+"""The facts subscriber takes messages in batches (vmsched/facts/subscription.py, LINGER) and loses none.
 
 On the real RabbitMQ (a private vhost): a lone message is handed over at once, a message arriving just after
 another waits for the rest of the linger (one wake-up for both), and a burst arrives whole.
@@ -14,9 +14,9 @@ from kombu import Producer
 from tests.support.waiting import wait_until
 from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
 from vmsched.bus.transport import open_transport
-from vmsched.bus.facts import LINGER, FactsSubscriber
+from vmsched.facts.subscription import LINGER, FactsSubscriber
 from vmsched.bus.topology import EVENTS_EXCHANGE
-from vmsched.facts import FactsMessage, HostFacts, facts_key
+from vmsched.facts.model import FactsMessage, HostFacts, facts_key
 
 pytestmark = pytest.mark.rabbitmq
 

@@ -19,7 +19,7 @@ from tests.support.waiting import wait_until
 from vmsched.bus import BusTimeout, RequestError
 from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions, open_connection
-from vmsched.bus.facts import FactsSubscriber, SnapshotListener
+from vmsched.facts.subscription import FactsSubscriber, SnapshotListener
 from vmsched.bus.inprocess import InProcessClient, InProcessTransport, InProcessWorker, Inboxes, Request, \
     topic_matches
 from vmsched.bus.interface import Topic
@@ -95,7 +95,7 @@ def test_kombus_memory_transport_is_not_used() -> None:
     code = """
 import asyncio, sys
 from vmsched.bus.inprocess import InProcessTransport
-from vmsched.bus.facts import FactsSubscriber
+from vmsched.facts.subscription import FactsSubscriber
 bus = InProcessTransport()
 worker = bus.worker("s", {"q": lambda env: {"ok": 1}})
 worker.start()

@@ -95,6 +95,23 @@ def test_run_one_unit_with_facts_from_yaml_or_json(tmp_path: Path):
     assert done.returncode == 0 and json.loads(done.stdout) == [H2]
 
 
+def test_run_gives_a_unit_the_numbers_a_service_gives_it(tmp_path: Path):
+    """Lists of floats reach a unit exactly, as in production (tests/runtime/test_facts_wire.py): no rounding."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "busy.py").write_text(textwrap.dedent('''
+        from vmsched.plugin import facts
+
+        class Busiest:
+            def do_score(self, hosts, vm, args):
+                return [(h, facts.host(h).pcpu_pct[0] + facts.host(h).cpu_history[-1]) for h in hosts]
+    '''))
+    (tmp_path / "facts.json").write_text(json.dumps({"hosts": {H1: {"pcpu_pct": [12.345678], "cpu_history": [1 / 3]}}}))
+    done = vmsched("run", "Busiest", "--plugins", str(folder), "--facts", str(tmp_path / "facts.json"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [[H1, 12.345678 + 1 / 3]]
+
+
 def test_run_reports_failures_like_the_service():
     done = vmsched("run", "WrongShape", "--plugins", str(TEST_PLUGINS), "--hosts", H1)
     assert done.returncode == 1 and "expected a list of (host, score) pairs" in done.stderr

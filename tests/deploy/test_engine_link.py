@@ -23,7 +23,7 @@ from tests.deploy.test_chart import (BASE, CHART, K8S_VERSIONS, by_name, chart, 
 from tests.deploy.test_compose import (COMPOSE, DEPLOY, SCHEMA, SYSTEMD, example_env, interpolate, read_unit)
 from vmsched.config import Settings
 from vmsched.engine_link_client import load_config
-from vmsched.facts_cache import load_host_map
+from vmsched.facts.host_map import load_host_map
 
 LINK = {"facts": {"hostMap": {"0d3f2c10-engine-guid": "hv1.example.com"},
                   "engineLink": {"enabled": True, "url": "https://engine.example.com/ovirt-engine/api",

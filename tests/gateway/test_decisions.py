@@ -18,8 +18,8 @@ from tests.support.waiting import wait_until
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.inprocess import InProcessTransport
 from vmsched.bus.transport import open_transport
-from vmsched.facts import FactsMessage, HostFacts
-from vmsched.facts_cache import FactsCache
+from vmsched.facts.model import FactsMessage, HostFacts
+from vmsched.facts.cache import FactsCache
 from vmsched.gateway import decision_peers, decisions
 from vmsched.gateway.decisions import DecisionLog, Kept, Ring, gateway_label
 from vmsched.gateway.operations import paired_scores

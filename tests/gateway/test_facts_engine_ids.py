@@ -11,8 +11,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from vmsched.facts import FactsMessage, HostFacts
-from vmsched.facts_cache import FactsCache
+from vmsched.facts.model import FactsMessage, HostFacts
+from vmsched.facts.cache import FactsCache
 from vmsched.gateway import facts_api
 
 

@@ -1,4 +1,4 @@
-"""Host facts on the worker pipe, proportional to change (vmsched/runtime/facts_wire.py, vmsched/runtime/facts_held.py).
+"""Host facts on the worker pipe, proportional to change (vmsched/facts/wire.py, vmsched/facts/held.py).
 
 A worker is sent each host's facts once per generation; steady-state calls carry host IDs and
 generations. Checked here: what each frame carries, that the held form reads exactly like the full
@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from vmsched.facts import FactsMessage, GuestFacts, HostFacts
+from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts
 from tests.support.facts import reading
-from vmsched.facts_cache import FactsCache
+from vmsched.facts.cache import FactsCache
 from vmsched.plugin import facts as api
 from vmsched.runtime import Call, Limits, PluginPool
-from vmsched.runtime.facts_held import LOST, HeldFacts
-from vmsched.runtime.facts_wire import FactsWire
+from vmsched.facts.held import LOST, HeldFacts
+from vmsched.facts.wire import FactsWire
 from vmsched.runtime.types import Confinement
 
 
@@ -137,7 +137,7 @@ def test_a_worker_holding_too_many_hosts_is_reset() -> None:
 # --- the worker side --------------------------------------------------------------------------------------
 def test_the_held_form_reads_like_the_full_form() -> None:
     cache = FactsCache("wire-read", max_age=60.0)
-    fields = dict(cpu_pct=95.0, pcpu_pct=[90.0, 100.0], cpu_history=[10.0, 85.5, 95.0], history_interval=5.0,
+    fields = dict(cpu_pct=95.0, pcpu_pct=[12.345678, 100.0], cpu_history=[10.0, 85.5, 95.0], history_interval=5.0,
                   memory_free_mib=2048, numa=[{"id": 0, "cpus": "0-1", "memory_mib": 4096}], load_avg=[1.0, 0.5, 0.2])
     assert cache.ingest(message("hv0", 1, **fields))
     assert cache.ingest(message("hv1", 1, age=120.0, **fields))  # older than max_age: stale
@@ -145,15 +145,17 @@ def test_the_held_form_reads_like_the_full_form() -> None:
     for _ in range(2):  # the first call brings the data, the second only refs: both read the same
         with reading(json.loads(json.dumps(cache.payload(["hv0", "hv1", "x"])))):
             full = {h: dataclasses.asdict(api.host(h)) for h in ("hv0", "hv1")}
+            full_age = {h: api.host(h).age for h in ("hv0", "hv1")}
         with reading(held.for_call(frame(wire, worker, cache, ["hv0", "hv1", "x"]))):
             got = api.hosts()
             assert set(got) == {"hv0", "hv1"} and api.host("x") is None and "x" in api.missing()
             for h, host in got.items():
                 seen = dataclasses.asdict(host)
-                assert abs(seen.pop("age") - full[h].pop("age")) < 1.0
-                assert seen == full[h] and host.pcpu_pct == (90.0, 100.0) and host.cpu_above_for(80) == 10.0
+                assert abs(host.age - full_age[h]) < 1.0 and full[h].pop("fixed_age") == full_age[h]
+                assert seen.pop("fixed_age") is None  # the held form counts the age from the call's time
+                assert seen == full[h] and host.pcpu_pct == (12.345678, 100.0) and host.cpu_above_for(80) == 10.0
             assert not api.host("hv0").stale and api.host("hv1").stale and api.host("hv1").age >= 120
-            copy = dataclasses.replace(api.host("hv0"), age=7.0, memory_free_mib=1)
+            copy = dataclasses.replace(api.host("hv0"), fixed_age=7.0, memory_free_mib=1)
             assert copy.age == 7.0 and copy.memory_free_mib == 1 and api.host("hv0").memory_free_mib == 2048
             assert repr(api.host("hv0")).startswith("Host(host_id='hv0'")
             kept = api.host("hv0")
@@ -227,7 +229,7 @@ class Forget:
     """Simulates a worker that lost what it held (the pool still believes it holds it)."""
     def do_filter(self, hosts, vm, args):
         import gc
-        from vmsched.runtime.facts_held import HeldFacts
+        from vmsched.facts.held import HeldFacts
         for held in [o for o in gc.get_objects() if isinstance(o, HeldFacts)]:  # the worker's own
             held.drop()
         return []

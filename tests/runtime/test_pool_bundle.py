@@ -102,7 +102,7 @@ def test_request_deadline_fails_the_units_not_run(plugins: Path, make_pool: Call
 
 def test_units_of_a_bundle_all_see_the_host_facts(plugins: Path, make_pool: Callable[..., PluginPool]) -> None:
     from tests.runtime.test_facts_wire import PROBE, expected, fill
-    from vmsched.facts_cache import FactsCache
+    from vmsched.facts.cache import FactsCache
     from vmsched.runtime import Call
 
     (plugins / "probe.py").write_text(PROBE)
@@ -142,7 +142,7 @@ def test_answers_decode_as_the_standard_library_wrote_them(plugins: Path, make_p
 
 def test_units_with_and_without_facts_share_a_frame(plugins: Path, make_pool: Callable[..., PluginPool]) -> None:
     from tests.runtime.test_facts_wire import PROBE, expected, fill
-    from vmsched.facts_cache import FactsCache
+    from vmsched.facts.cache import FactsCache
     from vmsched.runtime import Call
 
     (plugins / "probe.py").write_text(PROBE)

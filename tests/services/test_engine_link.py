@@ -25,8 +25,8 @@ from tests.support.tls_certs import CertSet, make_certs
 from vmsched.config import Settings
 from vmsched.engine_link import EngineLink, calls, facts_cache
 from vmsched.engine_link_client import LinkConfig, load_config
-from vmsched.facts import FactsMessage, GuestFacts, HostFacts
-from vmsched.facts_cache import FactsCache
+from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts
+from vmsched.facts.cache import FactsCache
 from vmsched.metrics import REGISTRY
 from vmsched.plugin import facts as api
 

@@ -25,7 +25,7 @@ from tests.support.waiting import wait_until
 from tests.support.facts import facts_message, publish_facts
 from tests.support.fake_engine import FakeEngine
 from tests.support.tls_certs import make_certs
-from vmsched.facts import HostFacts
+from vmsched.facts.model import HostFacts
 
 pytestmark = pytest.mark.rabbitmq
 

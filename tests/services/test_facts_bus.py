@@ -27,7 +27,7 @@ from tests.support.net import free_port
 from tests.support.stack import Proc, Stack, bus_args
 from tests.support.waiting import wait_until
 from tests.support.facts import publish_events
-from vmsched.facts import FACTS_VERSION, MAX_BYTES
+from vmsched.facts.model import FACTS_VERSION, MAX_BYTES
 
 pytestmark = pytest.mark.rabbitmq
 

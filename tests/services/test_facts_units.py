@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.facts import reading
-from vmsched.facts import FACTS_VERSION, MAX_BYTES, FactsMessage, GuestFacts, HostFacts, Rejected, read
-from vmsched.facts_cache import FactsCache, load_host_map
+from vmsched.facts.model import FACTS_VERSION, MAX_BYTES, FactsMessage, GuestFacts, HostFacts, Rejected, read
+from vmsched.facts.cache import FactsCache
+from vmsched.facts.host_map import load_host_map
 from vmsched.plugin import facts as api
 
 libvirt = pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from vmsched.facts import FactsMessage, HostFacts
-from vmsched.facts_cache import NO_AGENT, NO_CACHE, SILENT_AGENT, FactsCache, cause
+from vmsched.facts.model import FactsMessage, HostFacts
+from vmsched.facts.cache import NO_AGENT, NO_CACHE, SILENT_AGENT, FactsCache, cause
 from vmsched.gateway.decisions import build
 from vmsched.gateway.render import filter_decision
 from vmsched.messages import FilterOutcome, FilterRequest

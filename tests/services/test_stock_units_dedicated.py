@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from vmsched.config import stock_plugins_dir
-from vmsched.facts import FACTS_VERSION, HostFacts, read
+from vmsched.facts.model import FACTS_VERSION, HostFacts, read
 from vmsched.runtime import Call, PluginPool
 from vmsched.runtime.types import Confinement
 

@@ -1,4 +1,4 @@
-"""Pending placements (vmsched/pending.py) and the stock vmsched_Memory filter that counts them.
+"""Pending placements (vmsched/facts/pending.py) and the stock vmsched_Memory filter that counts them.
 
 The burst test drives a real scoring service (its plugin pool in the sandbox,
 the stock plugins, its facts cache fed with facts messages) without a bus:
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from vmsched.config import Settings, stock_plugins_dir
-from vmsched.facts import FactsMessage, GuestFacts, HostFacts
+from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts
 from vmsched.messages import Envelope
-from vmsched.pending import PendingBook, attach, best_host
+from vmsched.facts.pending import PendingBook, attach, best_host
 from vmsched.services.scoring.service import ScoringService
 
 A, B = "hv-small", "hv-big"

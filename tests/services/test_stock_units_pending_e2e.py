@@ -21,7 +21,7 @@ from tests.support.facts import facts_message, publish_facts
 from tests.support.fake_engine import FakeEngine
 from tests.support.tls_certs import make_certs
 from vmsched.config import stock_plugins_dir
-from vmsched.facts import GuestFacts, HostFacts
+from vmsched.facts.model import GuestFacts, HostFacts
 
 pytestmark = pytest.mark.rabbitmq
 

@@ -14,7 +14,7 @@ from kombu import Producer
 
 from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
 from vmsched.bus.topology import EVENTS_EXCHANGE
-from vmsched.facts import FactsMessage, GuestFacts, HostFacts, facts_key
+from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts, facts_key
 from vmsched.plugin.facts import CALL, CallFacts
 
 

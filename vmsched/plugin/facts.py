@@ -35,35 +35,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-#: ``Host(..., age=OF_THE_CALL)``: a Host whose age counts from the time of the call reading it (see Host.age).
-OF_THE_CALL: Any = type("OfTheCall", (), {"__repr__": lambda self: "OF_THE_CALL"})()
-
-
-class _AgeOfTheCall:
-    """``Host.age``: as given, or, for a Host built with ``age=OF_THE_CALL``, counted from the current call's time.
-
-    The plugin worker keeps one Host per generation of a host's facts and hands it to many calls
-    (docs/facts.md, "What a call carries"); its age is what differs from call to call (:class:`CallFacts`).
-    A data descriptor of the dataclass field (the dataclasses documentation, "Descriptor-typed fields"): the
-    value given to ``__init__`` is kept in the instance's own dictionary, as ``functools.cached_property`` keeps its.
-    """
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, host: Any, owner: type | None = None) -> Any:
-        if host is None:
-            return 0.0  # the field's default
-        given = vars(host)[self.name]
-        if given is not OF_THE_CALL:
-            return given
-        age = CALL.get().now - host.time
-        return round(age, 3) if age > 0 else 0.0
-
-    def __set__(self, host: Any, value: Any) -> None:
-        vars(host)[self.name] = value  # only from the dataclass's __init__: Host is frozen
-
-
 @dataclass(frozen=True)
 class Guest:
     """A guest on a host (balance calls only, and the call's VM)."""
@@ -88,8 +59,8 @@ class Host:
     host_id: str  # the ID the engine sent
     agent_host_id: str = ""  # the agent's --host-id (same unless mapped)
     stale: bool = False  # newer facts are overdue (older than the service's --facts-max-age)
-    age: float = _AgeOfTheCall()  # type: ignore[assignment]  # seconds since the agent collected these facts
     time: float = 0.0  # UNIX time of the collection
+    fixed_age: float | None = field(default=None, repr=False)  # an age given as such (a facts file), else see age
     interval: float = 0.0  # the agent's collection interval, seconds
     hostname: str = ""
     libvirt_uuid: str = ""
@@ -124,6 +95,14 @@ class Host:
     numa: tuple[dict, ...] = ()  # {"id", "cpus" (CPU set), "memory_mib"}
     hugepages: tuple[dict, ...] = ()  # {"size_kib", "total", "free"} (pages)
     guests: tuple[Guest, ...] = field(default=())  # balance calls only
+
+    @property
+    def age(self) -> float:
+        """Seconds since the agent collected these facts, at the time of the call reading them."""
+        if self.fixed_age is not None:
+            return self.fixed_age
+        age = CALL.get().now - self.time
+        return round(age, 3) if age > 0 else 0.0
 
     @functools.cached_property
     def pcpu_pct(self) -> tuple[float, ...]:
@@ -202,8 +181,11 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def pack_floats(values: Any) -> str:
-    """The wire form of a list of numbers in a call's facts (one JSON string is much cheaper to decode)."""
-    return ",".join(format(float(v), "g") for v in values)
+    """The wire form of a list of numbers in a call's facts (one JSON string is much cheaper to decode).
+
+    Every number keeps its value exactly (the shortest text that reads back as the same float).
+    """
+    return ",".join(map(repr, map(float, values)))
 
 
 def _window(samples: tuple[float, ...], interval: float, seconds: float | None) -> tuple[float, ...]:
@@ -224,6 +206,8 @@ def build(cls: type, data: Mapping[str, Any]) -> Any:
     for name in ("load_avg", "numa", "hugepages", "dedicated_nodes"):
         if isinstance(values.get(name), list):
             values[name] = tuple(values[name])
+    if cls is Host and "age" in data:
+        values["fixed_age"] = data["age"]
     for name, text in (("pcpu_pct", "pcpu_text"), ("cpu_history", "history_text")):
         if name in data and text in known:  # a list (tests, older services): the same as the packed text
             values[text] = pack_floats(data[name]) if isinstance(data[name], list) else str(data[name])
@@ -242,7 +226,7 @@ class CallFacts:
 
     ``payload`` is the call's facts as the service sends them: ``missing``, ``vm``, ``vm_problem`` and, in the
     full form, every host's fields under ``hosts`` (its Host is built on first use: most units read a few
-    fields). The plugin worker's held facts (:mod:`vmsched.runtime.facts_held`) give instead ``hosts`` (the
+    fields). The plugin worker's held facts (:mod:`vmsched.facts.held`) give instead ``hosts`` (the
     call's hosts with facts), ``lookup`` (host ID -> its Host) and ``found`` (the Hosts already made for these
     hosts, shared with the worker's other calls), and ``now``, the service's time of the call.
     """
@@ -257,7 +241,7 @@ class CallFacts:
         self.hosts: Mapping[str, Any] = hosts  # host ID -> its facts (or a mark): the call's hosts with facts
         self.lookup = lookup
         self.found: dict[str, Host] = {} if found is None else found
-        self.now = now  # the age of a Host built with age=OF_THE_CALL counts from it
+        self.now = now  # the service's time of the call: a Host's age counts from it
         self.missing = {str(k): str(v) for k, v in (payload.get("missing") or {}).items()}
         vm_data = payload.get("vm")
         self.vm: VM | None = build(VM, vm_data) if isinstance(vm_data, dict) else None

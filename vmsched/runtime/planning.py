@@ -14,7 +14,7 @@ from typing import Any
 
 from vmsched.runtime.bundle import Bundle, Unit
 from vmsched.runtime.contract import KIND
-from vmsched.runtime.facts_wire import CallFacts
+from vmsched.facts.wire import CallFacts
 from vmsched.runtime.protocol import ENCODER
 from vmsched.runtime.types import Call, CallResult
 

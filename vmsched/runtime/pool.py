@@ -31,7 +31,7 @@ from vmsched.metrics import PLUGIN_CONFINEMENT, PLUGIN_WORKER_RESTARTS, PLUGIN_W
 from vmsched.runtime import spawn
 from vmsched.runtime.batch import Batch, Job, PoolClosed, Waiter
 from vmsched.runtime.drain import OutputDrain
-from vmsched.runtime.facts_wire import FactsWire
+from vmsched.facts.wire import FactsWire
 from vmsched.runtime.planning import BUNDLE_SECONDS, Planner
 from vmsched.runtime.process import Worker
 from vmsched.runtime.protocol import encode_frame

@@ -18,7 +18,7 @@ Requests (one at a time, each answered by exactly one reply):
   ``{"ok": true, "scores": [numbers], "stderr", "t"}`` instead (:func:`vmsched.runtime.contract.aligned_scores`).
   Before each unit the worker writes its index and start time to the progress page
   (:mod:`vmsched.runtime.progress`), so that the pool can tell which unit overran its budget or crashed
-  the worker. ``facts`` (the held form of :mod:`vmsched.runtime.facts_wire`) is installed once, for the
+  the worker. ``facts`` (the held form of :mod:`vmsched.facts.wire`) is installed once, for the
   calls marked ``held``;
 - ``{"op": "call", "plugin", "cls", "method", "args"}`` -> one reply as above (without ``t``);
 - ``{"op": "analyze", "path"}`` -> ``{"ok": true, "units": [...]}`` or an error
@@ -52,7 +52,7 @@ from vmsched.runtime.protocol import Channel, encode_frame, encode_json, reply_f
 from vmsched.runtime.worker_errors import PluginError, describe_exception, parse_output
 from vmsched.runtime.worker_modules import Modules, list_units, reads_facts
 from vmsched.plugin import facts
-from vmsched.runtime.facts_held import HeldFacts
+from vmsched.facts.held import HeldFacts
 
 #: Members of a held-form facts payload that must be installed only once per frame.
 _ONCE = ("data", "guests", "reset", "hosts")
@@ -71,7 +71,7 @@ class Runner:
         self.max_reply = 2 * max_output + (1 << 16)
         self.modules = Modules(plugins_dir)
         self.progress = progress
-        self.facts = HeldFacts()  # the host facts the pool sent this worker (vmsched.runtime.facts_held)
+        self.facts = HeldFacts()  # the host facts the pool sent this worker (vmsched.facts.held)
         self._cpu_soft = -1
         self._cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
         self._cwd = os.getcwd()  # the plugins folder, as the kernel spells it

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from vmsched.facts import FACTS_EVENT, FactsMessage, GuestFacts, HostFacts
+from vmsched.facts.model import FACTS_EVENT, FactsMessage, GuestFacts, HostFacts
 
 from .. import metrics
 from ..policy import cpuset

@@ -10,7 +10,7 @@ import collections
 import hashlib
 from dataclasses import dataclass
 
-from vmsched.facts import DedicatedGuest, DedicatedNode, GuestFacts
+from vmsched.facts.model import DedicatedGuest, DedicatedNode, GuestFacts
 
 from . import cpuset
 from .assignment import free_cpus_by_node, free_whole_cores

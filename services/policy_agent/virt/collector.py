@@ -23,7 +23,7 @@ from typing import Any
 
 import libvirt
 
-from vmsched.facts import GuestFacts, HostFacts, HugePages, NumaCell
+from vmsched.facts.model import GuestFacts, HostFacts, HugePages, NumaCell
 
 from ..policy import cpuset
 from ..policy import facts as calc

@@ -27,9 +27,9 @@ from typing import Callable
 
 from vmsched.bus.interface import Publish, Topic, Transport
 from vmsched.bus.topology import EVENTS_EXCHANGE, FACTS_EXCHANGE
-from vmsched.facts import FACTS_EVENT, SnapshotRequest
+from vmsched.facts.model import FACTS_EVENT, SnapshotRequest
 
-log = logging.getLogger("vmsched.bus.facts")
+log = logging.getLogger("vmsched.facts.subscription")
 
 SNAPSHOT_KEY = "snapshot"
 #: Seconds the subscriber waits after a message for the others arriving meanwhile (one wake-up per batch).

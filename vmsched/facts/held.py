@@ -1,13 +1,13 @@
 """The plugin worker's held host facts: what its pool sent it, kept across calls.
 
-The pool (:mod:`vmsched.runtime.facts_wire`) sends a worker each host's facts
+The pool (:mod:`vmsched.facts.wire`) sends a worker each host's facts
 once per generation (a new message from its agent) and afterwards only the
 call's stale and missing hosts. :class:`HeldFacts` keeps what was sent, builds
 a :class:`~vmsched.plugin.facts.Host` once per generation, and makes each
 call's :class:`~vmsched.plugin.facts.CallFacts`, which the worker sets in
 ``vmsched.plugin.facts.CALL`` while the unit runs (docs/facts.md, "What a call
-carries"). A held Host serves many calls: it is built with
-``age=OF_THE_CALL``, so its ``age`` counts from the reading call's time; when
+carries"). A held Host serves many calls: its ``age``
+counts from the reading call's time; when
 the service says it is stale it is made again, stale (a host turns stale only
 with time, until its next message, which is a new Host).
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vmsched.plugin.facts import OF_THE_CALL, CallFacts, Guest, Host, build
+from vmsched.plugin.facts import CallFacts, Guest, Host, build
 
 LOST = "no facts: this plugin worker lost them (internal; the next call sends them again)"
 
@@ -106,11 +106,10 @@ class HeldFacts:
             return None
         found = self.objs.get(host_id)
         if found is None:
-            found = self.objs[host_id] = build(Host, {**slot[2], "host_id": host_id, "agent_host_id": slot[1],
-                                                      "age": OF_THE_CALL})
+            found = self.objs[host_id] = build(Host, {**slot[2], "host_id": host_id, "agent_host_id": slot[1]})
             slot[2] = None  # the view is no longer needed
         if host_id in self.stale and not found.stale:  # stale until its next message (a new Host)
-            found = self.objs[host_id] = replace(found, stale=True, age=OF_THE_CALL)
+            found = self.objs[host_id] = replace(found, stale=True)
         return self._with_guests(host_id, found) if self.with_guests else found
 
     def _with_guests(self, host_id: str, plain: Host) -> Host:
@@ -121,5 +120,5 @@ class HeldFacts:
                 listed[2] = tuple(build(Guest, g) for g in listed[1] if isinstance(g, dict))
                 listed[1] = None
             guests = listed[2] if listed is not None else ()
-            found = self.with_guests_objs[host_id] = replace(plain, guests=guests, age=OF_THE_CALL)
+            found = self.with_guests_objs[host_id] = replace(plain, guests=guests)
         return found

@@ -11,7 +11,7 @@ call's set of hosts with facts is sent only when it differs from that
 worker's previous call (``same_hosts`` otherwise): a steady-state call carries
 no per-host data but the stale and the missing hosts.
 
-The worker (:mod:`vmsched.plugin._held`) keeps what it was sent and answers
+The worker (:mod:`vmsched.facts.held`) keeps what it was sent and answers
 ``facts_resync`` when it lacks something the pool sent (each frame carries the
 number of hosts sent since the last reset, ``count``); the pool then forgets
 what that worker holds, so the next call sends it everything again (``reset``).
@@ -27,9 +27,6 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from vmsched.runtime.batch import Job
-from vmsched.runtime.process import Worker
-from vmsched.runtime.protocol import HEADER
 
 #: A worker that holds more hosts than this is told to drop them all (``reset``) and sent what it needs.
 MAX_HELD = 20000
@@ -38,7 +35,7 @@ _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class HostPart(Protocol):
-    """One stored host message, as the cache gives it to a call (``vmsched.facts_cache.Entry``)."""
+    """One stored host message, as the cache gives it to a call (``vmsched.facts.cache.Entry``)."""
 
     gen: int  # generation of this message's host view
     guests_gen: int  # generation of its guest list (changes only when the list does)
@@ -159,23 +156,3 @@ class FactsWire:
             found = self._held.get(worker)
         return 0 if found is None else len(found.hosts)
 
-
-class FactsJob(Job):
-    """A call whose frame carries host facts: made for the worker that takes it."""
-
-    def __init__(self, job: Job, head: str, facts: CallFacts, wire: FactsWire) -> None:
-        super().__init__(job.frame, job.label, job.budget, job.wait_until, job.hard_end, job.created)
-        self.head = head  # the call message as JSON text, without its closing brace
-        self.facts = facts
-        self.wire = wire
-        self.worker: Worker | None = None  # the worker the frame was last made for
-
-    def frame_for(self, worker: Worker) -> bytes:
-        self.worker = worker
-        payload = f'{self.head},"facts":{self.wire.encode(worker, self.facts)}}}'.encode()
-        return HEADER.pack(len(payload)) + payload
-
-    def check_reply(self) -> None:
-        """The worker said it lacked facts it was told it holds: next time it gets everything."""
-        if self.reply is not None and self.reply.get("facts_resync") and self.worker is not None:
-            self.wire.forget(self.worker)

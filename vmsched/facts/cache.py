@@ -1,6 +1,6 @@
 """The facts cache of a service replica: the newest facts of every host.
 
-Fed with raw facts messages (:class:`vmsched.bus.facts.FactsSubscriber`),
+Fed with raw facts messages (:class:`vmsched.facts.subscription.FactsSubscriber`),
 it keeps, per agent host ID, the newest message and the last guest list. A
 message is dropped, with a log line and ``vmsched_facts_dropped_total{reason}``,
 when it is oversized, malformed, of an unsupported version or out of order
@@ -29,10 +29,10 @@ from typing import Any, Iterable, Iterator, Protocol
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client import Counter
 
-from vmsched.facts import FactsMessage, GuestFacts, Rejected, facts_key, read
+from vmsched.facts.model import FactsMessage, GuestFacts, Rejected, facts_key, read
 from vmsched.metrics import REGISTRY
-from vmsched.facts_host_map import load_host_map  # noqa: F401 - also importable from here
-from vmsched.runtime.facts_wire import CallFacts
+from vmsched.plugin.facts import pack_floats
+from vmsched.facts.wire import CallFacts
 
 log = logging.getLogger("vmsched.facts")
 
@@ -63,18 +63,13 @@ def cause(reason: str) -> str:
     return reason
 
 
-#: Generation numbers of stored host messages and guest lists, unique in the process (vmsched.runtime.facts_wire).
+#: Generation numbers of stored host messages and guest lists, unique in the process (vmsched.facts.wire).
 _GENERATIONS = itertools.count(1)
 _compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 #: Host summary fields a plugin does not get as such (the float lists travel packed, see Entry.fragment).
 _NOT_IN_VIEW = {"allocations", "pcpu_pct", "cpu_history"}
-
-
-def _pack(values: list[float]) -> str:
-    """The packed text of a float list (vmsched.plugin.facts.pack_floats; str() is the faster spelling)."""
-    return ",".join(map(str, values))
 
 
 @dataclass
@@ -106,7 +101,7 @@ class Entry:
         if not self._fragment:
             m = self.message
             head = m.host.model_dump_json(exclude=_NOT_IN_VIEW)  # pydantic's own encoder: the cheap way
-            tail = _compact({"pcpu_text": _pack(m.host.pcpu_pct), "history_text": _pack(m.host.cpu_history),
+            tail = _compact({"pcpu_text": pack_floats(m.host.pcpu_pct), "history_text": pack_floats(m.host.cpu_history),
                              "time": m.time, "interval": m.interval})
             self._fragment = f"{head[:-1]},{tail[1:]}" if head != "{}" else tail
         return self._fragment
