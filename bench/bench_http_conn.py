@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 SERVER = r'''
 import sys, uvicorn
 from vmsched.gateway.http import with_read_timeouts
-from vmsched.runner import GatewayHttp
+from vmsched.cli.runner import GatewayHttp
 REPLY = b"<?xml version='1.0'?><methodResponse>" + b"x" * 4000 + b"</methodResponse>"
 async def app(scope, receive, send):
     if scope["type"] != "http":

@@ -10,7 +10,7 @@ import pytest
 
 from services.policy_agent.surfaces.cli import bus_options
 from vmsched.cli import build_parser, run_settings, settings_from
-from vmsched.cli_env import EnvParser, Variable, variable
+from vmsched.cli.env import EnvParser, Variable, variable
 from vmsched.config import MEMORY_URL
 
 #: What each command needs on its command line besides options (None: nothing).

@@ -30,7 +30,7 @@ from kubernetes_validate import utils as kv_utils
 
 from tests.support.deploy import AGENT_ENV, parse_cli, settings_env_names
 from tests.support.paths import ROOT
-from vmsched.runner import service_queues
+from vmsched.cli.runner import service_queues
 
 CHART = ROOT / "charts" / "vmsched"
 RELEASE, NAMESPACE = "sched", "ovirt"

@@ -27,7 +27,7 @@ import yaml
 
 from tests.support.deploy import AGENT_ENV, parse_cli, settings_env_names
 from tests.support.paths import ROOT
-from vmsched.runner import service_queues
+from vmsched.cli.runner import service_queues
 from vmsched.config import Settings
 
 COMPOSE = ROOT / "compose.yaml"

@@ -21,7 +21,7 @@ from tests.support.engine_wire import call
 from tests.support.net import free_port
 from tests.support.paths import ROOT, TEST_PLUGINS
 from tests.support.waiting import wait_until
-from vmsched.runner import service_queues
+from vmsched.cli.runner import service_queues
 
 #: The queues the services consume, as they declare them (``QUEUES``).
 SERVICE_QUEUES = service_queues()

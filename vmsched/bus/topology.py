@@ -66,7 +66,7 @@ EXCHANGES = (REQUESTS_EXCHANGE, AGENT_EXCHANGE, REPLY_EXCHANGE, EVENTS_EXCHANGE,
 REPLY_VIA = "x-reply-exchange"
 
 # Which queues each scheduling service consumes is declared by the service
-# itself (its QUEUES); vmsched.runner.service_queues() collects them.
+# itself (its QUEUES); vmsched.cli.runner.service_queues() collects them.
 
 #: Operation answered by every worker without touching its handler (readiness).
 PING = "ping"

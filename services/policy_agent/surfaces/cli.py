@@ -38,7 +38,7 @@ CPUSET_HELP = "CPU sets use libvirt's syntax: '0-3,^2,6' (ranges, exclusions wit
 
 def show_defaults(parser: Any) -> None:
     """Add '(default: ...)' to the help of every option of ``parser`` and its sub-commands that has a meaningful
-    default (the root ``vmsched`` parser keeps the options and sub-commands it is given: vmsched.cli_env)."""
+    default (the root ``vmsched`` parser keeps the options and sub-commands it is given: vmsched.cli.env)."""
     for action in getattr(parser, "options", ()):
         if action.default not in (None, False, [], argparse.SUPPRESS) and action.help \
                 and "%(default)" not in action.help:

@@ -21,7 +21,7 @@ from vmsched.gateway.app import create_app
 from vmsched.gateway.http import with_read_timeouts
 from vmsched.gateway.peer import ClientCertMixin
 from vmsched.messages import Op
-from vmsched.preflight import bind, check_plugins, check_tokens
+from vmsched.cli.preflight import bind, check_plugins, check_tokens
 from vmsched.service import PluginService
 from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService

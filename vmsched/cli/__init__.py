@@ -1,7 +1,7 @@
 """The ``vmsched`` command line.
 
 Every option of every command has an environment variable, named in its
-``--help`` (:mod:`vmsched.cli_env`); flags win over the environment.
+``--help`` (:mod:`vmsched.cli.env`); flags win over the environment.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import Any, Callable
 
 from vmsched import __version__, logs
 from vmsched.bus.urls import url_argument
-from vmsched.cli_env import EnvParser
+from vmsched.cli.env import EnvParser
 from vmsched.config import DEFAULT_AMQP_URL, MEMORY_URL, Settings
 from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService
 from vmsched.services.policy_agent.surfaces.cli import register as register_agent_commands
 from vmsched.services.scoring import ScoringService
-from vmsched.plugin_cli import register as register_plugin_commands
-from vmsched.secret_cli import register as register_secret_command
-from vmsched.token_cli import register as register_token_commands
+from vmsched.cli.plugin import register as register_plugin_commands
+from vmsched.cli.secret import register as register_secret_command
+from vmsched.cli.token import register as register_token_commands
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -170,7 +170,7 @@ def run_settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from vmsched.runner import run_all_in_one
+    from vmsched.cli.runner import run_all_in_one
 
     settings = run_settings(args)
     _logging(settings)
@@ -178,7 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    from vmsched.runner import run_gateway
+    from vmsched.cli.runner import run_gateway
 
     settings = settings_from(args)
     _logging(settings)
@@ -187,7 +187,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 def _service_cmd(name: str) -> Command:
     def command(args: argparse.Namespace) -> int:
-        from vmsched.runner import run_service
+        from vmsched.cli.runner import run_service
 
         settings = settings_from(args)
         _logging(settings)
@@ -277,6 +277,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vmsched: error: {exc}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

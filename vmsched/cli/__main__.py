@@ -1,0 +1,7 @@
+"""``python -m vmsched.cli``: the ``vmsched`` command."""
+
+import sys
+
+from vmsched.cli import main
+
+sys.exit(main())
