@@ -84,7 +84,7 @@ async def drive(url: str, op: str, clients: int, seconds: float, service_pid: in
     else:
         queue, model = REQUEST_QUEUES[Op.SCORE], ScoreReply
         req = ScoreRequest.model_validate({"units": [{"name": u, "factor": 2} for u in UNITS], "hosts": HOSTS})
-    from vmsched.gateway.operations import SCORE
+    from vmsched.gateway.engine.operations import SCORE
     accepts = getattr(SCORE, "accepts", ()) if op == "score" else ()  # as the gateway asks (aligned scores)
     if accepts:
         model = SCORE.reply

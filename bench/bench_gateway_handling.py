@@ -22,9 +22,9 @@ from typing import Any
 
 from vmsched.bus.interface import BusClient
 from vmsched.bus.replies import _ok
-from vmsched.gateway import engine
-from vmsched.gateway.operations import SCORE
-from vmsched.gateway.scheduler import Scheduler
+from vmsched.gateway.engine import calls as engine
+from vmsched.gateway.engine.operations import SCORE
+from vmsched.gateway.engine.scheduler import Scheduler
 from vmsched.messages import FilterOutcome, FilterReply, ScoreOutcome, ScoreReply
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

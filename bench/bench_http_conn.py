@@ -24,8 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SERVER = r'''
 import sys, uvicorn
-from vmsched.gateway.http import with_read_timeouts
-from vmsched.cli.runner import GatewayHttp
+from vmsched.gateway.http import gateway_http
 REPLY = b"<?xml version='1.0'?><methodResponse>" + b"x" * 4000 + b"</methodResponse>"
 async def app(scope, receive, send):
     if scope["type"] != "http":
@@ -36,7 +35,7 @@ async def app(scope, receive, send):
                 "headers": [(b"content-type", b"text/xml; charset=utf-8"), (b"content-length", str(len(REPLY)).encode())]})
     await send({"type": "http.response.body", "body": REPLY})
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", log_level="warning", lifespan="off",
-            access_log=False, server_header=False, date_header=False, http=with_read_timeouts(GatewayHttp, 10, 30))
+            access_log=False, server_header=False, date_header=False, http=gateway_http(10, 30))
 '''
 
 

@@ -13,15 +13,20 @@ from fastapi.exceptions import RequestValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vmsched.gateway import agent_api, api, console, decisions_api, engine, facts_api, xmlrpc
-from vmsched.gateway.console_logouts import LogoutLink
-from vmsched.gateway.console_session import Sessions
-from vmsched.gateway.decisions import DecisionLog, gateway_label
+from vmsched.gateway import agent_api, api, facts_api
+from vmsched.gateway.console import pages as console
+from vmsched.gateway.decisions import api as decisions_api
+from vmsched.gateway.engine import calls as engine
+from vmsched.gateway.engine import xmlrpc
+from vmsched.gateway.console.logouts import LogoutLink
+from vmsched.gateway.console.sessions import Sessions
+from vmsched.gateway.decisions.log import DecisionLog
+from vmsched.gateway.decisions.record import gateway_label
 from vmsched.gateway.docs_ui import mount_docs
 from vmsched.gateway.auth import Guard, add_security_scheme
 from vmsched.gateway.limits import Limits
-from vmsched.gateway.render import RenderOptions
-from vmsched.gateway.scheduler import Scheduler
+from vmsched.gateway.engine.render import RenderOptions
+from vmsched.gateway.engine.scheduler import Scheduler
 from vmsched.gateway.strict_json import StrictJson, invalid_request, read_body
 from vmsched import __version__, metrics
 from vmsched.bus.connection import BusOptions

@@ -8,7 +8,7 @@ framework reads a body: no credential is a 401 (``WWW-Authenticate: Bearer``)
 and a missing role a 403, each with a JSON reason. Credentials are the
 ``Authorization: Bearer`` header or a verified client certificate (the ASGI
 TLS extension's ``client_cert_name``). A cookie is read in one place only:
-the console's session cookie (:mod:`vmsched.gateway.console_session`), for a
+the console's session cookie (:mod:`vmsched.gateway.console.sessions`), for a
 GET of a console page (:data:`CONSOLE_PAGES`, read role); it never authorises
 a /v1 call or any state-changing request.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-from http.cookies import CookieError, SimpleCookie
 from typing import Any
 
 from fastapi import FastAPI
@@ -25,15 +24,15 @@ from starlette.routing import compile_path
 from starlette.types import Message, Receive, Scope, Send
 
 from vmsched.gateway import audit
-from vmsched.gateway.console_session import COOKIE as CONSOLE_COOKIE
-from vmsched.gateway.console_session import Session, Sessions
-from vmsched.tokens import Identity, Role, TokenStore
+from vmsched.gateway.console.sessions import COOKIE as CONSOLE_COOKIE
+from vmsched.gateway.console.sessions import Session, Sessions, cookie
+from vmsched.tokens import MAX_TOKEN, Identity, Role, TokenStore
 
 #: Routes anyone may call: they hold no data.
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 #: Path prefixes anyone may read: static assets of /docs and of the console, no data.
 OPEN_PREFIXES = ("/docs/assets/", "/static/")
-#: The console's pages (:mod:`vmsched.gateway.console`): GET only, the read role, from the bearer header or
+#: The console's pages (:mod:`vmsched.gateway.console.pages`): GET only, the read role, from the bearer header or
 #: the console's session cookie. They are the only requests where a cookie counts; a cookie never authorises
 #: anything else.
 CONSOLE_PAGES = re.compile(r"^/(console/decisions/[0-9a-f]{32})?$")
@@ -66,7 +65,6 @@ ROUTE_ROLES: dict[tuple[str, str], Role] = {
 NO_TOKENS_FILE = ("this gateway has no tokens file, so the JSON API accepts no credential: create a token with "
                   "`vmsched token new --name NAME --role read --file tokens.yaml` and start the gateway with "
                   "--tokens-file tokens.yaml (see docs/api-auth.md)")
-MAX_TOKEN = 4096
 
 
 def route_methods(app: FastAPI) -> set[tuple[str, str]]:
@@ -168,18 +166,6 @@ def identify(scope: Scope, store: TokenStore) -> tuple[Identity | None, str]:
         identity = store.by_subject(subject)
         return (identity, "") if identity else (None, f"client certificate {subject!r} is not in the tokens file")
     return None, "a credential is required: send 'Authorization: Bearer <token>' (see docs/api-auth.md)"
-
-
-def cookie(scope: Scope, name: str) -> str | None:
-    """The value of the request's cookie ``name``, or None."""
-    header = _header(scope, b"cookie")
-    if not header:
-        return None
-    try:
-        morsel = SimpleCookie(header).get(name)
-    except CookieError:
-        return None
-    return morsel.value if morsel is not None and morsel.value else None
 
 
 def console_session(scope: Scope, sessions: Sessions) -> tuple[Identity, Session] | None:

@@ -1,6 +1,6 @@
 """How much one scheduling request may ask: hosts, units, string lengths.
 
-The same limits hold for XML-RPC and JSON (:class:`~vmsched.gateway.scheduler.Scheduler`
+The same limits hold for XML-RPC and JSON (:class:`~vmsched.gateway.engine.scheduler.Scheduler`
 checks them before anything goes on the bus); each refusal names the limit
 and the setting that raises it.
 """

@@ -53,13 +53,13 @@ def test_the_heavy_tests_are_found_and_left_out(collected: list[dict]):
     heavy = _files([r for r in collected if r["heavy"]])
     for path in ("tests/bus/test_poison.py",  # a private vhost of the shared broker
                  "tests/bus/test_permissions.py",  # private RabbitMQ nodes
-                 "tests/gateway/test_scheduling_path.py",  # the rabbitmq case of the stack fixture
+                 "tests/gateway/engine/test_scheduling_path.py",  # the rabbitmq case of the stack fixture
                  "tests/e2e/libvirt/test_restart.py"):  # the real libvirtd
         assert heavy[path] > 0, path
     assert all(not r["selected"] for r in collected if r["heavy"])
     # and the light cases of the same modules stay in the fast tier
     light = _files([r for r in collected if r["selected"]])
-    assert light["tests/bus/test_poison.py"] > 0 and light["tests/gateway/test_scheduling_path.py"] > 0
+    assert light["tests/bus/test_poison.py"] > 0 and light["tests/gateway/engine/test_scheduling_path.py"] > 0
 
 
 def test_the_tests_run_alone_and_the_real_qemu_ones_are_where_scripts_test_looks(collected: list[dict]):

@@ -39,6 +39,9 @@ from vmsched import metrics
 
 log = logging.getLogger("vmsched.auth")
 
+#: The longest bearer token a gateway reads (longer: refused before hashing).
+MAX_TOKEN = 4096
+
 
 class Role(str, Enum):
     READ = "read"

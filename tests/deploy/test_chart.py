@@ -742,7 +742,7 @@ def test_the_chart_makes_a_tokens_secret_and_the_gateway_mounts_it(chart: helm.C
 
 
 def test_the_chart_makes_one_console_secret_that_every_gateway_pod_mounts(chart: helm.Chart) -> None:
-    from vmsched.gateway.console_session import MIN_SECRET, read_secret
+    from vmsched.gateway.console.sessions import MIN_SECRET, read_secret
 
     docs = render(chart, {"gateway": {"replicaCount": 3}})
     secret = by_name(docs, "Secret")[f"{RELEASE}-vmsched-gateway-console"]

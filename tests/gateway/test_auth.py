@@ -26,7 +26,8 @@ from tests.support.stack import Proc
 from tests.support.waiting import wait_until
 from tests.support.engine_wire import call
 from tests.support.tls_certs import CertSet, make_certs
-from vmsched.gateway import agent_api, api, decisions_api, facts_api
+from vmsched.gateway import agent_api, api, facts_api
+from vmsched.gateway.decisions import api as decisions_api
 from vmsched.gateway.auth import OPEN_PATHS, ROUTE_ROLES, check_routes
 from vmsched.tokens import Role, digest
 

@@ -16,9 +16,11 @@ import pytest
 
 from tests.support.stack import AUTH, Stack, start_all_in_one
 from tests.support.engine_wire import call
-from vmsched.gateway import engine, strict_json, xmlrpc
+from vmsched.gateway import strict_json
+from vmsched.gateway.engine import calls as engine
+from vmsched.gateway.engine import xmlrpc
 from vmsched.gateway.limits import Limits, OverLimit
-from vmsched.gateway.scheduler import Scheduler
+from vmsched.gateway.engine.scheduler import Scheduler
 from vmsched.messages import BalanceRequest, FilterRequest, ScoreRequest
 
 H = [f"aaaaaaaa-0000-4000-8000-00000000000{i}" for i in range(4)]

@@ -120,3 +120,24 @@ def _response(s: socket.socket) -> bytes:
 
 def _token() -> bytes:
     return TEST_TOKEN.encode()
+
+
+def test_uvicorn_still_offers_what_the_gateway_protocol_extends():
+    """gateway/http.py is the one place vmsched extends a dependency's unexported class: it fails here first."""
+    import inspect
+
+    from uvicorn.protocols.http import httptools_impl
+
+    from vmsched.gateway.http import UVICORN_SURFACE, GatewayHttp
+
+    protocol = httptools_impl.HttpToolsProtocol
+    for hook in UVICORN_SURFACE["hooks"]:
+        assert callable(getattr(protocol, hook, None)), f"uvicorn's HttpToolsProtocol has no {hook}"
+    init = inspect.getsource(protocol.__init__)
+    for name in UVICORN_SURFACE["attributes"]:
+        assert f"self.{name} =" in init or f"self.{name}:" in init, f"HttpToolsProtocol no longer sets {name}"
+    cycle = inspect.getsource(httptools_impl.RequestResponseCycle.__init__)
+    for name in UVICORN_SURFACE["cycle"]:
+        assert f"self.{name} =" in cycle, f"uvicorn's RequestResponseCycle no longer sets {name}"
+    ours = {n for n in vars(GatewayHttp) if not n.startswith("__")} - set(UVICORN_SURFACE["hooks"])
+    assert not ours & set(dir(protocol)), f"GatewayHttp's own names shadow uvicorn's: {ours & set(dir(protocol))}"

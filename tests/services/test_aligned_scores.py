@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from vmsched.bus.replies import _ok
-from vmsched.gateway.operations import SCORE, paired_scores
+from vmsched.gateway.engine.operations import SCORE, paired_scores
 from vmsched.messages import (ALIGNED_SCORES, Envelope, Kind, ScoreReply, ScoreReplyOnBus, ScoreRequest,
                               TypedReply)
 from vmsched.runtime.types import CallResult

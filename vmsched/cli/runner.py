@@ -10,7 +10,6 @@ from http.server import ThreadingHTTPServer
 from typing import Callable
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from vmsched import metrics
 from vmsched.bus.connection import BusOptions
@@ -18,8 +17,7 @@ from vmsched.bus.interface import Transport
 from vmsched.bus.transport import open_transport
 from vmsched.config import Settings
 from vmsched.gateway.app import create_app
-from vmsched.gateway.http import with_read_timeouts
-from vmsched.gateway.peer import ClientCertMixin
+from vmsched.gateway.http import gateway_http
 from vmsched.messages import Op
 from vmsched.cli.preflight import bind, check_plugins, check_tokens
 from vmsched.service import PluginService
@@ -79,10 +77,6 @@ def serve_metrics(settings: Settings, ready: Callable[[], bool] | None = None, d
         raise ValueError(f"metrics listener {settings.metrics_host}:{port}: {exc.strerror or exc}") from None
 
 
-class GatewayHttp(ClientCertMixin, HttpToolsProtocol):
-    """uvicorn's httptools protocol, with the client certificate in the ASGI scope."""
-
-
 def _prepare_http(settings: Settings, transport: Transport) -> tuple[uvicorn.Server, socket.socket]:
     """The gateway's HTTP server and its bound socket (the metrics listener too): nothing served yet."""
     check_tokens(settings)
@@ -98,7 +92,7 @@ def _prepare_http(settings: Settings, transport: Transport) -> tuple[uvicorn.Ser
         raise
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, loop="uvloop",
-        http=with_read_timeouts(GatewayHttp, settings.header_timeout, settings.body_timeout),
+        http=gateway_http(settings.header_timeout, settings.body_timeout),
         log_level=settings.log_level.lower(), log_config=None,  # uvicorn's lines in the process's format
         access_log=False, lifespan="on", timeout_graceful_shutdown=5,
         proxy_headers=False, server_header=False, date_header=False,

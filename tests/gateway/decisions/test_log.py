@@ -20,10 +20,15 @@ from vmsched.bus.inprocess import InProcessTransport
 from vmsched.bus.transport import open_transport
 from vmsched.facts.model import FactsMessage, HostFacts
 from vmsched.facts.cache import FactsCache
-from vmsched.gateway import decision_peers, decisions
-from vmsched.gateway.decisions import DecisionLog, Kept, Ring, gateway_label
-from vmsched.gateway.operations import paired_scores
-from vmsched.gateway.render import Decision, balance_decision, filter_decision, score_decision
+from vmsched.gateway.decisions import log as decision_log
+from vmsched.gateway.decisions import peers as decision_peers
+from vmsched.gateway.decisions import record as decisions
+from vmsched.gateway.decisions.log import DecisionLog
+from vmsched.gateway.decisions.record import Kept, gateway_label
+from vmsched.gateway.decisions.ring import Ring
+from tests.support.decisions import build
+from vmsched.gateway.engine.operations import paired_scores
+from vmsched.gateway.engine.render import Decision, balance_decision, filter_decision, score_decision
 from vmsched.messages import (
     BalanceOutcome,
     BalanceRequest,
@@ -45,7 +50,7 @@ def _filter_record(outcomes: list[FilterOutcome], hosts: list[str] = H[:5], bus_
     decision = Decision(result=list(hosts)) if bus_failed else filter_decision(hosts, outcomes)
     if bus_failed:  # what the scheduler does: the operation's fallback, saying why
         decision.errors.append("BusTimeout: no reply")
-    return decisions.build("filter", req, decision, outcomes, bus_failed=bus_failed, gateway="gw-a", duration=0.01)
+    return build("filter", req, decision, outcomes, bus_failed=bus_failed, gateway="gw-a", duration=0.01)
 
 
 # --- records and summaries ----------------------------------------------------------------------
@@ -87,13 +92,13 @@ def test_score_and_balance_summaries_carry_reasons() -> None:
     outcomes = [ScoreOutcome(unit="Guests", ok=True, scores=[(H[0], 3.0), (H[1], 1.0)],
                              reasons={H[0]: "3 guests", H[1]: "1 guest"})]
     req = ScoreRequest.model_validate({"units": [{"name": "Guests"}], "hosts": H[:2], "vm": VM})
-    record = decisions.build("score", req, score_decision(H[:2], outcomes), outcomes, bus_failed=False,
+    record = build("score", req, score_decision(H[:2], outcomes), outcomes, bus_failed=False,
                              gateway="gw-a", duration=0.1)
     assert record["summary"].startswith(f"best {H[1]} (weight ") and record["summary"].endswith(
         f"1 of 1 units scored; Guests on {H[1]}: 1 guest")
     breq = BalanceRequest(unit="Even", hosts=H[:2])
     move = BalanceOutcome(unit="Even", ok=True, vm=VM, hosts=[H[1]], reason="source host has 12 guests")
-    record = decisions.build("balance", breq, balance_decision(H[:2], move), move, bus_failed=False,
+    record = build("balance", breq, balance_decision(H[:2], move), move, bus_failed=False,
                              gateway="gw-a", duration=0.1)
     assert record["units"][0]["reason"] == "source host has 12 guests"
     assert record["summary"] == f"Even proposes migrating VM {VM} to one of 1 hosts ({H[1]}): source host has 12 guests"
@@ -115,7 +120,7 @@ def test_score_record_keeps_raw_scores_and_factor() -> None:
     req = ScoreRequest.model_validate({"units": [{"name": "Load", "factor": 2}, {"name": "Exits"}],
                                        "hosts": H[:3], "vm": VM})
     decision = score_decision(H[:3], outcomes)
-    record = decisions.build("score", req, decision, outcomes, bus_failed=False, gateway="gw-a", duration=0.1)
+    record = build("score", req, decision, outcomes, bus_failed=False, gateway="gw-a", duration=0.1)
     load = record["units"][0]
     assert load["factor"] == 2 and load["scores"] == {H[0]: 0.5, H[1]: 10.0}
     assert record["result"] == decision.result  # what the engine got, whatever the weighting rules
@@ -153,12 +158,12 @@ def test_an_infinite_raw_score_is_kept_as_null_so_the_record_stays_strict_json(
 def test_balance_record_and_its_timeout_fallback() -> None:
     req = BalanceRequest(unit="Drain", hosts=H[:3])
     good = BalanceOutcome(unit="Drain", ok=True, vm=VM, hosts=H[1:3])
-    record = decisions.build("balance", req, balance_decision(H[:3], good), good, bus_failed=False,
+    record = build("balance", req, balance_decision(H[:3], good), good, bus_failed=False,
                              gateway="gw-a", duration=0.1)
     assert record["summary"] == f"Drain proposes migrating VM {VM} to one of 2 hosts ({H[1]}, {H[2]})"
     assert decisions.matches(record, vm=VM)  # the VM a balancer proposes is searchable
     hung = BalanceOutcome(unit="Drain", ok=False, timed_out=True, error="timed out after 1.0 s")
-    record = decisions.build("balance", req, balance_decision(H[:3], hung), hung, bus_failed=False,
+    record = build("balance", req, balance_decision(H[:3], hung), hung, bus_failed=False,
                              gateway="gw-a", duration=1.0)
     assert record["fallback"] and record["result"] == ["", []]
     assert record["summary"] == "Drain: no migration: Drain timed out, ignored [fallback: nothing ran]"
@@ -213,7 +218,7 @@ def test_the_embedded_bus_shares_nothing() -> None:
 
 def test_stdout_lines_are_written_in_batches_and_their_backlog_is_bounded(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr("vmsched.gateway.decisions.MAX_PENDING", 3)
+    monkeypatch.setattr("vmsched.gateway.decisions.log.MAX_PENDING", 3)
     log = DecisionLog(10, "gw-a", stdout=True)
     log.start()
     req = FilterRequest(units=["A"], hosts=H[:2], vm=VM)
@@ -223,7 +228,7 @@ def test_stdout_lines_are_written_in_batches_and_their_backlog_is_bounded(
             log.submit("filter", req, Decision(result=H[:2]), [], False, 0.01)
         assert log.skipped == 2 and len(log.ring) == 5  # every decision is in the ring; 2 lines are not written
         assert capsys.readouterr().out == ""  # no line written on the request path
-        await asyncio.sleep(decisions.PAUSE + 0.3)
+        await asyncio.sleep(decision_log.PAUSE + 0.3)
         assert len(capsys.readouterr().out.splitlines()) == 3  # the output thread wrote them without being asked
 
     asyncio.run(engine_calls())
@@ -263,7 +268,7 @@ def _plain(value: Any) -> bool:
 
 
 def _through_the_ring(op: str, req: Any, decision: Decision, outcomes: Any, **args: Any) -> dict[str, Any]:
-    """The record of a decision kept in a ring (serialised, read back), with ``args`` as for decisions.build."""
+    """The record of a decision kept in a ring (serialised, read back), with ``args`` as for build."""
     kept = decisions.keep(op, req, decision, outcomes, args["bus_failed"], args["duration"], args.get("facts_age"))
     assert all(_plain(getattr(kept, name)) for name in ("hosts", "units", "result", "plugin_errors", "errors"))
     return Kept.loads(kept.dumps()).record(args["record_id"], args["at"], args["gateway"])
@@ -276,20 +281,20 @@ def test_a_kept_decision_reads_back_as_its_record() -> None:
     decision = filter_decision(H[:4], outcomes)
     args: dict[str, Any] = dict(bus_failed=False, gateway="gw-a", duration=0.01, at=1.0, record_id="1" * 32)
     again = _through_the_ring("filter", req, decision, outcomes, **args)
-    assert again == decisions.build("filter", req, decision, outcomes, **args)
+    assert again == build("filter", req, decision, outcomes, **args)
     assert again["plugin_errors"]["B"] and again["units"][0]["reasons"] == {H[3]: "why"}
     assert again["units"][0]["dropped"] == [H[3]] and again["result"] == H[:3]
     scores = [ScoreOutcome(unit="S", ok=True, factor=2, scores=[(H[0], 1.5), (H[1], 0.5)], reasons={H[0]: "r"})]
     sreq = ScoreRequest.model_validate({"units": [{"name": "S", "factor": 2}], "hosts": H[:2], "vm": VM})
     sdec = score_decision(H[:2], scores)
     record = _through_the_ring("score", sreq, sdec, scores, **args)
-    assert record == decisions.build("score", sreq, sdec, scores, **args)
+    assert record == build("score", sreq, sdec, scores, **args)
     assert record["units"][0]["scores"] == {H[0]: 1.5, H[1]: 0.5} and record["result"] == sdec.result
     balance = BalanceOutcome(unit="Bal", ok=True, vm=VM, hosts=H[:2], reason="busy")
     breq = BalanceRequest.model_validate({"unit": "Bal", "hosts": H[:3]})
     bdec = balance_decision(H[:3], balance)
     record = _through_the_ring("balance", breq, bdec, balance, **args)
-    assert record == decisions.build("balance", breq, bdec, balance, **args)
+    assert record == build("balance", breq, bdec, balance, **args)
     assert record["unit"] == "Bal" and record["units"][0]["hosts"] == H[:2] and record["result"] == [VM, H[:2]]
 
 
@@ -301,7 +306,7 @@ def test_a_filter_keeps_only_what_it_dropped_and_its_record_is_the_same() -> Non
     unit_a = decisions.keep("filter", req, decision, outcomes, False, 0.0).units[0]
     assert set(unit_a["dropped"]) == {H[1], H[2]} and "not-offered" not in repr(unit_a)  # (the errors name it)
     args: dict[str, Any] = dict(bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="4" * 32)
-    assert _through_the_ring("filter", req, decision, outcomes, **args) == decisions.build(
+    assert _through_the_ring("filter", req, decision, outcomes, **args) == build(
         "filter", req, decision, outcomes, **args)
 
 
@@ -328,7 +333,7 @@ def test_a_filter_decision_reads_back_from_the_ring(hosts: list[str], units: lis
     assert {u for u, texts in decision.plugin_errors.items() if "not in the request" in texts[0]} == foreign
     args: dict[str, Any] = {"bus_failed": False, "gateway": "g", "duration": 0.0, "at": 1.0, "record_id": "5" * 32}
     record = _through_the_ring("filter", req, decision, outcomes, **args)
-    assert record == decisions.build("filter", req, decision, outcomes, **args) and record["result"] == result
+    assert record == build("filter", req, decision, outcomes, **args) and record["result"] == result
     for unit, o in zip(record["units"], outcomes):
         assert unit["dropped"] == ([h for h in hosts if h not in set(o.hosts)] if o.ok else [])
 
@@ -420,7 +425,7 @@ def test_a_question_is_answered_from_the_ring_within_bounds(monkeypatch: pytest.
     assert [r["vm"] for r in records] == ["v2", "v2"] and not cut
     (one,), _ = log.answer({"id": records[0]["id"]})
     assert one == records[0]
-    monkeypatch.setattr("vmsched.gateway.decisions.MAX_ANSWER", 100)
+    monkeypatch.setattr("vmsched.gateway.decisions.log.MAX_ANSWER", 100)
     records, cut = log.answer({"filters": {}, "limit": 10})
     assert records == [] and cut  # an answer never grows past its bound
 
@@ -478,10 +483,10 @@ def test_a_score_decision_is_one_untracked_bytes_object_and_reads_back_the_same(
     (record,) = log.ring.recent()
     args: dict[str, Any] = dict(bus_failed=False, gateway="gw-a", duration=0.01, at=record["time"],
                                 record_id=record["id"])
-    assert record == decisions.build("score", req, dec, scores, **args)
+    assert record == build("score", req, dec, scores, **args)
     for per_unit in (True, False):  # result rows [host, weight, unit] or [host, weight]
         dec = score_decision(many, scores, per_unit)
-        assert _through_the_ring("score", req, dec, scores, **args) == decisions.build("score", req, dec, scores,
+        assert _through_the_ring("score", req, dec, scores, **args) == build("score", req, dec, scores,
                                                                                        **args)
 
 
@@ -499,12 +504,12 @@ def test_aligned_scores_and_odd_hosts_read_back_the_same() -> None:
     for per_unit in (False, True):
         dec = score_decision(many, outcomes, per_unit)
         record = _through_the_ring("score", req, dec, outcomes, **args)
-        assert record == decisions.build("score", req, dec, outcomes, **args)
+        assert record == build("score", req, dec, outcomes, **args)
         assert record["units"][0]["scores"] == {h: i + 0.25 for i, h in enumerate(many)}
     dup = ScoreRequest.model_validate({"units": [{"name": "S"}], "hosts": many[:3] + many[:1], "vm": VM})
     alone = paired_scores(dup, ScoreReplyOnBus(outcomes=[ScoreOutcomeOnBus(unit="S", ok=True, values=[1.0] * 4)]))
     dec = score_decision(dup.hosts, alone.outcomes)  # a repeated host: three rows for four hosts
-    assert _through_the_ring("score", dup, dec, alone.outcomes, **args) == decisions.build(
+    assert _through_the_ring("score", dup, dec, alone.outcomes, **args) == build(
         "score", dup, dec, alone.outcomes, **args)
     odd = FilterRequest(units=["A"], hosts=["a\0b", "c"], vm=VM)  # a host holding a NUL
     record = _through_the_ring("filter", odd, Decision(result=list(odd.hosts)), [], **args)

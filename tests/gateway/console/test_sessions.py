@@ -1,4 +1,4 @@
-"""Console sessions (vmsched.gateway.console_session): signed, expiring, revoked on logout and with their token."""
+"""Console sessions (vmsched.gateway.console.sessions): signed, expiring, revoked on logout and with their token."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsched.gateway.console_session import KIND, MIN_SECRET, Logouts, Sessions, read_secret
+from vmsched.gateway.console.sessions import KIND, MIN_SECRET, Logouts, Sessions, read_secret
 from vmsched.tokens import Identity, Role, TokenStore, digest
 
 TOKEN, OTHER = "vms_the-operators-token", "vms_another-token"

@@ -4,7 +4,7 @@ Pages: ``/`` (recent decisions searchable by VM or host, units with load
 errors, the agents' pools and policies (:mod:`console_agents`), host facts
 and their age) and ``/console/decisions/{id}`` (every unit's
 verdict on every host). ``/login`` takes a token and gives the browser a
-session of the console's own (:mod:`vmsched.gateway.console_session`), in an
+session of the console's own (:mod:`vmsched.gateway.console.sessions`), in an
 HttpOnly, SameSite=Strict cookie that authorises these GET pages only
 (:mod:`vmsched.gateway.auth`); the login and logout forms carry CSRF tokens.
 Everything that comes from plugins, agents or
@@ -27,9 +27,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from vmsched.bus import BusError
-from vmsched.gateway import console_agents
-from vmsched.gateway.auth import CONSOLE_COOKIE, MAX_TOKEN, cookie
-from vmsched.gateway.console_session import LOGIN_COOKIE, LOGIN_TTL, Session, Sessions
+from vmsched.gateway.console import agents as console_agents
+from vmsched.gateway.console.sessions import COOKIE as CONSOLE_COOKIE
+from vmsched.gateway.console.sessions import LOGIN_COOKIE, LOGIN_TTL, Session, Sessions, cookie
+from vmsched.tokens import MAX_TOKEN
 from vmsched.tokens import Role
 
 log = logging.getLogger("vmsched.gateway.console")

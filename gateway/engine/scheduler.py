@@ -1,7 +1,7 @@
 """The gateway's view of the scheduling services: discover, and one coroutine for the rest.
 
 :meth:`Scheduler.run` runs one row of the operations table
-(:mod:`vmsched.gateway.operations`): it sends the typed request on the bus,
+(:mod:`vmsched.gateway.engine.operations`): it sends the typed request on the bus,
 waits for the service's full outcome and turns it into a :class:`Decision`.
 When the bus fails (broker down, no service answering in time) the decision is
 the row's fallback, still in the engine's shape, and says why in ``errors``:
@@ -22,8 +22,8 @@ from vmsched.bus import BusError
 from vmsched.bus.interface import BusClient
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.gateway.limits import Limits
-from vmsched.gateway.operations import Operation
-from vmsched.gateway.render import Decision, RenderOptions
+from vmsched.gateway.engine.operations import Operation
+from vmsched.gateway.engine.render import Decision, RenderOptions
 from vmsched.messages import DiscoverReply, Op
 
 log = logging.getLogger("vmsched.gateway")

@@ -17,8 +17,8 @@ from tests.support.waiting import wait_until
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.transport import open_transport
 from vmsched.bus.topology import EVENTS_EXCHANGE
-from vmsched.gateway.decisions import DecisionLog
-from vmsched.gateway.render import filter_decision
+from vmsched.gateway.decisions.log import DecisionLog
+from vmsched.gateway.engine.render import filter_decision
 from vmsched.messages import FilterOutcome, FilterRequest
 
 pytestmark = pytest.mark.rabbitmq

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.engine_wire import call
-from vmsched.gateway import xmlrpc
+from vmsched.gateway.engine import xmlrpc
 
 H1, H2 = "8c4a5d3c-6f3e-4a6a-9a0e-1d2c3b4a5f60", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 

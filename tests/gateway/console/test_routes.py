@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.gateway.test_console_session import OTHER, TOKEN, write_tokens
+from tests.gateway.console.test_sessions import OTHER, TOKEN, write_tokens
 from vmsched.config import Settings
 from vmsched.gateway.app import create_app
-from vmsched.gateway.console_session import COOKIE, LOGIN_COOKIE
+from vmsched.gateway.console.sessions import COOKIE, LOGIN_COOKIE
 from vmsched.tokens import TokenStore
 
 PAGE = "/console/decisions/" + "0" * 32  # a console page that needs no service: "Decision not found" (404)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmsched.gateway import xmlrpc
-from vmsched.gateway.render import clamp_int32
+from vmsched.gateway.engine import xmlrpc
+from vmsched.gateway.engine.render import clamp_int32
 
 _host = st.one_of(st.uuids().map(str), st.text(max_size=12), st.sampled_from(["a&b", "<h>", "x\r", "\x00", "é"]))
 _weight = st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(), st.booleans(), st.floats(allow_nan=True))

@@ -2,9 +2,9 @@
 
 Each record says what every unit did to every host, the result sent to the
 engine, whether it was a fallback, the facts age of each host, the gateway
-that answered, and a one-line summary (:mod:`vmsched.gateway.decisions`).
+that answered, and a one-line summary (:mod:`vmsched.gateway.decisions.log`).
 With several replicas on RabbitMQ the answering gateway asks the others for
-at most 0.5 s (:mod:`vmsched.gateway.decision_peers`); ``replicas`` says who
+at most 0.5 s (:mod:`vmsched.gateway.decisions.peers`); ``replicas`` says who
 answered and names those that did not.
 """
 
@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
-from vmsched.gateway.decisions import DecisionLog, for_reader
+from vmsched.gateway.decisions.log import DecisionLog
+from vmsched.gateway.decisions.record import for_reader
 
 router = APIRouter(tags=["decision log"])
 

@@ -8,11 +8,11 @@ from typing import Any, Awaitable, Callable
 from pydantic import ValidationError
 
 from vmsched.bus import BusError
-from vmsched.gateway import xmlrpc
+from vmsched.gateway.engine import xmlrpc
 from vmsched.gateway.limits import OverLimit
-from vmsched.gateway.operations import OPERATIONS, Operation
-from vmsched.gateway.render import discover_result
-from vmsched.gateway.scheduler import Scheduler
+from vmsched.gateway.engine.operations import OPERATIONS, Operation
+from vmsched.gateway.engine.render import discover_result
+from vmsched.gateway.engine.scheduler import Scheduler
 
 log = logging.getLogger("vmsched.gateway")
 

@@ -5,7 +5,7 @@ to ``vmsched.events`` with two keys:
 
 - ``gateway.console.logout``: logged-out sessions, ``{"logouts": [[session ID,
   expiry], ...]}``; every replica adds them to its list
-  (:class:`~vmsched.gateway.console_session.Logouts`);
+  (:class:`~vmsched.gateway.console.sessions.Logouts`);
 - ``gateway.console.hello``: a gateway that (re)subscribes shares its own list
   and asks for theirs; every other replica answers with its whole list under
   the logout key, so a new or reconnected replica learns the logouts it missed,
@@ -26,7 +26,7 @@ from typing import Any
 from vmsched.bus.interface import Publish, Topic, Transport
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.gateway import replica_messages
-from vmsched.gateway.console_session import Logouts
+from vmsched.gateway.console.sessions import Logouts
 
 log = logging.getLogger("vmsched.gateway.console")
 

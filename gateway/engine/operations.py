@@ -5,7 +5,7 @@ the engine's XML-RPC method and how its positional parameters become the
 request model, the reply model the service answers with, the decision when
 there is nothing to run or the bus fails (the fallback), how the service's
 outcomes become the engine's decision, and which outcomes the JSON API shows.
-:mod:`vmsched.gateway.scheduler` runs a row; :mod:`vmsched.gateway.engine`
+:mod:`vmsched.gateway.engine.scheduler` runs a row; :mod:`vmsched.gateway.engine.calls`
 (XML-RPC) and :mod:`vmsched.gateway.api` (JSON) look rows up in
 :data:`OPERATIONS`.
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from vmsched.gateway import xmlrpc
-from vmsched.gateway.render import Decision, RenderOptions, balance_decision, filter_decision, score_decision
+from vmsched.gateway.engine import xmlrpc
+from vmsched.gateway.engine.render import Decision, RenderOptions, balance_decision, filter_decision, score_decision
 from vmsched.messages import (
     ALIGNED_SCORES,
     BalanceReply,

@@ -1,4 +1,4 @@
-"""Console logouts shared by gateway replicas over RabbitMQ (vmsched.gateway.console_logouts).
+"""Console logouts shared by gateway replicas over RabbitMQ (vmsched.gateway.console.logouts).
 
 On a private RabbitMQ node with the least-privilege users of
 deploy/rabbitmq/setup-users.sh: replicas on the vmsched-gateway user share
@@ -24,12 +24,12 @@ from tests.support.net import free_port
 from tests.support.rabbit import RABBIT_URL, private_vhost
 from tests.support.stack import Proc, bus_args
 from tests.support.waiting import wait_until
-from tests.gateway.test_console_session import OTHER, TOKEN, write_tokens
+from tests.gateway.console.test_sessions import OTHER, TOKEN, write_tokens
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.bus.transport import open_transport
-from vmsched.gateway.console_logouts import LogoutLink
-from vmsched.gateway.console_session import COOKIE, Logouts
+from vmsched.gateway.console.logouts import LogoutLink
+from vmsched.gateway.console.sessions import COOKIE, Logouts
 
 pytestmark = pytest.mark.rabbitmq
 

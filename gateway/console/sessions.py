@@ -14,7 +14,7 @@ request is accepted while:
 - the tokens file still has that token, with the ``read`` role (revoking the
   token ends its sessions on every replica: each reads the same file);
 - its ID is not in the logout list (:class:`Logouts`; shared by the replicas
-  over the bus, :mod:`vmsched.gateway.console_logouts`).
+  over the bus, :mod:`vmsched.gateway.console.logouts`).
 
 Nothing else is kept per session, so any replica with the same secret and
 tokens file accepts it. The login form carries a CSRF token: the MAC of a
@@ -35,7 +35,10 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
+
+from starlette.types import Scope
 
 from vmsched.tokens import Identity, Role, TokenStore
 
@@ -216,3 +219,15 @@ class Sessions:
 
     def logout_allowed(self, session: Session, form_token: str) -> bool:
         return hmac.compare_digest(form_token.encode(), self.logout_token(session).encode())
+
+
+def cookie(scope: Scope, name: str) -> str | None:
+    """The value of the request's cookie ``name``, or None."""
+    header = next((value.decode("latin-1") for key, value in scope["headers"] if key == b"cookie"), None)
+    if not header:
+        return None
+    try:
+        morsel = SimpleCookie(header).get(name)
+    except CookieError:
+        return None
+    return morsel.value if morsel is not None and morsel.value else None

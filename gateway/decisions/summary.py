@@ -1,0 +1,105 @@
+"""Decision summaries: one line per record, by operation, with the reasons units gave.
+
+"kept 3 of 5 hosts: vmsched_Memory dropped 2 (h1: free 1.2 GiB < 4.1 GiB needed; h3: ...)"
+(:mod:`vmsched.runtime.contract` says how units give reasons).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+#: hosts named in one summary clause at most
+SHOWN = 3
+
+
+def _short(hosts: list[str]) -> str:
+    shown = ", ".join(h for h in hosts[:SHOWN])
+    return shown + (f" and {len(hosts) - SHOWN} more" if len(hosts) > SHOWN else "")
+
+
+def _failed_clauses(units: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for u in units:
+        if not u["ok"]:
+            what = "timed out" if u["timed_out"] else f"failed ({_failure_text(u)})"
+            out.append(f"{u['unit']} {what}, ignored")
+    return out
+
+
+def _failure_text(u: dict[str, Any]) -> str:
+    text = (u.get("error") or "").strip()
+    return text.splitlines()[0][:160] if text else "no reason given"
+
+
+def _reason_text(u: dict[str, Any], hosts: list[str]) -> str:
+    """``h1, h2: why; h3: other`` (hosts grouped by the unit's reason), or just the hosts without reasons."""
+    reasons = u.get("reasons") or {}
+    if not any(h in reasons for h in hosts):
+        return _short(hosts)
+    groups: dict[str, list[str]] = {}
+    for h in hosts:
+        groups.setdefault(reasons.get(h, ""), []).append(h)
+    parts = [f"{_short(hs)}: {why}" if why else _short(hs) for why, hs in groups.items()]
+    more = f"; {len(parts) - SHOWN} more reasons" if len(parts) > SHOWN else ""
+    return "; ".join(parts[:SHOWN]) + more
+
+
+def filter_summary(record: dict[str, Any]) -> str:
+    hosts, units = record["hosts"], record["units"]
+    kept = record["result"] if isinstance(record["result"], list) else []
+    head = f"kept {len(kept)} of {len(hosts)} hosts"
+    clauses = [f"{u['unit']} dropped {len(u['dropped'])} ({_reason_text(u, u['dropped'])})"
+               for u in units if u["ok"] and u["dropped"]]
+    clauses += _failed_clauses(units) + _missing_facts_clauses(record)
+    return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
+
+
+def score_summary(record: dict[str, Any]) -> str:
+    result = record["result"] if isinstance(record["result"], list) else []
+    ranked = sorted(result, key=lambda pair: pair[1])  # the engine's weights: lower is better
+    head = (f"best {ranked[0][0]} (weight {ranked[0][1]}, lowest) of {len(result)} scored hosts" if ranked
+            else "no host scored")
+    ok = [u for u in record["units"] if u["ok"]]
+    clauses = [f"{len(ok)} of {len(record['units'])} units scored"] if record["units"] else []
+    scored = {pair[0] for pair in result}
+    unscored = [h for h in record["hosts"] if h not in scored]
+    if unscored and result:
+        clauses.append(f"no score for {_short(unscored)}")
+    best = ranked[0][0] if ranked else None
+    clauses += [f"{u['unit']} on {best}: {u['reasons'][best]}" for u in ok if best in u.get("reasons", {})][:SHOWN]
+    clauses += _failed_clauses(record["units"]) + _missing_facts_clauses(record)
+    return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
+
+
+def balance_summary(record: dict[str, Any]) -> str:
+    result = record["result"]
+    vm, hosts = (result[0], result[1]) if isinstance(result, list) and len(result) == 2 else ("", [])
+    name = record["units"][0]["unit"] if record["units"] else record.get("unit", "the balancer")
+    head = (f"{name} proposes migrating VM {vm} to one of {len(hosts)} hosts ({_short(hosts)})" if vm
+            else f"{name}: no migration")
+    clauses = [u["reason"] for u in record["units"] if u["ok"] and u.get("reason")]
+    clauses += _failed_clauses(record["units"]) + _missing_facts_clauses(record)
+    return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
+
+
+def _missing_facts_clauses(record: dict[str, Any]) -> list[str]:
+    """``no facts for 3 of 5 hosts (no agent reports them) for vmsched_Memory``: the hosts the units that read
+    facts found none for, how many and why (grouped by why)."""
+    missing = record.get("missing_facts") or {}
+    causes: dict[str, list[str]] = missing.get("hosts") or {}
+    count = sum(len(hosts) for hosts in causes.values())
+    if not count:
+        return []
+    why = "; ".join(f"{len(hosts)}: {cause}" if len(causes) > 1 else cause for cause, hosts in causes.items())
+    return [f"no facts for {count} of {len(record['hosts'])} hosts ({why}) for {', '.join(missing.get('units', []))}"]
+
+
+def _fallback_tail(record: dict[str, Any]) -> str:
+    if not record["fallback"]:
+        return ""
+    why = "; ".join(record["errors"][:2]) or "nothing ran"
+    return f" [fallback: {why}]"
+
+
+SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "filter": filter_summary, "score": score_summary, "balance": balance_summary}
