@@ -35,8 +35,8 @@ UNITS = ["bench_filter_a", "bench_filter_b", "bench_filter_c"]
 
 SERVICE = r'''
 import sys, threading, time, signal
-from vmsched.bus.connection import BusOptions
-from vmsched.bus.worker import ServiceWorker
+from vmsched.bus.options import BusOptions
+from vmsched.bus.rabbitmq.worker import ServiceWorker
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.messages import FilterOutcome, FilterReply, FilterRequest, Op, ScoreOutcome, ScoreReply, ScoreRequest
 
@@ -72,8 +72,8 @@ def cpu(pid: int | str = "self") -> float:
 
 
 async def drive(url: str, op: str, clients: int, seconds: float, service_pid: int) -> dict[str, float]:
-    from vmsched.bus.client import AsyncBusClient
-    from vmsched.bus.connection import BusOptions
+    from vmsched.bus.rabbitmq.client import AsyncBusClient
+    from vmsched.bus.options import BusOptions
     from vmsched.bus.topology import REQUEST_QUEUES
     from vmsched.messages import FilterReply, FilterRequest, Op, ScoreReply, ScoreRequest
 

@@ -127,7 +127,8 @@ def feed(url: str) -> None:
     """
     from kombu import Producer
 
-    from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
+    from vmsched.bus.rabbitmq.connection import ensure_exchanges, open_connection
+    from vmsched.bus.options import BusOptions
     from vmsched.bus.topology import EVENTS_EXCHANGE
     from vmsched.facts.model import FactsMessage, GuestFacts, facts_key
 

@@ -62,13 +62,13 @@ def _line_of(path: str, text: str) -> int:
 _WORKER_READ = _line_of("vmsched/runtime/protocol.py", "header = self._reader.read(HEADER.size)")
 _POOL_POLL = _line_of("vmsched/runtime/batch.py", "self._poller.poll(timeout)")
 #: a service worker's bus thread waiting for the socket or a finished reply, its handler threads for a request
-_BUS_SELECT = _line_of("vmsched/bus/worker.py", "select.select([sock, self._wake[0]]")
-_BUS_WORK = _line_of("vmsched/bus/worker.py", "item = self._work.get()")
+_BUS_SELECT = _line_of("vmsched/bus/rabbitmq/worker.py", "select.select([sock, self._wake[0]]")
+_BUS_WORK = _line_of("vmsched/bus/rabbitmq/worker.py", "item = self._work.get()")
 WAITING = re.compile(rf"protocol\.py:{_WORKER_READ}\)|batch\.py:{_POOL_POLL}\)|bus/worker\.py:({_BUS_SELECT}|{_BUS_WORK})\)"
                      r"|Condition\.wait|selectors\.py|multiprocessing/connection\.py:378\)")
 _FLOOR_WORKER_READ = re.compile(r"amqp/transport\.py:648\)")
 #: the blocking reads of the gateway's and services' subscriptions: host facts, the decision log's peer link
-_FACTS_DRAIN = _line_of("vmsched/bus/loop.py", "conn.drain_events(timeout=1.0)")
+_FACTS_DRAIN = _line_of("vmsched/bus/rabbitmq/loop.py", "conn.drain_events(timeout=1.0)")
 _BLOCKING_DRAIN = re.compile(rf"serve \(worker\.py|BrokerSubscription\._drain \(vmsched/bus/loop\.py:{_FACTS_DRAIN}\)")
 
 

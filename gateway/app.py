@@ -29,7 +29,7 @@ from vmsched.gateway.engine.render import RenderOptions
 from vmsched.gateway.engine.scheduler import Scheduler
 from vmsched.gateway.strict_json import StrictJson, invalid_request, read_body
 from vmsched import __version__, metrics
-from vmsched.bus.connection import BusOptions
+from vmsched.bus.options import BusOptions
 from vmsched.facts.subscription import FactsSubscriber
 from vmsched.bus.interface import BusClient, Transport
 from vmsched.bus.topology import REQUEST_QUEUES

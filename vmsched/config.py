@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from vmsched.bus.urls import read_url_file
+from vmsched.bus.options import read_url_file
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 MEMORY_URL = "memory://"

@@ -144,7 +144,7 @@ TLS_RELOADS = Counter(
 GATEWAY_OUTCOMES = ("ok", "error")
 WORKER_OUTCOMES = ("ok", "error", "dead_lettered")
 PLUGIN_OUTCOMES = ("ok", "error", "timeout")
-#: Why the gateway's bus client sends a request again (vmsched/bus/client.py).
+#: Why the gateway's bus client sends a request again (vmsched/bus/rabbitmq/client.py).
 RESEND_REASONS = ("reconnect", "nack", "confirm_timeout")
 
 for _outcome in ("ok", "error"):

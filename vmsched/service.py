@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from vmsched import metrics
-from vmsched.bus.connection import BusOptions
+from vmsched.bus.options import BusOptions
 from vmsched.facts.subscription import FactsSubscriber
 from vmsched.bus.interface import Transport, Worker
-from vmsched.bus.journal import default_dir
+from vmsched.bus.rabbitmq.journal import default_dir
 from vmsched.bus.replies import Handler
 from vmsched.bus.topology import REQUEST_QUEUES, legacy_name
 from vmsched.bus.transport import open_transport

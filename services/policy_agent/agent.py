@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import libvirt
 
-from vmsched.bus.connection import BusOptions
+from vmsched.bus.options import BusOptions
 from vmsched.facts.subscription import SnapshotListener
 from vmsched.bus.interface import Transport
 from vmsched.bus.transport import open_transport

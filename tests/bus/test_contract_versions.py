@@ -20,9 +20,10 @@ from kombu import Consumer, Producer, Queue
 
 from vmsched.agent_contract import EVENTS, OPERATIONS, AgentOp
 from vmsched.bus import RequestError
-from vmsched.bus.client import AsyncBusClient
-from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
-from vmsched.bus.rpc import call
+from vmsched.bus.rabbitmq.client import AsyncBusClient
+from vmsched.bus.rabbitmq.connection import ensure_exchanges, open_connection
+from vmsched.bus.options import BusOptions
+from vmsched.bus.rabbitmq.rpc import call
 from vmsched.bus.topology import EXCHANGES, agent_queue, request_queue
 from vmsched.messages import CONTRACT_VERSION
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures

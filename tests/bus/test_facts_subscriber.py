@@ -12,7 +12,8 @@ import pytest
 from kombu import Producer
 
 from tests.support.waiting import wait_until
-from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
+from vmsched.bus.rabbitmq.connection import ensure_exchanges, open_connection
+from vmsched.bus.options import BusOptions
 from vmsched.bus.transport import open_transport
 from vmsched.facts.subscription import LINGER, FactsSubscriber
 from vmsched.bus.topology import EVENTS_EXCHANGE

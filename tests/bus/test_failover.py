@@ -22,14 +22,15 @@ from kombu import Queue
 
 from tests.support.net import free_port
 from vmsched import metrics
-from vmsched.bus.client import AsyncBusClient
-from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection, safe_release
-from vmsched.bus.events import EventPublisher
+from vmsched.bus.rabbitmq.client import AsyncBusClient
+from vmsched.bus.rabbitmq.connection import ensure_exchanges, open_connection, safe_release
+from vmsched.bus.options import BusOptions
+from vmsched.bus.rabbitmq.events import EventPublisher
 from vmsched.bus import BusUnavailable
-from vmsched.bus.link import MAX_SENDS
+from vmsched.bus.rabbitmq.link import MAX_SENDS
 from vmsched.bus.topology import EVENTS_EXCHANGE, REQUESTS_EXCHANGE
-from vmsched.bus.urls import command_line_url, has_password, mask, read_url_file
-from vmsched.bus.worker import ServiceWorker
+from vmsched.bus.options import command_line_url, has_password, mask, read_url_file
+from vmsched.bus.rabbitmq.worker import ServiceWorker
 
 TWO = "amqp://gw:s3cret@node1:5672/vmsched;amqps://gw:other@node2:5671/vmsched"
 

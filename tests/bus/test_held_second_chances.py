@@ -21,8 +21,8 @@ from tests.support.rabbit import RABBIT_URL, private_vhost
 from tests.support.stack import Proc, bus_args
 from tests.support.waiting import wait_until
 from vmsched.bus import BusError, RequestError
-from vmsched.bus.client import AsyncBusClient
-from vmsched.bus.connection import BusOptions
+from vmsched.bus.rabbitmq.client import AsyncBusClient
+from vmsched.bus.options import BusOptions
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.messages import FilterReply, Op
 

@@ -17,15 +17,16 @@ import pytest
 
 from tests.support.waiting import wait_until
 from vmsched.bus import BusTimeout, RequestError
-from vmsched.bus.client import AsyncBusClient
-from vmsched.bus.connection import BusOptions, open_connection
+from vmsched.bus.rabbitmq.client import AsyncBusClient
+from vmsched.bus.rabbitmq.connection import open_connection
+from vmsched.bus.options import BusOptions
 from vmsched.facts.subscription import FactsSubscriber, SnapshotListener
 from vmsched.bus.inprocess import InProcessClient, InProcessTransport, InProcessWorker, Inboxes, Request, \
     topic_matches
 from vmsched.bus.interface import Topic
 from vmsched.bus.topology import EVENTS_EXCHANGE, REQUEST_QUEUES
 from vmsched.bus.transport import open_transport
-from vmsched.bus.worker import ServiceWorker
+from vmsched.bus.rabbitmq.worker import ServiceWorker
 from vmsched.messages import Envelope, Op
 
 FILTER, SCORE, BALANCE = REQUEST_QUEUES[Op.FILTER], REQUEST_QUEUES[Op.SCORE], REQUEST_QUEUES[Op.BALANCE]

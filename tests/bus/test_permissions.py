@@ -21,7 +21,8 @@ from tests.support.broker_users import HOSTS, SCRIPT, broker, publish, url  # no
 from tests.support.net import free_port
 from tests.support.stack import AUTH, SCORING_QUEUES, SERVICE_QUEUES, Proc, Stack, plugin_copy
 from tests.support.waiting import wait_until
-from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
+from vmsched.bus.rabbitmq.connection import ensure_exchanges, open_connection
+from vmsched.bus.options import BusOptions
 from vmsched.bus.topology import AGENT_EXCHANGE, DEAD_EXCHANGE, EXCHANGES, REQUEST_QUEUES, REQUESTS_EXCHANGE, agent_queue, \
     dead_letter_queue, request_queue
 from vmsched.messages import Op

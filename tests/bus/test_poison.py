@@ -39,11 +39,11 @@ from tests.support.paths import ROOT
 from tests.support.rabbit import RABBIT_URL, private_vhost
 from tests.support.stack import SERVICE_QUEUES, TEST_ENV, Proc, Stack, bus_args
 from tests.support.waiting import wait_until
-from vmsched.bus.client import AsyncBusClient
-from vmsched.bus.connection import BusOptions
-from vmsched.bus.journal import FIRST, SECOND, Journal
-from vmsched.bus.acks import AcksAfterConfirm
-from vmsched.bus.poison import HOLD_SECONDS, LAST_CALL, PASSED_BY, SENT_BY, TURN, TURN_WAIT, Decision, HeldSecondChances, \
+from vmsched.bus.rabbitmq.client import AsyncBusClient
+from vmsched.bus.options import BusOptions
+from vmsched.bus.rabbitmq.journal import FIRST, SECOND, Journal
+from vmsched.bus.rabbitmq.acks import AcksAfterConfirm
+from vmsched.bus.rabbitmq.poison import HOLD_SECONDS, LAST_CALL, PASSED_BY, SENT_BY, TURN, TURN_WAIT, Decision, HeldSecondChances, \
     PoisonTriage, Triage, Turns, Verdict
 from vmsched.runtime.process import descendants
 from vmsched.bus.topology import DELIVERY_LIMIT, EXCHANGES, REPLY_VIA, REQUEST_QUEUES, REQUESTS_EXCHANGE, dead_letter_queue, \
@@ -423,7 +423,7 @@ def test_the_units_of_a_request_are_named_whatever_its_operation():
 JOURNAL_CHILD = """
 import os, signal, sys
 from pathlib import Path
-from vmsched.bus.journal import Journal
+from vmsched.bus.rabbitmq.journal import Journal
 journal = Journal(Path(sys.argv[1]), "scoring", 2)
 journal.begin(0, "done-1")
 journal.end(0)

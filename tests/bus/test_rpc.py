@@ -15,9 +15,10 @@ from kombu import Consumer, Producer, Queue
 from tests.support.stack import BUSES
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, RequestError
-from vmsched.bus.client import AsyncBusClient
-from vmsched.bus.connection import BusOptions, open_connection, safe_release
-from vmsched.bus.events import EventPublisher
+from vmsched.bus.rabbitmq.client import AsyncBusClient
+from vmsched.bus.rabbitmq.connection import open_connection, safe_release
+from vmsched.bus.options import BusOptions
+from vmsched.bus.rabbitmq.events import EventPublisher
 from vmsched.bus.inprocess import InProcessTransport, Request
 from vmsched.bus.interface import Transport, Worker
 from vmsched.bus.transport import open_transport

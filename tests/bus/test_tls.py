@@ -11,10 +11,10 @@ import pytest
 from tests.support.rabbit_private import PrivateRabbit, TlsFiles, available
 from tests.support.tls_certs import CertSet, make_certs
 from vmsched.bus import BusUnavailable
-from vmsched.bus.client import AsyncBusClient
-from vmsched.bus.connection import BusOptions
-from vmsched.bus.rpc import call
-from vmsched.bus.worker import ServiceWorker
+from vmsched.bus.rabbitmq.client import AsyncBusClient
+from vmsched.bus.options import BusOptions
+from vmsched.bus.rabbitmq.rpc import call
+from vmsched.bus.rabbitmq.worker import ServiceWorker
 from vmsched.messages import Envelope
 
 pytestmark = pytest.mark.rabbitmq

@@ -10,10 +10,11 @@ import uuid
 import pytest
 from kombu import Queue
 
-from vmsched.bus.client import AsyncBusClient
-from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection, safe_release
+from vmsched.bus.rabbitmq.client import AsyncBusClient
+from vmsched.bus.rabbitmq.connection import ensure_exchanges, open_connection, safe_release
+from vmsched.bus.options import BusOptions
 from vmsched.bus.topology import EXCHANGES, REPLY_EXCHANGE, REPLY_VIA, REQUESTS_EXCHANGE
-from vmsched.bus.worker import ServiceWorker
+from vmsched.bus.rabbitmq.worker import ServiceWorker
 
 pytestmark = pytest.mark.rabbitmq
 

@@ -31,7 +31,8 @@ from tests.support.net import free_port
 from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
 from tests.support.rabbit_private import PrivateRabbit, available
-from vmsched.bus.connection import BusOptions, open_connection
+from vmsched.bus.rabbitmq.connection import open_connection
+from vmsched.bus.options import BusOptions
 from vmsched.bus.topology import AGENT_EXCHANGE, REQUESTS_EXCHANGE
 from vmsched.tokens import TokenStore
 

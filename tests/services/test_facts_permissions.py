@@ -18,7 +18,8 @@ from tests.support.broker_users import HOSTS, broker, publish, url  # noqa: F401
 from tests.support.net import free_port
 from tests.support.stack import AUTH, Proc, Stack
 from tests.support.waiting import wait_until
-from vmsched.bus.connection import BusOptions, open_connection
+from vmsched.bus.rabbitmq.connection import open_connection
+from vmsched.bus.options import BusOptions
 from vmsched.bus.topology import EVENTS_EXCHANGE, FACTS_EXCHANGE
 
 pytestmark = pytest.mark.rabbitmq

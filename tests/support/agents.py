@@ -12,7 +12,8 @@ from pathlib import Path
 from kombu import Consumer, Queue
 
 from tests.support.stack import Proc, bus_args
-from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
+from vmsched.bus.rabbitmq.connection import ensure_exchanges, open_connection
+from vmsched.bus.options import BusOptions
 from vmsched.bus.topology import EVENTS_EXCHANGE
 
 

@@ -16,7 +16,8 @@ from kombu import Producer
 
 from tests.support.paths import ROOT
 from tests.support.rabbit_private import PrivateRabbit, available, tool
-from vmsched.bus.connection import BusOptions, open_connection
+from vmsched.bus.rabbitmq.connection import open_connection
+from vmsched.bus.options import BusOptions
 
 SCRIPT = ROOT / "deploy" / "rabbitmq" / "setup-users.sh"
 HOSTS = ("hv-a", "hv-b")

@@ -12,7 +12,8 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from kombu import Producer
 
-from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
+from vmsched.bus.rabbitmq.connection import ensure_exchanges, open_connection
+from vmsched.bus.options import BusOptions
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts, facts_key
 from vmsched.plugin.facts import CALL, CallFacts

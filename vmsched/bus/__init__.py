@@ -1,5 +1,5 @@
 """The message bus: one transport per process (:mod:`vmsched.bus.interface`), RabbitMQ through kombu
-(:mod:`vmsched.bus.broker`) or in-process (:mod:`vmsched.bus.inprocess`), and the errors of both."""
+(:mod:`vmsched.bus.rabbitmq.broker`) or in-process (:mod:`vmsched.bus.inprocess`), and the errors of both."""
 
 from __future__ import annotations
 

@@ -34,8 +34,8 @@ from kombu import Exchange
 
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, reply_body
-from vmsched.bus.connection import BusOptions
-from vmsched.bus.events import event_bytes
+from vmsched.bus.options import BusOptions
+from vmsched.bus.interface import event_bytes
 from vmsched.bus.interface import BusClient, OnMessage, Publish, Topic, Transport, request_bytes, wait_reply
 from vmsched.bus.replies import Handler, Replier
 from vmsched.bus.topology import EVENTS_EXCHANGE

@@ -2,7 +2,7 @@
 
 A process chooses one :class:`Transport` at start, from the broker URL
 (:func:`vmsched.bus.transport.open_transport`): ``memory://`` is the in-process bus
-(:mod:`vmsched.bus.inprocess`), anything else RabbitMQ through kombu (:mod:`vmsched.bus.broker`).
+(:mod:`vmsched.bus.inprocess`), anything else RabbitMQ through kombu (:mod:`vmsched.bus.rabbitmq.broker`).
 That one object is handed to every party of the process: the gateway's client, each service
 worker, the subscriptions (host facts, snapshot requests, the gateways' decision questions) and the
 event publishers. The bytes are the same on both: the request and reply envelopes of
@@ -12,7 +12,9 @@ event publishers. The bytes are the same on both: the request and reply envelope
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,7 @@ from kombu import Exchange
 from pydantic import BaseModel, ValidationError
 
 from vmsched.bus import BusTimeout, BusUnavailable, RequestError, reply_error
-from vmsched.bus.connection import BusOptions
+from vmsched.bus.options import BusOptions
 from vmsched.bus.replies import Handler
 from vmsched.bus.topology import PING
 from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
@@ -193,3 +195,8 @@ class Transport(ABC):
         """A subscription of ``topic``, not started: ``on_message`` gets every message on its thread,
         ``on_subscribed`` runs after each (re)subscription, ``tick`` about every second. ``linger``: seconds
         to wait after a message has woken the thread for the others arriving meanwhile (one wake-up a batch)."""
+
+
+def event_bytes(service: str, body: dict[str, Any]) -> bytes:
+    """An event as it goes on the bus: who sent it, when, and its body."""
+    return json.dumps({"service": service, "time": time.time(), **body}).encode()

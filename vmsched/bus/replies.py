@@ -1,6 +1,6 @@
 """What a service worker answers to one request: run its handler, or refuse it; serialized once.
 
-The worker (:mod:`vmsched.bus.worker`) moves messages; this module turns a request body into
+The worker (:mod:`vmsched.bus.rabbitmq.worker`) moves messages; this module turns a request body into
 reply bytes: the handler's result, a precise error, or the error of a dead-lettered request.
 """
 

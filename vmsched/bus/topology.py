@@ -41,7 +41,7 @@ REQUEST_QUEUES: dict[Op, str] = {
 
 #: How many times a request is delivered at most (each delivery whose process died counts) before
 #: it is dead-lettered and answered with an error (--delivery-limit). A service process has one
-#: channel (vmsched.bus.worker), so one death counts one delivery; a request held by a process
+#: channel (vmsched.bus.rabbitmq.worker), so one death counts one delivery; a request held by a process
 #: that died is then run once more apart from other suspects (its dead-letter queue), so an
 #: innocent bystander of a poisoned request's death survives with the default of 2.
 DELIVERY_LIMIT = 2
@@ -108,7 +108,7 @@ def request_queue(name: str, deliveries: int = DELIVERY_LIMIT) -> Queue:
         return Queue(name, exchange=exchange, routing_key=key, durable=False, auto_delete=False, no_declare=False)
     if deliveries < 1:
         raise ValueError(f"delivery limit must be at least 1, not {deliveries}")
-    # the broker's limit is a backstop (the services' triage bounds the runs to ``deliveries``: vmsched.bus.worker):
+    # the broker's limit is a backstop (the services' triage bounds the runs to ``deliveries``: vmsched.bus.rabbitmq.worker):
     # at least 2 returns allowed, so a broker node's loss, which returns what its consumers held, is not taken
     # for deaths; and 2 is what the queues' first release declared, so their arguments stay the same
     arguments = {"x-queue-type": "quorum", "x-delivery-limit": max(deliveries, BROKER_DELIVERIES) - 1,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from vmsched.bus.broker import BrokerTransport
-from vmsched.bus.connection import BusOptions
+from vmsched.bus.rabbitmq.broker import BrokerTransport
+from vmsched.bus.options import BusOptions
 from vmsched.bus.inprocess import InProcessTransport
 from vmsched.bus.interface import Transport
 

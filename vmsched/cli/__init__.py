@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vmsched import __version__, logs
-from vmsched.bus.urls import url_argument
+from vmsched.bus.options import url_argument
 from vmsched.cli.env import EnvParser
 from vmsched.config import DEFAULT_AMQP_URL, MEMORY_URL, Settings
 from vmsched.services.balancer import BalancerService

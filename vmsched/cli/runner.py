@@ -12,7 +12,7 @@ from typing import Callable
 import uvicorn
 
 from vmsched import metrics
-from vmsched.bus.connection import BusOptions
+from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import Transport
 from vmsched.bus.transport import open_transport
 from vmsched.config import Settings

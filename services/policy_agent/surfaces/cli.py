@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vmsched.agent_contract import AgentOp
-from vmsched.bus.connection import BusOptions
-from vmsched.bus.urls import read_url_file, url_argument
+from vmsched.bus.options import BusOptions
+from vmsched.bus.options import read_url_file, url_argument
 from vmsched.messages import ErrorCode
 
 from ..policy import cpuset

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from vmsched.agent_contract import AgentOp
 from vmsched.bus import BusError, RequestError, reply_error
-from vmsched.bus.connection import BusOptions
+from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import Transport
 from vmsched.bus.topology import agent_queue
 from vmsched.bus.transport import open_transport

@@ -25,7 +25,7 @@ from tests.support.rabbit import RABBIT_URL, private_vhost
 from tests.support.stack import Proc, bus_args
 from tests.support.waiting import wait_until
 from tests.gateway.console.test_sessions import OTHER, TOKEN, write_tokens
-from vmsched.bus.connection import BusOptions
+from vmsched.bus.options import BusOptions
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.bus.transport import open_transport
 from vmsched.gateway.console.logouts import LogoutLink

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tests.support.stack import Stack
 from tests.support.waiting import wait_until
-from vmsched.bus.connection import BusOptions
+from vmsched.bus.options import BusOptions
 from vmsched.bus.inprocess import InProcessTransport
 from vmsched.bus.transport import open_transport
 from vmsched.facts.model import FactsMessage, HostFacts

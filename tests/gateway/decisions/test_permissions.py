@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.broker_users import HOSTS, broker, publish, url  # noqa: F401 - the broker fixture
 from tests.support.waiting import wait_until
-from vmsched.bus.connection import BusOptions
+from vmsched.bus.options import BusOptions
 from vmsched.bus.transport import open_transport
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.gateway.decisions.log import DecisionLog

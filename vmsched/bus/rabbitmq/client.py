@@ -1,6 +1,6 @@
 """The gateway's request client on RabbitMQ, as the asyncio event loop sees it.
 
-The loop never touches the broker: it hands each request to the :class:`~vmsched.bus.link.Link`, whose thread
+The loop never touches the broker: it hands each request to the :class:`~vmsched.bus.rabbitmq.link.Link`, whose thread
 owns the connection (publishing, confirms, replies, heartbeats, reconnection, sending again), and awaits a
 future that the link settles through ``call_soon_threadsafe``: the reply's bytes, or an error. A frozen or
 unreachable broker therefore never blocks the loop: ``/healthz`` answers, and every call is answered (a reply,
@@ -15,10 +15,10 @@ import time
 from typing import Any
 
 from vmsched.bus import BusUnavailable
-from vmsched.bus.connection import BusOptions
+from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import BusClient, request_bytes, wait_reply
-from vmsched.bus.link import Link, Outcome
-from vmsched.bus.outgoing import Outgoing
+from vmsched.bus.rabbitmq.link import Link, Outcome
+from vmsched.bus.rabbitmq.outgoing import Outgoing
 from vmsched.bus.tokens import Unguessable
 from vmsched.bus.topology import AGENT_EXCHANGE, route
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -10,10 +9,11 @@ from typing import Any
 
 from kombu import Connection, Producer
 
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, ensure_exchanges, note_lost, open_connection, \
-    safe_release
+from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, ensure_exchanges, note_lost, open_connection, safe_release
+from vmsched.bus.options import BusOptions
+from vmsched.bus.interface import event_bytes
 from vmsched.bus.topology import EVENTS_EXCHANGE
-from vmsched.bus.urls import mask
+from vmsched.bus.options import mask
 
 log = logging.getLogger("vmsched.bus")
 
@@ -82,8 +82,3 @@ class EventPublisher:
         with self._lock:
             safe_release(self._conn)
             self._conn = self._producer = None
-
-
-def event_bytes(service: str, body: dict[str, Any]) -> bytes:
-    """An event as it goes on the bus: who sent it, when, and its body."""
-    return json.dumps({"service": service, "time": time.time(), **body}).encode()

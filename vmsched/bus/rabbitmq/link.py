@@ -2,7 +2,7 @@
 the gateway's event loop.
 
 The event loop hands each request to the :class:`Link` (a deque and a wake-up pipe) and gets its reply, or its
-error, back through ``loop.call_soon_threadsafe`` (:mod:`vmsched.bus.client`). The link's thread owns the kombu
+error, back through ``loop.call_soon_threadsafe`` (:mod:`vmsched.bus.rabbitmq.client`). The link's thread owns the kombu
 connection (kombu objects are not thread-safe): it publishes, awaits the publisher confirms, drains the replies,
 sends heartbeats and reconnects. Replies are matched to requests by correlation id.
 
@@ -38,13 +38,13 @@ from kombu.message import Message
 
 from vmsched import metrics
 from vmsched.bus import BusUnavailable
-from vmsched.bus.confirms import Confirms
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, drop, ensure_exchanges, note_lost, \
-    open_connection, safe_release
-from vmsched.bus.outgoing import Outgoing
-from vmsched.bus.sockets import buffered, nonblocking
+from vmsched.bus.rabbitmq.confirms import Confirms
+from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, drop, ensure_exchanges, note_lost, open_connection, safe_release
+from vmsched.bus.options import BusOptions
+from vmsched.bus.rabbitmq.outgoing import Outgoing
+from vmsched.bus.rabbitmq.sockets import buffered, nonblocking
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, REPLY_EXCHANGE, REPLY_VIA, reply_queue, request_queue
-from vmsched.bus.urls import mask
+from vmsched.bus.options import mask
 
 log = logging.getLogger("vmsched.bus")
 

@@ -11,9 +11,10 @@ from kombu import Consumer, Producer
 from kombu.message import Message
 
 from vmsched.bus import BusTimeout, BusUnavailable, reply_body
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, ensure_exchanges, open_connection, safe_release
+from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, ensure_exchanges, open_connection, safe_release
+from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import request_bytes
-from vmsched.bus.urls import mask
+from vmsched.bus.options import mask
 from vmsched.bus.topology import REPLY_EXCHANGE, REPLY_VIA, reply_queue as make_reply_queue, route
 
 

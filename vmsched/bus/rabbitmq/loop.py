@@ -1,7 +1,7 @@
 """A consumer thread's life on RabbitMQ: connect, serve, and on any failure reconnect with bounded backoff.
 
 One loop for every long-lived consumer: the services' request consumers
-(:mod:`vmsched.bus.worker`) and the subscriptions (:class:`BrokerSubscription`: host facts, snapshot
+(:mod:`vmsched.bus.rabbitmq.worker`) and the subscriptions (:class:`BrokerSubscription`: host facts, snapshot
 requests, the gateways' decision questions).
 """
 
@@ -16,10 +16,10 @@ from typing import Callable
 from kombu import Connection, Consumer, Producer, Queue
 from kombu.message import Message
 
-from vmsched.bus.connection import CONNECTION_ERRORS, BusOptions, backoff, ensure_exchanges, note_lost, \
-    open_connection, safe_release
+from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, ensure_exchanges, note_lost, open_connection, safe_release
+from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import OnMessage, Publish, Topic
-from vmsched.bus.urls import mask
+from vmsched.bus.options import mask
 
 log = logging.getLogger(__name__)
 

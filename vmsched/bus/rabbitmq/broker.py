@@ -1,8 +1,8 @@
 """The bus on RabbitMQ, through kombu's public API: every party with connections of its own.
 
-The service worker (:mod:`vmsched.bus.worker`), the gateway's asyncio client (:mod:`vmsched.bus.client`),
-blocking requests (:mod:`vmsched.bus.rpc`), event publishers (:mod:`vmsched.bus.events`) and subscriptions
-(:mod:`vmsched.bus.loop`), each opening its connections to the broker's nodes (:mod:`vmsched.bus.connection`).
+The service worker (:mod:`vmsched.bus.rabbitmq.worker`), the gateway's asyncio client (:mod:`vmsched.bus.rabbitmq.client`),
+blocking requests (:mod:`vmsched.bus.rabbitmq.rpc`), event publishers (:mod:`vmsched.bus.rabbitmq.events`) and subscriptions
+(:mod:`vmsched.bus.rabbitmq.loop`), each opening its connections to the broker's nodes (:mod:`vmsched.bus.rabbitmq.connection`).
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from vmsched.bus import rpc
-from vmsched.bus.client import AsyncBusClient
-from vmsched.bus.connection import BusOptions
-from vmsched.bus.events import EventPublisher
+from vmsched.bus.rabbitmq import rpc
+from vmsched.bus.rabbitmq.client import AsyncBusClient
+from vmsched.bus.options import BusOptions
+from vmsched.bus.rabbitmq.events import EventPublisher
 from vmsched.bus.interface import OnMessage, Publish, Topic, Transport
-from vmsched.bus.loop import BrokerSubscription
+from vmsched.bus.rabbitmq.loop import BrokerSubscription
 from vmsched.bus.replies import Handler
-from vmsched.bus.worker import ServiceWorker
+from vmsched.bus.rabbitmq.worker import ServiceWorker
 
 
 class BrokerTransport(Transport):

@@ -1,9 +1,9 @@
 """Poison requests on RabbitMQ: which delivery runs, which gets a second chance alone, which is refused.
 
 A request that was held by a process that died (its quorum queue's ``x-delivery-count``, or the in-flight
-journal of this process's dead predecessor, :mod:`vmsched.bus.journal`) is not run among others again: it
+journal of this process's dead predecessor, :mod:`vmsched.bus.rabbitmq.journal`) is not run among others again: it
 is put on its dead-letter queue for a second chance (by the service itself, acknowledged once confirmed:
-:mod:`vmsched.bus.acks`), which an innocent bystander of the death survives.
+:mod:`vmsched.bus.rabbitmq.acks`), which an innocent bystander of the death survives.
 
 The consumers of a dead-letter queue hold several second chances side by side (:data:`HELD_MAX`) and decide
 for them together (:class:`HeldSecondChances`): a second chance waits until another replica consumes the
@@ -32,7 +32,7 @@ from typing import Any, Callable
 from kombu import Producer
 from kombu.message import Message
 
-from vmsched.bus.journal import FIRST, SECOND, Journal
+from vmsched.bus.rabbitmq.journal import FIRST, SECOND, Journal
 from vmsched.bus.topology import DEAD_EXCHANGE, is_versioned
 
 log = logging.getLogger("vmsched.bus")
@@ -40,7 +40,7 @@ log = logging.getLogger("vmsched.bus")
 #: Header of a second chance put back by replicas whose predecessor died among several requests: who passed.
 PASSED_BY = "x-vmsched-passed-by"
 #: Header of a request a service put on its dead-letter queue itself, for its second chance (the broker's own
-#: dead-lettering from a quorum queue may drop it: vmsched.bus.acks): who sent it.
+#: dead-lettering from a quorum queue may drop it: vmsched.bus.rabbitmq.acks): who sent it.
 SENT_BY = "x-vmsched-second-chance"
 #: Header of a second chance given its turn: it runs as soon as a process receives it (the identity of the
 #: process that gave it). Coming back from a death, it was running: it is refused.
@@ -154,7 +154,7 @@ class PoisonTriage:
 
 def _again(name: str, message: Message, producer: Producer, headers: dict[str, Any]) -> None:
     """Publish ``message`` again on ``name``'s dead-letter queue with ``headers``; the caller acknowledges the
-    delivery once the copy is confirmed (vmsched.bus.acks: a death between the two leaves two copies, never
+    delivery once the copy is confirmed (vmsched.bus.rabbitmq.acks: a death between the two leaves two copies, never
     none). The copy is a new message: the broker's count of its returns starts again."""
     headers = {key: value for key, value in headers.items() if key != "x-delivery-count"}
     # the content type as received (kombu reads a missing one as application/data)

@@ -1,15 +1,11 @@
-"""Bus options, and opening kombu connections to RabbitMQ, and the errors that mean "the broker went away"."""
+"""Opening kombu connections to RabbitMQ, and the errors that mean "the broker went away"."""
 
 from __future__ import annotations
 
 import socket
-import ssl
 import threading
 import time
-from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Iterable
-from urllib.parse import urlsplit
 
 import amqp.connection
 import amqp.exceptions
@@ -17,8 +13,7 @@ from kombu import Connection, Exchange
 from kombu.transport import pyamqp
 
 from vmsched.bus import BusUnavailable
-from vmsched.bus.topology import DELIVERY_LIMIT
-from vmsched.bus.urls import mask, split
+from vmsched.bus.options import BusOptions, mask
 
 #: Exceptions that mean the connection is unusable and must be reopened.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -50,84 +45,6 @@ class _AmqpSSLTransport(pyamqp.SSLTransport):
 
 
 _TRANSPORTS = {"amqp": _AmqpTransport, "pyamqp": _AmqpTransport, "amqps": _AmqpSSLTransport}
-
-
-@dataclass(frozen=True)
-class BusOptions:
-    url: str = field(repr=False)  # may hold a password: shown only through `where`; `a;b;c`: a cluster's nodes
-    connect_timeout: float = 2.0
-    confirm_timeout: float = 2.0
-    heartbeat: int = 10
-    reconnect_max_delay: float = 5.0
-    confirms: bool = True  # publisher confirms (RabbitMQ); replies go without
-    ca: Path | None = None  # amqps: CA bundle that signed the broker's certificate (default: the system's)
-    cert: Path | None = None  # amqps: client certificate chain (optional)
-    key: Path | None = None  # amqps: its private key
-    delivery_limit: int = DELIVERY_LIMIT  # deliveries of a scheduling request at most (topology.request_queue)
-
-    def __post_init__(self) -> None:
-        schemes = {url.split("://", 1)[0] for url in self.urls}
-        if not schemes:
-            raise ValueError("no broker URL given")
-        if len(self.urls) > 1 and ("memory" in schemes or "amqps" in schemes and len(schemes) > 1):
-            raise ValueError(f"the broker URLs of a cluster must all be amqp:// or all amqps://: {self.where}")
-        tls_files = [f for f in (self.ca, self.cert, self.key) if f is not None]
-        if tls_files and not self.tls:
-            raise ValueError(f"--amqp-ca/--amqp-cert/--amqp-key need an amqps:// broker URL, not {self.where}")
-        if (self.cert is None) != (self.key is None):
-            raise ValueError("--amqp-cert and --amqp-key go together (the client certificate and its private key)")
-        for path in tls_files:
-            if not Path(path).is_file():
-                raise ValueError(f"broker TLS file {path} does not exist")
-
-    def without_confirms(self) -> "BusOptions":
-        return replace(self, confirms=False)
-
-    @property
-    def urls(self) -> tuple[str, ...]:
-        """The broker's nodes, in order of preference (one URL, or kombu's failover list ``a;b;c``)."""
-        return tuple(split(self.url))
-
-    @property
-    def embedded(self) -> bool:
-        """``memory://``: the in-process bus (vmsched.bus.inprocess), no broker."""
-        return self.url.startswith("memory://")
-
-    @property
-    def tls(self) -> bool:
-        return self.url.startswith("amqps://")
-
-    @property
-    def where(self) -> str:
-        """The URL without its password, for logs and messages."""
-        return mask(self.url)
-
-    def ssl_options(self, url: str | None = None) -> dict[str, object] | None:
-        """py-amqp TLS options for ``url`` (default: the first node): the broker's certificate verified, its host
-        name checked."""
-        if not self.tls:
-            return None
-        hostname = urlsplit(url or self.urls[0]).hostname
-        opts: dict[str, object] = {"cert_reqs": ssl.CERT_REQUIRED, "server_hostname": hostname,
-                                   "tls_minimum_version": ssl.TLSVersion.TLSv1_2}
-        if self.ca is not None:
-            opts["ca_certs"] = str(self.ca)
-        if self.cert is not None:
-            opts["certfile"], opts["keyfile"] = str(self.cert), str(self.key)
-        return opts
-
-    @classmethod
-    def from_settings(cls, settings: object) -> "BusOptions":
-        return cls(
-            url=settings.amqp_url,  # type: ignore[attr-defined]
-            connect_timeout=settings.connect_timeout,  # type: ignore[attr-defined]
-            confirm_timeout=settings.confirm_timeout,  # type: ignore[attr-defined]
-            reconnect_max_delay=settings.reconnect_max_delay,  # type: ignore[attr-defined]
-            ca=getattr(settings, "amqp_ca", None),
-            cert=getattr(settings, "amqp_cert", None),
-            key=getattr(settings, "amqp_key", None),
-            delivery_limit=getattr(settings, "delivery_limit", DELIVERY_LIMIT),
-        )
 
 
 def open_connection(options: BusOptions, blocking_confirms: bool = False) -> Connection:

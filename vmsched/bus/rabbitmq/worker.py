@@ -11,7 +11,7 @@ request (with one channel per thread, a returned request could first be handed t
 of the same dead process and be counted twice).
 
 Poison requests (a request that was held by a process that died) are triaged by
-:mod:`vmsched.bus.poison`: run, held for a second chance (decided for together, run one at a time,
+:mod:`vmsched.bus.rabbitmq.poison`: run, held for a second chance (decided for together, run one at a time,
 alone), passed on, or refused with an error.
 """
 
@@ -32,14 +32,15 @@ from kombu.message import Message
 
 from vmsched import metrics
 from vmsched.bus import BusUnavailable
-from vmsched.bus.acks import AcksAfterConfirm
-from vmsched.bus.connection import BusOptions, ensure_exchanges
-from vmsched.bus.journal import Journal
-from vmsched.bus.loop import run_reconnecting
-from vmsched.bus.poison import HELD_MAX, HOLD_CHECK, Decision, HeldSecondChances, PoisonTriage, Triage, Turns, \
+from vmsched.bus.rabbitmq.acks import AcksAfterConfirm
+from vmsched.bus.rabbitmq.connection import ensure_exchanges
+from vmsched.bus.options import BusOptions
+from vmsched.bus.rabbitmq.journal import Journal
+from vmsched.bus.rabbitmq.loop import run_reconnecting
+from vmsched.bus.rabbitmq.poison import HELD_MAX, HOLD_CHECK, Decision, HeldSecondChances, PoisonTriage, Triage, Turns, \
     Verdict, correlation_id
 from vmsched.bus.replies import Handler, Replier
-from vmsched.bus.sockets import buffered, nonblocking
+from vmsched.bus.rabbitmq.sockets import buffered, nonblocking
 from vmsched.bus.topology import DEAD_EXCHANGE, REPLY_EXCHANGE, REPLY_VIA, dead_letter_queue, is_versioned, \
     request_queue, route
 
@@ -240,7 +241,7 @@ class ServiceWorker:
             self.triage.to_second_chance(name, message, producer)
             self._acks.published(message)
         elif verdict is Verdict.HOLD:
-            self._held.hold(name, message)  # its turn comes once another replica is up (vmsched.bus.poison)
+            self._held.hold(name, message)  # its turn comes once another replica is up (vmsched.bus.rabbitmq.poison)
             self._poke()
         elif verdict is Verdict.SECOND_CHANCE:
             if self._turns.arrived(message):
@@ -257,7 +258,7 @@ class ServiceWorker:
 
     def _release_held(self, channel: object, producer: Producer) -> None:
         """Give a held second chance whose wait is over its turn; answer those that cannot run in time
-        (vmsched.bus.poison)."""
+        (vmsched.bus.rabbitmq.poison)."""
         for name, message, decision in self._held.due(channel, lambda name: self._others_consume(channel, name),
                                                       self._turns.free):
             if decision is Decision.TURN:
