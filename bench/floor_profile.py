@@ -60,7 +60,7 @@ def _line_of(path: str, text: str) -> int:
 
 #: the plugin worker's blocking read of the next request, and the pool's poll of its workers' pipes
 _WORKER_READ = _line_of("vmsched/runtime/protocol.py", "header = self._reader.read(HEADER.size)")
-_POOL_POLL = _line_of("vmsched/runtime/batch.py", "self._poller.poll(timeout)")
+_POOL_POLL = _line_of("vmsched/runtime/pool/batch.py", "self._poller.poll(timeout)")
 #: a service worker's bus thread waiting for the socket or a finished reply, its handler threads for a request
 _BUS_SELECT = _line_of("vmsched/bus/rabbitmq/worker.py", "select.select([sock, self._wake[0]]")
 _BUS_WORK = _line_of("vmsched/bus/rabbitmq/worker.py", "item = self._work.get()")

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gateway import HOSTS, PLUGINS  # noqa: E402
 
-from vmsched.runtime.pool import PluginPool  # noqa: E402
+from vmsched.runtime.pool.pool import PluginPool  # noqa: E402
 from vmsched.runtime.types import Call, Confinement  # noqa: E402
 from vmsched.service import UnitRun  # noqa: E402
 from vmsched.services.scoring.service import _filter_outcome, _score_outcome  # noqa: E402

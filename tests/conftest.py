@@ -16,7 +16,7 @@ from tests.support.stack import BUSES, TEST_ENV, TEST_TOKEN, Stack, start_all_in
 
 if os.geteuid() == 0:  # as root, workers switch to `nobody`, who cannot read a Python under /root
     # (a pyenv install, say), so services started by tests run plugins as root without capabilities instead;
-    # tests/runtime/test_sandbox.py covers the switch itself with a Python `nobody` can read.
+    # tests/runtime/worker/test_sandbox.py covers the switch itself with a Python `nobody` can read.
     os.environ.setdefault("VMSCHED_ALLOW_ROOT_PLUGINS", "true")
 
 

@@ -45,7 +45,7 @@ from vmsched.bus.rabbitmq.journal import FIRST, SECOND, Journal
 from vmsched.bus.rabbitmq.acks import AcksAfterConfirm
 from vmsched.bus.rabbitmq.poison import HOLD_SECONDS, LAST_CALL, PASSED_BY, SENT_BY, TURN, TURN_WAIT, Decision, HeldSecondChances, \
     PoisonTriage, Triage, Turns, Verdict
-from vmsched.runtime.process import descendants
+from vmsched.runtime.pool.process import descendants
 from vmsched.bus.topology import DELIVERY_LIMIT, EXCHANGES, REPLY_VIA, REQUEST_QUEUES, REQUESTS_EXCHANGE, dead_letter_queue, \
     legacy_name, request_queue
 from vmsched.messages import Envelope, FilterReply, Op, request_units

@@ -96,7 +96,7 @@ def test_run_one_unit_with_facts_from_yaml_or_json(tmp_path: Path):
 
 
 def test_run_gives_a_unit_the_numbers_a_service_gives_it(tmp_path: Path):
-    """Lists of floats reach a unit exactly, as in production (tests/runtime/test_facts_wire.py): no rounding."""
+    """Lists of floats reach a unit exactly, as in production (tests/facts/test_wire.py): no rounding."""
     folder = tmp_path / "plugins"
     folder.mkdir()
     (folder / "busy.py").write_text(textwrap.dedent('''

@@ -47,7 +47,7 @@ def test_the_checks_see_what_they_are_for(tmp_path: Path) -> None:
     folder.mkdir()
     (folder / "probe.py").write_text(
         "import argparse\nimport json\nfrom json import _default_decoder\nimport xmlrpc.client\n"
-        "from vmsched.runtime.batch import Job\n\n\n"
+        "from vmsched.runtime.pool.batch import Job\n\n\n"
         "class Loud(argparse.HelpFormatter):\n"
         "    def _fill_text(self, text, width, indent):\n        return self._indent_increment and text\n\n\n"
         "class Own(Job):\n    def _private_of_our_own(self):\n        return 1\n\n\n"

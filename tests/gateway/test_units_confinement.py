@@ -6,7 +6,7 @@ import httpx
 
 from tests.support.stack import Stack
 from vmsched.messages import DiscoverReply
-from vmsched.runtime.sandbox import FEATURES
+from vmsched.runtime.worker.sandbox import FEATURES
 
 
 def _gauge(stack: Stack, pool: str) -> dict[str, float]:

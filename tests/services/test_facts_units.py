@@ -117,7 +117,7 @@ def test_a_thread_in_a_copy_of_the_units_context_reads_the_calls_facts() -> None
 
 
 def test_plugin_worker_imports_only_the_standard_library() -> None:
-    code = ("import sys; before = set(sys.modules); import vmsched.runtime.worker, vmsched.plugin.facts; "
+    code = ("import sys; before = set(sys.modules); import vmsched.runtime.worker.main, vmsched.plugin.facts; "
             "print('\\n'.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))")
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True).stdout.split()
     third_party = set(out) - set(sys.stdlib_module_names) - {"vmsched", "__main__"}

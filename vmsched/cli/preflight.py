@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from vmsched.config import Settings
-from vmsched.runtime.sandbox import unreadable_by
+from vmsched.runtime.worker.sandbox import unreadable_by
 from vmsched.service import default_plugin_user
 
 

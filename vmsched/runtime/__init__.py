@@ -1,7 +1,7 @@
 """The plugin runtime: worker processes, the pool that drives them, the catalog.
 
 The names below are imported lazily (PEP 562): the worker process starts as
-``python -m vmsched.runtime.worker``, which imports this package first, and it
+``python -m vmsched.runtime.worker.main``, which imports this package first, and it
 must not pull pydantic and prometheus_client into the plugins' interpreter.
 """
 
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vmsched.runtime.catalog import Catalog as Catalog
-    from vmsched.runtime.pool import PluginPool as PluginPool
-    from vmsched.runtime.pool import PoolUnavailable as PoolUnavailable
+    from vmsched.runtime.pool.pool import PluginPool as PluginPool
+    from vmsched.runtime.pool.pool import PoolUnavailable as PoolUnavailable
     from vmsched.runtime.types import Analysis as Analysis
     from vmsched.runtime.types import AnalyzedUnit as AnalyzedUnit
     from vmsched.runtime.types import Call as Call
@@ -37,8 +37,8 @@ __all__ = [
 
 _EXPORTS = {
     "Catalog": "vmsched.runtime.catalog",
-    "PluginPool": "vmsched.runtime.pool",
-    "PoolUnavailable": "vmsched.runtime.pool",
+    "PluginPool": "vmsched.runtime.pool.pool",
+    "PoolUnavailable": "vmsched.runtime.pool.pool",
     "Analysis": "vmsched.runtime.types",
     "AnalyzedUnit": "vmsched.runtime.types",
     "Call": "vmsched.runtime.types",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from vmsched.messages import Kind, PluginLoadError, UnitInfo
 from vmsched.metrics import PLUGIN_LOAD_ERRORS, PLUGIN_UNITS, init_units
-from vmsched.runtime.pool import PluginPool, PoolUnavailable
+from vmsched.runtime.pool.pool import PluginPool, PoolUnavailable
 from vmsched.runtime.types import Analysis
 from vmsched.runtime.validation import translate_validation
 

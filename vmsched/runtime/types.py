@@ -20,7 +20,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Confinement:
-    """How plugin workers are sandboxed (see vmsched.runtime.sandbox and docs/plugins.md)."""
+    """How plugin workers are sandboxed (see vmsched.runtime.worker.sandbox and docs/plugins.md)."""
 
     user: str = "nobody"  # the plugin user when the service runs as root
     allow_root: bool = False  # run plugins as root (without capabilities) if the switch is impossible

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from vmsched.runtime.contract import TUNE_CLASS, TUNE_METHOD
-from vmsched.runtime.pool import PluginPool
+from vmsched.runtime.pool.pool import PluginPool
 from vmsched.runtime.types import Call, Confinement, Limits
 
 from ..policy.errors import PolicyError

@@ -1,8 +1,8 @@
 """How the units of one request are laid out on plugin workers, and what each one answered.
 
-The calls of a request become :class:`~vmsched.runtime.bundle.Unit` s (their call message encoded
+The calls of a request become :class:`~vmsched.runtime.pool.bundle.Unit` s (their call message encoded
 once: the units of a request share their arguments, encoded once too), grouped into
-:class:`~vmsched.runtime.bundle.Bundle` s, one per worker: cheap units travel together (one frame each
+:class:`~vmsched.runtime.pool.bundle.Bundle` s, one per worker: cheap units travel together (one frame each
 way, one wake-up of each side), a slow unit alone, so that slow units still run in parallel. What is
 cheap is learnt: the mean run time of each unit, as its worker measured it.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vmsched.runtime.bundle import Bundle, Unit
+from vmsched.runtime.pool.bundle import Bundle, Unit
 from vmsched.runtime.contract import KIND
 from vmsched.facts.wire import CallFacts
 from vmsched.runtime.protocol import ENCODER

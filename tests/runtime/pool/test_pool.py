@@ -18,7 +18,7 @@ from vmsched.runtime import Call, CallResult, Limits, PluginPool
 from vmsched.runtime.types import Confinement
 
 HOSTS = ["h1", "h2", "h3"]
-#: These tests are about the pool, not the switch to the plugin user (tests/runtime/test_sandbox.py):
+#: These tests are about the pool, not the switch to the plugin user (tests/runtime/worker/test_sandbox.py):
 #: as root they keep root (without capabilities, under Landlock and seccomp).
 AS_ROOT = Confinement(allow_root=True)
 

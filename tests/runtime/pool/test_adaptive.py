@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.test_pool import call, make_pool, wait_until, write_plugin  # noqa: F401 (fixture)
+from tests.runtime.pool.test_pool import call, make_pool, wait_until, write_plugin  # noqa: F401 (fixture)
 
 from vmsched.metrics import REGISTRY
 from vmsched.runtime import PluginPool

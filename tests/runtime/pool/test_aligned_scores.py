@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from tests.runtime.test_pool import make_pool, write_plugin  # noqa: F401 (fixture)
+from tests.runtime.pool.test_pool import make_pool, write_plugin  # noqa: F401 (fixture)
 
 from vmsched.bus.replies import _ok
 from vmsched.messages import ALIGNED_SCORES, Envelope, Kind, ScoreRequest
 from vmsched.runtime import PluginPool
-from vmsched.runtime.bundle import Unit
+from vmsched.runtime.pool.bundle import Unit
 from vmsched.runtime.contract import BadResult, aligned_scores, checked_aligned
-from vmsched.runtime.planning import Planner
+from vmsched.runtime.pool.planning import Planner
 from vmsched.runtime.types import Call, CallResult
-from vmsched.runtime.worker import Runner
+from vmsched.runtime.worker.main import Runner
 from vmsched.service import UnitRun
 from vmsched.services.scoring.service import ScoringService
 

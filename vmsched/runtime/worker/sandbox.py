@@ -11,7 +11,7 @@ starts any other thread, in this order:
 4. Landlock: read-only plugins folder and Python installation, one private
    writable temporary directory, TCP off unless the network is on, signals
    and abstract sockets scoped to the worker's own processes;
-5. seccomp (see :mod:`vmsched.runtime.seccomp`).
+5. seccomp (see :mod:`vmsched.runtime.worker.seccomp`).
 
 Each step that cannot apply is reported, with the reason, in the returned
 report; the pool logs it and shows it in ``/v1/units`` and a metric.
@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vmsched.runtime import landlock, seccomp
+from vmsched.runtime.worker import landlock, seccomp
 
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 4, 36, 24, 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from vmsched.runtime.process import Worker, WorkerGone, death_message
+from vmsched.runtime.pool.process import Worker, WorkerGone, death_message
 from vmsched.runtime.types import Limits
 
 _INF = math.inf

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vmsched.runtime.process import Worker, WorkerGone
+from vmsched.runtime.pool.process import Worker, WorkerGone
 from vmsched.runtime.progress import Progress
 from vmsched.runtime.types import Confinement, Limits
 
@@ -55,7 +55,7 @@ def command(plugins_dir: Path, limits: Limits, confinement: Confinement) -> list
         sys.executable,
         "-P",  # keep the plugins folder (cwd) from shadowing the worker's own imports
         "-m",
-        "vmsched.runtime.worker",
+        "vmsched.runtime.worker.main",
         "--plugins-dir",
         str(plugins_dir),
         "--memory-mb",

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.support.paths import ROOT
-from vmsched.runtime import landlock
+from vmsched.runtime.worker import landlock
 
 HOSTILE = ROOT / "tests" / "plugins_hostile"
 HOST = ROOT / "tests" / "support" / "sandbox_host.py"

@@ -12,7 +12,7 @@ import sys
 from types import ModuleType
 
 from vmsched.runtime.contract import KINDS
-from vmsched.runtime.worker_errors import PluginError
+from vmsched.runtime.worker.errors import PluginError
 
 
 class Modules:

@@ -1,7 +1,7 @@
 """The units of one request that go to one plugin worker, as one frame each way.
 
-A :class:`Bundle` is a :class:`~vmsched.runtime.batch.Job` whose frame carries several unit calls
-(``{"op": "batch", "calls": [...]}``, :mod:`vmsched.runtime.worker`): one pipe write, one wake-up of the
+A :class:`Bundle` is a :class:`~vmsched.runtime.pool.batch.Job` whose frame carries several unit calls
+(``{"op": "batch", "calls": [...]}``, :mod:`vmsched.runtime.worker.main`): one pipe write, one wake-up of the
 worker, one reply frame and one wake-up of the caller, instead of one of each per unit. Every unit keeps
 its own outcome (:class:`Unit`): value or error, stderr, time budget, run time.
 
@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from vmsched.runtime.batch import Job, seconds_text
-from vmsched.runtime.process import Worker
+from vmsched.runtime.pool.batch import Job, seconds_text
+from vmsched.runtime.pool.process import Worker
 from vmsched.runtime.protocol import HEADER
 
 _INF = math.inf

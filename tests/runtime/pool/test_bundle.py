@@ -1,4 +1,4 @@
-"""The units of one request on one worker, one frame each way (vmsched.runtime.bundle), with real workers."""
+"""The units of one request on one worker, one frame each way (vmsched.runtime.pool.bundle), with real workers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.runtime.test_pool import HOSTS, call, make_pool, restarts, write_plugin  # noqa: F401 (fixture)
+from tests.runtime.pool.test_pool import HOSTS, call, make_pool, restarts, write_plugin  # noqa: F401 (fixture)
 
 from vmsched.runtime import PluginPool
 
@@ -101,7 +101,7 @@ def test_request_deadline_fails_the_units_not_run(plugins: Path, make_pool: Call
 
 
 def test_units_of_a_bundle_all_see_the_host_facts(plugins: Path, make_pool: Callable[..., PluginPool]) -> None:
-    from tests.runtime.test_facts_wire import PROBE, expected, fill
+    from tests.facts.test_wire import PROBE, expected, fill
     from vmsched.facts.cache import FactsCache
     from vmsched.runtime import Call
 
@@ -141,7 +141,7 @@ def test_answers_decode_as_the_standard_library_wrote_them(plugins: Path, make_p
 
 
 def test_units_with_and_without_facts_share_a_frame(plugins: Path, make_pool: Callable[..., PluginPool]) -> None:
-    from tests.runtime.test_facts_wire import PROBE, expected, fill
+    from tests.facts.test_wire import PROBE, expected, fill
     from vmsched.facts.cache import FactsCache
     from vmsched.runtime import Call
 

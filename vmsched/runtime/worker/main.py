@@ -1,7 +1,7 @@
 """The plugin worker process: runs administrators' plugin code for a PluginPool.
 
-Started by :class:`vmsched.runtime.pool.PluginPool` as
-``python -P -m vmsched.runtime.worker --plugins-dir DIR ...`` and then reused
+Started by :class:`vmsched.runtime.pool.pool.PluginPool` as
+``python -P -m vmsched.runtime.worker.main --plugins-dir DIR ...`` and then reused
 for many calls. It talks to its pool over its stdin/stdout pipes with
 length-prefixed JSON frames (4-byte big-endian size, then UTF-8 JSON; never
 pickle: this process runs untrusted code). Before any plugin runs, the
@@ -44,13 +44,14 @@ import time
 import traceback
 from typing import Any
 
-from vmsched.runtime import children, sandbox, worker_errors
-from vmsched.runtime.capture import Capture, OutputLimitExceeded, Redirect
+from vmsched.runtime.worker import children, sandbox
+from vmsched.runtime.worker import errors as worker_errors
+from vmsched.runtime.worker.capture import Capture, OutputLimitExceeded, Redirect
 from vmsched.runtime.contract import KIND, aligned_scores
 from vmsched.runtime.progress import Progress
 from vmsched.runtime.protocol import Channel, encode_frame, encode_json, reply_frame
-from vmsched.runtime.worker_errors import PluginError, describe_exception, parse_output
-from vmsched.runtime.worker_modules import Modules, list_units, reads_facts
+from vmsched.runtime.worker.errors import PluginError, describe_exception, parse_output
+from vmsched.runtime.worker.modules import Modules, list_units, reads_facts
 from vmsched.plugin import facts
 from vmsched.facts.held import HeldFacts
 
@@ -304,13 +305,13 @@ def _confine(options: argparse.Namespace, plugins_dir: str, channel: Channel) ->
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="vmsched.runtime.worker")
+    parser = argparse.ArgumentParser(prog="vmsched.runtime.worker.main")
     parser.add_argument("--plugins-dir", required=True)
     parser.add_argument("--memory-mb", type=int, default=1024)
     parser.add_argument("--cpu-seconds", type=int, default=30)
     parser.add_argument("--max-output", type=int, default=1 << 20)
     parser.add_argument("--progress-fd", type=int, default=-1, help="the pool's progress page (a memfd)")
-    parser.add_argument("--sandbox", default="{}", help="sandbox options as JSON (vmsched.runtime.sandbox.Options)")
+    parser.add_argument("--sandbox", default="{}", help="sandbox options as JSON (vmsched.runtime.worker.sandbox.Options)")
     return parser.parse_args(argv)
 
 

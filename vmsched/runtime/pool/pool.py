@@ -10,9 +10,9 @@ Its size adapts between ``min_size`` and ``max_size``: a caller that waits
 for a worker (a few ms) starts one more in the background; a worker above the
 minimum that stays idle for ``idle_seconds`` is stopped (``size=N``: a fixed
 pool of N). How a request's units are laid out on workers is
-:mod:`vmsched.runtime.planning`; a worker process, as seen from here, is
-:mod:`vmsched.runtime.process`, started by :mod:`vmsched.runtime.spawn`; a batch
-of requests is run by :mod:`vmsched.runtime.batch`.
+:mod:`vmsched.runtime.pool.planning`; a worker process, as seen from here, is
+:mod:`vmsched.runtime.pool.process`, started by :mod:`vmsched.runtime.pool.spawn`; a batch
+of requests is run by :mod:`vmsched.runtime.pool.batch`.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from vmsched.metrics import PLUGIN_CONFINEMENT, PLUGIN_WORKER_RESTARTS, PLUGIN_WORKERS
-from vmsched.runtime import spawn
-from vmsched.runtime.batch import Batch, Job, PoolClosed, Waiter
-from vmsched.runtime.drain import OutputDrain
+from vmsched.runtime.pool import spawn
+from vmsched.runtime.pool.batch import Batch, Job, PoolClosed, Waiter
+from vmsched.runtime.pool.drain import OutputDrain
 from vmsched.facts.wire import FactsWire
-from vmsched.runtime.planning import BUNDLE_SECONDS, Planner
-from vmsched.runtime.process import Worker
+from vmsched.runtime.pool.planning import BUNDLE_SECONDS, Planner
+from vmsched.runtime.pool.process import Worker
 from vmsched.runtime.protocol import encode_frame
-from vmsched.runtime.sandbox import FEATURES, make_non_dumpable
+from vmsched.runtime.worker.sandbox import FEATURES, make_non_dumpable
 from vmsched.runtime.types import Analysis, AnalyzedUnit, Call, CallResult, Confinement, Limits
 
 log = logging.getLogger("vmsched.plugins")
@@ -232,7 +232,7 @@ class PluginPool:
         if not self._started:
             raise RuntimeError(f"plugin pool {self.name} is not started")
 
-    # -- the WorkerLender protocol (vmsched.runtime.batch): lending workers to a Batch
+    # -- the WorkerLender protocol (vmsched.runtime.pool.batch): lending workers to a Batch
     def checkout(self, waiter: Waiter, wanted: int) -> Worker | None:
         """An idle worker, or None after registering ``waiter`` for ``wanted`` of them."""
         with self._lock:
