@@ -38,7 +38,7 @@ import sys, threading, time, signal
 from vmsched.bus.options import BusOptions
 from vmsched.bus.rabbitmq.worker import ServiceWorker
 from vmsched.bus.topology import REQUEST_QUEUES
-from vmsched.messages import FilterOutcome, FilterReply, FilterRequest, Op, ScoreOutcome, ScoreReply, ScoreRequest
+from vmsched.messages import FilterOutcome, FilterReply, FilterRequest, Op, ScoreOutcomeOnBus, ScoreReply, ScoreRequest
 
 def filt(env):
     req = FilterRequest.model_validate(env.body)
@@ -46,13 +46,9 @@ def filt(env):
 
 def score(env):
     req = ScoreRequest.model_validate(env.body)
-    if "aligned_scores" in getattr(env, "accepts", ()):  # what the scoring service sends such a sender
-        from vmsched.messages import ScoreOutcomeOnBus, ScoreReplyOnBus
-        return ScoreReplyOnBus(outcomes=[ScoreOutcomeOnBus(unit=u.name, ok=True, duration=0.001, factor=u.factor,
-                                                           values=[float(i % 7) for i in range(len(req.hosts))])
-                                         for u in req.units])
-    return ScoreReply(outcomes=[ScoreOutcome(unit=u.name, ok=True, duration=0.001, factor=u.factor,
-                                             scores=[(h, float(i % 7)) for i, h in enumerate(req.hosts)]) for u in req.units])
+    return ScoreReply(outcomes=[ScoreOutcomeOnBus(unit=u.name, ok=True, duration=0.001, factor=u.factor,
+                                                  values=[float(i % 7) for i in range(len(req.hosts))])
+                                for u in req.units])
 
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -85,15 +81,11 @@ async def drive(url: str, op: str, clients: int, seconds: float, service_pid: in
         queue, model = REQUEST_QUEUES[Op.SCORE], ScoreReply
         req = ScoreRequest.model_validate({"units": [{"name": u, "factor": 2} for u in UNITS], "hosts": HOSTS})
     from vmsched.gateway.engine.operations import SCORE
-    accepts = getattr(SCORE, "accepts", ()) if op == "score" else ()  # as the gateway asks (aligned scores)
-    if accepts:
-        model = SCORE.reply
 
     async def one() -> None:
-        if accepts:
-            reply = SCORE.complete(req, await bus.call(queue, op, req.model_dump(), 5.0, model, accepts))
-        else:
-            reply = await bus.call(queue, op, req.model_dump(), 5.0, model)
+        reply = await bus.call(queue, op, req.model_dump(), 5.0, model)
+        if op == "score":
+            reply = SCORE.complete(req, reply)
         assert len(reply.outcomes) == 3 and reply.outcomes[0].ok and len(reply.outcomes[0].scores) == 100, reply
 
     for _ in range(200):  # warm-up

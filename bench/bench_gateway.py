@@ -6,11 +6,9 @@ Workload: runFilters with 3 filters and runCostFunctions with 3 scores on 100
 hosts. Without ``--floor``: sequential p50/p99 latency and throughput with N
 concurrent clients, one deployment after the other:
 
-    .venv/bin/python bench/bench_gateway.py [--modes embedded,rabbitmq,rabbitmq-classic] [--calls 2000]
+    .venv/bin/python bench/bench_gateway.py [--modes embedded,rabbitmq] [--calls 2000]
 
-``rabbitmq`` uses the request queues of this release (quorum queues with a delivery limit);
-``rabbitmq-classic`` makes the gateway publish to the unversioned classic queues of older
-releases, which the services still consume (docs/upgrading.md): the cost of the delivery limit.
+``rabbitmq`` uses vmsched's request queues (quorum queues with a delivery limit).
 
 ``--floor`` measures, in one run and interleaved rounds, the two floors of ``../shared/perf-floor``
 (``floor``: a classic request queue; ``floor-quorum``: ``PROTO_QUEUE_TYPE=quorum``, a broker doing
@@ -191,19 +189,11 @@ def wait_ready(port: int, timeout: float = 60) -> None:
     raise RuntimeError("gateway not ready")
 
 
-#: A gateway that publishes to the classic (unversioned) request queues, as a gateway of the previous release.
-CLASSIC_GATEWAY = ("import sys; from vmsched.bus import topology as t; "
-                   "t.REQUEST_QUEUES.update({op: t.legacy_name(q) for op, q in t.REQUEST_QUEUES.items()}); "
-                   "from vmsched.cli import main; sys.argv[0] = 'vmsched'; sys.exit(main())")
-
-
-def start(args: list[str], log: Path, amqp: str | None = None, classic: bool = False,
-          tree: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start(args: list[str], log: Path, amqp: str | None = None, tree: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """One vmsched process; ``tree``: a ``bench/snapshot.sh`` copy (DIR/src) whose code it runs."""
     env = {**os.environ, **(env or {}), **({"VMSCHED_AMQP_URL": amqp} if amqp else {}),  # the password never in argv
            **({"PYTHONPATH": str(tree)} if tree is not None else {})}
-    entry = ["-c", CLASSIC_GATEWAY] if classic else ["-m", "vmsched.cli"]
-    return subprocess.Popen([sys.executable, *entry, *args], cwd=tree or ROOT, stdout=log.open("ab"),
+    return subprocess.Popen([sys.executable, "-m", "vmsched.cli", *args], cwd=tree or ROOT, stdout=log.open("ab"),
                             stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
@@ -215,7 +205,7 @@ def launch(mode: str, plugins: Path, tmp: Path, port: int, amqp: str, tree: Path
                       tmp / f"run{tag}.log", tree=tree, env=env)]
     return [
         start(["gateway", "--port", str(port), "--metrics-port", "0", "--log-level", "WARNING"],
-              tmp / f"gateway{tag}.log", amqp, classic=mode == "rabbitmq-classic", tree=tree, env=env),
+              tmp / f"gateway{tag}.log", amqp, tree=tree, env=env),
         *(start([service, *common], tmp / f"{service}{tag}.log", amqp, tree=tree, env=env)
           for service in ("scoring", "discovery", "balancer")),
     ]

@@ -25,7 +25,7 @@ from vmsched.bus.replies import _ok
 from vmsched.gateway.engine import calls as engine
 from vmsched.gateway.engine.operations import SCORE
 from vmsched.gateway.engine.scheduler import Scheduler
-from vmsched.messages import FilterOutcome, FilterReply, ScoreOutcome, ScoreReply
+from vmsched.messages import FilterOutcome, FilterReply, ScoreOutcomeOnBus, ScoreReply
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gateway import FILTER_BODY, HOSTS, PLUGINS, SCORE_BODY, VM  # noqa: E402
@@ -45,14 +45,9 @@ def canned(op: str) -> tuple[bytes, bytes]:
         kept = [h for h in HOSTS if h != HOSTS[3]]
         return FILTER_BODY, _ok(FilterReply(outcomes=[FilterOutcome(unit=u, ok=True, duration=0.001, hosts=kept)
                                                       for u in ("BenchCpuFilter", "BenchMemFilter", "BenchLabelFilter")]))
-    if getattr(SCORE, "accepts", ()):
-        from vmsched.messages import ScoreOutcomeOnBus, ScoreReplyOnBus
-        return SCORE_BODY, _ok(ScoreReplyOnBus(outcomes=[
-            ScoreOutcomeOnBus(unit=u, ok=True, duration=0.001, factor=f, values=values)
-            for (u, f), values in zip(SCORE_UNITS, _bench_values())]))
     return SCORE_BODY, _ok(ScoreReply(outcomes=[
-        ScoreOutcome(unit=u, ok=True, duration=0.001, factor=f, scores=[(h, float(i % 7)) for i, h in enumerate(HOSTS)])
-        for u, f in SCORE_UNITS]))
+        ScoreOutcomeOnBus(unit=u, ok=True, duration=0.001, factor=f, values=values)
+        for (u, f), values in zip(SCORE_UNITS, _bench_values())]))
 
 
 class Canned(BusClient):
@@ -75,7 +70,7 @@ class Canned(BusClient):
     def last_error(self) -> str:
         return ""
 
-    async def roundtrip(self, queue: str, op: str, body: dict, timeout: float, accepts: tuple[str, ...] = ()) -> bytes:
+    async def roundtrip(self, queue: str, op: str, body: dict, timeout: float) -> bytes:
         return self.reply
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from vmsched.gateway.decisions.log import DecisionLog  # noqa: E402
 from vmsched.gateway.engine.operations import paired_scores  # noqa: E402
 from vmsched.gateway.engine.render import filter_decision, score_decision  # noqa: E402
-from vmsched.messages import FilterReply, FilterRequest, ScoreReplyOnBus, ScoreRequest  # noqa: E402
+from vmsched.messages import FilterReply, FilterRequest, ScoreReply, ScoreRequest  # noqa: E402
 
 HOSTS = [f"{i:08x}-0000-4000-8000-{i:012x}" for i in range(100)]
 REQUEST = {"units": ["A", "B", "C"], "hosts": HOSTS, "vm": "11111111-2222-3333-4444-555555555555", "args": {}}
@@ -58,7 +58,7 @@ def _filter() -> tuple[Any, Any, Any]:
 
 def _score() -> tuple[Any, Any, Any]:
     req = ScoreRequest.model_validate(SCORE_REQUEST)
-    outcomes = paired_scores(req, ScoreReplyOnBus.model_validate(SCORE_REPLY)).outcomes
+    outcomes = paired_scores(req, ScoreReply.model_validate(SCORE_REPLY)).outcomes
     return req, score_decision(req.hosts, outcomes), outcomes
 
 

@@ -7,11 +7,9 @@ process and its plugin workers, reaped ones included), of the whole broker (``be
 generator (this process). On two cores shared by all of them, the total is what bounds the rate.
 
 - ``floor``: the prototype of ``../shared/perf-floor`` (``$VMSCHED_FLOOR_DIR``), as ``bench_gateway.py --floor``;
-- ``rabbitmq``: vmsched's gateway, scoring, discovery and balancer, shipped defaults (quorum request queues);
-- ``classic``: the same, but the gateway publishes to the classic (unversioned) request queues of the previous
-  release, which the services still consume (docs/upgrading.md): what the quorum queue costs.
+- ``rabbitmq``: vmsched's gateway, scoring, discovery and balancer, shipped defaults (quorum request queues).
 
-    VMSCHED_ALLOW_ROOT_PLUGINS=true .venv/bin/python bench/floor_cpu.py [--installs floor,rabbitmq,classic]
+    VMSCHED_ALLOW_ROOT_PLUGINS=true .venv/bin/python bench/floor_cpu.py [--installs floor,rabbitmq]
         [--rounds 4] [--seconds 5] [--amqp URL]
 """
 
@@ -62,13 +60,13 @@ def _broker() -> int:
 def _start(kind: str, port: int, url: str, tmp: Path) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     if kind == "floor":
         return floor.start_floor(port, url, tmp), ["worker", "gateway"]
-    procs = launch("rabbitmq-classic" if kind == "classic" else "rabbitmq", tmp / "plugins", tmp, port, url)
+    procs = launch("rabbitmq", tmp / "plugins", tmp, port, url)
     return procs, ["gateway", "scoring", "discovery", "balancer"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--installs", default="floor,rabbitmq,classic")
+    ap.add_argument("--installs", default="floor,rabbitmq")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/")

@@ -5,8 +5,7 @@ the agent's surfaces (local socket, bus queue ``vmsched.agent.<host>``), its
 CLI and the gateway's ``/v1/hosts`` API. Requests travel in an
 :class:`~vmsched.messages.Envelope` (``op`` is an :class:`AgentOp` value),
 replies in a :class:`~vmsched.messages.ReplyEnvelope` whose ``code`` is an
-:class:`~vmsched.messages.ErrorCode`. Reply models allow extra fields: an
-agent may add to a reply without breaking older readers.
+:class:`~vmsched.messages.ErrorCode`.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from vmsched.messages import CONTRACT_VERSION, ErrorCode, OLDEST_VERSION
+from vmsched.messages import CONTRACT_VERSION, ErrorCode
 
 MAX_NAME = 256
 
@@ -219,7 +218,6 @@ class Reconciled(Reply):
 class StartVerdict(Reply):
     allowed: bool
     message: str
-    reason: str = Field(description="same as message (older hooks read it)")
     missing: list[str] = Field(default_factory=list, description="required guests that are not running")
 
 
@@ -279,7 +277,7 @@ OPERATIONS: dict[AgentOp, Operation] = {
 class AgentEvent(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    v: int = Field(CONTRACT_VERSION, ge=OLDEST_VERSION, description="contract version (absent: 1)")
+    v: int = Field(CONTRACT_VERSION, description="contract version")
     host_id: str
     guest: str
     uuid: str

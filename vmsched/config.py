@@ -70,8 +70,6 @@ class Settings(BaseSettings):
     runtime_dir: Path | None = Field(None, description="a service's runtime directory, kept across its restarts, for "
                                      "its in-flight journal (default: systemd's $RUNTIME_DIRECTORY, else "
                                      "vmsched-<uid> in the temporary directory)")
-    legacy_queues: bool = Field(True, description="services also consume the unversioned request queues of "
-                                "older gateways (vmsched.filter, ...) during a rolling upgrade (docs/upgrading.md)")
     connect_timeout: float = Field(2.0, gt=0, description="broker connect timeout, seconds")
     confirm_timeout: float = Field(2.0, gt=0, description="publisher-confirm wait, seconds")
     reconnect_max_delay: float = Field(5.0, gt=0, description="upper bound of the reconnect backoff, seconds")

@@ -12,7 +12,7 @@ import time
 from enum import Enum
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 
 class Op(str, Enum):
@@ -29,11 +29,8 @@ class Kind(str, Enum):
 
 
 
-#: Version of the bus contract this code speaks (the ``v`` of every message).
+#: Version of the bus contract this code speaks (the ``v`` of every message); a reader refuses any other.
 CONTRACT_VERSION = 2
-#: The oldest version a reader still understands. Version 1 is the unversioned
-#: contract (no ``v`` field; agent errors as ``"code: message"`` text).
-OLDEST_VERSION = 1
 
 
 class ErrorCode(str, Enum):
@@ -47,34 +44,16 @@ class ErrorCode(str, Enum):
 
 
 class Versioned(BaseModel):
-    """A message with a contract version: built here it is the current one; read
-    from JSON without a ``v`` it is version 1 (an older sender)."""
+    """A message with its contract version ``v``."""
 
-    v: int = Field(CONTRACT_VERSION, ge=OLDEST_VERSION,
-                   description="contract version; absent (version 1) in messages of older senders")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _unversioned_is_v1(cls, data: Any, info: ValidationInfo) -> Any:
-        if info.mode == "json" and isinstance(data, dict) and "v" not in data:
-            return {**data, "v": OLDEST_VERSION}
-        return data
-
-    @property
-    def version(self) -> int:
-        return self.v
+    v: int = Field(CONTRACT_VERSION, description="contract version")
 
     def version_problem(self) -> str | None:
         """Why this reader cannot understand the message, or None."""
-        if self.v > CONTRACT_VERSION:
-            return (f"contract version {self.v} is newer than this reader understands "
-                    f"({OLDEST_VERSION}-{CONTRACT_VERSION}); upgrade the reader")
+        if self.v != CONTRACT_VERSION:
+            return (f"contract version {self.v}, and this reader speaks {CONTRACT_VERSION}: run the same vmsched "
+                    "version everywhere")
         return None
-
-
-#: A reply form the sender reads besides the plain one (Envelope.accepts): score units' numbers aligned with
-#: the request's hosts (ScoreOutcomeOnBus.values) instead of (host, score) pairs.
-ALIGNED_SCORES = "aligned_scores"
 
 
 class Envelope(Versioned):
@@ -83,9 +62,6 @@ class Envelope(Versioned):
     op: str
     deadline: float = Field(description="absolute UNIX time after which nobody waits for the answer")
     body: dict[str, Any] = Field(default_factory=dict)
-    accepts: list[str] = Field(default_factory=list, description=(
-        "lighter reply forms the sender reads (ALIGNED_SCORES); absent from an older sender, ignored by an "
-        "older reader, which answers in the plain form"))
 
     def remaining(self, now: float | None = None) -> float:
         return self.deadline - (time.time() if now is None else now)
@@ -101,7 +77,7 @@ def request_units(body: dict[str, Any], most: int = 50) -> list[str]:
 class ReplyEnvelope(Versioned):
     ok: bool
     error: str | None = None
-    code: str | None = Field(None, description="an ErrorCode when not ok (version 1: inside the error text)")
+    code: str | None = Field(None, description="an ErrorCode when not ok")
     details: list[str] = Field(default_factory=list, description="every reason of a refusal, one per item")
     body: dict[str, Any] = Field(default_factory=dict)
 
@@ -136,17 +112,12 @@ class PluginLoadError(BaseModel):
     error: str
 
 
-class DiscoverRequest(BaseModel):
-    pass
-
-
 class DiscoverReply(BaseModel):
     units: list[UnitInfo] = Field(default_factory=list)
     load_errors: list[PluginLoadError] = Field(default_factory=list)
-    #: Optional (contract version 2 readers ignore it when absent; older readers ignore it when present).
     confinement: dict[str, str] | None = Field(
         None, description="the plugin sandbox of the discovery service's workers: feature -> 'on (...)' or "
-                          "'off: why' (docs/plugins.md); absent from an older discovery service")
+                          "'off: why' (docs/plugins.md)")
 
 
 # --- filter / score / balance ----------------------------------------------
@@ -218,7 +189,7 @@ class UnitOutcome(BaseModel):
     stderr: str = ""
     reasons: dict[str, str] = Field(default_factory=dict, description=(
         "host ID -> why, as the unit gave it (vmsched.runtime.contract: bounded, plugin-supplied text; "
-        "escape it when shown; never sent to the engine); absent from an older service"))
+        "escape it when shown; never sent to the engine)"))
 
 
 class FilterOutcome(UnitOutcome):
@@ -233,8 +204,8 @@ class ScoreOutcome(UnitOutcome):
 
 
 class ScoreOutcomeOnBus(ScoreOutcome):
-    """A score outcome as the scoring service sends it on the bus: to a sender that accepts ALIGNED_SCORES,
-    a unit that scored every requested host once, in the request's order, sends only its numbers.
+    """A score outcome as the scoring service sends it on the bus: a unit that scored every requested host once,
+    in the request's order, sends only its numbers.
 
     An infinite score travels as the string ``"Infinity"`` or ``"-Infinity"`` (JSON has no infinity; pydantic's
     default, ``null``, is no number, and the gateway refused the whole reply): read back as a float, the gateway
@@ -244,8 +215,8 @@ class ScoreOutcomeOnBus(ScoreOutcome):
     model_config = ConfigDict(ser_json_inf_nan="strings")
 
     values: list[float] | None = Field(None, description=(
-        "the unit's score of each requested host, in order (then scores is empty); absent from an older "
-        "service, or when the unit's pairs were not exactly the requested hosts"))
+        "the unit's score of each requested host, in order (then scores is empty); absent when the unit's "
+        "pairs were not exactly the requested hosts"))
 
 
 class BalanceOutcome(UnitOutcome):
@@ -266,7 +237,7 @@ class MissingFacts(BaseModel):
 
 
 _MISSING_FACTS = Field(None, description="what the units that read host facts lacked; absent when they lacked "
-                                         "nothing, and from an older service")
+                                         "nothing")
 
 
 class FilterReply(BaseModel):
@@ -275,11 +246,6 @@ class FilterReply(BaseModel):
 
 
 class ScoreReply(BaseModel):
-    outcomes: list[ScoreOutcome]
-    missing_facts: MissingFacts | None = _MISSING_FACTS
-
-
-class ScoreReplyOnBus(BaseModel):
     """A score reply on the bus (:class:`ScoreOutcomeOnBus`); the gateway pairs aligned values with its hosts."""
 
     outcomes: list[ScoreOutcomeOnBus]

@@ -19,7 +19,7 @@ from vmsched.facts.subscription import FactsSubscriber
 from vmsched.bus.interface import Transport, Worker
 from vmsched.bus.rabbitmq.journal import default_dir
 from vmsched.bus.replies import Handler
-from vmsched.bus.topology import REQUEST_QUEUES, legacy_name
+from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.bus.transport import open_transport
 from vmsched.config import Settings
 from vmsched.engine_link import facts_cache
@@ -135,11 +135,8 @@ class PluginService:
 
     # --- lifecycle ---------------------------------------------------------
     def routes(self) -> dict[str, Handler]:
-        """QUEUES, plus for one release the same queues under their unversioned names (older gateways)."""
-        routes: dict[str, Handler] = {queue: getattr(self, method) for queue, method in self.QUEUES.items()}
-        if self.settings.legacy_queues and self.transport.spans_processes:  # older gateways are other processes
-            routes.update({legacy_name(queue): handler for queue, handler in routes.items()})
-        return routes
+        """QUEUES: each request queue and the method that handles it."""
+        return {queue: getattr(self, method) for queue, method in self.QUEUES.items()}
 
     def start(self) -> None:
         self.pool.start()

@@ -76,7 +76,7 @@ for host in $agent_hosts; do
     > "$SECRETS/operator/vmsched-agent-$host.url"
 done
 
-# --- the workers' runtime directory: their in-flight journals (docs/upgrading.md, "Poison messages") ---
+# --- the workers' runtime directory: their in-flight journals (docs/reliability.md, "Poison requests") ---
 if [ -d "$SECRETS/worker-run" ]; then
   chmod 0700 "$SECRETS/worker-run"
   owned "$SECRETS/worker-run"

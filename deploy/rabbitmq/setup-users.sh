@@ -89,12 +89,11 @@ topic() {  # user exchange write read (explicit for every vmsched topic exchange
   topics+=("{\"user\":\"$1\",\"vhost\":\"$vhost\",\"exchange\":\"$2\",\"write\":\"$(json_re "$3")\",\"read\":\"$(json_re "$4")\"}")
 }
 
-# request queues: vmsched.<op>.v2 (quorum, delivery limit), and for one release the unversioned
-# classic vmsched.<op> of older gateways (docs/upgrading.md)
-SERVICE_QUEUES='vmsched\.(discover|filter|score|balance)(\.v2)?'
+# request queues: vmsched.<op>.v2 (quorum, delivery limit)
+SERVICE_QUEUES='vmsched\.(discover|filter|score|balance)\.v2'
 # poison messages: a request past its delivery limit goes to the vmsched.dead exchange (whoever declares
 # a request queue needs write on it, and read on the queue), and from there to its service's
-# vmsched.<op>.v2.dlq queue (.dead: the classic queues of the first release, permitted during an upgrade)
+# vmsched.<op>.v2.dlq queue
 # gateway: creates the exchanges and the scheduling queues (so requests wait for a starting service),
 # publishes requests, consumes its own exclusive reply queues vmsched.reply.<uuid>
 # host facts (docs/facts.md): the gateway, scoring and balancer each bind their own exclusive queue
@@ -123,7 +122,7 @@ topic vmsched-gateway vmsched.events "^($DECISIONS_KEYS|$CONSOLE_KEYS)\$" "^($FA
 topic vmsched-gateway vmsched.facts '^snapshot$' '^$'
 
 service() {  # name op-regex [facts]
-  local q="$2(\.v2)?" dead="$2\.v2\.(dead|dlq)"  # its request queues; their dead letters (bound to vmsched.dead)
+  local q="$2\.v2" dead="$2\.v2\.dlq"  # its request queues; their dead letters (bound to vmsched.dead)
   if [ "${3:-}" = facts ]; then
     local own="vmsched\.facts\.$1\..+"
     add "vmsched-$1" "^($q|$dead|$own)\$" "^($q|$dead|vmsched\.reply|vmsched\.dead|vmsched\.facts|$own)\$" \

@@ -21,13 +21,12 @@ from pydantic import BaseModel
 from vmsched.gateway.engine import xmlrpc
 from vmsched.gateway.engine.render import Decision, RenderOptions, balance_decision, filter_decision, score_decision
 from vmsched.messages import (
-    ALIGNED_SCORES,
     BalanceReply,
     BalanceRequest,
     FilterReply,
     FilterRequest,
     Op,
-    ScoreReplyOnBus,
+    ScoreReply,
     ScoreRequest,
 )
 
@@ -45,12 +44,11 @@ class Operation:
     decide: Callable[[Any, Any, RenderOptions], Decision]  # (request, reply, options) -> the engine's decision
     outcomes: Callable[[Any], Any]  # reply -> the per-unit outcomes the JSON API shows
     no_outcomes: Callable[[], Any]  # the outcomes shown when nothing ran
-    accepts: tuple[str, ...] = ()  # lighter reply forms read here (Envelope.accepts)
     complete: Callable[[Any, Any], Any] = lambda req, reply: reply  # (request, reply) -> the reply in full
 
 
-def paired_scores(req: ScoreRequest, reply: ScoreReplyOnBus) -> ScoreReplyOnBus:
-    """The reply with every unit's aligned values (ALIGNED_SCORES) paired again with the requested hosts.
+def paired_scores(req: ScoreRequest, reply: ScoreReply) -> ScoreReply:
+    """The reply with every unit's aligned values paired again with the requested hosts.
 
     A unit's ``values`` stay beside its pairs (score_decision reads them) only when they are one per requested
     host; a unit whose values are not fails and keeps none. (Not a pydantic private attribute: that runs a Python hook for every outcome
@@ -113,13 +111,12 @@ SCORE = Operation(
     xmlrpc_arity=4,
     from_xmlrpc=_score_request,
     request=ScoreRequest,
-    reply=ScoreReplyOnBus,
+    reply=ScoreReply,
     fallback=lambda req: Decision(result=[]),
     nothing_to_run=lambda req: not req.units,
     decide=lambda req, reply, opts: score_decision(req.hosts, reply.outcomes, opts.score_per_unit),
     outcomes=lambda reply: reply.outcomes,
     no_outcomes=list,
-    accepts=(ALIGNED_SCORES,),
     complete=paired_scores,
 )
 

@@ -74,8 +74,7 @@ class Scheduler:
                 return operation.fallback(req), operation.no_outcomes(), False
             try:
                 reply = await self.bus.call(REQUEST_QUEUES[op], op.value, req.model_dump(),
-                                            self._deadline(req.timeout), operation.reply,  # type: ignore[attr-defined]
-                                            operation.accepts)
+                                            self._deadline(req.timeout), operation.reply)  # type: ignore[attr-defined]
             except BusError as exc:
                 return _failed(operation.fallback(req), exc, outcome), operation.no_outcomes(), True
             reply = operation.complete(req, reply)

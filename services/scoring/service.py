@@ -8,7 +8,6 @@ from pydantic import BaseModel
 
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.messages import (
-    ALIGNED_SCORES,
     Envelope,
     FilterOutcome,
     FilterReply,
@@ -16,7 +15,7 @@ from vmsched.messages import (
     Kind,
     Op,
     ScoreOutcomeOnBus,
-    ScoreReplyOnBus,
+    ScoreReply,
     ScoreRequest,
 )
 from vmsched.facts.pending import PendingBook, attach
@@ -59,13 +58,9 @@ class ScoringService(PluginService):
         if self.facts is not None:
             self.pending.placed(self.facts, req.vm, req.hosts, ((o.factor, _pairs(o, req.hosts)) for o in outcomes
                                                                  if o.ok))  # paired only if the VM's memory is known
-        aligned = ALIGNED_SCORES in env.accepts
         for o in outcomes:
-            if aligned:
-                _align(o, req.hosts)
-            elif o.values is not None:  # an older sender: the pairs
-                o.scores, o.values = _pairs(o, req.hosts), None
-        return ScoreReplyOnBus(outcomes=outcomes, missing_facts=missing_facts(runs, req.hosts, req.vm))
+            _align(o, req.hosts)
+        return ScoreReply(outcomes=outcomes, missing_facts=missing_facts(runs, req.hosts, req.vm))
 
 
 def _common(run: UnitRun) -> dict[str, Any]:

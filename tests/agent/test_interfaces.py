@@ -48,11 +48,12 @@ def test_socket_protocol(conn, make_agent):
         client.call("set_policy", {"guest": "t-sock", "policy": {"dedicated": 9}})
     with pytest.raises(PolicyError, match="unknown operation 'nope'"):
         client.call("nope")
-    # raw wire: several requests on one connection, the hook's flat form, garbage
+    # raw wire: several requests on one connection, as the hook sends them, garbage
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(a.socket_path))
         f = s.makefile("rwb")
-        f.write(b'{"op": "check_start", "guest": "t-sock", "uuid": null}\nnot json\n{"op": "list_policies"}\n')
+        f.write(b'{"v": 2, "op": "check_start", "body": {"guest": "t-sock", "uuid": null}}\nnot json\n'
+                b'{"op": "list_policies"}\n')
         f.flush()
         first, second, third = (json.loads(f.readline()) for _ in range(3))
     assert first["ok"] and first["body"]["allowed"] is True
@@ -81,15 +82,17 @@ def test_socket_refuses_invalid_guest_names(conn, make_agent, caplog, name, reas
 
 
 def test_socket_versions(conn, make_agent):
-    """A request without ``v`` is version 1 and understood; a newer version is refused by name."""
+    """A request of another version is refused by name (without ``v``: this version)."""
     a = make_agent()
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(a.socket_path))
         f = s.makefile("rwb")
-        f.write(b'{"op": "ping", "body": {}}\n{"v": 3, "op": "ping", "body": {}}\n{"v": "x", "op": "ping"}\n')
+        f.write(b'{"op": "ping", "body": {}}\n{"v": 3, "op": "ping", "body": {}}\n{"v": "x", "op": "ping"}\n'
+                b'{"v": 1, "op": "ping", "body": {}}\n')
         f.flush()
-        v1, v3, bad = (json.loads(f.readline()) for _ in range(3))
-    assert v1["ok"] and v1["body"]["host_id"] == "h1"
+        v2, v3, bad, v1 = (json.loads(f.readline()) for _ in range(4))
+    assert v2["ok"] and v2["body"]["host_id"] == "h1"
+    assert not v1["ok"] and v1["code"] == "unsupported_version" and "contract version 1" in v1["error"]
     assert not v3["ok"] and v3["code"] == "unsupported_version" and "contract version 3" in v3["error"]
     assert not bad["ok"] and bad["code"] == "unsupported_version"
 

@@ -112,7 +112,7 @@ def test_a_request_whose_reply_queue_died_is_sent_again(rabbit_vhost: str):
             deleted.wait(30)  # answers only once its reply queue is gone
         return {"n": env.body["n"]}
 
-    worker = ServiceWorker(rabbit_vhost, "failover-svc", queue, slow, consumers=2)
+    worker = ServiceWorker(BusOptions(url=rabbit_vhost), "failover-svc", {queue: slow}, consumers=2)
     worker.start()
 
     async def scenario() -> None:
@@ -209,7 +209,7 @@ def test_an_overdue_confirm_sends_again_and_the_second_reply_is_dropped(rabbit_v
         release.wait(20)
         return {"ok": 1}
 
-    worker = ServiceWorker(rabbit_vhost, "failover-svc", queue, held, consumers=2)
+    worker = ServiceWorker(BusOptions(url=rabbit_vhost), "failover-svc", {queue: held}, consumers=2)
     worker.start()
 
     def duplicates() -> float:

@@ -51,7 +51,6 @@ def _consumers(vhost: str, queue: str) -> int:
 
 def _replica(tmp_path: Path, plugins: Path, url: str, n: int) -> Proc:
     return Proc(["scoring", "--plugins", str(plugins), "--pool-size", "2", "--consumers", "2", "--prefetch", "4",
-                 "--no-legacy-queues",
                  "--runtime-dir", str(tmp_path / f"run-{n}"), *bus_args(tmp_path, url)], tmp_path / f"scoring-{n}.log",
                 env={"VMSCHED_AMQP_URL": ""}).start()
 

@@ -60,7 +60,7 @@ def test_publishing_outside_ones_rights_is_refused(broker, user: str, exchange: 
 def test_the_gateway_may_publish_agent_and_scheduling_requests(broker):
     _, secrets = broker
     publish(secrets, "vmsched-gateway", AGENT_EXCHANGE, HOSTS[1])
-    publish(secrets, "vmsched-gateway", REQUESTS_EXCHANGE, "vmsched.score")
+    publish(secrets, "vmsched-gateway", REQUESTS_EXCHANGE, "vmsched.score.v2")
 
 
 def test_an_agent_reads_only_its_own_queue_and_key(broker):

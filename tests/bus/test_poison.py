@@ -46,8 +46,8 @@ from vmsched.bus.rabbitmq.acks import AcksAfterConfirm
 from vmsched.bus.rabbitmq.poison import HOLD_SECONDS, LAST_CALL, PASSED_BY, SENT_BY, TURN, TURN_WAIT, Decision, HeldSecondChances, \
     PoisonTriage, Triage, Turns, Verdict
 from vmsched.runtime.pool.process import descendants
-from vmsched.bus.topology import DELIVERY_LIMIT, EXCHANGES, REPLY_VIA, REQUEST_QUEUES, REQUESTS_EXCHANGE, dead_letter_queue, \
-    legacy_name, request_queue
+from vmsched.bus.topology import DELIVERY_LIMIT, EXCHANGES, REQUEST_QUEUES, REQUESTS_EXCHANGE, dead_letter_queue, \
+    request_queue
 from vmsched.messages import Envelope, FilterReply, Op, request_units
 
 MARK = "vmsched-poison"  # at most 15 bytes: the kernel's thread name
@@ -200,7 +200,7 @@ def test_a_request_that_kills_its_service_gets_at_most_n_deliveries_then_an_erro
                    base / "gateway.log", env={"VMSCHED_AMQP_URL": ""}).start()
     secrets = base / "replicas"
     secrets.mkdir(mode=0o700)
-    replica_args = ["scoring", "--plugins", str(plugins), "--pool-size", "2", "--no-legacy-queues",
+    replica_args = ["scoring", "--plugins", str(plugins), "--pool-size", "2",
                     *bus_args(secrets, url)]  # the default --delivery-limit: 2
     runtime = [base / "run-0", base / "run-1"]  # each replica's runtime directory, kept across its restarts
     for path in runtime:
@@ -297,7 +297,7 @@ def test_a_request_that_kills_twice_takes_no_innocent_with_it(vhost: str, tmp_pa
     port = free_port()
     gateway = Proc(["gateway", "--port", str(port), "--request-timeout", str(KILLS_TWICE_DEADLINE),
                     *bus_args(tmp_path, url)], tmp_path / "gateway.log", env={"VMSCHED_AMQP_URL": ""}).start()
-    replicas = [Proc(["scoring", "--plugins", str(plugins), "--pool-size", "2", "--no-legacy-queues",
+    replicas = [Proc(["scoring", "--plugins", str(plugins), "--pool-size", "2",
                       "--runtime-dir", str(tmp_path / f"run-{k}"), *bus_args(tmp_path, url)],
                      tmp_path / f"scoring-{k}.log", env={"VMSCHED_AMQP_URL": ""}).start() for k in range(3)]
     stack = Stack(port, plugins, [gateway, *replicas])
@@ -355,7 +355,7 @@ def test_one_death_of_a_service_process_counts_one_delivery(vhost: str, tmp_path
         counts = []
         for attempt in range(2):
             replica = Proc(["scoring", "--plugins", str(plugins), "--pool-size", "2", "--consumers", "4",
-                            "--no-legacy-queues", "--runtime-dir", str(tmp_path / f"run-{attempt}"),
+                            "--runtime-dir", str(tmp_path / f"run-{attempt}"),
                             *bus_args(tmp_path, url)], tmp_path / f"scoring-{attempt}.log",
                            env={"VMSCHED_AMQP_URL": ""}).start()
             kernel = Kernel([replica])
@@ -377,40 +377,6 @@ def test_one_death_of_a_service_process_counts_one_delivery(vhost: str, tmp_path
                 kernel.stop.set()
                 replica.kill()
         assert counts == [1, 1], counts
-
-
-@pytest.mark.rabbitmq
-def test_a_new_service_answers_an_old_gateway_on_the_unversioned_queue(tmp_path: Path, vhost: str):
-    """Rolling upgrade (docs/upgrading.md): services first; an old gateway still publishes to vmsched.filter."""
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / "poison.py").write_text(PLUGIN)
-    url = RABBIT_URL + vhost
-    scoring = Proc(["scoring", "--plugins", str(plugins), "--pool-size", "1", *bus_args(tmp_path, url)],
-                   tmp_path / "scoring.log", env={"VMSCHED_AMQP_URL": ""}).start()
-    old, new = legacy_name(REQUEST_QUEUES[Op.FILTER]), REQUEST_QUEUES[Op.FILTER]
-    assert old == "vmsched.filter" and new == "vmsched.filter.v2"
-    body = {"units": ["KeepAll"], "hosts": HOSTS, "vm": VM}
-
-    async def call(queue: str) -> FilterReply:
-        client = AsyncBusClient(BusOptions(url=url, delivery_limit=DELIVERY_LIMIT), declare=(queue,))
-        await client.start()
-        try:
-            return await client.call(queue, "filter", body, 20, FilterReply)
-        finally:
-            await client.close()
-
-    try:
-        wait_until(lambda: _consumers(vhost, old) >= 1 and _consumers(vhost, new) >= 1, 60, 0.2, "both queues consumed")
-        for queue in (old, new):
-            (outcome,) = asyncio.run(call(queue)).outcomes
-            assert outcome.ok and outcome.hosts == HOSTS, (queue, outcome)
-        types = subprocess.run(["rabbitmqctl", "-q", "list_queues", "-p", vhost, "name", "type", "durable"],
-                               check=True, capture_output=True, text=True).stdout.split()
-        assert types[types.index(old) + 1: types.index(old) + 3] == ["classic", "false"]  # as older releases made it
-        assert types[types.index(new) + 1: types.index(new) + 3] == ["quorum", "true"]
-    finally:
-        scoring.kill()
 
 
 def test_the_units_of_a_request_are_named_whatever_its_operation():
@@ -507,11 +473,11 @@ def test_triage_of_requests_that_were_in_a_dead_process(tmp_path: Path):
         # the service puts it on its dead-letter queue itself (the broker's dead-lettering may drop it)
         published: list[dict[str, Any]] = []
         sink = SimpleNamespace(publish=lambda body, **kw: published.append(kw))
-        message = _Message("held", {"x-delivery-count": 1, REPLY_VIA: "vmsched.reply"})
+        message = _Message("held", {"x-delivery-count": 1, "x-other": "kept"})
         triage.to_second_chance(queue, message, sink)  # type: ignore[arg-type]
         copy = published.pop()
         assert not message.acked and copy["exchange"] == "vmsched.dead" and copy["routing_key"] == queue
-        assert copy["headers"][SENT_BY] and copy["headers"][REPLY_VIA] == "vmsched.reply"
+        assert copy["headers"][SENT_BY] and copy["headers"]["x-other"] == "kept"
         assert copy["correlation_id"] == "held" and copy["reply_to"] == "vmsched.reply.x"
         assert triage.decide(queue, True, _Message("held", copy["headers"])) == hold
         # its turn: marked running, run by whoever receives it

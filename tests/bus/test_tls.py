@@ -38,7 +38,7 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Priva
 def test_a_service_and_the_gateway_client_talk_over_amqps(tls_broker):
     node, certs = tls_broker
     options = BusOptions(url=node.url(tls=True), ca=certs.ca, cert=certs.client_cert, key=certs.client_key)
-    worker = ServiceWorker(options, "tls-test", "test.tls", lambda env: {"echo": env.body}, consumers=1)
+    worker = ServiceWorker(options, "tls-test", {"test.tls": lambda env: {"echo": env.body}}, consumers=1)
     worker.start()
     try:
         assert worker.ready.wait(20)

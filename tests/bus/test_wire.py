@@ -13,7 +13,7 @@ from kombu import Queue
 from vmsched.bus.rabbitmq.client import AsyncBusClient
 from vmsched.bus.rabbitmq.connection import ensure_exchanges, open_connection, safe_release
 from vmsched.bus.options import BusOptions
-from vmsched.bus.topology import EXCHANGES, REPLY_EXCHANGE, REPLY_VIA, REQUESTS_EXCHANGE
+from vmsched.bus.topology import EXCHANGES, REPLY_EXCHANGE, REQUESTS_EXCHANGE
 from vmsched.bus.rabbitmq.worker import ServiceWorker
 
 pytestmark = pytest.mark.rabbitmq
@@ -43,7 +43,7 @@ def test_a_request_and_its_reply_on_the_wire(rabbit_vhost: str) -> None:
         message = tap.get(no_ack=True)
         assert message is not None
         props = message.properties
-        assert message.headers == {REPLY_VIA: REPLY_EXCHANGE.name}
+        assert not message.headers
         assert props["content_type"] == "application/json" and props["content_encoding"] == "utf-8"
         assert props["reply_to"].startswith("vmsched.reply.") and props["correlation_id"]
         assert props["delivery_mode"] == 2 and props["priority"] == 0
@@ -55,29 +55,28 @@ def test_a_request_and_its_reply_on_the_wire(rabbit_vhost: str) -> None:
 
 
 def test_a_reply_goes_where_its_sender_waits(rabbit_vhost: str) -> None:
-    """A sender naming the reply exchange gets its reply there; an older one on the default exchange."""
+    """A reply goes to the reply exchange, keyed by the sender's reply queue."""
     queue = f"test.wire.{uuid.uuid4().hex[:8]}"
-    worker = ServiceWorker(rabbit_vhost, "wire-svc", queue, lambda env: {"n": env.body["n"]})
+    worker = ServiceWorker(BusOptions(url=rabbit_vhost), "wire-svc", {queue: lambda env: {"n": env.body["n"]}})
     worker.start()
     conn = open_connection(BusOptions(url=rabbit_vhost))
     try:
         assert worker.ready.wait(20)
         channel = conn.default_channel
-        for n, headers in ((1, {REPLY_VIA: REPLY_EXCHANGE.name}), (2, {})):
+        for n in (1, 2):
             reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
-            exchange = REPLY_EXCHANGE if headers else ""
-            tap = Queue(reply_queue, exchange=exchange or None, routing_key=reply_queue, exclusive=True)(channel)
+            tap = Queue(reply_queue, exchange=REPLY_EXCHANGE, routing_key=reply_queue, exclusive=True)(channel)
             tap.declare()
             producer = conn.Producer(channel, auto_declare=False)
             producer.publish(json.dumps({"v": 2, "op": "x", "deadline": time.time() + 10, "body": {"n": n}}).encode(),
-                             exchange="", routing_key=queue, headers=headers, content_type="application/json",
+                             exchange="", routing_key=queue, content_type="application/json",
                              content_encoding="utf-8", correlation_id=f"wire-{n}", reply_to=reply_queue)
             for _ in range(100):
                 message = tap.get(no_ack=True)
                 if message is not None:
                     break
                 time.sleep(0.05)
-            assert message is not None, headers
+            assert message is not None, n
             assert message.properties["correlation_id"] == f"wire-{n}"
             assert message.properties["content_type"] == "application/json"
             assert json.loads(message.body)["body"] == {"n": n}

@@ -1,4 +1,5 @@
-"""Aligned score replies (Envelope.accepts = [ALIGNED_SCORES]): lighter on the bus, the same decision."""
+"""Aligned score replies: a unit that scored every requested host in order sends its numbers alone; the same
+decision as its pairs."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ from typing import Any
 
 from vmsched.bus.replies import _ok
 from vmsched.gateway.engine.operations import SCORE, paired_scores
-from vmsched.messages import (ALIGNED_SCORES, Envelope, Kind, ScoreReply, ScoreReplyOnBus, ScoreRequest,
-                              TypedReply)
+from vmsched.messages import Envelope, Kind, ScoreOutcomeOnBus, ScoreReply, ScoreRequest, TypedReply
 from vmsched.runtime.types import CallResult
 from vmsched.service import UnitRun
 from vmsched.services.scoring.service import ScoringService
@@ -37,42 +37,38 @@ VALUES = {
 }
 
 
-def _score(accepts: list[str]) -> bytes:
+def _score() -> bytes:
     req = ScoreRequest.model_validate({"units": [{"name": n, "factor": 2} for n in VALUES], "hosts": HOSTS})
-    env = Envelope(op="score", deadline=time.time() + 30, body=req.model_dump(), accepts=accepts)
+    env = Envelope(op="score", deadline=time.time() + 30, body=req.model_dump())
     return _ok(ScoringService.score(_Stub(VALUES), env))  # type: ignore[arg-type]
+
+
+def _pairs() -> ScoreReply:
+    """The same reply with every unit's (host, score) pairs, as a unit returns them."""
+    return ScoreReply(outcomes=[ScoreOutcomeOnBus(unit=n, ok=True, factor=2, duration=0.001,
+                                                  scores=[(h, float(s)) for h, s in VALUES[n]]) for n in VALUES])
 
 
 def _request() -> ScoreRequest:
     return ScoreRequest.model_validate({"units": [{"name": n, "factor": 2} for n in VALUES], "hosts": HOSTS})
 
 
-def test_the_service_aligns_only_for_a_sender_that_accepts_it_and_only_exact_units() -> None:
-    plain = TypedReply[ScoreReplyOnBus].model_validate_json(_score([])).body
-    aligned = TypedReply[ScoreReplyOnBus].model_validate_json(_score([ALIGNED_SCORES])).body
-    assert plain is not None and aligned is not None
-    assert all(o.values is None and o.scores for o in plain.outcomes)
+def test_the_service_aligns_only_exact_units() -> None:
+    aligned = TypedReply[ScoreReply].model_validate_json(_score()).body
+    assert aligned is not None
     by_unit = {o.unit: o for o in aligned.outcomes}
     assert by_unit["all"].values == [i * 1.5 for i in range(5)] and by_unit["all"].scores == []
     assert by_unit["some"].values is None and by_unit["some"].scores == [(HOSTS[1], 2.0), (HOSTS[0], 1.0)]
     assert by_unit["twice"].values is None and len(by_unit["twice"].scores) == 5
-    assert len(_score([ALIGNED_SCORES])) < len(_score([]))
-
-
-def test_an_older_gateway_reads_the_plain_reply_as_before() -> None:
-    old = TypedReply[ScoreReply].model_validate_json(_score([])).body  # the previous reply model
-    assert old is not None and [o.scores for o in old.outcomes] == [[(h, float(s)) for h, s in VALUES[n]]
-                                                                    for n in VALUES]
+    assert len(_score()) < len(_ok(_pairs()))
 
 
 def test_the_gateway_pairs_aligned_values_into_the_same_outcomes_and_decision() -> None:
     req = _request()
-    plain = TypedReply[ScoreReplyOnBus].model_validate_json(_score([])).body
-    aligned = TypedReply[ScoreReplyOnBus].model_validate_json(_score([ALIGNED_SCORES])).body
-    assert SCORE.accepts == (ALIGNED_SCORES,)
-    plain, aligned = SCORE.complete(req, plain), SCORE.complete(req, aligned)
-    assert ([o.model_dump(exclude={"values"}) for o in aligned.outcomes]
-            == [o.model_dump(exclude={"values"}) for o in plain.outcomes])
+    aligned = TypedReply[ScoreReply].model_validate_json(_score()).body
+    plain, aligned = SCORE.complete(req, _pairs()), SCORE.complete(req, aligned)
+    assert ([o.model_dump(exclude={"values", "duration"}) for o in aligned.outcomes]
+            == [o.model_dump(exclude={"values", "duration"}) for o in plain.outcomes])
     for o in aligned.outcomes:  # the values stay beside the pairs (the decision log keeps them), the same numbers
         assert o.values is None or o.values == [score for _, score in o.scores]
     assert any(o.values is not None for o in aligned.outcomes)
@@ -84,7 +80,7 @@ class _Opts:
 
 
 def test_aligned_values_of_another_length_fail_that_unit() -> None:
-    reply = TypedReply[ScoreReplyOnBus].model_validate_json(_score([ALIGNED_SCORES])).body
+    reply = TypedReply[ScoreReply].model_validate_json(_score()).body
     assert reply is not None
     shorter = ScoreRequest.model_validate({"units": [{"name": "all"}], "hosts": HOSTS[:3]})
     out = {o.unit: o for o in paired_scores(shorter, reply).outcomes}

@@ -78,16 +78,6 @@ def test_reporter_reports_pool_size_free_cpus_and_what_known_guests_want(tmp_pat
     assert guest.dedicated and guest.dedicated_cpus == 2 and guest.pinned and guest.has_policy
 
 
-def test_a_reader_derives_the_counts_from_an_agent_one_version_older() -> None:
-    old = HostFacts.model_validate({"dedicated_pool": "2-7,^5", "allocations": {VM: "2-3"}})  # no new fields
-    assert (old.dedicated_pool_cpus, old.dedicated_free_cpus) == (5, 3)
-    assert old.dedicated_guests[VM].wanted == old.dedicated_guests[VM].held == 2
-    unreadable = HostFacts.model_validate({"dedicated_pool": "2-x", "allocations": {}})
-    assert unreadable.dedicated_pool_cpus is None and unreadable.dedicated_free_cpus is None
-    none = HostFacts.model_validate({})
-    assert (none.dedicated_pool_cpus, none.dedicated_free_cpus, none.dedicated_guests) == (0, 0, {})
-
-
 # --- the filter --------------------------------------------------------------------------
 
 def test_a_vm_with_a_known_policy_goes_only_where_the_pool_has_its_cpus_free(pool: PluginPool) -> None:

@@ -35,27 +35,17 @@ class BusTimeout(BusError):
     """No service answered before the request's deadline."""
 
 
-_CODES = {c.value for c in ErrorCode}
-
-
 def reply_error(reply: ReplyEnvelope | TypedReply, source: str = "the service") -> RequestError | None:
-    """The error a reply carries (None for a usable success), for every version a reader accepts.
+    """The error a reply carries (None for a usable success).
 
-    A reply of a newer contract version than this reader's is an error
-    (``unsupported_version``), not a guess. A version-1 error reply has no
-    ``code``: its text is ``"code: message"``.
+    A reply of another contract version than this reader's is an error (``unsupported_version``), not a guess.
     """
     problem = reply.version_problem()
     if problem is not None:
         return RequestError(f"reply from {source}: {problem}", ErrorCode.UNSUPPORTED_VERSION.value)
     if reply.ok and reply.body is not None:
         return None
-    message, code = reply.error or "request failed", reply.code
-    if code is None and reply.version == 1:
-        prefix, sep, rest = message.partition(": ")
-        if sep and prefix in _CODES:
-            code, message = prefix, rest
-    return RequestError(message, code, reply.details)
+    return RequestError(reply.error or "request failed", reply.code, reply.details)
 
 
 def reply_body(raw: bytes | str, queue: str) -> dict[str, Any]:

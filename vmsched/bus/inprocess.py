@@ -213,8 +213,7 @@ class InProcessClient(BusClient):
     def last_error(self) -> str:
         return "" if self.connected else "not started" if self._loop is None else "closed"
 
-    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float,
-                        accepts: tuple[str, ...] = ()) -> bytes:
+    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> bytes:
         loop = self._loop
         if loop is None or self._closed:
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
@@ -222,7 +221,7 @@ class InProcessClient(BusClient):
         future: asyncio.Future[bytes] = loop.create_future()
         self._pending[cid] = future
         try:
-            self._inboxes.put(Request(queue, request_bytes(op, time.time() + timeout, body, accepts), cid,
+            self._inboxes.put(Request(queue, request_bytes(op, time.time() + timeout, body), cid,
                                       lambda raw: _settle_threadsafe(loop, future, raw)))
             return await wait_reply(future, op, queue, timeout)
         finally:

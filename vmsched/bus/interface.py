@@ -103,30 +103,25 @@ class BusClient(ABC):
     def last_error(self) -> str: ...
 
     @abstractmethod
-    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float,
-                        accepts: tuple[str, ...] = ()) -> bytes:
+    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> bytes:
         """Send one request and return its reply's bytes, within ``timeout`` seconds."""
 
     @overload
     async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> dict[str, Any]: ...
 
     @overload
-    async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M],
-                   accepts: tuple[str, ...] = ()) -> M: ...
+    async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M]) -> M: ...
 
     async def call(
         self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M] | None = None,
-        accepts: tuple[str, ...] = (),
     ) -> dict[str, Any] | M:
         """Send a request and wait for its reply body, at most ``timeout`` seconds.
 
         With ``model`` the reply is parsed in one pass into that type. An error
-        reply (of this contract version or the previous one) raises
-        :class:`RequestError` carrying the reply's ``code``. ``accepts``: the
-        lighter reply forms the caller reads (``Envelope.accepts``).
+        reply raises :class:`RequestError` carrying the reply's ``code``.
         """
         reply_type = TypedReply[model] if model else ReplyEnvelope  # type: ignore[valid-type]
-        reply = await self.request(queue, op, body, timeout, reply_type, accepts)
+        reply = await self.request(queue, op, body, timeout, reply_type)
         error = reply_error(reply, queue)
         if error is not None:
             raise error
@@ -134,10 +129,9 @@ class BusClient(ABC):
 
     async def request(
         self, queue: str, op: str, body: dict[str, Any], timeout: float, reply_type: type[R] = ReplyEnvelope,
-        accepts: tuple[str, ...] = (),
     ) -> R:
         """Send a request and return its whole reply (ok or not), parsed as ``reply_type``."""
-        raw = await self.roundtrip(queue, op, body, timeout, accepts)
+        raw = await self.roundtrip(queue, op, body, timeout)
         try:
             return reply_type.model_validate_json(raw)
         except ValidationError as exc:
@@ -150,9 +144,9 @@ class BusClient(ABC):
             return False
 
 
-def request_bytes(op: str, deadline: float, body: dict[str, Any], accepts: tuple[str, ...] = ()) -> bytes:
+def request_bytes(op: str, deadline: float, body: dict[str, Any]) -> bytes:
     """A request envelope as it goes on the bus."""
-    return Envelope(op=op, deadline=deadline, body=body, accepts=list(accepts)).model_dump_json().encode()
+    return Envelope(op=op, deadline=deadline, body=body).model_dump_json().encode()
 
 
 async def wait_reply(future: asyncio.Future[bytes], op: str, queue: str, timeout: float) -> bytes:

@@ -52,7 +52,7 @@ class Replier:
             ok=False, code=ErrorCode.INTERNAL, details=units,
             error=(f"{self.service}: {env.op} request not run: {why} (dead-lettered, at most "
                    f"{self.delivery_limit} deliveries); units: {', '.join(units) or 'none'}"))
-        return _legacy(reply) if env.version == 1 else _dump(reply)
+        return _dump(reply)
 
     def _reply(self, queue: str, body: bytes | str) -> ReplyEnvelope | bytes | None:
         try:
@@ -74,10 +74,7 @@ class Replier:
         handler = self.routes.get(queue)
         if handler is None:
             return ReplyEnvelope(ok=False, error=f"no handler for queue {queue!r}", code=ErrorCode.INTERNAL)
-        reply = self._invoke(handler, env)
-        if isinstance(reply, ReplyEnvelope) and env.version == 1:
-            reply = _legacy(reply)
-        return reply
+        return self._invoke(handler, env)
 
     def _invoke(self, handler: Handler, env: Envelope) -> ReplyEnvelope | bytes:
         op = env.op
@@ -118,12 +115,6 @@ _OK_PREFIX = b'{"v":%d,"ok":true,"error":null,"body":' % CONTRACT_VERSION
 def _dump(reply: ReplyEnvelope) -> bytes:
     """An error reply without an empty body: a typed reader (TypedReply) reads a missing body as none."""
     return reply.model_dump_json(exclude={"body"} if not reply.body else None).encode()
-
-
-def _legacy(reply: ReplyEnvelope) -> bytes:
-    """The reply to a version-1 sender, in its words: no new fields, the code inside the error text."""
-    error = f"{reply.code}: {reply.error}" if reply.code and not reply.ok else reply.error
-    return json.dumps({"ok": reply.ok, "error": error, "body": reply.body}).encode()
 
 
 def _first_error(exc: ValidationError) -> str:

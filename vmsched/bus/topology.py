@@ -27,9 +27,9 @@ from kombu import Exchange, Queue
 
 from vmsched.messages import Op
 
-#: Version suffix of the scheduling request queues. Version 2 are quorum queues with a delivery
-#: limit and dead-lettering (poison messages); a queue's arguments cannot change in
-#: place (PRECONDITION_FAILED), so new arguments mean a new name (docs/upgrading.md).
+#: Version suffix of the scheduling request queues: quorum queues with a delivery limit and dead-lettering
+#: (docs/reliability.md, "Poison requests"). A queue's arguments cannot change in place (PRECONDITION_FAILED),
+#: so new arguments would mean a new name.
 QUEUE_VERSION = ".v2"
 
 REQUEST_QUEUES: dict[Op, str] = {
@@ -60,10 +60,6 @@ FACTS_EXCHANGE = Exchange("vmsched.facts", type="topic", durable=True, no_declar
 #: Direct exchange (key = request queue name) where a request queue puts a request past its delivery limit.
 DEAD_EXCHANGE = Exchange("vmsched.dead", type="direct", durable=True, no_declare=True)
 EXCHANGES = (REQUESTS_EXCHANGE, AGENT_EXCHANGE, REPLY_EXCHANGE, EVENTS_EXCHANGE, FACTS_EXCHANGE, DEAD_EXCHANGE)
-
-#: Header of a request naming the exchange its reply goes to. A request without it comes from a
-#: sender older than the exchanges (it waits on the default exchange): docs/upgrading.md.
-REPLY_VIA = "x-reply-exchange"
 
 # Which queues each scheduling service consumes is declared by the service
 # itself (its QUEUES); vmsched.cli.runner.service_queues() collects them.
@@ -101,7 +97,7 @@ def request_queue(name: str, deliveries: int = DELIVERY_LIMIT) -> Queue:
 
     A versioned scheduling queue is a quorum queue: a request is delivered at most ``deliveries``
     times (a consumer that dies without acking counts), then goes to :func:`dead_letter_queue`.
-    Agent queues and the unversioned names of older releases stay non-durable classic queues.
+    An agent's queue is a non-durable classic queue.
     """
     exchange, key = route(name)
     if not is_versioned(name):
@@ -110,7 +106,7 @@ def request_queue(name: str, deliveries: int = DELIVERY_LIMIT) -> Queue:
         raise ValueError(f"delivery limit must be at least 1, not {deliveries}")
     # the broker's limit is a backstop (the services' triage bounds the runs to ``deliveries``: vmsched.bus.rabbitmq.worker):
     # at least 2 returns allowed, so a broker node's loss, which returns what its consumers held, is not taken
-    # for deaths; and 2 is what the queues' first release declared, so their arguments stay the same
+    # for deaths
     arguments = {"x-queue-type": "quorum", "x-delivery-limit": max(deliveries, BROKER_DELIVERIES) - 1,
                  "x-dead-letter-exchange": DEAD_EXCHANGE.name, "x-dead-letter-routing-key": name}
     return Queue(name, exchange=exchange, routing_key=key, durable=True, auto_delete=False, no_declare=False,
@@ -127,18 +123,12 @@ def dead_letter_queue(name: str) -> Queue:
                  queue_arguments={"x-queue-type": "quorum"})
 
 
-#: ``.dlq``: the first release's ``.dead`` dead-letter queues were classic queues, and a queue's type cannot
-#: change in place; during a rolling upgrade both are bound to the same key (docs/upgrading.md).
+#: The dead-letter queue of a request queue: its name and this suffix.
 DEAD_SUFFIX = ".dlq"
 
 
 def is_versioned(name: str) -> bool:
     return name.endswith(QUEUE_VERSION)
-
-
-def legacy_name(name: str) -> str:
-    """The name of the same queue in releases before queue versions (consumed for one release)."""
-    return name[: -len(QUEUE_VERSION)] if is_versioned(name) else name
 
 
 def reply_queue(name: str) -> Queue:

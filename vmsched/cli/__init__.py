@@ -83,8 +83,6 @@ def _plugins(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime-dir", type=Path, metavar="DIR",
                    help="runtime directory kept across restarts, for the in-flight journal (env VMSCHED_RUNTIME_DIR; "
                         "default: systemd's $RUNTIME_DIRECTORY, else vmsched-<uid> in the temporary directory)")
-    p.add_argument("--no-legacy-queues", dest="legacy_queues", action="store_false", default=None,
-                   help="do not consume the unversioned request queues of older gateways (docs/upgrading.md)")
 
 
 def _gateway(p: argparse.ArgumentParser) -> None:

@@ -14,9 +14,9 @@ last message, on a snapshot request, or every few intervals. ``guests`` is
 ``None`` when left out: the reader keeps the list it has (``guests_digest``
 says which list that is).
 
-A reader accepts messages of its own facts version and of the one before
-(hosts are upgraded one at a time) and refuses newer ones, oversized ones
-(:data:`MAX_BYTES`), malformed ones and out-of-order ones (:func:`read`).
+A reader accepts messages of its own facts version and refuses others,
+oversized ones (:data:`MAX_BYTES`), malformed ones and out-of-order ones
+(:func:`read`).
 Units: MiB for memory, % for CPU (100 = one whole CPU for a guest, all CPUs
 for the host), seconds for times.
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vmsched.messages import Versioned
 
@@ -37,8 +37,6 @@ MAX_GUESTS = 20000
 #: Version of the facts messages (their ``v``). Facts change version on their own: version 3 says, per NUMA
 #: node, the free dedicated CPUs and whole cores, and each dedicated guest's thread, NUMA and emulator policies.
 FACTS_VERSION = 3
-#: Oldest facts version a reader accepts: one older than its own.
-OLDEST_FACTS_VERSION = FACTS_VERSION - 1
 #: The event name in the routing key.
 FACTS_EVENT = "facts"
 
@@ -104,13 +102,10 @@ class HostFacts(_Model):
     dedicated_pool: str = Field("", description="the agent's dedicated CPU pool (CPU set)")
     shared_cpus: str = Field("", description="CPUs shared by guests without dedicated CPUs (CPU set)")
     allocations: dict[str, str] = Field(default_factory=dict, description="guest UUID -> its dedicated CPUs")
-    dedicated_pool_cpus: int | None = Field(None, ge=0, description="CPUs in the dedicated pool (read: derived "
-                                            "from dedicated_pool for an older agent)")
-    dedicated_free_cpus: int | None = Field(None, ge=0, description="CPUs of the pool no guest holds (read: "
-                                            "derived from dedicated_pool and allocations for an older agent)")
+    dedicated_pool_cpus: int | None = Field(None, ge=0, description="CPUs in the dedicated pool")
+    dedicated_free_cpus: int | None = Field(None, ge=0, description="CPUs of the pool no guest holds")
     dedicated_nodes: list[DedicatedNode] = Field(
-        default_factory=list, description="per NUMA node: the pool's free CPUs and free whole cores (empty from an "
-                                          "agent of facts version 2)")
+        default_factory=list, description="per NUMA node: the pool's free CPUs and free whole cores")
     dedicated_guests: dict[str, DedicatedGuest] = Field(
         default_factory=dict, description="guest UUID -> dedicated CPUs wanted and held, for every guest whose "
                                           "policy this agent knows (running, defined or stored)")
@@ -120,19 +115,6 @@ class HostFacts(_Model):
     guest_vcpus: int = Field(0, ge=0, description="sum of running guests' vCPUs")
     history_interval: float = Field(0.0, ge=0, description="seconds between two cpu_history samples")
     cpu_history: list[float] = Field(default_factory=list, description="host cpu_pct samples, oldest first")
-
-    @model_validator(mode="after")
-    def _older_agent(self) -> "HostFacts":
-        """An agent one version older sends the pool and allocations only: derive the counts."""
-        if self.dedicated_pool_cpus is None:
-            self.dedicated_pool_cpus = cpu_count(self.dedicated_pool)
-        held = {u: cpu_count(c) for u, c in self.allocations.items()}
-        if self.dedicated_free_cpus is None and self.dedicated_pool_cpus is not None and None not in held.values():
-            self.dedicated_free_cpus = max(0, self.dedicated_pool_cpus - sum(held.values()))  # type: ignore[arg-type]
-        for uuid, n in held.items():
-            if n and uuid not in self.dedicated_guests:
-                self.dedicated_guests[uuid] = DedicatedGuest(wanted=n, held=n)
-        return self
 
 
 class GuestFacts(_Model):
@@ -145,18 +127,18 @@ class GuestFacts(_Model):
     cpu_pct: float = Field(0.0, ge=0, description="CPU time over the last interval, % of the guest's vCPUs")
     has_policy: bool = False
     dedicated: bool = Field(False, description="the guest has dedicated pCPUs")
-    dedicated_cpus: int = Field(0, ge=0, description="dedicated pCPUs it holds (0 from an older agent: see dedicated)")
+    dedicated_cpus: int = Field(0, ge=0, description="dedicated pCPUs it holds")
     pinned: bool = Field(False, description="its vmsched policy pins vCPUs or the emulator to given pCPUs")
 
 
 class FactsMessage(Versioned):
     """One facts message of one agent."""
 
-    v: int = Field(FACTS_VERSION, ge=1, description="facts version; absent (version 1) in messages of older agents")
+    v: int = Field(FACTS_VERSION, description="facts version")
 
     def version_problem(self) -> str | None:
-        if self.v > FACTS_VERSION:
-            return f"facts version {self.v} is newer than this reader understands ({FACTS_VERSION}); upgrade the reader"
+        if self.v != FACTS_VERSION:
+            return f"facts version {self.v}, and this reader reads {FACTS_VERSION}: run the same vmsched version everywhere"
         return None
 
     model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
@@ -186,21 +168,6 @@ class Rejected(ValueError):
         self.reason = reason
 
 
-def cpu_count(text: str) -> int | None:
-    """CPUs in a libvirt CPU set (``"0-3,^2,6"`` -> 4); None when it is not one."""
-    include: set[int] = set()
-    try:
-        for item in (i.strip() for i in text.split(",") if i.strip()):
-            low, _, high = item.lstrip("^").partition("-")
-            cpus = range(int(low), int(high or low) + 1)
-            if len(cpus) > 16384:
-                return None
-            (include.difference_update if item.startswith("^") else include.update)(cpus)
-    except ValueError:
-        return None
-    return len(include)
-
-
 def read(raw: bytes | str) -> FactsMessage:
     """The message in ``raw``, or :class:`Rejected` (oversized, malformed, version)."""
     if len(raw) > MAX_BYTES:
@@ -212,13 +179,12 @@ def read(raw: bytes | str) -> FactsMessage:
     if not isinstance(data, dict):
         raise Rejected("malformed", "facts message is not a JSON object")
     data.pop("service", None)  # added by the event publisher
-    data.setdefault("v", 1)  # unversioned: version 1
     try:
         message = FactsMessage.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
         raise Rejected("malformed", f"facts message refused: {problems}") from None
-    if message.v > FACTS_VERSION or message.v < OLDEST_FACTS_VERSION:
+    if message.v != FACTS_VERSION:
         raise Rejected("version", f"facts of version {message.v} from {message.host_id!r}: this reader "
-                                  f"accepts {OLDEST_FACTS_VERSION}-{FACTS_VERSION}")
+                                  f"accepts {FACTS_VERSION}")
     return message

@@ -48,7 +48,7 @@ class Guest:
     cpu_pct: float = 0.0  # CPU time over the agent's last interval, % of the guest's vCPUs
     has_policy: bool = False  # a vmsched CPU policy is set
     dedicated: bool = False  # the guest has dedicated pCPUs
-    dedicated_cpus: int = 0  # dedicated pCPUs it holds (0 from an older agent: see dedicated)
+    dedicated_cpus: int = 0  # dedicated pCPUs it holds
     pinned: bool = False  # its vmsched policy pins vCPUs or the emulator to given pCPUs
 
 
@@ -82,7 +82,7 @@ class Host:
     dedicated_pool_cpus: int | None = None  # CPUs in the dedicated pool (None: not known)
     dedicated_free_cpus: int | None = None  # CPUs of the pool no guest holds (None: not known)
     dedicated_nodes: tuple[dict, ...] = ()  # per NUMA node of the pool: {"node", "free_cpus", "free_cores",
-    # "free_core_cpus"} (free whole cores and their CPUs); () from an agent of facts version 2
+    # "free_core_cpus"} (free whole cores and their CPUs)
     dedicated_guests: dict = field(default_factory=dict)  # guest UUID -> {"wanted", "held" dedicated CPUs,
     # "thread_policy", "numa", "emulator"}, for every guest whose vmsched policy this host's agent knows (running,
     # defined, or stored for a transient guest)
@@ -209,7 +209,7 @@ def build(cls: type, data: Mapping[str, Any]) -> Any:
     if cls is Host and "age" in data:
         values["fixed_age"] = data["age"]
     for name, text in (("pcpu_pct", "pcpu_text"), ("cpu_history", "history_text")):
-        if name in data and text in known:  # a list (tests, older services): the same as the packed text
+        if name in data and text in known:  # a list (a facts file): the same as the packed text
             values[text] = pack_floats(data[name]) if isinstance(data[name], list) else str(data[name])
     if cls is Host and isinstance(values.get("guests"), list):
         values["guests"] = tuple(build(Guest, g) for g in values["guests"] if isinstance(g, dict))

@@ -39,7 +39,7 @@ def _set_policy(agent: Agent, r: SetPolicyRequest) -> dict:
 
 def _check_start(agent: Agent, r: CheckStartRequest) -> dict:
     ok, message, missing = agent.check_start_detail(r.uuid or r.guest, r.xml)
-    return {"allowed": ok, "message": message, "reason": message, "missing": missing}
+    return {"allowed": ok, "message": message, "missing": missing}
 
 
 HANDLERS: dict[AgentOp, Callable[[Agent, Any], dict]] = {

@@ -36,7 +36,7 @@ from vmsched.messages import (
     FilterRequest,
     ScoreOutcome,
     ScoreOutcomeOnBus,
-    ScoreReplyOnBus,
+    ScoreReply,
     ScoreRequest,
 )
 
@@ -493,7 +493,7 @@ def test_a_score_decision_is_one_untracked_bytes_object_and_reads_back_the_same(
 def test_aligned_scores_and_odd_hosts_read_back_the_same() -> None:
     many = [f"host-{i:03d}" for i in range(100)]
     req = ScoreRequest.model_validate({"units": [{"name": "S"}, {"name": "T", "factor": 3}], "hosts": many, "vm": VM})
-    reply = ScoreReplyOnBus(outcomes=[
+    reply = ScoreReply(outcomes=[
         ScoreOutcomeOnBus(unit="S", ok=True, values=[i + 0.25 for i in range(100)]),
         ScoreOutcomeOnBus(unit="T", ok=True, factor=3, values=[float(100 - i) for i in range(100)]),
         ScoreOutcomeOnBus(unit="U", ok=True, values=[1.0, 2.0]),  # not one per host: fails, keeps no values
@@ -507,7 +507,7 @@ def test_aligned_scores_and_odd_hosts_read_back_the_same() -> None:
         assert record == build("score", req, dec, outcomes, **args)
         assert record["units"][0]["scores"] == {h: i + 0.25 for i, h in enumerate(many)}
     dup = ScoreRequest.model_validate({"units": [{"name": "S"}], "hosts": many[:3] + many[:1], "vm": VM})
-    alone = paired_scores(dup, ScoreReplyOnBus(outcomes=[ScoreOutcomeOnBus(unit="S", ok=True, values=[1.0] * 4)]))
+    alone = paired_scores(dup, ScoreReply(outcomes=[ScoreOutcomeOnBus(unit="S", ok=True, values=[1.0] * 4)]))
     dec = score_decision(dup.hosts, alone.outcomes)  # a repeated host: three rows for four hosts
     assert _through_the_ring("score", dup, dec, alone.outcomes, **args) == build(
         "score", dup, dec, alone.outcomes, **args)

@@ -148,7 +148,7 @@ def test_json_balance_and_validation_errors(stack: Stack):
     r = stack.post("/v1/balance", json={"unit": "FirstHostBalance", "hosts": H[:2], "properties": {"vm": VM}})
     assert r.json()["result"] == [VM, [H[0]]] and r.json()["unit"]["ok"]
     bad = stack.post("/v1/filter", json={"units": "KeepEven", "hosts": 5})
-    assert bad.status_code == 400 and len(bad.json()["detail"]["details"]) == 2  # like /v1/hosts (docs/upgrading.md)
+    assert bad.status_code == 400 and len(bad.json()["detail"]["details"]) == 2  # like /v1/hosts
 
 
 def test_plugin_added_while_running_is_discovered_and_runs(stack: Stack):

@@ -18,7 +18,7 @@ import pytest
 from tests.runtime.pool.test_pool import make_pool, write_plugin  # noqa: F401 (fixture)
 
 from vmsched.bus.replies import _ok
-from vmsched.messages import ALIGNED_SCORES, Envelope, Kind, ScoreRequest
+from vmsched.messages import Envelope, Kind, ScoreRequest
 from vmsched.runtime import PluginPool
 from vmsched.runtime.pool.bundle import Unit
 from vmsched.runtime.contract import BadResult, aligned_scores, checked_aligned
@@ -93,9 +93,9 @@ class _Service:
         return [UnitRun(n, r) for n, r in zip(names, self.pool.run(calls, deadline=time.time() + 20))]
 
 
-def _reply(pool: PluginPool, unit: str, accepts: list[str], hosts: list[str] = HOSTS) -> Any:
+def _reply(pool: PluginPool, unit: str, hosts: list[str] = HOSTS) -> Any:
     req = ScoreRequest.model_validate({"units": [{"name": unit, "factor": 2}], "hosts": hosts, "vm": "vm"})
-    env = Envelope(op="score", deadline=time.time() + 30, body=req.model_dump(), accepts=accepts)
+    env = Envelope(op="score", deadline=time.time() + 30, body=req.model_dump())
     try:
         reply = _ok(ScoringService.score(_Service(pool), env))  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - what the old path raises, the new one must raise too
@@ -117,8 +117,7 @@ def pools(plugins: Path, make_pool: Callable[..., PluginPool]) -> tuple[PluginPo
 @pytest.mark.parametrize("unit", sorted(RESULTS))
 def test_the_reply_is_the_same_with_and_without_aligned_scores(unit: str, pools: tuple[PluginPool, PluginPool]) -> None:
     old, new = pools
-    for accepts in ([], [ALIGNED_SCORES]):
-        assert _reply(new, unit, accepts) == _reply(old, unit, accepts), (unit, accepts)
+    assert _reply(new, unit) == _reply(old, unit), unit
 
 
 @pytest.mark.parametrize("unit", sorted(RESULTS))
@@ -158,8 +157,7 @@ def test_filters_and_an_aligned_pool_without_the_flag_are_untouched(pools: tuple
 def test_many_hosts_and_odd_host_ids(pools: tuple[PluginPool, PluginPool]) -> None:
     old, new = pools
     hosts = [f"host-{i}-\u00e9\"\\" for i in range(500)]
-    for accepts in ([], [ALIGNED_SCORES]):
-        assert _reply(new, "Floats", accepts, hosts) == _reply(old, "Floats", accepts, hosts)
+    assert _reply(new, "Floats", hosts) == _reply(old, "Floats", hosts)
     assert new.run([Call("s", "Floats", "do_score", (hosts, "vm", {}), 10.0)])[0].scores is not None
 
 
@@ -188,7 +186,7 @@ class _Forged(_Service):
 
 def test_forged_numbers_from_a_worker_fail_the_unit() -> None:
     req = ScoreRequest.model_validate({"units": [{"name": "x"}], "hosts": HOSTS})
-    env = Envelope(op="score", deadline=time.time() + 30, body=req.model_dump(), accepts=[ALIGNED_SCORES])
+    env = Envelope(op="score", deadline=time.time() + 30, body=req.model_dump())
     outcome = ScoringService.score(_Forged(None), env).outcomes[0]  # type: ignore[arg-type]
     assert not outcome.ok and "bad aligned score" in (outcome.error or "") and outcome.values is None
 

@@ -63,8 +63,7 @@ class AsyncBusClient(BusClient):
         return self._link.last_error if self._link is not None else "not started"
 
     # --- calls ---------------------------------------------------------------
-    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float,
-                        accepts: tuple[str, ...] = ()) -> bytes:
+    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> bytes:
         link = self._link
         if link is None or not link.accepting:
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
@@ -74,7 +73,7 @@ class AsyncBusClient(BusClient):
         deadline = time.time() + timeout
         exchange, key = route(queue)
         self._pending[cid] = future
-        link.submit(cid, Outgoing(queue, exchange, key, request_bytes(op, deadline, body, accepts), deadline,
+        link.submit(cid, Outgoing(queue, exchange, key, request_bytes(op, deadline, body), deadline,
                                   resend=exchange is not AGENT_EXCHANGE))
         try:
             return await wait_reply(future, op, queue, timeout)

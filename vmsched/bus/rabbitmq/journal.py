@@ -8,7 +8,7 @@ calls per request, no ``fsync`` (the page cache outlives a killed process; a hos
 not a poisoned request). The process holds an exclusive ``flock`` on its file, so replicas
 sharing a directory each take their own; a restarted replica takes the file its dead
 predecessor left and reads it before starting: what it finds was being handled when that
-process died (docs/upgrading.md, "Poison messages").
+process died (docs/reliability.md, "Poison requests").
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, drop, en
 from vmsched.bus.options import BusOptions
 from vmsched.bus.rabbitmq.outgoing import Outgoing
 from vmsched.bus.rabbitmq.sockets import buffered, nonblocking
-from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, REPLY_EXCHANGE, REPLY_VIA, reply_queue, request_queue
+from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, reply_queue, request_queue
 from vmsched.bus.options import mask
 
 log = logging.getLogger("vmsched.bus")
@@ -59,7 +59,6 @@ IO_TIMEOUT_FLOOR = 1.0
 _READ_TIMEOUT = 0.05  # the wait for the rest of a message whose first bytes have come, seconds
 _TICK = 0.1  # how often confirms and deadlines are looked at while requests wait, seconds
 _RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
-_REPLY_HEADERS = {REPLY_VIA: REPLY_EXCHANGE.name}
 
 
 class Link:
@@ -258,7 +257,6 @@ class Link:
                 request.payload,
                 exchange=request.exchange,
                 routing_key=request.key,
-                headers=_REPLY_HEADERS,
                 content_type="application/json",
                 content_encoding="utf-8",
                 correlation_id=cid,

@@ -17,7 +17,7 @@ decided again. One that cannot have its turn before its deadline is answered wit
 A second chance of what this process's predecessor was handling among others is first passed on to another
 replica (:data:`PASSES` times at most). A request whose second chance killed its process, that reached the
 queue's delivery limit, or that the journal shows the predecessor was handling alone, is answered with an
-error naming its units and never run again (docs/upgrading.md, "Poison messages").
+error naming its units and never run again (docs/reliability.md, "Poison requests").
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, ensure_exchanges,
 from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import request_bytes
 from vmsched.bus.options import mask
-from vmsched.bus.topology import REPLY_EXCHANGE, REPLY_VIA, reply_queue as make_reply_queue, route
+from vmsched.bus.topology import REPLY_EXCHANGE, reply_queue as make_reply_queue, route
 
 
 def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
@@ -52,7 +52,6 @@ def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeo
                 exchange=exchange,
                 routing_key=key,
                 mandatory=True,
-                headers={REPLY_VIA: REPLY_EXCHANGE.name},
                 content_type="application/json",
                 content_encoding="utf-8",
                 correlation_id=cid,

@@ -41,8 +41,8 @@ from vmsched.bus.rabbitmq.poison import HELD_MAX, HOLD_CHECK, Decision, HeldSeco
     Verdict, correlation_id
 from vmsched.bus.replies import Handler, Replier
 from vmsched.bus.rabbitmq.sockets import buffered, nonblocking
-from vmsched.bus.topology import DEAD_EXCHANGE, REPLY_EXCHANGE, REPLY_VIA, dead_letter_queue, is_versioned, \
-    request_queue, route
+from vmsched.bus.topology import DEAD_EXCHANGE, REPLY_EXCHANGE, dead_letter_queue, is_versioned, request_queue, \
+    route
 
 __all__ = ["Handler", "ServiceWorker"]
 
@@ -55,21 +55,17 @@ _READ_TIMEOUT = 0.05  # the bus thread's wait for the rest of a message it has b
 class ServiceWorker:
     def __init__(
         self,
-        url: str | BusOptions,
+        options: BusOptions,
         service: str,
-        queue: str | None = None,
-        handler: Handler | None = None,
+        routes: dict[str, Handler],
         *,
-        routes: dict[str, Handler] | None = None,
         consumers: int = 1,
         prefetch: int = 2,
         journal_dir: Path | None = None,
     ) -> None:
-        self.options = url if isinstance(url, BusOptions) else BusOptions(url=url)
+        self.options = options
         self.service = service
-        self.routes: dict[str, Handler] = dict(routes or {})
-        if queue is not None and handler is not None:
-            self.routes[queue] = handler
+        self.routes: dict[str, Handler] = dict(routes)
         if not self.routes:
             raise ValueError("a worker needs at least one queue and handler")
         self.consumers = consumers
@@ -309,12 +305,9 @@ class ServiceWorker:
         """Publish ``reply`` to the sender of ``message``; whether a reply went out."""
         reply_to = message.properties.get("reply_to")
         if reply is not None and reply_to:
-            # the reply exchange when the sender asks for it; a sender older than the exchanges waits on the
-            # default exchange (its user may still publish there: docs/upgrading.md)
-            via = (message.headers or {}).get(REPLY_VIA)
             producer.publish(
                 reply,
-                exchange=REPLY_EXCHANGE if via == REPLY_EXCHANGE.name else "",
+                exchange=REPLY_EXCHANGE,
                 routing_key=reply_to,
                 content_type="application/json",
                 content_encoding="utf-8",
