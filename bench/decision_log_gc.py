@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from vmsched.gateway.decisions.log import DecisionLog  # noqa: E402
 from vmsched.gateway.engine.operations import paired_scores  # noqa: E402
-from vmsched.gateway.engine.render import filter_decision, score_decision  # noqa: E402
+from vmsched.decide.rules import filter_decision, score_decision  # noqa: E402
 from vmsched.messages import FilterReply, FilterRequest, ScoreReply, ScoreRequest  # noqa: E402
 
 HOSTS = [f"{i:08x}-0000-4000-8000-{i:012x}" for i in range(100)]

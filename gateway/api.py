@@ -15,9 +15,9 @@ from vmsched.bus import BusError, BusTimeout
 from vmsched.gateway.agent_api import ErrorReply
 from vmsched.gateway.limits import OverLimit
 from vmsched.gateway.engine.operations import BALANCE, FILTER, SCORE, Operation
-from vmsched.gateway.engine.render import Decision, discover_result
+from vmsched.decide.rules import Decision, discover_result
 from vmsched.gateway.engine.scheduler import Scheduler
-from vmsched.gateway.engine.scores import finite
+from vmsched.decide.weights import finite
 from vmsched.gateway.strict_json import refusal
 from vmsched.messages import (
     BalanceOutcome,

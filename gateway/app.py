@@ -25,7 +25,7 @@ from vmsched.gateway.decisions.record import gateway_label
 from vmsched.gateway.docs_ui import mount_docs
 from vmsched.gateway.auth import Guard, add_security_scheme
 from vmsched.gateway.limits import Limits
-from vmsched.gateway.engine.render import RenderOptions
+from vmsched.decide.rules import RenderOptions
 from vmsched.gateway.engine.scheduler import Scheduler
 from vmsched.gateway.strict_json import StrictJson, invalid_request, read_body
 from vmsched import __version__, metrics

@@ -78,7 +78,7 @@ class UnitRun:
     name: str
     result: CallResult
     read_facts: bool = False  # its plugin reads host facts: the call carried them (those the service has)
-    facts: Any = None  # then the call's facts (a facts_wire.CallFacts; None without a facts cache)
+    facts: Any = None  # then the call's facts (a vmsched.facts.wire.PreparedFacts; None without a facts cache)
 
 
 def missing_facts(runs: list[UnitRun], hosts: list[str], vm: str = "") -> MissingFacts | None:
@@ -203,7 +203,7 @@ class PluginService:
         return runs
 
     def facts_for(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> Any:
-        """The host facts of one request's plugin calls (None without a cache): a facts_wire.CallFacts."""
+        """The host facts of one request's plugin calls (None without a cache): a vmsched.facts.wire.PreparedFacts."""
         return None if self.facts is None else self.facts.prepared(hosts, vm, with_guests)
 
     def _unknown(self, name: str, kind: Kind) -> str:

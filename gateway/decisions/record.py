@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 
 from vmsched.gateway.decisions.summary import SUMMARIES
-from vmsched.gateway.engine.render import ALL_FILTERS_FAILED, Decision
-from vmsched.gateway.engine.scores import finite
+from vmsched.decide.rules import ALL_FILTERS_FAILED, Decision
+from vmsched.decide.weights import finite
 
 OPS = ("filter", "score", "balance")
 

@@ -11,7 +11,7 @@ from vmsched.bus import BusError
 from vmsched.gateway.engine import xmlrpc
 from vmsched.gateway.limits import OverLimit
 from vmsched.gateway.engine.operations import OPERATIONS, Operation
-from vmsched.gateway.engine.render import discover_result
+from vmsched.decide.rules import discover_result
 from vmsched.gateway.engine.scheduler import Scheduler
 
 log = logging.getLogger("vmsched.gateway")

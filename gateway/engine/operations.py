@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from vmsched.gateway.engine import xmlrpc
-from vmsched.gateway.engine.render import Decision, RenderOptions, balance_decision, filter_decision, score_decision
+from vmsched.decide.rules import Decision, RenderOptions, balance_decision, filter_decision, score_decision
 from vmsched.messages import (
     BalanceReply,
     BalanceRequest,

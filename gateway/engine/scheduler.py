@@ -23,7 +23,7 @@ from vmsched.bus.interface import BusClient
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.gateway.limits import Limits
 from vmsched.gateway.engine.operations import Operation
-from vmsched.gateway.engine.render import Decision, RenderOptions
+from vmsched.decide.rules import Decision, RenderOptions
 from vmsched.messages import DiscoverReply, Op
 
 log = logging.getLogger("vmsched.gateway")

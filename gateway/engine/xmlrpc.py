@@ -22,7 +22,7 @@ from xml.sax.saxutils import escape
 
 from defusedxml.xmlrpc import DefusedExpatParser
 
-from vmsched.gateway.engine.render import INT32_MAX, INT32_MIN, clamp_int32
+from vmsched.decide.rules import INT32_MAX, INT32_MIN, clamp_int32
 
 PARSE_ERROR = -32700
 METHOD_NOT_FOUND = -32601

@@ -43,7 +43,7 @@ from vmsched.bus.rabbitmq.client import AsyncBusClient
 from vmsched.bus.options import BusOptions
 from vmsched.bus.rabbitmq.journal import FIRST, SECOND, Journal
 from vmsched.bus.rabbitmq.acks import AcksAfterConfirm
-from vmsched.bus.rabbitmq.poison import HOLD_SECONDS, LAST_CALL, PASSED_BY, SENT_BY, TURN, TURN_WAIT, Decision, HeldSecondChances, \
+from vmsched.bus.rabbitmq.poison import HOLD_SECONDS, LAST_CALL, PASSED_BY, SENT_BY, TURN, TURN_WAIT, HeldOutcome, HeldSecondChances, \
     PoisonTriage, Triage, Turns, Verdict
 from vmsched.runtime.pool.process import descendants
 from vmsched.bus.topology import DELIVERY_LIMIT, EXCHANGES, REQUEST_QUEUES, REQUESTS_EXCHANGE, dead_letter_queue, \
@@ -538,12 +538,12 @@ def test_held_second_chances_are_decided_together_and_take_turns_one_at_a_time()
     for message in (later, soon, late, gone):
         held.hold(queue, message)
     decided = held.due(channel, alone, turn_free=True)
-    assert [(m, d) for _, m, d in decided] == [(late, Decision.LATE)]  # gone (its channel closed): dropped
+    assert [(m, d) for _, m, d in decided] == [(late, HeldOutcome.LATE)]  # gone (its channel closed): dropped
     assert held.due(channel, alone, turn_free=True) == []  # both wait for another replica (HOLD_SECONDS)
     # another replica consumes: the nearest deadline first, one turn at a time
-    assert [(m, d) for _, m, d in held.due(channel, lambda name: True, turn_free=True)] == [(soon, Decision.TURN)]
+    assert [(m, d) for _, m, d in held.due(channel, lambda name: True, turn_free=True)] == [(soon, HeldOutcome.TURN)]
     assert held.due(channel, lambda name: True, turn_free=False) == []  # a turn runs here: the next one waits
-    assert [(m, d) for _, m, d in held.due(channel, lambda name: True, turn_free=True)] == [(later, Decision.TURN)]
+    assert [(m, d) for _, m, d in held.due(channel, lambda name: True, turn_free=True)] == [(later, HeldOutcome.TURN)]
     assert not held
     # alone, the wait is bounded by half the time left before the deadline (and HOLD_SECONDS for the queue)
     started, short = time.monotonic(), _Message("short", left=2.8, channel=channel)
@@ -552,7 +552,7 @@ def test_held_second_chances_are_decided_together_and_take_turns_one_at_a_time()
     while not (turn := held.due(channel, alone, turn_free=True)):
         assert time.monotonic() - started < 2.8 - LAST_CALL, "no turn before its deadline"
         time.sleep(0.02)
-    assert turn == [(queue, short, Decision.TURN)] and time.monotonic() - started >= 1.4 - 0.05
+    assert turn == [(queue, short, HeldOutcome.TURN)] and time.monotonic() - started >= 1.4 - 0.05
     assert held.due(channel, alone, turn_free=True) == [] and held  # 'long' waits for its queue's wait (15 s)
 
     turns = Turns()

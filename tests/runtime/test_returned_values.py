@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vmsched.gateway.engine.render import filter_decision
+from vmsched.decide.rules import filter_decision
 from vmsched.messages import FilterOutcome
 
 SECRET = "root:$y$j9T$0123456789abcdefSECRETHASH:19000:0:99999:7:::\n"

@@ -7,7 +7,7 @@ import time
 from vmsched.facts.model import FactsMessage, HostFacts
 from vmsched.facts.cache import NO_AGENT, NO_CACHE, SILENT_AGENT, FactsCache, cause
 from tests.support.decisions import build
-from vmsched.gateway.engine.render import filter_decision
+from vmsched.decide.rules import filter_decision
 from vmsched.messages import FilterOutcome, FilterRequest
 from vmsched.runtime import CallResult
 from vmsched.service import UnitRun, missing_facts

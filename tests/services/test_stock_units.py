@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from vmsched.config import stock_plugins_dir
-from vmsched.gateway.engine.render import score_decision
+from vmsched.decide.rules import score_decision
 from vmsched.messages import ScoreOutcome
 from vmsched.runtime import Call, PluginPool
 from vmsched.runtime.contract import KIND

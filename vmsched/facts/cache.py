@@ -32,7 +32,7 @@ from prometheus_client import Counter
 from vmsched.facts.model import FactsMessage, GuestFacts, Rejected, facts_key, read
 from vmsched.metrics import REGISTRY
 from vmsched.plugin.facts import pack_floats
-from vmsched.facts.wire import CallFacts
+from vmsched.facts.wire import PreparedFacts
 
 log = logging.getLogger("vmsched.facts")
 
@@ -144,7 +144,7 @@ class FactsCache:
         self._hosts: dict[str, Entry] = {}
         self._vms: dict[str, tuple[str, GuestFacts]] = {}  # guest UUID -> (agent host ID, its facts)
         self._lock = threading.Lock()
-        self._epoch = 0  # entries stored so far (CallFacts.epoch)
+        self._epoch = 0  # entries stored so far (PreparedFacts.epoch)
         _CACHES.add(self)
         RECEIVED.labels(service)  # every series at 0 from start-up (docs/deploy/monitoring.md)
         for reason in ("oversized", "malformed", "version", "out_of_order", "host_mismatch"):
@@ -263,7 +263,7 @@ class FactsCache:
         vm_view, problem = self._vm(vm)
         return {"hosts": found, "missing": missing, "vm": vm_view, "vm_problem": problem}
 
-    def prepared(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> CallFacts:
+    def prepared(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> PreparedFacts:
         """The facts of one request's plugin calls, for the pool to send each worker what it lacks.
 
         The same facts as :meth:`payload`, by reference: each host's stored message with its generation.
@@ -285,7 +285,7 @@ class FactsCache:
                     refs[host_id], agents[host_id] = entry, resolved
         vm_view, problem = self._vm(vm)
         # a host resolved through the map or the link: what it resolves to may change without a store
-        return CallFacts(time.time(), refs, missing, vm_view, problem, with_guests, agents,  # type: ignore[arg-type]
+        return PreparedFacts(time.time(), refs, missing, vm_view, problem, with_guests, agents,  # type: ignore[arg-type]
                          epoch=-1 if agents else epoch)
 
     def _plugin_host(self, entry: Entry, agent_id: str, now: float, with_guests: bool) -> dict[str, Any]:

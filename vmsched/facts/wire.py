@@ -2,7 +2,7 @@
 
 A service's facts cache gives every stored host message a *generation*
 number, unique in the process, and its plugin view as a JSON fragment made at
-ingest (off the request path). A call's facts (:class:`CallFacts`) name, per
+ingest (off the request path). A call's facts (:class:`PreparedFacts`) name, per
 requested host, the message it has now. :class:`FactsWire` remembers which
 generation of each host every worker process already holds, and writes into a
 call frame only the hosts (and guest lists) that worker lacks; a worker
@@ -48,7 +48,7 @@ class HostPart(Protocol):
 
 
 @dataclass
-class CallFacts:
+class PreparedFacts:
     """The facts of one request's plugin calls, shared by all its calls (each worker gets its own delta)."""
 
     now: float  # the service's time of the request: ages and staleness are counted from it
@@ -89,7 +89,7 @@ class _Held:
         self.guests: dict[str, int] = {}  # engine host ID -> guest-list generation it holds
         self.sent = -1  # hosts and guest lists sent since the last reset; -1: the next frame resets
         self.last_hosts = ""  # hosts_key() of the worker's previous call
-        self.epoch = -1  # CallFacts.epoch of that call: it holds that call's generations of last_hosts
+        self.epoch = -1  # PreparedFacts.epoch of that call: it holds that call's generations of last_hosts
 
 
 class FactsWire:
@@ -100,7 +100,7 @@ class FactsWire:
         self._held: weakref.WeakKeyDictionary[Any, _Held] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
-    def encode(self, worker: Any, facts: CallFacts) -> str:
+    def encode(self, worker: Any, facts: PreparedFacts) -> str:
         """JSON text of the call's facts for ``worker``: the hosts it lacks, and the call's hosts unless the same.
 
         Called by the one thread that has ``worker`` checked out, right before the frame is sent.

@@ -38,7 +38,7 @@ class Call:
     method: str  # do_filter | do_score | do_balance
     args: tuple[Any, ...]  # JSON-able positional arguments
     timeout: float  # seconds, wall clock
-    facts: Any = None  # host facts of the call: a JSON-able dict (all of them) or a facts_wire.CallFacts
+    facts: Any = None  # host facts of the call: a JSON-able dict (all of them) or a vmsched.facts.wire.PreparedFacts
 
 
 @dataclass

@@ -28,7 +28,7 @@ from vmsched.gateway.decisions.record import Kept, gateway_label
 from vmsched.gateway.decisions.ring import Ring
 from tests.support.decisions import build
 from vmsched.gateway.engine.operations import paired_scores
-from vmsched.gateway.engine.render import Decision, balance_decision, filter_decision, score_decision
+from vmsched.decide.rules import Decision, balance_decision, filter_decision, score_decision
 from vmsched.messages import (
     BalanceOutcome,
     BalanceRequest,

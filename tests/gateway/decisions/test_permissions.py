@@ -18,7 +18,7 @@ from vmsched.bus.options import BusOptions
 from vmsched.bus.transport import open_transport
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.gateway.decisions.log import DecisionLog
-from vmsched.gateway.engine.render import filter_decision
+from vmsched.decide.rules import filter_decision
 from vmsched.messages import FilterOutcome, FilterRequest
 
 pytestmark = pytest.mark.rabbitmq

@@ -79,7 +79,7 @@ def test_every_filter_failing_keeps_all_hosts(stack: Stack):
 def test_scores_are_factored_int32(stack: Stack):
     reply = stack.xmlrpc("runCostFunctions", [["FloatScore", 2], ["LegacyScore", 1]], H[:3], VM, {})
     # FloatScore: 0, 1.6, 1e15 (x2) ; LegacyScore: 5 each. Totals 5, 8.2, 2e15+5 fit no common
-    # scaling as distinct integers within 2^20, so they go out as ranks (gateway/engine/scores.py)
+    # scaling as distinct integers within 2^20, so they go out as ranks (vmsched/decide/weights.py)
     assert reply["result"] == [[H[0], 0], [H[1], 1], [H[2], 2]]
     assert reply["result_code"] == 0
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vmsched.gateway.engine import xmlrpc
-from vmsched.gateway.engine.render import clamp_int32
+from vmsched.decide.rules import clamp_int32
 
 _host = st.one_of(st.uuids().map(str), st.text(max_size=12), st.sampled_from(["a&b", "<h>", "x\r", "\x00", "é"]))
 _weight = st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(), st.booleans(), st.floats(allow_nan=True))

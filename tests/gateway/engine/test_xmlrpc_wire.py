@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vmsched.gateway.engine import xmlrpc
-from vmsched.gateway.engine.render import clamp_int32, score_decision
+from vmsched.decide.rules import clamp_int32, score_decision
 from vmsched.messages import ScoreOutcome
 from tests.support.engine_wire import call, read_score_result
 

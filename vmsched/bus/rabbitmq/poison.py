@@ -163,7 +163,7 @@ def _again(name: str, message: Message, producer: Producer, headers: dict[str, A
                      correlation_id=correlation_id(message), reply_to=message.properties.get("reply_to"))
 
 
-class Decision(Enum):
+class HeldOutcome(Enum):
     TURN = "turn"  # give it its turn (TURN)
     LATE = "late"  # too little time left to run it: answer with an error naming its units (none once expired)
 
@@ -202,7 +202,7 @@ class HeldSecondChances:
         self._next_check = 0.0
 
     def due(self, channel: object, others_consume: Callable[[str], bool],
-            turn_free: bool) -> list[tuple[str, Message, Decision]]:
+            turn_free: bool) -> list[tuple[str, Message, HeldOutcome]]:
         """What to do now with held second chances: at most one turn (when ``turn_free``: the one with the
         nearest deadline among those whose wait is over), and the late ones. Those whose channel is gone are
         dropped (the broker returned them)."""
@@ -210,7 +210,7 @@ class HeldSecondChances:
         if not self._held or now < self._next_check:
             return []
         self._next_check = now + self.check
-        decided: list[tuple[str, Message, Decision]] = []
+        decided: list[tuple[str, Message, HeldOutcome]] = []
         ready: list[_Held] = []
         consumed: dict[str, bool] = {}
         kept: list[_Held] = []
@@ -218,7 +218,7 @@ class HeldSecondChances:
             if held.message.channel is not channel:
                 continue
             if held.deadline - wall < LAST_CALL:
-                decided.append((held.name, held.message, Decision.LATE))
+                decided.append((held.name, held.message, HeldOutcome.LATE))
             else:
                 kept.append(held)
                 if turn_free and (now >= held.until or _consumed(consumed, held.name, others_consume)):
@@ -226,7 +226,7 @@ class HeldSecondChances:
         if ready:
             first = min(ready, key=lambda held: held.deadline)
             kept.remove(first)
-            decided.append((first.name, first.message, Decision.TURN))
+            decided.append((first.name, first.message, HeldOutcome.TURN))
         for name, other in consumed.items():
             if other:
                 self._queue_until.pop(name, None)  # another replica is there: the next one waits again if it goes

@@ -37,7 +37,7 @@ from vmsched.bus.rabbitmq.connection import ensure_exchanges
 from vmsched.bus.options import BusOptions
 from vmsched.bus.rabbitmq.journal import Journal
 from vmsched.bus.rabbitmq.loop import run_reconnecting
-from vmsched.bus.rabbitmq.poison import HELD_MAX, HOLD_CHECK, Decision, HeldSecondChances, PoisonTriage, Triage, Turns, \
+from vmsched.bus.rabbitmq.poison import HELD_MAX, HOLD_CHECK, HeldOutcome, HeldSecondChances, PoisonTriage, Triage, Turns, \
     Verdict, correlation_id
 from vmsched.bus.replies import Handler, Replier
 from vmsched.bus.rabbitmq.sockets import buffered, nonblocking
@@ -257,7 +257,7 @@ class ServiceWorker:
         (vmsched.bus.rabbitmq.poison)."""
         for name, message, decision in self._held.due(channel, lambda name: self._others_consume(channel, name),
                                                       self._turns.free):
-            if decision is Decision.TURN:
+            if decision is HeldOutcome.TURN:
                 self.triage.give_turn(name, message, producer)
                 self._acks.published(message)
                 self._turns.given()

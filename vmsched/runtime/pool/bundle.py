@@ -36,7 +36,7 @@ class Unit:
     budget: float
     wait_until: float
     hard_end: float
-    facts: Any = None  # a facts_wire.CallFacts sent in the bundle's held form, else None
+    facts: Any = None  # a vmsched.facts.wire.PreparedFacts sent in the bundle's held form, else None
     reply: dict[str, Any] | None = None
     error: str | None = None
     timed_out: bool = False
@@ -59,7 +59,7 @@ class Bundle(Job):
         hard_end = min(u.hard_end for u in units)
         super().__init__(b"", units[0].label, units[0].budget, min(u.wait_until for u in units), hard_end, created)
         self.units = units
-        self.wire = wire  # a facts_wire.FactsWire (its encode/forget interface)
+        self.wire = wire  # a vmsched.facts.wire.FactsWire (its encode/forget interface)
         self.facts = next((u.facts for u in units if u.facts is not None), None)
         self.frame_size = frame_size  # largest reply frame of one unit
         self.worker: Worker | None = None

@@ -14,7 +14,7 @@ from typing import Any
 
 from vmsched.runtime.pool.bundle import Bundle, Unit
 from vmsched.runtime.contract import KIND
-from vmsched.facts.wire import CallFacts
+from vmsched.facts.wire import PreparedFacts
 from vmsched.runtime.protocol import ENCODER
 from vmsched.runtime.types import Call, CallResult
 
@@ -29,7 +29,7 @@ class Planner:
     """Units and bundles for a pool's requests; the mean run time of each unit."""
 
     def __init__(self, wire: Any, frame_size: int, bundle_seconds: float = BUNDLE_SECONDS) -> None:
-        self.wire = wire  # the pool's facts_wire.FactsWire
+        self.wire = wire  # the pool's vmsched.facts.wire.FactsWire
         self.frame_size = frame_size  # largest reply frame of one unit
         self.bundle_seconds = bundle_seconds
         self._cost: dict[str, float] = {}  # unit label -> mean run time (s)
@@ -42,7 +42,7 @@ class Planner:
         for call in calls:
             label = f"{call.plugin}.{call.cls}.{call.method}"
             wait_until = hard_end if hard_end < _INF else now + call.timeout
-            held = isinstance(call.facts, CallFacts)  # each worker gets the facts it lacks (runtime.facts_wire)
+            held = isinstance(call.facts, PreparedFacts)  # each worker gets the facts it lacks (vmsched.facts.wire)
             unit = Unit("", label, call.timeout, wait_until, hard_end, call.facts if held else None)
             units.append(unit)
             try:

@@ -5,7 +5,7 @@ Pure functions, shared by the XML-RPC adapter (which sends only ``result``,
 The rules are the table "What the old daemon did, and what we do" of the
 engine protocol: intersection in input order, foreign IDs dropped and
 reported, scores for every requested host as bounded integers in the exact
-order of the real totals (:mod:`vmsched.gateway.engine.scores`), balance always
+order of the real totals (:mod:`vmsched.decide.weights`), balance always
 ``[vm or "", [hosts]]``.
 """
 
@@ -17,7 +17,7 @@ from itertools import chain, repeat
 from operator import add, mul
 from typing import Any
 
-from vmsched.gateway.engine.scores import common_denominator, encode, fill_worst, finite, scaled
+from vmsched.decide.weights import common_denominator, encode, fill_worst, finite, scaled
 from vmsched.messages import BalanceOutcome, DiscoverReply, FilterOutcome, Kind, MissingFacts, ScoreOutcome
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -181,7 +181,7 @@ def _unit_table(hosts: dict[str, None], outcomes: list[ScoreOutcome],
 
 
 def score_decision(hosts: list[str], outcomes: list[ScoreOutcome], per_unit: bool = False) -> Decision:
-    """``[[host, weight], ...]`` for every requested host (see :mod:`vmsched.gateway.engine.scores`).
+    """``[[host, weight], ...]`` for every requested host (see :mod:`vmsched.decide.weights`).
 
     A host a unit did not score gets that unit's worst score. With ``per_unit``
     the reply is ``[[host, weight, unit], ...]`` per working unit, each unit

@@ -11,8 +11,8 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmsched.gateway.engine.render import score_decision
-from vmsched.gateway.engine.scores import SCORE_BOUND, _scales, common_denominator, encode, fill_worst
+from vmsched.decide.rules import score_decision
+from vmsched.decide.weights import SCORE_BOUND, _scales, common_denominator, encode, fill_worst
 from vmsched.messages import ScoreOutcome, ScoreOutcomeOnBus
 
 HOSTS = [f"00000000-0000-0000-0000-{i:012d}" for i in range(12)]

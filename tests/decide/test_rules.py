@@ -1,6 +1,6 @@
 """The engine-reply rules of ENGINE-PROTOCOL.md, on the renderer alone."""
 
-from vmsched.gateway.engine.render import (
+from vmsched.decide.rules import (
     ALL_FILTERS_FAILED,
     INT32_MAX,
     INT32_MIN,
@@ -10,7 +10,7 @@ from vmsched.gateway.engine.render import (
     filter_decision,
     score_decision,
 )
-from vmsched.gateway.engine.scores import SCORE_BOUND
+from vmsched.decide.weights import SCORE_BOUND
 from vmsched.messages import BalanceOutcome, DiscoverReply, FilterOutcome, Kind, ScoreOutcome, UnitInfo
 
 H = [f"00000000-0000-0000-0000-00000000000{i}" for i in range(1, 6)]
