@@ -29,11 +29,9 @@ from vmsched.decide.rules import RenderOptions
 from vmsched.gateway.engine.scheduler import Scheduler
 from vmsched.gateway.strict_json import StrictJson, invalid_request, read_body
 from vmsched import __version__, metrics
-from vmsched.bus.options import BusOptions
 from vmsched.facts.subscription import FactsSubscriber
-from vmsched.bus.interface import BusClient, Transport
+from vmsched.bus.interface import Transport
 from vmsched.bus.topology import REQUEST_QUEUES
-from vmsched.bus.transport import open_transport
 from vmsched.config import Settings
 from vmsched.engine_link import facts_cache
 from vmsched.tokens import TokenStore
@@ -147,13 +145,11 @@ class EngineFastPath:
         await send({"type": "http.response.body", "body": reply})
 
 
-def create_app(settings: Settings, bus: BusClient | None = None, tokens: TokenStore | None = None,
-               transport: Transport | None = None) -> BodyLimit:
-    """The gateway's ASGI app; ``/metrics`` is served on its own listener (runner). ``transport``: the process's
-    bus (the runner's, shared with the services of an all-in-one); else one of the settings' own."""
+def create_app(settings: Settings, transport: Transport, tokens: TokenStore | None = None) -> BodyLimit:
+    """The gateway's ASGI app on ``transport``, the process's bus (the runner's, shared with the services of an
+    all-in-one); ``/metrics`` is served on its own listener (runner)."""
     tokens = tokens or TokenStore(settings.tokens_file).watch()
-    transport = transport or open_transport(BusOptions.from_settings(settings))
-    bus = bus or transport.client("gateway", declare=tuple(REQUEST_QUEUES.values()))
+    bus = transport.client("gateway", declare=tuple(REQUEST_QUEUES.values()))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -14,13 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from vmsched import metrics
-from vmsched.bus.options import BusOptions
 from vmsched.facts.subscription import FactsSubscriber
 from vmsched.bus.interface import Transport, Worker
 from vmsched.bus.rabbitmq.journal import default_dir
 from vmsched.bus.replies import Handler
 from vmsched.bus.topology import REQUEST_QUEUES
-from vmsched.bus.transport import open_transport
 from vmsched.config import Settings
 from vmsched.engine_link import facts_cache
 from vmsched.facts.cache import NO_CACHE, FactsCache, cause
@@ -111,14 +109,13 @@ class PluginService:
     #: Keep a host facts cache and attach facts to plugin calls (docs/facts.md).
     uses_facts: ClassVar[bool] = False
 
-    def __init__(self, settings: Settings, pool_size: int | None = None,
-                 pool_bounds: tuple[int, int] | None = None, log_plugins: bool = True,
-                 transport: Transport | None = None) -> None:
-        """``pool_size`` fixes the plugin pool's size, ``pool_bounds`` sets (fewest, most); else the settings'.
-        ``log_plugins``: log plugin loads and load errors (one service of a process does).
-        ``transport``: the process's bus (the runner's); else one of the settings' own."""
+    def __init__(self, settings: Settings, transport: Transport, pool_size: int | None = None,
+                 pool_bounds: tuple[int, int] | None = None, log_plugins: bool = True) -> None:
+        """A service on ``transport``, the process's bus (the runner's). ``pool_size`` fixes the plugin pool's size,
+        ``pool_bounds`` sets (fewest, most); else the settings'. ``log_plugins``: log plugin loads and load errors
+        (one service of a process does)."""
         self.settings = settings
-        self.transport = transport or open_transport(BusOptions.from_settings(settings))
+        self.transport = transport
         limits, confinement = plugin_sandbox(settings)
         fewest, most = (pool_size, pool_size) if pool_size else pool_bounds or settings.pool_bounds()
         self.pool = PluginPool(

@@ -18,8 +18,8 @@ class DiscoveryService(PluginService):
     runs_units = False
     QUEUES = {REQUEST_QUEUES[Op.DISCOVER]: "discover"}
 
-    def __init__(self, settings: Settings, log_plugins: bool = True, transport: Transport | None = None) -> None:
-        super().__init__(settings, pool_size=1, log_plugins=log_plugins, transport=transport)
+    def __init__(self, settings: Settings, transport: Transport, log_plugins: bool = True) -> None:
+        super().__init__(settings, transport, pool_size=1, log_plugins=log_plugins)
 
     def discover(self, env: Envelope) -> BaseModel:
         self.catalog.refresh()  # one scandir when nothing changed

@@ -42,7 +42,7 @@ from tests.support.waiting import wait_until
 from vmsched.bus.rabbitmq.client import AsyncBusClient
 from vmsched.bus.options import BusOptions
 from vmsched.bus.rabbitmq.journal import FIRST, SECOND, Journal
-from vmsched.bus.rabbitmq.acks import AcksAfterConfirm
+from vmsched.bus.rabbitmq.confirms import Confirms
 from vmsched.bus.rabbitmq.poison import HOLD_SECONDS, LAST_CALL, PASSED_BY, SENT_BY, TURN, TURN_WAIT, HeldOutcome, HeldSecondChances, \
     PoisonTriage, Triage, Turns, Verdict
 from vmsched.runtime.pool.process import descendants
@@ -485,7 +485,7 @@ def test_triage_of_requests_that_were_in_a_dead_process(tmp_path: Path):
         assert triage.decide(queue, True, message) == hold
         triage.give_turn(queue, message, sink)  # type: ignore[arg-type]
         turn = published.pop()
-        # acknowledged by the worker once the copy is confirmed (AcksAfterConfirm), not here
+        # acknowledged by the worker once the copy is confirmed (Confirms), not here
         assert not message.acked and turn["headers"][TURN] and "x-delivery-count" not in turn["headers"]
         assert turn["exchange"] == "vmsched.dead" and turn["routing_key"] == queue
         assert triage.decide(queue, True, _Message("held", turn["headers"])) == second_chance
@@ -569,7 +569,7 @@ def test_held_second_chances_are_decided_together_and_take_turns_one_at_a_time()
 
 
 class _Channel:
-    """What AcksAfterConfirm uses of a channel: confirm mode and the confirm events."""
+    """What Confirms uses of a channel: confirm mode and the confirm events."""
 
     def __init__(self) -> None:
         self.confirming = False
@@ -584,7 +584,9 @@ class _Channel:
 
 
 def test_a_request_is_acknowledged_once_its_reply_is_confirmed():
-    channel, acks = _Channel(), AcksAfterConfirm()
+    refused: list[_Message] = []
+    channel = _Channel()
+    acks = Confirms(on_ack=lambda messages: [m.ack() for m in messages], on_nack=refused.extend)
     acks.watch(channel)  # type: ignore[arg-type]
     first, second, third, fourth = (_Message(f"m{i}") for i in range(4))
     acks.published(first)  # tag 1
@@ -595,7 +597,7 @@ def test_a_request_is_acknowledged_once_its_reply_is_confirmed():
     channel.confirm("basic_ack", 3, multiple=True)
     assert first.acked and second.acked and not third.acked
     channel.confirm("basic_ack", 4)
-    assert third.acked and not acks.refused and len(acks) == 0
+    assert third.acked and not refused and len(acks) == 0
     acks.published(fourth)  # tag 5: refused, never acknowledged: the worker takes a new connection
     channel.confirm("basic_nack", 5)
-    assert acks.refused and not fourth.acked and len(acks) == 0
+    assert refused == [fourth] and not fourth.acked and len(acks) == 0

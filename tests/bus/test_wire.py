@@ -83,3 +83,29 @@ def test_a_reply_goes_where_its_sender_waits(rabbit_vhost: str) -> None:
     finally:
         safe_release(conn)
         worker.stop()
+
+
+def test_py_amqp_still_offers_what_the_connection_overrides():
+    """vmsched's AmqpConnection turns off ``connection.blocked`` through py-amqp's documented class attribute
+    ``negotiate_capabilities``, plugged in through kombu's pyamqp transports: this fails first if either moves."""
+    import amqp.connection
+    from kombu.transport import pyamqp
+
+    from vmsched.bus.rabbitmq.connection import TRANSPORTS, AmqpConnection
+
+    assert amqp.connection.NEGOTIATE_CAPABILITIES.get("connection.blocked") is True
+    assert amqp.Connection.negotiate_capabilities is amqp.connection.NEGOTIATE_CAPABILITIES
+    assert issubclass(pyamqp.Connection, amqp.Connection)
+    assert pyamqp.Transport.Connection is pyamqp.Connection and pyamqp.SSLTransport.Connection is pyamqp.Connection
+    assert AmqpConnection.negotiate_capabilities == {**amqp.connection.NEGOTIATE_CAPABILITIES,
+                                                     "connection.blocked": False}
+    assert {t.Connection for t in TRANSPORTS.values()} == {AmqpConnection}
+
+
+@pytest.mark.rabbitmq
+def test_a_connection_does_not_announce_connection_blocked(rabbit_vhost: str):
+    conn = open_connection(BusOptions(url=rabbit_vhost))
+    try:
+        assert conn.connection.client_properties["capabilities"]["connection.blocked"] is False
+    finally:
+        safe_release(conn)

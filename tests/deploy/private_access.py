@@ -5,9 +5,12 @@
   as the plugins folder's modules use ``_vmsched_util``);
 - ``getattr``: ``getattr``/``setattr``/``hasattr``/``delattr``/``object.__setattr__`` with a literal
   underscore name, on anything but ``self`` or ``cls``;
-- ``__dict__``: ``x.__dict__`` on anything but ``self`` or ``cls``;
+- ``__dict__``: ``x.__dict__`` on anything but ``self`` or ``cls``, and ``vars(x)[...] = ...`` (a write
+  into another object's dictionary);
 - ``subclass``: a class deriving from a class of another distribution (a dependency or the standard library)
-  that defines, or reads through ``self``/``super()``, an underscore member that class has.
+  that defines, or reads through ``self``/``super()``, an underscore member that class has; or deriving from a
+  class its distribution does not export: one from a module with a private part in its path, or from a module
+  its documentation calls internal (:data:`INTERNAL`).
 
 Each finding is one string, ``path: kind: what`` (the path relative to the repository root), with its line.
 """
@@ -30,6 +33,10 @@ OWN = ("vmsched", "_vmsched_util")
 ATTR_CALLS = {"getattr", "setattr", "hasattr", "delattr"}
 #: Underscore names that are documented public API.
 PUBLIC = {"os._exit"}
+#: Modules of dependencies whose documentation does not export their classes, with where it says so.
+INTERNAL = {
+    "uvicorn.protocols": "uvicorn exports main, run, Config and Server (uvicorn.__all__); its protocols are internal",
+}
 
 
 def _private(name: str) -> bool:
@@ -99,6 +106,14 @@ class _Finder(ast.NodeVisitor):
             self.report(node, "getattr", f"{name}(..., {node.args[1].value!r})")
         self.generic_visit(node)
 
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Call) \
+                    and isinstance(target.value.func, ast.Name) and target.value.func.id == "vars" \
+                    and target.value.args and not _is_self(target.value.args[0]):
+                self.report(node, "__dict__", f"{ast.unparse(target)} = ...")
+        self.generic_visit(node)
+
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr == "__dict__" and not _is_self(node.value):
             self.report(node, "__dict__", ast.unparse(node))
@@ -110,6 +125,14 @@ class _Finder(ast.NodeVisitor):
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         bases = [cls for base in node.bases if (cls := self._foreign_class(base)) is not None]
+        for base in node.bases:
+            origin = self._origin(base)  # where the module imports it from, as dotted
+            if origin is None or self._foreign_class(base) is None:
+                continue
+            internal = next((m for m in INTERNAL if origin == m or origin.startswith(m + ".")), None)
+            if internal is not None or any(_private(part) for part in origin.split(".")):
+                self.report(node, "subclass", f"{node.name} derives from {origin}, which {origin.split('.')[0]} "
+                                              "does not export")
         if bases:
             defined = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
             assigned = {t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
@@ -125,6 +148,15 @@ class _Finder(ast.NodeVisitor):
                         if sub.attr in _privates(base):
                             self.report(sub, "subclass", f"{node.name} uses {base.__qualname__}.{sub.attr}")
         self.generic_visit(node)
+
+    def _origin(self, base: ast.expr) -> str | None:
+        """The dotted path ``base`` is imported as (``uvicorn.protocols.http.h11_impl.H11Protocol``)."""
+        head, _, rest = ast.unparse(base).partition(".")
+        origin = self.imported.get(head)
+        if origin is None:
+            return None
+        module, _, attr = origin.partition(":")
+        return ".".join(p for p in (module, attr, rest) if p)
 
     def _foreign_class(self, base: ast.expr) -> type | None:
         """The class ``base`` names if it comes from another distribution (imported), else None."""

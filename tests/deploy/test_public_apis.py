@@ -17,6 +17,14 @@ from tests.support.paths import ROOT
 from tests.deploy.private_access import findings
 
 FOLDERS = ("gateway", "services", "vmsched", "plugins")
+#: The named exceptions: where no public route exists, with the reason, the pinned version range
+#: (pyproject.toml) and the test that fails when the dependency changes what the code relies on.
+ALLOWED = {
+    "gateway/http.py: subclass: GatewayHttp derives from uvicorn.protocols.http.httptools_impl.HttpToolsProtocol, "
+    "which uvicorn does not export": "uvicorn has no public option for header and body read timeouts, and an "
+    "ASGI middleware runs only after the headers are read; uvicorn is pinned below 0.55 and "
+    "tests/gateway/test_http_timeouts.py::test_uvicorn_still_offers_what_the_gateway_protocol_extends fails first",
+}
 
 def ruff_findings() -> set[str]:
     ruff = Path(sys.executable).with_name("ruff")
@@ -38,7 +46,9 @@ def found() -> dict[str, list[int]]:
 
 def test_no_private_member_of_another_module_or_dependency_is_used() -> None:
     found_here = found()
-    assert not found_here, "\n".join(f"{what} (lines {lines})" for what, lines in sorted(found_here.items()))
+    unexpected = {what: lines for what, lines in found_here.items() if what not in ALLOWED}
+    assert not unexpected, "\n".join(f"{what} (lines {lines})" for what, lines in sorted(unexpected.items()))
+    assert set(found_here) >= set(ALLOWED), f"allowed but no longer found: {set(ALLOWED) - set(found_here)}"
 
 
 def test_the_checks_see_what_they_are_for(tmp_path: Path) -> None:
@@ -52,7 +62,10 @@ def test_the_checks_see_what_they_are_for(tmp_path: Path) -> None:
         "    def _fill_text(self, text, width, indent):\n        return self._indent_increment and text\n\n\n"
         "class Own(Job):\n    def _private_of_our_own(self):\n        return 1\n\n\n"
         "def poke(parser, obj):\n    getattr(parser, '_actions')\n    obj.__dict__['x'] = 1\n"
-        "    json._default_encoder\n    return xmlrpc.client.Unmarshaller._marks\n")
+        "    vars(obj)['y'] = 2\n    setattr(obj, '_z', 3)\n"
+        "    json._default_encoder\n    return xmlrpc.client.Unmarshaller._marks\n\n\n"
+        "from uvicorn.protocols.http.h11_impl import H11Protocol\n\n\n"
+        "class Timed(H11Protocol):\n    pass\n")
     seen = {what for what, _ in findings(tmp_path, ("vmsched",))}
     assert seen == {
         "vmsched/probe.py: import: json._default_decoder",
@@ -61,4 +74,8 @@ def test_the_checks_see_what_they_are_for(tmp_path: Path) -> None:
         "vmsched/probe.py: subclass: Loud uses HelpFormatter._indent_increment",
         "vmsched/probe.py: getattr: getattr(..., '_actions')",
         "vmsched/probe.py: __dict__: obj.__dict__",
+        "vmsched/probe.py: __dict__: vars(obj)['y'] = ...",
+        "vmsched/probe.py: getattr: setattr(..., '_z')",
+        "vmsched/probe.py: subclass: Timed derives from uvicorn.protocols.http.h11_impl.H11Protocol, which uvicorn "
+        "does not export",
     }, seen

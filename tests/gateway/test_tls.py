@@ -157,9 +157,10 @@ def test_gateway_refuses_to_start_on_a_bad_tokens_file(tmp_path: Path) -> None:
 def test_without_tokens_file_every_json_route_says_how_to_make_one() -> None:
     import asyncio
 
+    from vmsched.bus.inprocess import InProcessTransport
     from vmsched.gateway.app import create_app
 
-    app = create_app(Settings(amqp_url="memory://"))
+    app = create_app(Settings(amqp_url="memory://"), InProcessTransport())
 
     async def get() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:

@@ -21,6 +21,7 @@ from vmsched.config import Settings, stock_plugins_dir
 from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts
 from vmsched.messages import Envelope
 from vmsched.facts.pending import PendingBook, attach, best_host
+from vmsched.bus.inprocess import InProcessTransport
 from vmsched.services.scoring.service import ScoringService
 
 A, B = "hv-small", "hv-big"
@@ -51,7 +52,7 @@ class FakeVms:
 def service(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScoringService]:
     monkeypatch.delenv("VMSCHED_AMQP_URL", raising=False)
     settings = Settings(plugins_dir=stock_plugins_dir(), allow_root_plugins=True, facts_max_age=300, plugin_timeout=60)
-    svc = ScoringService(settings, pool_size=1)
+    svc = ScoringService(settings, InProcessTransport(), pool_size=1)
     svc.pool.start()
     svc.catalog.refresh()
     assert svc.catalog.uses_facts("vmsched_memory") and svc.catalog.uses_facts("vmsched_even_guests")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import ROOT, TEST_PLUGINS
+from vmsched.bus.inprocess import InProcessTransport
 from vmsched.config import Settings
 from vmsched.messages import Kind
 from vmsched.runtime.contract import KIND
@@ -21,7 +22,7 @@ H = ["h1", "h2"]
 
 @pytest.fixture(scope="module")
 def scoring():
-    service = ScoringService(Settings(plugins_dir=TEST_PLUGINS, amqp_url="memory://", facts=False))
+    service = ScoringService(Settings(plugins_dir=TEST_PLUGINS, amqp_url="memory://", facts=False), InProcessTransport())
     service.pool.start()
     service.catalog.refresh()
     try:

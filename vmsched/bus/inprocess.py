@@ -35,8 +35,8 @@ from kombu import Exchange
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, reply_body
 from vmsched.bus.options import BusOptions
-from vmsched.bus.interface import event_bytes
-from vmsched.bus.interface import BusClient, OnMessage, Publish, Topic, Transport, request_bytes, wait_reply
+from vmsched.bus.interface import BusClient, OnMessage, Publish, Subscription, Topic, Transport, event_bytes, \
+    request_bytes, wait_reply
 from vmsched.bus.replies import Handler, Replier
 from vmsched.bus.topology import EVENTS_EXCHANGE
 
@@ -302,57 +302,35 @@ class Exchanges:
                 mailbox.put(body, key)
 
 
-class InProcessSubscription:
+class InProcessSubscription(Subscription):
     """A subscriber's mailbox and the thread that hands its messages over."""
 
     def __init__(self, exchanges: Exchanges, name: str, topic: Topic, on_message: OnMessage,
                  on_subscribed: Callable[[Publish], None] | None, linger: float,
                  tick: Callable[[], None] | None) -> None:
-        self.name = name
-        self.topic = topic
-        self.on_message = on_message
-        self.on_subscribed = on_subscribed
-        self.linger = linger
-        self.tick = tick
-        self.ready = threading.Event()
+        super().__init__(name, topic, on_message, on_subscribed, linger, tick)
         self._exchanges = exchanges
         self._mailbox = Mailbox(topic.max_length)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._stop.clear()
         self._exchanges.bind(self.topic.exchange, self.topic.keys, self._mailbox)
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+        super().start()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
+    def interrupt(self) -> None:
         self._exchanges.unbind(self._mailbox)
         self._mailbox.wake()
-        if self._thread is not None:
-            self._thread.join(timeout)
 
-    def _run(self) -> None:
+    def serve(self) -> None:
         self.ready.set()
         if self.on_subscribed is not None:
-            self._guarded(self.on_subscribed, self._exchanges.publish)
-        tick = time.monotonic() + 1.0
-        while not self._stop.is_set():
+            self.guarded(self.on_subscribed, self._exchanges.publish)
+        while not self.stopping.is_set():
             batch = self._mailbox.take(WAIT)
-            if batch and self.linger > 0 and not self._stop.wait(self.linger):
+            if batch and self.linger > 0 and not self.stopping.wait(self.linger):
                 batch += self._mailbox.take(0)
             for body, key in batch:
-                self._guarded(self.on_message, body, key)
-            if self.tick is not None and time.monotonic() >= tick:
-                self._guarded(self.tick)
-                tick = time.monotonic() + 1.0
-
-    def _guarded(self, function: Callable[..., object], *args: Any) -> None:
-        try:
-            function(*args)
-        except Exception:  # noqa: BLE001 - a bad message must not stop the subscription
-            log.exception("%s: handling a message failed", self.name)
+                self.guarded(self.on_message, body, key)
+            self.ticked()
 
 
 class InProcessEvents:

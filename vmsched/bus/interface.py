@@ -12,6 +12,7 @@ event publishers. The bytes are the same on both: the request and reply envelope
 from __future__ import annotations
 
 import asyncio
+import logging
 import json
 import threading
 import time
@@ -28,6 +29,8 @@ from vmsched.bus.options import BusOptions
 from vmsched.bus.replies import Handler
 from vmsched.bus.topology import PING
 from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
+
+log = logging.getLogger("vmsched.bus")
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
@@ -51,14 +54,55 @@ class Worker(Protocol):
     def connected(self) -> bool: ...
 
 
-class Subscription(Protocol):
-    """A subscriber's own queue on a topic exchange, served by a thread of its own."""
+class Subscription:
+    """A subscriber's own queue on a topic exchange, served by a thread of its own (each transport's
+    subclass writes :meth:`serve`): it hands every message to ``on_message``, calls ``on_subscribed`` with a
+    publisher once subscribed, waits ``linger`` seconds after a message to take what follows with it, and calls
+    ``tick`` about every second. A failure of a callback is logged, never raised."""
 
-    ready: threading.Event  # set once subscribed
+    def __init__(self, name: str, topic: Topic, on_message: OnMessage,
+                 on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
+                 tick: Callable[[], None] | None = None) -> None:
+        self.name = name
+        self.topic = topic
+        self.on_message = on_message
+        self.on_subscribed = on_subscribed
+        self.linger = linger
+        self.tick = tick
+        self.ready = threading.Event()  # set once subscribed
+        self.stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_tick = 0.0
 
-    def start(self) -> None: ...
+    def start(self) -> None:
+        self.stopping.clear()
+        self._thread = threading.Thread(target=self.serve, name=self.name, daemon=True)
+        self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None: ...
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
+        self.interrupt()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def serve(self) -> None:
+        """The thread: subscribe, then hand messages over until :attr:`stopping` is set."""
+        raise NotImplementedError
+
+    def interrupt(self) -> None:
+        """Wake the thread from its wait (:meth:`stop`)."""
+
+    def guarded(self, function: Callable[..., object], *args: Any) -> None:
+        try:
+            function(*args)
+        except Exception:  # noqa: BLE001 - a bad message must not stop the subscription
+            log.exception("%s: handling a message failed", self.name)
+
+    def ticked(self) -> None:
+        """Call ``tick`` if a second has passed since the last time."""
+        if self.tick is not None and time.monotonic() >= self._next_tick:
+            self.guarded(self.tick)
+            self._next_tick = time.monotonic() + 1.0
 
 
 class EventSink(Protocol):

@@ -43,18 +43,16 @@ def service_queues() -> dict[str, tuple[str, ...]]:
     return {name: tuple(cls.QUEUES) for name, cls in SERVICES.items()}
 
 
-def make_service(name: str, settings: Settings, log_plugins: bool = True,
-                 transport: Transport | None = None) -> PluginService:
-    """Service ``name`` on ``transport`` (the process's bus; default: one of the settings' own)."""
+def make_service(name: str, settings: Settings, transport: Transport, log_plugins: bool = True) -> PluginService:
+    """Service ``name`` on ``transport``, the process's bus."""
     cls = SERVICES.get(name)
     if cls is None:
         raise ValueError(f"unknown service {name!r}")
     if cls is BalancerService:
         fewest, most = settings.pool_bounds()
         half = max(1, most // 2)  # balance requests are rarer: half the workers
-        return BalancerService(settings, pool_bounds=(min(fewest, half), half), log_plugins=log_plugins,
-                               transport=transport)
-    return cls(settings, log_plugins=log_plugins, transport=transport)
+        return BalancerService(settings, transport, pool_bounds=(min(fewest, half), half), log_plugins=log_plugins)
+    return cls(settings, transport, log_plugins=log_plugins)
 
 
 #: The gateway's /metrics port when --metrics-port is not given (services: no listener).
@@ -82,7 +80,7 @@ def _prepare_http(settings: Settings, transport: Transport) -> tuple[uvicorn.Ser
     check_tokens(settings)
     tls = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca, what="gateway TLS")
     tokens = TokenStore(settings.tokens_file).watch()
-    app = create_app(settings, tokens=tokens, transport=transport)
+    app = create_app(settings, transport, tokens=tokens)
     metrics.init_requests("gateway", [op.value for op in Op])  # every series at 0 from start-up
     sock = bind(settings.host, settings.port)
     try:

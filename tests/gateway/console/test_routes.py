@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from tests.gateway.console.test_sessions import OTHER, TOKEN, write_tokens
 from vmsched.config import Settings
+from vmsched.bus.inprocess import InProcessTransport
 from vmsched.gateway.app import create_app
 from vmsched.gateway.console.sessions import COOKIE, LOGIN_COOKIE
 from vmsched.tokens import TokenStore
@@ -40,7 +41,7 @@ def gateways(tmp_path_factory: pytest.TempPathFactory) -> Gateways:
     apps = {}
     for name, secret in (("a", "secret"), ("b", "secret"), ("other", "another"), ("random", None)):
         settings = Settings(amqp_url="memory://", tokens_file=tokens, console_secret_file=secret and tmp / secret)
-        apps[name] = create_app(settings, tokens=TokenStore(tokens, check_interval=0))
+        apps[name] = create_app(settings, InProcessTransport(), tokens=TokenStore(tokens, check_interval=0))
     return Gateways(tokens, apps)
 
 

@@ -18,7 +18,7 @@ from vmsched.bus import BusUnavailable
 from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import BusClient, request_bytes, wait_reply
 from vmsched.bus.rabbitmq.link import Link, Outcome
-from vmsched.bus.rabbitmq.outgoing import Outgoing
+from vmsched.bus.rabbitmq.link import Outgoing
 from vmsched.bus.tokens import Unguessable
 from vmsched.bus.topology import AGENT_EXCHANGE, route
 

@@ -1,67 +1,86 @@
-"""Publisher confirms awaited without blocking: which request each delivery tag was, and which are overdue."""
+"""Publisher confirms of one channel, awaited without blocking: what each publish was, until the broker settles it.
+
+Two parties publish in confirm mode. The gateway's link (:mod:`link`) keeps each request's correlation ID
+until it is confirmed, sends again what a nack refused and finds the confirms overdue. A service worker
+(:mod:`worker`) acknowledges a request only once what it published for it (its reply, or its second chance's
+copy) is confirmed: a reply published without a confirm can be lost when a broker node dies while the
+request's ack, sent after it, is already replicated; and the broker's own dead-lettering from a quorum queue is
+at most once. A refused publish (a nack) leaves its request unacknowledged; the worker then takes a new
+connection and the broker delivers the request again.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
 
 
-class Confirms:
-    """The confirms awaited on the current channel (:meth:`reset` for each new one), on the thread that owns it.
+def _nothing(items: list) -> None:
+    return None
 
-    The broker's basic.ack or basic.nack arrives like any frame; ``on_nack`` gets the correlation ids a nack
-    covers. :meth:`overdue` hands out those not confirmed in time, with when each was published.
+
+class Confirms(Generic[T]):
+    """The publishes of the current channel (:meth:`watch` each new one), on the thread that owns it.
+
+    ``on_ack`` and ``on_nack`` get the items the broker's basic.ack or basic.nack settles, in publish order.
     """
 
-    def __init__(self, on_nack: Callable[[list[str]], None]) -> None:
-        self._on_nack = on_nack
-        self._tag = 0  # last publish delivery tag on the channel
-        self._unconfirmed: OrderedDict[int, tuple[str, float]] = OrderedDict()  # tag -> (correlation id, published)
+    def __init__(self, on_ack: Callable[[list[T]], None] = _nothing,
+                 on_nack: Callable[[list[T]], None] = _nothing) -> None:
+        self._on_ack, self._on_nack = on_ack, on_nack
+        self._tag = 0  # last publish's delivery tag on the channel
+        self._waiting: OrderedDict[int, tuple[T, float]] = OrderedDict()  # tag -> (item, time.monotonic())
 
-    def __bool__(self) -> bool:
-        return bool(self._unconfirmed)
+    def __len__(self) -> int:
+        return len(self._waiting)
 
-    def reset(self, channel: object) -> None:
-        """Watch ``channel`` (in confirm mode from now on)."""
+    def watch(self, channel: object) -> None:
+        """Put ``channel`` in confirm mode and count its publishes from now on."""
         self._tag = 0
-        self._unconfirmed.clear()
+        self._waiting.clear()
         channel.confirm_select()  # type: ignore[attr-defined]
         channel.events["basic_ack"].add(self.ack)  # type: ignore[attr-defined]
         channel.events["basic_nack"].add(self.nack)  # type: ignore[attr-defined]
 
-    def published(self, cid: str) -> None:
+    def published(self, item: T | None) -> None:
+        """One message was published on the channel; ``item`` is settled with its confirm (None: nothing waits)."""
         self._tag += 1
-        self._unconfirmed[self._tag] = (cid, time.monotonic())
+        if item is not None:
+            self._waiting[self._tag] = (item, time.monotonic())
 
     def ack(self, tag: int, multiple: bool) -> None:
-        self._settle(tag, multiple)
+        items = self._settle(tag, multiple)
+        if items:
+            self._on_ack(items)
 
     def nack(self, tag: int, multiple: bool) -> None:
-        cids = self._settle(tag, multiple)
-        if cids:
-            self._on_nack(cids)
+        items = self._settle(tag, multiple)
+        if items:
+            self._on_nack(items)
 
-    def overdue(self, timeout: float) -> list[tuple[str, float]]:
-        """The requests published more than ``timeout`` seconds ago and not confirmed (forgotten here), oldest
+    def overdue(self, timeout: float) -> list[tuple[T, float]]:
+        """The items published more than ``timeout`` seconds ago and not confirmed (forgotten here), oldest
         first, each with its ``time.monotonic()`` of publication."""
         limit, due = time.monotonic() - timeout, []
-        while self._unconfirmed:
-            tag, (cid, at) = next(iter(self._unconfirmed.items()))
+        while self._waiting:
+            tag, (item, at) = next(iter(self._waiting.items()))
             if at > limit:
                 break
-            del self._unconfirmed[tag]
-            due.append((cid, at))
+            del self._waiting[tag]
+            due.append((item, at))
         return due
 
-    def _settle(self, tag: int, multiple: bool) -> list[str]:
+    def _settle(self, tag: int, multiple: bool) -> list[T]:
         if not multiple:
-            settled = self._unconfirmed.pop(tag, None)
+            settled = self._waiting.pop(tag, None)
             return [settled[0]] if settled is not None else []
-        cids = []
-        while self._unconfirmed:
-            first = next(iter(self._unconfirmed))
+        items = []
+        while self._waiting:
+            first = next(iter(self._waiting))
             if first > tag:
                 break
-            cids.append(self._unconfirmed.pop(first)[0])
-        return cids
+            items.append(self._waiting.pop(first)[0])
+        return items

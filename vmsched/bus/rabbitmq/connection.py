@@ -1,11 +1,16 @@
-"""Opening kombu connections to RabbitMQ, and the errors that mean "the broker went away"."""
+"""Opening kombu connections to RabbitMQ, the errors that mean "the broker went away", and a bus thread's wait
+on its broker socket (through the socket's public API only)."""
 
 from __future__ import annotations
 
+import os
+import select
 import socket
 import threading
 import time
-from typing import Iterable
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+from urllib.parse import urlsplit
 
 import amqp.connection
 import amqp.exceptions
@@ -28,23 +33,28 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-class _AmqpConnection(pyamqp.Connection):
-    # Without `connection.blocked`, py-amqp's basic_publish no longer drains
-    # incoming frames inline: a worker publishing its reply would otherwise
-    # handle the next delivery (recursively) before its reply leaves. A
-    # broker resource alarm then shows as a publisher-confirm timeout instead.
+class AmqpConnection(pyamqp.Connection):
+    """py-amqp's connection without the ``connection.blocked`` capability.
+
+    With it, py-amqp's basic_publish drains incoming frames inline: a worker publishing its reply would handle
+    the next delivery (recursively) before its reply leaves. A broker resource alarm then shows as a
+    publisher-confirm timeout instead. The one place vmsched overrides a dependency's class attribute: py-amqp
+    offers no public option for it. What it relies on is checked by tests/bus/test_wire.py, and py-amqp's
+    version range is pinned in pyproject.toml.
+    """
+
     negotiate_capabilities = {**amqp.connection.NEGOTIATE_CAPABILITIES, "connection.blocked": False}
 
 
-class _AmqpTransport(pyamqp.Transport):
-    Connection = _AmqpConnection
+class AmqpTransport(pyamqp.Transport):
+    Connection = AmqpConnection
 
 
-class _AmqpSSLTransport(pyamqp.SSLTransport):
-    Connection = _AmqpConnection
+class AmqpSSLTransport(pyamqp.SSLTransport):
+    Connection = AmqpConnection
 
 
-_TRANSPORTS = {"amqp": _AmqpTransport, "pyamqp": _AmqpTransport, "amqps": _AmqpSSLTransport}
+TRANSPORTS = {"amqp": AmqpTransport, "pyamqp": AmqpTransport, "amqps": AmqpSSLTransport}
 
 
 def open_connection(options: BusOptions, blocking_confirms: bool = False) -> Connection:
@@ -64,7 +74,7 @@ def open_connection(options: BusOptions, blocking_confirms: bool = False) -> Con
         try:
             return _open(options, url, blocking_confirms)
         except CONNECTION_ERRORS as exc:
-            _note_failure(url)
+            _note_failure(_node_of(url))
             if len(urls) == 1:
                 raise
             errors.append(f"{mask(url)}: {type(exc).__name__}: {mask(str(exc))}")
@@ -74,7 +84,7 @@ def open_connection(options: BusOptions, blocking_confirms: bool = False) -> Con
 def _open(options: BusOptions, url: str, blocking_confirms: bool) -> Connection:
     conn = Connection(
         url,
-        transport=_TRANSPORTS.get(url.split("://", 1)[0]),
+        transport=TRANSPORTS.get(url.split("://", 1)[0]),
         connect_timeout=options.connect_timeout,
         heartbeat=options.heartbeat,
         ssl=options.ssl_options(url) or False,
@@ -86,16 +96,24 @@ def _open(options: BusOptions, url: str, blocking_confirms: bool) -> Connection:
         drop(conn)  # a node that did not complete the handshake may not answer a closing one either
         raise
     with _failed_lock:
-        _failed_at.pop(url, None)
-    conn.bus_url = url  # type: ignore[attr-defined]  # which node: note_lost()
+        _failed_at.pop(node(conn), None)
     return conn
+
+
+def node(conn: Connection) -> str:
+    """The broker node of ``conn``: ``host:port``."""
+    return f"{conn.hostname}:{conn.port}"
+
+
+def _node_of(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or (5671 if parts.scheme == 'amqps' else 5672)}"
 
 
 def note_lost(conn: Connection | None) -> None:
     """``conn`` broke: its node is tried after the others at the next connection."""
-    url = getattr(conn, "bus_url", None)
-    if url is not None:
-        _note_failure(url)
+    if conn is not None:
+        _note_failure(node(conn))
 
 
 #: Seconds a node that refused a connection is tried after the others.
@@ -104,16 +122,16 @@ _failed_at: dict[str, float] = {}
 _failed_lock = threading.Lock()
 
 
-def _note_failure(url: str) -> None:
+def _note_failure(host_port: str) -> None:
     with _failed_lock:
-        _failed_at[url] = time.monotonic()
+        _failed_at[host_port] = time.monotonic()
 
 
 def _by_preference(urls: tuple[str, ...]) -> list[str]:
     now = time.monotonic()
     with _failed_lock:
-        recent = {u for u, at in _failed_at.items() if now - at < FAILED_NODE_PENALTY}
-    return sorted(urls, key=lambda u: u in recent)  # stable: the configured order otherwise
+        recent = {n for n, at in _failed_at.items() if now - at < FAILED_NODE_PENALTY}
+    return sorted(urls, key=lambda u: _node_of(u) in recent)  # stable: the configured order otherwise
 
 
 def ensure_exchanges(conn: Connection, exchanges: Iterable[Exchange]) -> None:
@@ -175,3 +193,82 @@ def drop(conn: Connection | None) -> None:
         conn.collect()
     except Exception:  # noqa: BLE001 - the connection is being thrown away
         pass
+
+
+# --- a bus thread's wait on its broker socket -------------------------------------------------------------
+
+def buffered(sock: object) -> int:
+    """Bytes a TLS socket has decrypted and not handed out yet (``SSLSocket.pending``): invisible to
+    ``select`` and the event loop. A plain TCP socket keeps none (py-amqp reads exactly what a frame needs)."""
+    pending = getattr(sock, "pending", None)
+    return pending() if pending is not None else 0
+
+
+@contextmanager
+def nonblocking(sock: socket.socket | None, timeout: float = 0.0) -> Iterator[None]:
+    """``sock`` with ``timeout`` (default none: non-blocking) for a block of reads with that same timeout:
+    py-amqp then finds the timeout it wants already set and leaves it (it sets and restores it around every
+    frame otherwise: two system calls each)."""
+    if sock is None:
+        yield
+        return
+    before = sock.gettimeout()
+    sock.settimeout(timeout)
+    try:
+        yield
+    finally:
+        try:
+            sock.settimeout(before)
+        except OSError:
+            pass  # closed meanwhile: the connection is being replaced
+
+
+class Wakeup:
+    """The one select loop of a bus thread: it waits on its broker socket and on a pipe that other threads
+    write to (:meth:`wake`) when they hand it work."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+
+    def wake(self) -> None:
+        if self._w < 0:
+            return  # closed: the thread has stopped
+        try:
+            os.write(self._w, b"\0")
+        except OSError:
+            pass  # a wake-up is pending already
+
+    def wait(self, sock: socket.socket | None, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for the broker (``sock``; None: no connection) or a wake-up; whether
+        the broker's socket has something to read."""
+        if sock is not None and buffered(sock):
+            return True
+        readable = select.select([self._r] if sock is None else [sock, self._r], [], [], timeout)[0]
+        if self._r in readable:
+            try:
+                while os.read(self._r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        return sock is not None and sock in readable
+
+    def close(self) -> None:
+        fds, self._r, self._w = (self._r, self._w), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+
+
+def read_messages(conn: Connection, sock: socket.socket, timeout: float) -> None:
+    """Read the messages that have come; each read waits at most ``timeout`` for the rest of a message's frames
+    (a partial frame is kept for the next read)."""
+    while True:
+        try:
+            with nonblocking(sock, timeout):
+                conn.drain_events(timeout=timeout)
+        except socket.timeout:
+            return
+        if not (buffered(sock) or select.select([sock], [], [], 0)[0]):
+            return

@@ -24,25 +24,23 @@ backoff.
 from __future__ import annotations
 
 import logging
-import os
-import select
 import socket
 import threading
 import time
 import uuid
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 from typing import Callable
 
-from kombu import Connection, Consumer, Producer
+from kombu import Connection, Consumer, Exchange, Producer
 from kombu.message import Message
 
 from vmsched import metrics
 from vmsched.bus import BusUnavailable
 from vmsched.bus.rabbitmq.confirms import Confirms
-from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, drop, ensure_exchanges, note_lost, open_connection, safe_release
+from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, Wakeup, backoff, drop, ensure_exchanges, node, note_lost, \
+    open_connection, read_messages, safe_release
 from vmsched.bus.options import BusOptions
-from vmsched.bus.rabbitmq.outgoing import Outgoing
-from vmsched.bus.rabbitmq.sockets import buffered, nonblocking
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, reply_queue, request_queue
 from vmsched.bus.options import mask
 
@@ -59,6 +57,21 @@ IO_TIMEOUT_FLOOR = 1.0
 _READ_TIMEOUT = 0.05  # the wait for the rest of a message whose first bytes have come, seconds
 _TICK = 0.1  # how often confirms and deadlines are looked at while requests wait, seconds
 _RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
+
+
+@dataclass
+class Outgoing:
+    """What the link keeps of a request until it is answered: enough to send it again."""
+
+    queue: str
+    exchange: Exchange
+    key: str
+    payload: bytes
+    deadline: float  # time.time()
+    resend: bool  # a scheduling request (no side effects) may be sent again
+    sent: int = 0
+    failed: int = 0  # publishes that broke the connection
+    why: str = "reconnect"  # why it goes out again after the next reconnection
 
 
 class Link:
@@ -82,9 +95,7 @@ class Link:
         self.last_error = "not connected yet"
         self.attempted = threading.Event()  # the first connection attempt is over (made or failed)
         self._work: deque[Callable[[], None]] = deque()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._wakeup = Wakeup()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # the thread's own
@@ -95,7 +106,7 @@ class Link:
         self._declared: set[str] = set()
         self._requests: dict[str, Outgoing] = {}  # correlation id -> what to (re)send, until answered or expired
         self._resent_answered: OrderedDict[str, None] = OrderedDict()
-        self._confirms = Confirms(self._on_nack)
+        self._confirms: Confirms[str] = Confirms(on_nack=self._on_nack)
         self._nacked = False  # a nack asks for a new connection once the frames at hand are read
         self._heard = 0.0  # time.monotonic() the broker was last heard from
         self._beat = 0.0
@@ -119,12 +130,7 @@ class Link:
     def call_soon(self, work: Callable[[], None]) -> None:
         """Run ``work`` on the link's thread."""
         self._work.append(work)
-        if self._wake_w < 0:
-            return  # the link has stopped
-        try:
-            os.write(self._wake_w, b"\0")
-        except OSError:
-            pass  # a wake-up is pending already
+        self._wakeup.wake()
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -133,9 +139,7 @@ class Link:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 return  # still in a bounded wait: it ends by itself and keeps its pipe
-        wake, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
-        for fd in wake:
-            os.close(fd)
+        self._wakeup.close()
 
     # --- the thread -----------------------------------------------------------
     def _run(self) -> None:
@@ -164,14 +168,11 @@ class Link:
         """Wait for the broker or the event loop; send, read, and look at confirms, heartbeats and deadlines."""
         sock = self._sock
         assert sock is not None
-        wait = _TICK if self._requests else 1.0
-        readable = [sock] if buffered(sock) else select.select([sock, self._wake_r], [], [], wait)[0]
-        if self._wake_r in readable:
-            self._drain_pipe()
+        readable = self._wakeup.wait(sock, _TICK if self._requests else 1.0)
         self._run_work()
-        if sock in readable and self._sock is sock:
+        if readable and self._sock is sock:
             self._heard = time.monotonic()
-            self._read(sock)
+            read_messages(self._conn, sock, _READ_TIMEOUT)
         if self._nacked and self._sock is sock:
             self._nacked = False
             self._lost(BusUnavailable("the broker refused a request (publisher nack)"))
@@ -189,33 +190,12 @@ class Link:
             self._run_work()
             self._expire()
             self._flush()
-            if select.select([self._wake_r], [], [], min(left, 1.0))[0]:
-                self._drain_pipe()
+            self._wakeup.wait(None, min(left, 1.0))
         self._run_work()
-
-    def _drain_pipe(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
 
     def _run_work(self) -> None:
         while self._work:
             self._work.popleft()()
-
-    def _read(self, sock: socket.socket) -> None:
-        """Read the messages that have come (a message's frames: each read waits a moment for the rest)."""
-        conn = self._conn
-        assert conn is not None
-        while True:
-            try:
-                with nonblocking(sock, _READ_TIMEOUT):
-                    conn.drain_events(timeout=_READ_TIMEOUT)
-            except socket.timeout:
-                return
-            if not (buffered(sock) or select.select([sock], [], [], 0)[0]):
-                return
 
     def _flush(self) -> None:
         if self._outcomes:
@@ -391,7 +371,7 @@ class Link:
         metrics.BUS_UP.labels(self.service).set(1)
         if not first:
             metrics.BUS_RECONNECTS.labels(self.service).inc()
-            log.info("%s: reconnected to the bus at %s", self.service, _where(conn))
+            log.info("%s: reconnected to the bus at %s", self.service, node(conn))
         self._send_waiting()
         return True
 
@@ -406,7 +386,7 @@ class Link:
             self._declared.add(name)
         self._producer = Producer(channel, auto_declare=False)
         if self.options.confirms:
-            self._confirms.reset(channel)  # a refused or missing confirm sends the request again or fails it
+            self._confirms.watch(channel)  # a refused or missing confirm sends the request again or fails it
 
     def _lost(self, exc: BaseException, recovering: bool = True) -> None:
         """The connection broke (or its broker went silent): drop it; the thread reconnects."""
@@ -430,6 +410,3 @@ class Link:
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {mask(str(exc))}" if str(exc) else type(exc).__name__
 
-
-def _where(conn: Connection) -> str:
-    return mask(getattr(conn, "bus_url", ""))

@@ -10,15 +10,15 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from typing import Callable
 
 from kombu import Connection, Consumer, Producer, Queue
 from kombu.message import Message
 
-from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, ensure_exchanges, note_lost, open_connection, safe_release
+from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, ensure_exchanges, node, note_lost, open_connection, \
+    safe_release
 from vmsched.bus.options import BusOptions
-from vmsched.bus.interface import OnMessage, Publish, Topic
+from vmsched.bus.interface import OnMessage, Publish, Subscription, Topic
 from vmsched.bus.options import mask
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def run_reconnecting(options: BusOptions, name: str, stop: threading.Event, serv
         try:
             conn = open_connection(options)
             if attempt:
-                log.info("%s: connected to %s", name, mask(getattr(conn, "bus_url", options.url)))
+                log.info("%s: connected to %s", name, node(conn))
                 if on_reconnect is not None:
                     on_reconnect()
             attempt = 0
@@ -65,36 +65,18 @@ def hand_over(message: Message, on_message: Callable[[bytes, str], object], what
         log.exception("handling a %s message failed", what)
 
 
-class BrokerSubscription:
+class BrokerSubscription(Subscription):
     """A subscriber's own queue on RabbitMQ (:class:`~vmsched.bus.interface.Topic`): one thread with its own
     connection, reconnecting with backoff; an exclusive queue, gone with its connection."""
 
     def __init__(self, options: BusOptions, name: str, topic: Topic, on_message: OnMessage,
                  on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
                  tick: Callable[[], None] | None = None) -> None:
+        super().__init__(name, topic, on_message, on_subscribed, linger, tick)
         self.options = options.without_confirms()
-        self.name = name
-        self.topic = topic
-        self.on_message = on_message
-        self.on_subscribed = on_subscribed
-        self.linger = linger
-        self.tick = tick
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.ready = threading.Event()  # subscribed at least once
 
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        run_reconnecting(self.options, self.name, self._stop, self._serve)
+    def serve(self) -> None:
+        run_reconnecting(self.options, self.name, self.stopping, self._serve)
 
     def _serve(self, conn: Connection) -> None:
         topic = self.topic
@@ -118,19 +100,16 @@ class BrokerSubscription:
         hand_over(message, self.on_message, self.name)
 
     def _drain(self, conn: Connection) -> None:
-        tick = time.monotonic() + 1.0
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             try:
                 conn.drain_events(timeout=1.0)
             except socket.timeout:
                 conn.heartbeat_check()
             else:
-                if self.linger > 0 and not self._stop.wait(self.linger):
+                if self.linger > 0 and not self.stopping.wait(self.linger):
                     try:
-                        while not self._stop.is_set():
+                        while not self.stopping.is_set():
                             conn.drain_events(timeout=0)
                     except socket.timeout:
                         pass
-            if self.tick is not None and time.monotonic() >= tick:
-                self.tick()
-                tick = time.monotonic() + 1.0
+            self.ticked()

@@ -18,10 +18,7 @@ alone), passed on, or refused with an error.
 from __future__ import annotations
 
 import logging
-import os
 import queue as queues
-import select
-import socket
 import threading
 import time
 from pathlib import Path
@@ -32,15 +29,14 @@ from kombu.message import Message
 
 from vmsched import metrics
 from vmsched.bus import BusUnavailable
-from vmsched.bus.rabbitmq.acks import AcksAfterConfirm
-from vmsched.bus.rabbitmq.connection import ensure_exchanges
+from vmsched.bus.rabbitmq.confirms import Confirms
+from vmsched.bus.rabbitmq.connection import Wakeup, ensure_exchanges, read_messages
 from vmsched.bus.options import BusOptions
 from vmsched.bus.rabbitmq.journal import Journal
 from vmsched.bus.rabbitmq.loop import run_reconnecting
 from vmsched.bus.rabbitmq.poison import HELD_MAX, HOLD_CHECK, HeldOutcome, HeldSecondChances, PoisonTriage, Triage, Turns, \
     Verdict, correlation_id
 from vmsched.bus.replies import Handler, Replier
-from vmsched.bus.rabbitmq.sockets import buffered, nonblocking
 from vmsched.bus.topology import DEAD_EXCHANGE, REPLY_EXCHANGE, dead_letter_queue, is_versioned, request_queue, \
     route
 
@@ -81,11 +77,12 @@ class ServiceWorker:
         self._lock = threading.Lock()
         self._work: queues.SimpleQueue[_Item | None] = queues.SimpleQueue()
         self._done: queues.SimpleQueue[tuple[Message, bytes | None]] = queues.SimpleQueue()
-        self._wake: tuple[int, int] = (-1, -1)
+        self._wakeup: Wakeup | None = None
         self._channel: object = None  # the channel of the live connection
         self._held = HeldSecondChances()  # on the bus thread
         self._turns = Turns()  # on the bus thread; a new one per connection
-        self._acks = AcksAfterConfirm()  # likewise: requests acknowledged once their reply is confirmed
+        self._acks = self._confirms()  # likewise: requests acknowledged once their reply is confirmed
+        self._refused = False  # the broker refused a reply or a copy: take a new connection
         self.ready = threading.Event()  # set once the consumers have subscribed
 
     # --- lifecycle ---------------------------------------------------------
@@ -99,8 +96,7 @@ class ServiceWorker:
                 log.warning("%s: no in-flight journal (%s): a restarted process may run again a request that "
                             "killed it, within --delivery-limit", self.service, exc)
         self.triage = PoisonTriage(self.service, self.limit, self.journal)
-        self._wake = os.pipe()
-        os.set_blocking(self._wake[1], False)
+        self._wakeup = Wakeup()
         self._spawn(self._run, f"{self.service}-bus")
         for i in range(self.consumers):
             self._spawn(lambda slot=i: self._handler_thread(slot), f"{self.service}-handler-{i}")
@@ -122,10 +118,8 @@ class ServiceWorker:
         for t in self._threads:
             t.join(timeout)
         self._threads.clear()
-        for fd in self._wake:
-            if fd >= 0:
-                os.close(fd)
-        self._wake = (-1, -1)
+        if self._wakeup is not None:
+            self._wakeup.close()
         if self.journal is not None:
             self.journal.close()
             self.journal = None
@@ -138,6 +132,13 @@ class ServiceWorker:
     def _run(self) -> None:
         run_reconnecting(self.options.without_confirms(), self.service, self._stop, self._serve, self._reconnected)
 
+    def _confirms(self) -> Confirms[Message]:
+        """Requests acknowledged once what was published for them is confirmed; a nack: a new connection."""
+        return Confirms(on_ack=lambda messages: [m.ack() for m in messages], on_nack=self._nacked)
+
+    def _nacked(self, messages: list[Message]) -> None:
+        self._refused = True  # not acknowledged: delivered again on the next connection
+
     def _reconnected(self) -> None:
         metrics.BUS_RECONNECTS.labels(self.service).inc()
         log.info("%s: reconnected to the bus", self.service)
@@ -146,7 +147,7 @@ class ServiceWorker:
         ensure_exchanges(conn, {route(name)[0].name: route(name)[0] for name in self.routes}.values())
         ensure_exchanges(conn, (REPLY_EXCHANGE, DEAD_EXCHANGE))
         channel = self._channel = conn.channel()  # before consuming: deliveries may come while subscribing
-        self._acks = AcksAfterConfirm()
+        self._acks, self._refused = self._confirms(), False
         self._acks.watch(channel)
         producer = Producer(channel, auto_declare=False)
         # a dead-letter queue's consumer holds several second chances, decided for together; each runs alone
@@ -176,16 +177,10 @@ class ServiceWorker:
             self._flush(producer, channel)
             self._release_held(channel, producer)
             wait = HOLD_CHECK if self._held else 1.0
-            readable = [sock] if buffered(sock) else select.select([sock, self._wake[0]], [], [], wait)[0]
-            if self._wake[0] in readable:
-                os.read(self._wake[0], 4096)
-            if sock in readable:
-                try:  # the socket's timeout set once for the message's three frames
-                    with nonblocking(sock, _READ_TIMEOUT):
-                        conn.drain_events(timeout=_READ_TIMEOUT)  # one complete message; a partial frame is kept
-                except socket.timeout:
-                    pass
-            if self._acks.refused:  # its requests come back on the next connection
+            assert self._wakeup is not None
+            if self._wakeup.wait(sock, wait):
+                read_messages(conn, sock, _READ_TIMEOUT)
+            if self._refused:  # its requests come back on the next connection
                 raise BusUnavailable("the broker refused a reply or a second chance (publisher nack)")
             if time.monotonic() - beat >= 1.0:
                 conn.heartbeat_check()
@@ -213,11 +208,8 @@ class ServiceWorker:
             message.ack()
 
     def _poke(self) -> None:
-        if self._wake[1] >= 0:
-            try:
-                os.write(self._wake[1], b"\0")
-            except BlockingIOError:
-                pass  # a wake-up is already pending
+        if self._wakeup is not None:
+            self._wakeup.wake()
 
     def _callback(self, name: str, dead_letter: bool, producer: Producer) -> Callable[[Message], None]:
         return lambda message: self._on_message(name, dead_letter, message, producer)
