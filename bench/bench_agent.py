@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import libvirt  # noqa: E402
 
-from vmsched.services.policy_agent.policy import cpuset  # noqa: E402
+from vmsched import cpuset  # noqa: E402
 from vmsched.services.policy_agent.agent import Agent  # noqa: E402
 from vmsched.services.policy_agent.virt.connection import ensure_event_loop  # noqa: E402
 from tests.support.agent_driver import domain_xml, live_pins  # noqa: E402

@@ -24,13 +24,15 @@ from vmsched.bus.facts import SnapshotListener
 from vmsched.bus.interface import Transport
 from vmsched.bus.transport import open_transport
 
+from vmsched import cpuset
+
 from . import metrics
 from .enforce.changes import PolicyChanges
 from .enforce.enforcer import Enforcer
 from .enforce.jobs import JobQueue
 from .enforce.transient import TransientPolicies
 from .facts.reporter import FactsReporter
-from .policy import checkpoint, cpuset, orchestration, recovery, store
+from .policy import checkpoint, orchestration, recovery, store
 from .policy.allocation import Pools
 from .policy.errors import AgentError, ApplyError, PolicyError
 from .policy.inventory import Inventory

@@ -9,7 +9,7 @@ from __future__ import annotations
 import libvirt
 import pytest
 
-from vmsched.services.policy_agent.policy import cpuset
+from vmsched import cpuset
 from vmsched.services.policy_agent.virt import domxml
 from vmsched.services.policy_agent.virt.apply import CONFIG, LIVE, Applier, Caps, sched_equal
 from vmsched.services.policy_agent.policy.errors import ApplyError

@@ -6,7 +6,7 @@ import pytest
 
 from tests.agent.recorded_host import capabilities
 from vmsched.services.policy_agent.policy.allocation import Pools, plan_pool
-from vmsched.services.policy_agent.policy.cpuset import parse as S
+from vmsched.cpuset import parse as S
 from vmsched.services.policy_agent.policy.errors import PolicyError
 from vmsched.services.policy_agent.policy.model import parse_policy
 from vmsched.services.policy_agent.policy.topology import parse_capabilities

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from vmsched.services.policy_agent.policy import checkpoint, cpuset, durable, recovery
+from vmsched import cpuset
+from vmsched.services.policy_agent.policy import checkpoint, durable, recovery
 from vmsched.services.policy_agent.policy.allocation import AllocationHint, Pools
 
 S = cpuset.parse

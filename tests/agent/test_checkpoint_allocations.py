@@ -11,7 +11,8 @@ import libvirt
 from tests.support.agent_driver import conn, domain_xml, make_agent, state_dir  # noqa: F401 - fixtures
 from tests.support.waiting import wait_until
 from vmsched.services.policy_agent.agent import Agent
-from vmsched.services.policy_agent.policy import checkpoint, cpuset
+from vmsched import cpuset
+from vmsched.services.policy_agent.policy import checkpoint
 from vmsched.services.policy_agent.policy.errors import AgentError
 from vmsched.services.policy_agent.virt import metadata
 

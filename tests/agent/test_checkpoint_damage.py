@@ -13,7 +13,8 @@ from typing import Callable
 import pytest
 
 from tests.support.agent_driver import conn, domain_xml, make_agent, state_dir  # noqa: F401 - fixtures
-from vmsched.services.policy_agent.policy import checkpoint, cpuset, durable, recovery
+from vmsched import cpuset
+from vmsched.services.policy_agent.policy import checkpoint, durable, recovery
 from vmsched.services.policy_agent.policy.allocation import Pools
 
 S = cpuset.parse

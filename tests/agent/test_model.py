@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vmsched.services.policy_agent.policy import cpuset, deps
+from vmsched import cpuset
+from vmsched.services.policy_agent.policy import deps
 from vmsched.services.policy_agent.policy.allocation import Pools
 from vmsched.services.policy_agent.policy.errors import PolicyError
 from vmsched.services.policy_agent.policy.model import dump_policy, load_policy_file, parse_policy

@@ -15,7 +15,7 @@ import pytest
 
 from vmsched.metrics import REGISTRY
 from vmsched.services.policy_agent.agent import Agent
-from vmsched.services.policy_agent.policy import cpuset
+from vmsched import cpuset
 from vmsched.services.policy_agent.virt.connection import ensure_event_loop
 
 TEST_URI = "test:///default"

@@ -13,8 +13,9 @@ import time
 
 import libvirt
 
+from vmsched.cpuset import CpuSet
+
 from .. import metrics
-from ..policy.cpuset import CpuSet
 from ..policy.errors import ApplyError, GuestNotFound, PolicyError
 from ..policy.model import DEFAULT_SHARES, GuestPolicy
 from ..policy.validation import Desired, GuestInfo, check_policy, desired_for

@@ -20,10 +20,11 @@ from typing import Callable
 
 import libvirt
 
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
 from .. import metrics
-from ..policy import cpuset
 from ..policy.allocation import Pools, pin_conflicts, plan_pool
-from ..policy.cpuset import CpuSet
 from ..policy.errors import ApplyError, DefinitionChanged, PolicyError
 from ..policy.inventory import Guest, Inventory
 from ..policy.tuning.state import TunedState

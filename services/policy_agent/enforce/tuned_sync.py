@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import libvirt
 
-from ..policy.cpuset import CpuSet
+from vmsched.cpuset import CpuSet
+
 from ..policy.inventory import Guest
 from ..policy.tuning.state import TunedState
 from ..policy.validation import Desired

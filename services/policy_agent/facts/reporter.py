@@ -14,10 +14,10 @@ import threading
 import time
 from typing import Any, Callable
 
+from vmsched import cpuset
 from vmsched.facts import FACTS_EVENT, FactsMessage, GuestFacts, HostFacts
 
 from .. import metrics
-from ..policy import cpuset
 from ..policy.facts import History, dedicated_summary, guests_digest, pinned
 from ..policy.model import GuestPolicy
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
-from . import cpuset
-from .cpuset import CpuSet
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
 from .errors import PolicyError
 from .model import GuestPolicy
 from .assignment import Request, Roles, assign, check_set, roles

@@ -24,8 +24,9 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-from . import cpuset
-from .cpuset import CpuSet
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
 from .errors import PolicyError
 from .topology import Topology
 

@@ -20,7 +20,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
-from . import cpuset, durable
+from vmsched import cpuset
+
+from . import durable
 from .allocation import Pools
 
 log = logging.getLogger(__name__)

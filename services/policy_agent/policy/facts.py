@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from vmsched.facts import DedicatedGuest, DedicatedNode, GuestFacts
 
-from . import cpuset
+from vmsched import cpuset
+
 from .assignment import free_cpus_by_node, free_whole_cores
 from .model import GuestPolicy
 from .topology import Topology, flat

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Callable
 
-from . import cpuset
+from vmsched import cpuset
+
 from .allocation import AllocationHint
 from .model import GuestPolicy
 from .validation import Desired

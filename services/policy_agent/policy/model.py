@@ -15,7 +15,8 @@ from pydantic import ValidationError, field_validator, model_validator
 
 from vmsched.agent_contract import AdaptiveDocument, PolicyDocument
 
-from . import cpuset
+from vmsched import cpuset
+
 from .errors import PolicyError
 
 # libvirt's ranges for the QEMU driver's scheduler parameters

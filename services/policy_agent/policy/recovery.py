@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from . import checkpoint, cpuset
+from vmsched import cpuset
+
+from . import checkpoint
 from .allocation import AllocationHint, Pools
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
-from . import cpuset
-from .cpuset import CpuSet
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
 
 
 class TopologyError(ValueError):

@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import cpuset, deps
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
+from . import deps
 from .allocation import Pools
 from .assignment import node_of_set
-from .cpuset import CpuSet
 from .errors import PolicyError
 from .model import GuestPolicy
 

@@ -20,7 +20,8 @@ from vmsched.bus.connection import BusOptions
 from vmsched.bus.urls import read_url_file, url_argument
 from vmsched.messages import ErrorCode
 
-from ..policy import cpuset
+from vmsched import cpuset
+
 from ..policy.errors import AgentError, GuestNotFound, PolicyError
 from ..policy.model import load_policy_file, policy_document
 from . import adaptive_cli, tables

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import libvirt
 
-from ..policy import cpuset
-from ..policy.cpuset import CpuSet
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
 from ..policy.errors import ApplyError, DefinitionChanged
 from ..policy.model import DEFAULT_PERIOD, DEFAULT_SHARES
 from ..policy.validation import Desired

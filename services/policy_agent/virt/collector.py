@@ -25,7 +25,8 @@ import libvirt
 
 from vmsched.facts import GuestFacts, HostFacts, HugePages, NumaCell
 
-from ..policy import cpuset
+from vmsched import cpuset
+
 from ..policy import facts as calc
 from ..policy.facts import topology_facts
 from ..policy.inventory import STATE_NAMES

@@ -9,8 +9,9 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
-from ..policy import cpuset
-from ..policy.cpuset import CpuSet
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
 from ..policy.errors import PolicyError
 from ..policy.model import GuestPolicy
 from . import metadata

@@ -15,7 +15,8 @@ import libvirt
 
 from vmsched.agent_contract import AdaptiveDocument
 
-from ..policy import cpuset
+from vmsched import cpuset
+
 from ..policy.allocation import AllocationHint
 from ..policy.errors import PolicyError
 from ..policy.model import GuestPolicy, parse_policy

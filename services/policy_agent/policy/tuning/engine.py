@@ -13,7 +13,8 @@ import dataclasses
 import time
 from typing import Callable, Iterable
 
-from ..cpuset import fmt
+from vmsched.cpuset import fmt
+
 from .config import TunerConfig
 from .guard import refusal
 from .types import Decision, GuestSample, GuestView, HostSample, Proposal, TuneInput

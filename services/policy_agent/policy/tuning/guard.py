@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import cpuset
+from vmsched import cpuset
+
 from ..model import QUOTA_MIN, SHARES_MAX, SHARES_MIN
 from .types import FIELDS, GuestView, Proposal
 

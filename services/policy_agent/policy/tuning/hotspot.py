@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from statistics import mean
 
-from ..cpuset import CpuSet, fmt
+from vmsched.cpuset import CpuSet, fmt
+
 from .config import TunerConfig
 from .types import GuestView, Proposal, TuneInput
 

@@ -20,7 +20,8 @@ from typing import Any
 
 from vmsched.runtime.contract import MAX_PROPOSALS, BadResult, tune_result
 
-from .. import cpuset
+from vmsched import cpuset
+
 from .config import TunerConfig
 from .types import Proposal, TuneInput
 

@@ -14,8 +14,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import cpuset
-from ..cpuset import CpuSet
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
 from ..model import GuestPolicy
 from ..validation import Desired
 

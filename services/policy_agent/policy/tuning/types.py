@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cpuset import CpuSet, fmt
+from vmsched.cpuset import CpuSet, fmt
+
 from ..model import GuestPolicy
 
 FIELDS = ("cpu_shares", "vcpu_quota", "vcpus")
