@@ -28,6 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from vmsched import cpuset
 from vmsched.messages import Versioned
 
 #: Largest facts message a reader accepts, bytes of JSON.
@@ -187,18 +188,13 @@ class Rejected(ValueError):
 
 
 def cpu_count(text: str) -> int | None:
-    """CPUs in a libvirt CPU set (``"0-3,^2,6"`` -> 4); None when it is not one."""
-    include: set[int] = set()
+    """CPUs in a libvirt CPU set (``"0-3,^2,6"`` -> 4, ``""`` -> 0); None when it is not one."""
+    if not text.strip():
+        return 0
     try:
-        for item in (i.strip() for i in text.split(",") if i.strip()):
-            low, _, high = item.lstrip("^").partition("-")
-            cpus = range(int(low), int(high or low) + 1)
-            if len(cpus) > 16384:
-                return None
-            (include.difference_update if item.startswith("^") else include.update)(cpus)
-    except ValueError:
+        return cpuset.count(text)
+    except cpuset.CpuSetError:
         return None
-    return len(include)
 
 
 def read(raw: bytes | str) -> FactsMessage:

@@ -168,7 +168,7 @@ class Agent:
         for snap in snaps:
             self.enforcer.observe(snap)
         if self.requested_pool is not None:
-            wanted = _parse_pool(self.requested_pool)
+            wanted = _parse_pool(self.requested_pool, cpus)
             if rebuild:
                 errors = pools.check_pool(wanted)
                 if errors:
@@ -403,7 +403,7 @@ class Agent:
     @_libvirt_errors
     def set_pool(self, pool: str | None) -> dict:
         assert self.enforcer is not None
-        wanted = _parse_pool(pool)
+        wanted = _parse_pool(pool, self.pools.host_cpus)
         with self.enforcer.lock:
             new = self.enforcer.plan_pool(wanted)
             self.enforcer.adopt_pools(new)
@@ -463,10 +463,10 @@ class Agent:
         return {"host_id": self.host_id, "uri": self.uri, "connected": connected, "pid": os.getpid()}
 
 
-def _parse_pool(text: str | None) -> frozenset[int]:
+def _parse_pool(text: str | None, host: frozenset[int]) -> frozenset[int]:
     if text is None or str(text).strip().lower() in ("", "none"):
         return frozenset()
     try:
-        return cpuset.parse(text)
+        return cpuset.parse(text, host=host)
     except cpuset.CpuSetError as exc:
-        raise PolicyError(f"dedicated pool: {exc}") from None
+        raise PolicyError(f"dedicated pool {text.strip()}: {exc}") from None

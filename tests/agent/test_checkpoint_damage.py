@@ -84,6 +84,9 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
     "overlap": sealed(allocations={"u1": {"name": "db", "cpus": "4-5"}, "u2": {"name": "web", "cpus": "5-6"}}),
     "empty_allocation": sealed(allocations={"u1": {"name": "db", "cpus": ""}}),
     "too_many_allocations": sealed(allocations={f"u{i}": {"name": f"g{i}", "cpus": "4"} for i in range(5000)}),
+    "pool_160kb": sealed(pool=",".join(["0-16383"] * 20000) + ",^0-7,^16-16383"),  # parsing it took 10 s
+    "allocation_160kb": sealed(allocations={"u1": {"name": "db", "cpus": ",".join(["4-5"] * 40000)}}),
+    "allocation_off_host": sealed(allocations={"u1": {"name": "db", "cpus": "4-16383"}}),
     # shapes that used to stop the agent
     "nested_200000": text("[" * 200_000 + "]" * 200_000),
     "nested_object": text('{"checkpoint": ' + '{"a": ' * 100_000 + "1" + "}" * 100_001),
@@ -129,7 +132,8 @@ def test_unusable_checkpoint_is_moved_aside_with_its_reason(tmp_path: Path, kind
 
 def test_reasons_name_the_shape(tmp_path: Path):
     reasons = {}
-    for kind in ("nested_200000", "fifo", "oversize", "directory", "too_many_allocations"):
+    for kind in ("nested_200000", "fifo", "oversize", "directory", "too_many_allocations", "pool_160kb",
+                 "allocation_off_host"):
         path = tmp_path / kind / checkpoint.FILENAME
         path.parent.mkdir()
         DAMAGE[kind](path)
@@ -140,10 +144,13 @@ def test_reasons_name_the_shape(tmp_path: Path):
         "oversize": f"larger than {durable.MAX_BYTES} bytes: not written by the agent",
         "directory": "not a regular file but a directory",
         "too_many_allocations": "inconsistent: 5000 allocations on a host of 8 CPUs",
+        "pool_160kb": "invalid CPU set: CPU set '0-16383,0-16383,0-16383,0-16383,0-16383,'... is 160,014 characters"
+                      " long; at most 65,536 are accepted: write it with ranges (0-63, not 0,1,2,...)",
+        "allocation_off_host": "invalid CPU set: CPUs 8-16383 do not exist on this host (CPUs 0-7)",
     }
 
 
-@pytest.mark.parametrize("kind", ["nested_200000", "fifo"])
+@pytest.mark.parametrize("kind", ["nested_200000", "fifo", "pool_160kb"])
 def test_agent_starts_over_a_hostile_checkpoint(conn, make_agent, state_dir: Path, kind: str, caplog):
     """The two shapes that stopped the agent: it starts, rebuilds from the guests' metadata, saves."""
     a = make_agent()

@@ -272,6 +272,37 @@ def test_gateway_answers_every_invalid_request_with_400_and_every_reason(conn, m
     assert spec["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/PolicyDocument")
 
 
+def test_a_huge_cpu_set_is_refused_before_it_is_parsed(conn, make_agent):
+    """A 1 MB CPU set (every item valid, each spanning every CPU libvirt knows) is refused by its length, with
+    one line saying so, on the socket, on the bus, at the gateway and by the model; nothing is applied."""
+    from vmsched.bus.topology import agent_queue
+    from vmsched.gateway.agent_api import router
+    from vmsched.services.policy_agent.policy.model import parse_policy
+
+    huge = ",".join(["0-16383"] * 125000)  # 1 MB
+    said = f"is {len(huge):,} characters long; at most 65,536 are accepted"
+    bus = InProcessTransport()
+    a = make_agent(amqp_url=bus)
+    guest(conn, "t-huge")
+    client = SocketClient(a.socket_path)
+    for policy in ({"vcpu_pins": {"0": huge}}, {"emulator_pin": huge}, {"dedicated": huge}):
+        with pytest.raises(PolicyError) as exc:
+            client.call("set_policy", {"guest": "t-huge", "policy": policy})
+        assert said in str(exc.value) and "\n" not in str(exc.value) and len(str(exc.value)) < 300
+        with pytest.raises(PolicyError, match=said):
+            parse_policy(policy)
+        with pytest.raises(Exception, match=said):
+            bus.call(agent_queue("h1"), "set_policy", {"guest": "t-huge", "policy": policy}, timeout=10)
+    with pytest.raises(PolicyError, match=said):
+        client.call("set_pool", {"dedicated_pool": huge})
+    app = FastAPI()
+    app.include_router(router)
+    app.state.bus = _DirectBus(a)
+    r = TestClient(app).put("/v1/hosts/h1/policies/t-huge", json={"vcpu_pins": {"0": huge}})
+    assert r.status_code == 400 and said in r.json()["detail"]["error"]
+    assert a.get_policy("t-huge")["policy"] is None and a.cpus()["dedicated_pool"] == "4-7"
+
+
 @pytest.mark.parametrize("path, reason", [
     ("/v1/hosts/h1/policies/t-gw%00", "control character U+0000"),
     ("/v1/hosts/h1/policies/t%0Agw", "control character U+000A"),

@@ -1,4 +1,4 @@
-"""Policy schema, CPU sets, allocation, validation and dependency ordering (no libvirt)."""
+"""Policy schema, allocation, validation and dependency ordering (no libvirt; CPU sets: test_cpuset.py)."""
 
 from __future__ import annotations
 
@@ -12,34 +12,6 @@ from vmsched.services.policy_agent.policy.model import dump_policy, load_policy_
 from vmsched.services.policy_agent.policy.validation import GuestInfo, check_policy, desired_for
 
 S = cpuset.parse
-
-
-# --- cpuset ------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "text,cpus",
-    [("0", {0}), ("0-3", {0, 1, 2, 3}), ("0-3,^2,6", {0, 1, 3, 6}), (" 1 , 3-4 ", {1, 3, 4}), ("0-5,^1-4", {0, 5})],
-)
-def test_cpuset_parse(text, cpus):
-    assert cpuset.parse(text) == frozenset(cpus)
-
-
-@pytest.mark.parametrize(
-    "text,fragment",
-    [("", "empty"), ("a", "bad item"), ("3-1", "end before start"), ("0,,1", "empty item"), ("^1", "selects no CPU"),
-     ("99999", "out of range"), ("-1", "bad item")],
-)
-def test_cpuset_errors(text, fragment):
-    with pytest.raises(cpuset.CpuSetError, match=fragment):
-        cpuset.parse(text)
-
-
-def test_cpuset_format_and_maps():
-    assert cpuset.fmt({0, 1, 2, 3, 6, 8, 9}) == "0-3,6,8-9"
-    assert cpuset.fmt(set()) == ""
-    assert cpuset.to_cpumap({1, 3}, 4) == (False, True, False, True)
-    assert cpuset.from_cpumap((False, True, False, True)) == {1, 3}
-    with pytest.raises(cpuset.CpuSetError, match="beyond the host's 4 CPUs"):
-        cpuset.to_cpumap({5}, 4)
 
 
 # --- model -------------------------------------------------------------------

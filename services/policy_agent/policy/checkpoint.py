@@ -57,9 +57,9 @@ class Checkpoint(BaseModel):
         )
 
     def to_pools(self, host_cpus: frozenset[int]) -> Pools:
-        pools = Pools(host_cpus=host_cpus, pool=cpuset.parse(self.pool) if self.pool else frozenset())
+        pools = Pools(host_cpus=host_cpus, pool=cpuset.parse(self.pool, host=host_cpus) if self.pool else frozenset())
         for uuid, held in self.allocations.items():
-            pools.assign(uuid, held.name, cpuset.parse(held.cpus))
+            pools.assign(uuid, held.name, cpuset.parse(held.cpus, host=host_cpus))
         return pools
 
 

@@ -123,7 +123,7 @@ def wanted_cpus(policy: GuestPolicy | None) -> int:
         return 0
     if isinstance(policy.dedicated, int):
         return policy.dedicated + (1 if policy.emulator == "isolate" else 0)
-    return len(cpuset.parse(policy.dedicated))
+    return cpuset.count(policy.dedicated)
 
 
 def pinned(policy: GuestPolicy | None) -> bool:
