@@ -34,7 +34,7 @@ from .enforce.transient import TransientPolicies
 from .facts.reporter import FactsReporter
 from .policy import checkpoint, orchestration, recovery, store
 from .policy.allocation import Pools
-from .policy.errors import AgentError, ApplyError, PolicyError
+from .errors import AgentError, ApplyError, PolicyError
 from .policy.inventory import Inventory
 from .policy.model import GuestPolicy, parse_policy_partial
 from .policy.tuning.config import TunerConfig

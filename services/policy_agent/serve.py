@@ -15,7 +15,7 @@ from vmsched.tls import server_context
 from vmsched.tokens import Role, TokenStore, bearer_authorizer
 
 from .agent import Agent
-from .policy.errors import AgentError
+from .errors import AgentError
 from .surfaces.cli import EXIT
 from .policy.tuning.config import TunerConfig
 

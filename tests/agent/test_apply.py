@@ -12,7 +12,7 @@ import pytest
 from vmsched import cpuset
 from vmsched.services.policy_agent.virt import domxml
 from vmsched.services.policy_agent.virt.apply import CONFIG, LIVE, Applier, Caps, sched_equal
-from vmsched.services.policy_agent.policy.errors import ApplyError
+from vmsched.services.policy_agent.errors import ApplyError
 from vmsched.services.policy_agent.policy.validation import Desired
 
 S = cpuset.parse

@@ -7,7 +7,7 @@ import pytest
 from tests.agent.recorded_host import capabilities
 from vmsched.services.policy_agent.policy.allocation import Pools, plan_pool
 from vmsched.cpuset import parse as S
-from vmsched.services.policy_agent.policy.errors import PolicyError
+from vmsched.services.policy_agent.errors import PolicyError
 from vmsched.services.policy_agent.policy.model import parse_policy
 from vmsched.services.policy_agent.policy.topology import parse_capabilities
 from vmsched.services.policy_agent.policy.validation import GuestInfo, check_policy, desired_for

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vmsched.services.policy_agent.policy.allocation import Pools
-from vmsched.services.policy_agent.policy.errors import PolicyError
+from vmsched.services.policy_agent.errors import PolicyError
 from vmsched.services.policy_agent.policy.model import GuestPolicy
 from vmsched.services.policy_agent.policy.topology import Cell, Cpu, Topology
 

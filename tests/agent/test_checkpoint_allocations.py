@@ -13,7 +13,7 @@ from tests.support.waiting import wait_until
 from vmsched.services.policy_agent.agent import Agent
 from vmsched import cpuset
 from vmsched.services.policy_agent.policy import checkpoint
-from vmsched.services.policy_agent.policy.errors import AgentError
+from vmsched.services.policy_agent.errors import AgentError
 from vmsched.services.policy_agent.virt import metadata
 
 

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from vmsched.services.policy_agent.serve import serve
 from vmsched.services.policy_agent.surfaces.cli import register
-from vmsched.services.policy_agent.policy.errors import GuestNotFound, PolicyError
+from vmsched.services.policy_agent.errors import GuestNotFound, PolicyError
 from vmsched.services.policy_agent.surfaces.client import SocketClient
 from tests.support.waiting import wait_until
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures

@@ -7,7 +7,7 @@ import pytest
 from vmsched import cpuset
 from vmsched.services.policy_agent.policy import deps
 from vmsched.services.policy_agent.policy.allocation import Pools
-from vmsched.services.policy_agent.policy.errors import PolicyError
+from vmsched.services.policy_agent.errors import PolicyError
 from vmsched.services.policy_agent.policy.model import dump_policy, load_policy_file, parse_policy
 from vmsched.services.policy_agent.policy.validation import GuestInfo, check_policy, desired_for
 

@@ -17,7 +17,7 @@ import pytest
 
 from vmsched.services.policy_agent.agent import Agent
 from vmsched.services.policy_agent.policy import checkpoint, durable
-from vmsched.services.policy_agent.policy.errors import AgentError, PolicyError
+from vmsched.services.policy_agent.errors import AgentError, PolicyError
 from vmsched.services.policy_agent.virt import metadata
 from vmsched.services.policy_agent.virt.hostlock import HostLocked
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures

@@ -9,7 +9,7 @@ import libvirt
 import pytest
 
 from vmsched.services.policy_agent.policy import durable, store as store_mod
-from vmsched.services.policy_agent.policy.errors import GuestNotFound
+from vmsched.services.policy_agent.errors import GuestNotFound
 from vmsched.services.policy_agent.policy.model import parse_policy
 from vmsched.services.policy_agent.policy.store import PolicyStore
 from vmsched.services.policy_agent.virt import metadata

@@ -107,7 +107,7 @@ def old_service(rabbit_vhost: str) -> Iterator:
 
 def agent_answers(url: str, host: str) -> None:
     """Until the agent of ``host`` answers a ping on the bus (its queue is declared once it consumes)."""
-    from vmsched.services.policy_agent.policy.errors import AgentUnavailable
+    from vmsched.services.policy_agent.errors import AgentUnavailable
     from vmsched.services.policy_agent.surfaces.client import call_bus
 
     wait_until(lambda: call_bus(url, host, AgentOp.PING, {}, timeout=1), 15, 0.1, f"the agent of {host} to answer",
@@ -178,7 +178,7 @@ def test_new_clients_read_a_version_1_error_reply(rabbit_vhost: str, old_service
 
 @pytest.mark.rabbitmq
 def test_new_clients_read_a_version_1_success_and_the_agent_client_maps_codes(rabbit_vhost: str, old_service):
-    from vmsched.services.policy_agent.policy.errors import GuestNotFound
+    from vmsched.services.policy_agent.errors import GuestNotFound
     from vmsched.services.policy_agent.surfaces.client import call_bus
 
     ok = old_service({"ok": True, "error": None, "body": {"policies": []}})

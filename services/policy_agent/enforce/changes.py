@@ -16,7 +16,7 @@ import libvirt
 from vmsched.cpuset import CpuSet
 
 from .. import metrics
-from ..policy.errors import ApplyError, GuestNotFound, PolicyError
+from ..errors import ApplyError, GuestNotFound, PolicyError
 from ..policy.model import DEFAULT_SHARES, GuestPolicy
 from ..policy.validation import Desired, GuestInfo, check_policy, desired_for
 from ..virt import metadata

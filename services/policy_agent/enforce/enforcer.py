@@ -25,7 +25,7 @@ from vmsched.cpuset import CpuSet
 
 from .. import metrics
 from ..policy.allocation import Pools, pin_conflicts, plan_pool
-from ..policy.errors import ApplyError, DefinitionChanged, PolicyError
+from ..errors import ApplyError, DefinitionChanged, PolicyError
 from ..policy.inventory import Guest, Inventory
 from ..policy.tuning.state import TunedState
 from ..policy.validation import Desired, GuestInfo, check_policy, desired_for

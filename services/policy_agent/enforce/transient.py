@@ -18,7 +18,7 @@ import libvirt
 
 from .. import metrics
 from ..policy.allocation import AllocationHint
-from ..policy.errors import ApplyError
+from ..errors import ApplyError
 from ..policy.inventory import Guest, Inventory
 from ..policy.model import GuestPolicy
 from ..policy.store import PolicyStore, Stored

@@ -13,7 +13,7 @@ from typing import Iterable, Protocol
 from vmsched import cpuset
 from vmsched.cpuset import CpuSet
 
-from .errors import PolicyError
+from ..errors import PolicyError
 from .model import GuestPolicy
 from .assignment import Request, Roles, assign, check_set, roles
 from .topology import Topology, flat

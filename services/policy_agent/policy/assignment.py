@@ -27,7 +27,7 @@ from typing import Iterable
 from vmsched import cpuset
 from vmsched.cpuset import CpuSet
 
-from .errors import PolicyError
+from ..errors import PolicyError
 from .topology import Topology
 
 THREAD_POLICIES = ("prefer", "require", "isolate")

@@ -17,7 +17,7 @@ from vmsched.agent_contract import AdaptiveDocument, PolicyDocument
 
 from vmsched import cpuset
 
-from .errors import PolicyError
+from ..errors import PolicyError
 
 # libvirt's ranges for the QEMU driver's scheduler parameters
 SHARES_MIN, SHARES_MAX = 2, 262144

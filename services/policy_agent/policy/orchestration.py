@@ -13,7 +13,7 @@ import time
 from typing import Protocol
 
 from . import deps
-from .errors import ApplyError, PolicyError
+from ..errors import ApplyError, PolicyError
 from .inventory import Inventory, State
 
 log = logging.getLogger(__name__)

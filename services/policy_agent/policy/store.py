@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import durable
-from .errors import PolicyError
+from ..errors import PolicyError
 from .model import GuestPolicy, parse_policy
 
 log = logging.getLogger(__name__)

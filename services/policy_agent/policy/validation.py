@@ -16,7 +16,7 @@ from vmsched.cpuset import CpuSet
 from . import deps
 from .allocation import Pools
 from .assignment import node_of_set
-from .errors import PolicyError
+from ..errors import PolicyError
 from .model import GuestPolicy
 
 

@@ -24,7 +24,7 @@ from vmsched.bus.interface import Transport
 from vmsched.bus.topology import agent_queue, event_key
 from vmsched.messages import CONTRACT_VERSION, Envelope
 
-from ..policy.errors import AgentError, PolicyError
+from ..errors import AgentError, PolicyError
 from .ops import Agent, dispatch
 
 log = logging.getLogger(__name__)

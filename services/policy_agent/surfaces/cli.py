@@ -22,7 +22,7 @@ from vmsched.messages import ErrorCode
 
 from vmsched import cpuset
 
-from ..policy.errors import AgentError, GuestNotFound, PolicyError
+from ..errors import AgentError, GuestNotFound, PolicyError
 from ..policy.model import load_policy_file, policy_document
 from . import adaptive_cli, tables
 from .client import SocketClient, call_bus

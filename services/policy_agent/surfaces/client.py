@@ -18,7 +18,7 @@ from vmsched.bus.topology import agent_queue
 from vmsched.bus.transport import open_transport
 from vmsched.messages import CONTRACT_VERSION, ReplyEnvelope
 
-from ..policy.errors import AgentUnavailable, from_reply
+from ..errors import AgentUnavailable, from_reply
 
 ABSENT = (errno.ENOENT, errno.ECONNREFUSED)  # nothing listens at the path
 RETRY_FIRST, RETRY_MAX = 0.005, 0.1  # seconds between connection attempts on a busy agent (doubling)

@@ -20,7 +20,7 @@ from typing import Any
 
 from vmsched.messages import CONTRACT_VERSION, OLDEST_VERSION, ErrorCode, ReplyEnvelope
 
-from ..policy.errors import AgentError, AgentUnavailable, PolicyError
+from ..errors import AgentError, AgentUnavailable, PolicyError
 from .ops import Agent, dispatch
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from vmsched.runtime.contract import TUNE_CLASS, TUNE_METHOD
 from vmsched.runtime.pool import PluginPool
 from vmsched.runtime.types import Call, Confinement, Limits
 
-from ..policy.errors import PolicyError
+from ..errors import PolicyError
 from ..policy.tuning.config import TunerConfig
 from ..policy.tuning.plugin_io import plugin_input, plugin_proposals
 from ..policy.tuning.types import Proposal, TuneInput

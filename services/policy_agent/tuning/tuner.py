@@ -20,7 +20,7 @@ import libvirt
 
 from ..enforce import tuned_sync
 from ..enforce.enforcer import Enforcer
-from ..policy.errors import ApplyError
+from ..errors import ApplyError
 from ..policy.inventory import Guest
 from ..policy.tuning.config import TunerConfig
 from ..policy.tuning.engine import Engine

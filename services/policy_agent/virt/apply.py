@@ -22,7 +22,7 @@ import libvirt
 from vmsched import cpuset
 from vmsched.cpuset import CpuSet
 
-from ..policy.errors import ApplyError, DefinitionChanged
+from ..errors import ApplyError, DefinitionChanged
 from ..policy.model import DEFAULT_PERIOD, DEFAULT_SHARES
 from ..policy.validation import Desired
 from . import domxml

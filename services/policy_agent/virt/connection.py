@@ -19,7 +19,7 @@ from typing import Any, Callable
 import libvirt
 
 from .. import metrics
-from ..policy.errors import AgentUnavailable
+from ..errors import AgentUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from vmsched import cpuset
 from vmsched.cpuset import CpuSet
 
-from ..policy.errors import PolicyError
+from ..errors import PolicyError
 from ..policy.model import GuestPolicy
 from . import metadata
 

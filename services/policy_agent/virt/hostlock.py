@@ -25,7 +25,7 @@ import socket
 import time
 from pathlib import Path
 
-from ..policy.errors import AgentError
+from ..errors import AgentError
 
 DEFAULT_LOCK_DIR = Path("/run/libvirt/vmsched")
 ENV = "VMSCHED_AGENT_LOCK_DIR"

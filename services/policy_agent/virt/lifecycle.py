@@ -6,7 +6,7 @@ from typing import Callable
 
 import libvirt
 
-from ..policy.errors import ApplyError
+from ..errors import ApplyError
 
 
 class LibvirtDomains:

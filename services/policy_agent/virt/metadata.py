@@ -18,7 +18,7 @@ from vmsched.agent_contract import AdaptiveDocument
 from vmsched import cpuset
 
 from ..policy.allocation import AllocationHint
-from ..policy.errors import PolicyError
+from ..errors import PolicyError
 from ..policy.model import GuestPolicy, parse_policy
 
 NS = "https://vmsched.dev/xmlns/policy/1"
