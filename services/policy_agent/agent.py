@@ -32,7 +32,8 @@ from .enforce.enforcer import Enforcer
 from .enforce.jobs import JobQueue
 from .enforce.transient import TransientPolicies
 from .facts.reporter import FactsReporter
-from .policy import checkpoint, orchestration, recovery, store
+from .state import checkpoint, recovery, store
+from .policy import orchestration
 from .policy.allocation import Pools
 from .errors import AgentError, ApplyError, PolicyError
 from .policy.inventory import Inventory

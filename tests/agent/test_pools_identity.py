@@ -16,7 +16,7 @@ import libvirt
 import pytest
 
 from vmsched.services.policy_agent.agent import Agent
-from vmsched.services.policy_agent.policy import checkpoint, durable
+from vmsched.services.policy_agent.state import checkpoint, durable
 from vmsched.services.policy_agent.errors import AgentError, PolicyError
 from vmsched.services.policy_agent.virt import metadata
 from vmsched.services.policy_agent.virt.hostlock import HostLocked

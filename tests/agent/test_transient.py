@@ -8,10 +8,10 @@ import json
 import libvirt
 import pytest
 
-from vmsched.services.policy_agent.policy import durable, store as store_mod
+from vmsched.services.policy_agent.state import durable, store as store_mod
 from vmsched.services.policy_agent.errors import GuestNotFound
 from vmsched.services.policy_agent.policy.model import parse_policy
-from vmsched.services.policy_agent.policy.store import PolicyStore
+from vmsched.services.policy_agent.state.store import PolicyStore
 from vmsched.services.policy_agent.virt import metadata
 from tests.support.agent_driver import domain_xml, live_pins
 from tests.support.waiting import wait_until

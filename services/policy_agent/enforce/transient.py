@@ -2,7 +2,7 @@
 
 A transient guest (``createXML``, as oVirt's vdsm creates guests) has no
 persistent definition, so its metadata dies with it. Its policy lives in the
-agent's :class:`~.policy.store.PolicyStore` by UUID: written by ``set``,
+agent's :class:`~..state.store.PolicyStore` by UUID: written by ``set``,
 removed by ``delete``, and, when a guest with that UUID starts again without
 a policy in its live metadata, used as its policy and written back into that
 metadata. Persistent guests never use the store.
@@ -21,7 +21,7 @@ from ..policy.allocation import AllocationHint
 from ..errors import ApplyError
 from ..policy.inventory import Guest, Inventory
 from ..policy.model import GuestPolicy
-from ..policy.store import PolicyStore, Stored
+from ..state.store import PolicyStore, Stored
 from ..virt import metadata
 from ..virt.domxml import DomainXml
 from ..virt.snapshot import Snapshot

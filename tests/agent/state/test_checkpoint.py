@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from vmsched import cpuset
-from vmsched.services.policy_agent.policy import checkpoint, durable, recovery
+from vmsched.services.policy_agent.state import checkpoint, durable, recovery
 from vmsched.services.policy_agent.policy.allocation import AllocationHint, Pools
 
 S = cpuset.parse

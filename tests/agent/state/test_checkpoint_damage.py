@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.agent_driver import conn, domain_xml, make_agent, state_dir  # noqa: F401 - fixtures
 from vmsched import cpuset
-from vmsched.services.policy_agent.policy import checkpoint, durable, recovery
+from vmsched.services.policy_agent.state import checkpoint, durable, recovery
 from vmsched.services.policy_agent.policy.allocation import Pools
 
 S = cpuset.parse

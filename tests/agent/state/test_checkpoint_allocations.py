@@ -12,7 +12,7 @@ from tests.support.agent_driver import conn, domain_xml, make_agent, state_dir  
 from tests.support.waiting import wait_until
 from vmsched.services.policy_agent.agent import Agent
 from vmsched import cpuset
-from vmsched.services.policy_agent.policy import checkpoint
+from vmsched.services.policy_agent.state import checkpoint
 from vmsched.services.policy_agent.errors import AgentError
 from vmsched.services.policy_agent.virt import metadata
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field, ValidationError
 from vmsched import cpuset
 
 from . import durable
-from .allocation import Pools
+from ..policy.allocation import Pools
 
 log = logging.getLogger(__name__)
 

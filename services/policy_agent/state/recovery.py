@@ -14,7 +14,7 @@ from typing import Iterable
 from vmsched import cpuset
 
 from . import checkpoint
-from .allocation import AllocationHint, Pools
+from ..policy.allocation import AllocationHint, Pools
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import durable
 from ..errors import PolicyError
-from .model import GuestPolicy, parse_policy
+from ..policy.model import GuestPolicy, parse_policy
 
 log = logging.getLogger(__name__)
 
