@@ -33,10 +33,10 @@ from .enforce.jobs import JobQueue
 from .enforce.transient import TransientPolicies
 from .facts.reporter import FactsReporter
 from .state import checkpoint, recovery, store
-from .policy import orchestration
+from .guests import orchestration
 from .policy.allocation import Pools
 from .errors import AgentError, ApplyError, PolicyError
-from .policy.inventory import Inventory
+from .guests.inventory import Inventory
 from .policy.model import GuestPolicy, parse_policy_partial
 from .policy.tuning.config import TunerConfig
 from .surfaces.bus import BusLink

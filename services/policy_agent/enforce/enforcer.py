@@ -26,7 +26,7 @@ from vmsched.cpuset import CpuSet
 from .. import metrics
 from ..policy.allocation import Pools, pin_conflicts, plan_pool
 from ..errors import ApplyError, DefinitionChanged, PolicyError
-from ..policy.inventory import Guest, Inventory
+from ..guests.inventory import Guest, Inventory
 from ..policy.tuning.state import TunedState
 from ..policy.validation import Desired, GuestInfo, check_policy, desired_for
 from ..virt import metadata, snapshot

@@ -16,7 +16,7 @@ from vmsched.cpuset import CpuSet
 
 from .. import metrics
 from ..policy.allocation import Pools
-from ..policy.inventory import Guest, Inventory
+from ..guests.inventory import Guest, Inventory
 from ..policy.validation import Desired
 from ..virt.domxml import DomainXml
 from ..virt.snapshot import Snapshot

@@ -19,7 +19,7 @@ import libvirt
 from .. import metrics
 from ..policy.allocation import AllocationHint
 from ..errors import ApplyError
-from ..policy.inventory import Guest, Inventory
+from ..guests.inventory import Guest, Inventory
 from ..policy.model import GuestPolicy
 from ..state.store import PolicyStore, Stored
 from ..virt import metadata

@@ -8,7 +8,7 @@ import libvirt
 
 from vmsched.cpuset import CpuSet
 
-from ..policy.inventory import Guest
+from ..guests.inventory import Guest
 from ..policy.tuning.state import TunedState
 from ..policy.validation import Desired
 from ..virt.apply import Applier, Result

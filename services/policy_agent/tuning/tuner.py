@@ -21,7 +21,7 @@ import libvirt
 from ..enforce import tuned_sync
 from ..enforce.enforcer import Enforcer
 from ..errors import ApplyError
-from ..policy.inventory import Guest
+from ..guests.inventory import Guest
 from ..policy.tuning.config import TunerConfig
 from ..policy.tuning.engine import Engine
 from ..policy.tuning.samples import HostCounter, VcpuCounters, guest_sample, vcpu_counters

@@ -29,7 +29,7 @@ from vmsched import cpuset
 
 from ..policy import facts as calc
 from ..policy.facts import topology_facts
-from ..policy.inventory import STATE_NAMES
+from ..guests.inventory import STATE_NAMES
 from ..policy.topology import Topology, TopologyError
 from .host import host_uuid, read_topology
 

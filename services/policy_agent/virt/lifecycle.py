@@ -10,7 +10,7 @@ from ..errors import ApplyError
 
 
 class LibvirtDomains:
-    """:class:`~..policy.orchestration.Domains` on a libvirt connection."""
+    """:class:`~..guests.orchestration.Domains` on a libvirt connection."""
 
     def __init__(self, conn: Callable[[], "libvirt.virConnect"], name_of: Callable[[str], str]):
         self._conn = conn

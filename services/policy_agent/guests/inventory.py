@@ -15,9 +15,9 @@ from typing import Callable
 
 from vmsched import cpuset
 
-from .allocation import AllocationHint
-from .model import GuestPolicy
-from .validation import Desired
+from ..policy.allocation import AllocationHint
+from ..policy.model import GuestPolicy
+from ..policy.validation import Desired
 
 
 class State(IntEnum):

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Protocol
 
-from . import deps
+from ..policy import deps
 from ..errors import ApplyError, PolicyError
 from .inventory import Inventory, State
 
