@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vmsched.services.policy_agent.agent import Agent  # noqa: E402
-from vmsched.services.policy_agent.policy.tuning.config import TunerConfig  # noqa: E402
-from vmsched.services.policy_agent.policy.tuning.samples import VcpuCounters  # noqa: E402
+from vmsched.services.policy_agent.tuners.config import TunerConfig  # noqa: E402
+from vmsched.services.policy_agent.tuners.samples import VcpuCounters  # noqa: E402
 from vmsched.services.policy_agent.virt.connection import ensure_event_loop  # noqa: E402
 
 DEFAULT_INTERVAL = TunerConfig().interval

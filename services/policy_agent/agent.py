@@ -38,10 +38,10 @@ from .policy.allocation import Pools
 from .errors import AgentError, ApplyError, PolicyError
 from .guests.inventory import Inventory
 from .policy.model import GuestPolicy, parse_policy_partial
-from .policy.tuning.config import TunerConfig
+from .tuners.config import TunerConfig
 from .surfaces.bus import BusLink
 from .surfaces.socket import SocketServer
-from .tuning.tuner import TunerLoop, explain
+from .adaptive.loop import TunerLoop, explain
 from .virt import hostlock, metadata
 from .virt.apply import Applier, Caps
 from .virt.collector import Collector

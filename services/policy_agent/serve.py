@@ -17,7 +17,7 @@ from vmsched.tokens import Role, TokenStore, bearer_authorizer
 from .agent import Agent
 from .errors import AgentError
 from .surfaces.cli import EXIT
-from .policy.tuning.config import TunerConfig
+from .tuners.config import TunerConfig
 
 
 def serve(args: argparse.Namespace) -> int:

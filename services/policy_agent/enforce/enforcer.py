@@ -27,7 +27,7 @@ from .. import metrics
 from ..policy.allocation import Pools, pin_conflicts, plan_pool
 from ..errors import ApplyError, DefinitionChanged, PolicyError
 from ..guests.inventory import Guest, Inventory
-from ..policy.tuning.state import TunedState
+from ..tuners.state import TunedState
 from ..policy.validation import Desired, GuestInfo, check_policy, desired_for
 from ..virt import metadata, snapshot
 from ..virt.apply import Applier, Result
@@ -61,7 +61,7 @@ class Enforcer:
         self._drift_times: dict[str, collections.deque[float]] = {}
         self._foreign: set[str] = set()  # guests left to their manager's own pinning (logged once)
         self.overlaps = OverlapReporter(publish)
-        self.tuned: TunedState | None = None  # the tuners' live values: part of the desired state (tuning/tuner.py)
+        self.tuned: TunedState | None = None  # the tuners' live values: part of the desired state (adaptive/loop.py)
 
     # --- reading -----------------------------------------------------------------
     def lookup(self, conn: "libvirt.virConnect", key: str) -> "libvirt.virDomain":

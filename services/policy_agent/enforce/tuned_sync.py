@@ -1,4 +1,4 @@
-"""Verify a guest against its desired state with the tuners' values in force (policy/tuning/state.py):
+"""Verify a guest against its desired state with the tuners' values in force (tuners/state.py):
 the persistent config gets the static policy, the live domain the static policy with the tuned overlay.
 Used by the enforcer's sync (events, sweeps, drift repair) and by the tuner to apply a change."""
 
@@ -9,7 +9,7 @@ import libvirt
 from vmsched.cpuset import CpuSet
 
 from ..guests.inventory import Guest
-from ..policy.tuning.state import TunedState
+from ..tuners.state import TunedState
 from ..policy.validation import Desired
 from ..virt.apply import Applier, Result
 from ..virt.snapshot import Snapshot

@@ -1,4 +1,4 @@
-"""The tuning core (policy/tuning): tuners on crafted samples, the guard, hysteresis, rate limits, dry-run,
+"""The pure tuners (tuners/): tuners on crafted samples, the guard, hysteresis, rate limits, dry-run,
 and (hypothesis) that no applied decision ever leaves a guest's bounds, its static policy or the shared set."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vmsched.services.policy_agent.policy.model import parse_policy
-from vmsched.services.policy_agent.policy.tuning.config import TunerConfig
-from vmsched.services.policy_agent.policy.tuning.engine import Engine
-from vmsched.services.policy_agent.policy.tuning.samples import VcpuCounters, guest_sample, vcpu_counters
-from vmsched.services.policy_agent.policy.tuning.state import TunedState
-from vmsched.services.policy_agent.policy.tuning.types import GuestSample, GuestView, HostSample, Proposal
+from vmsched.services.policy_agent.tuners.config import TunerConfig
+from vmsched.services.policy_agent.tuners.engine import Engine
+from vmsched.services.policy_agent.tuners.samples import VcpuCounters, guest_sample, vcpu_counters
+from vmsched.services.policy_agent.tuners.state import TunedState
+from vmsched.services.policy_agent.tuners.types import GuestSample, GuestView, HostSample, Proposal
 from vmsched.services.policy_agent.policy.validation import Desired
 
 SHARED = frozenset({0, 1, 2, 3})

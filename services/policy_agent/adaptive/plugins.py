@@ -2,10 +2,10 @@
 the plugin user, seccomp without network sockets, Landlock, resource limits, a clean environment).
 
 Each ``NAME.py`` at the top of the folder defines ``class Tuner`` with ``do_tune(self, facts)``; it gets the
-host's facts with their history and the adaptive guests (policy/tuning/plugin_io.py) and returns proposals.
+host's facts with their history and the adaptive guests (tuners/plugin_io.py) and returns proposals.
 It never holds the agent's libvirt connection, the bus or a credential: the worker is a separate process
 whose environment and file descriptors are the sandbox's, and it only returns data, which the agent checks
-(policy/tuning/guard.py) like a built-in tuner's.
+(tuners/guard.py) like a built-in tuner's.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from vmsched.runtime.pool import PluginPool
 from vmsched.runtime.types import Call, Confinement, Limits
 
 from ..errors import PolicyError
-from ..policy.tuning.config import TunerConfig
-from ..policy.tuning.plugin_io import plugin_input, plugin_proposals
-from ..policy.tuning.types import Proposal, TuneInput
+from ..tuners.config import TunerConfig
+from ..tuners.plugin_io import plugin_input, plugin_proposals
+from ..tuners.types import Proposal, TuneInput
 from . import metrics as tm
 
 log = logging.getLogger("vmsched.agent.tuner")

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from vmsched.services.policy_agent.policy.model import parse_policy
-from vmsched.services.policy_agent.policy.tuning.config import TunerConfig
-from vmsched.services.policy_agent.policy.tuning.engine import Engine
-from vmsched.services.policy_agent.policy.tuning.types import GuestSample, GuestView, HostSample, TuneInput
-from vmsched.services.policy_agent.tuning.plugins import TunerPlugins
+from vmsched.services.policy_agent.tuners.config import TunerConfig
+from vmsched.services.policy_agent.tuners.engine import Engine
+from vmsched.services.policy_agent.tuners.types import GuestSample, GuestView, HostSample, TuneInput
+from vmsched.services.policy_agent.adaptive.plugins import TunerPlugins
 
 SHARED = frozenset({0, 1, 2, 3})
 LIBVIRT_SOCK = "/run/libvirt/libvirt-sock"

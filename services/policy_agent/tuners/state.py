@@ -17,8 +17,8 @@ from typing import Any
 from vmsched import cpuset
 from vmsched.cpuset import CpuSet
 
-from ..model import GuestPolicy
-from ..validation import Desired
+from ..policy.model import GuestPolicy
+from ..policy.validation import Desired
 
 
 @dataclass

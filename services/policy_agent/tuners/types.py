@@ -7,7 +7,7 @@ from typing import Any
 
 from vmsched.cpuset import CpuSet, fmt
 
-from ..model import GuestPolicy
+from ..policy.model import GuestPolicy
 
 FIELDS = ("cpu_shares", "vcpu_quota", "vcpus")
 

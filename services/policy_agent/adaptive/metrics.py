@@ -6,8 +6,8 @@ from prometheus_client import Counter, Histogram
 
 from vmsched.metrics import REGISTRY
 
-from ..policy.tuning.engine import BUILTIN
-from ..policy.tuning.types import FIELDS
+from ..tuners.engine import BUILTIN
+from ..tuners.types import FIELDS
 
 OUTCOMES = ("applied", "dry_run", "refused", "deferred", "error")
 

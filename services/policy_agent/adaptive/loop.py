@@ -1,5 +1,5 @@
 """The adaptive-policy loop of the agent: every interval, sample the host and the guests with an adaptive
-block, run the tuning engine (policy/tuning), apply what it decides live, and record every decision (a
+block, run the tuning engine (tuners/), apply what it decides live, and record every decision (a
 structured log line, a metric, a ``tuned`` event on the bus, and ``explain``).
 
 A tuner's change is written as desired state (the overlay in :class:`TunedState`) before libvirt is touched,
@@ -22,11 +22,11 @@ from ..enforce import tuned_sync
 from ..enforce.enforcer import Enforcer
 from ..errors import ApplyError
 from ..guests.inventory import Guest
-from ..policy.tuning.config import TunerConfig
-from ..policy.tuning.engine import Engine
-from ..policy.tuning.samples import HostCounter, VcpuCounters, guest_sample, vcpu_counters
-from ..policy.tuning.state import TunedState
-from ..policy.tuning.types import Decision, GuestSample, GuestView, Proposal
+from ..tuners.config import TunerConfig
+from ..tuners.engine import Engine
+from ..tuners.samples import HostCounter, VcpuCounters, guest_sample, vcpu_counters
+from ..tuners.state import TunedState
+from ..tuners.types import Decision, GuestSample, GuestView, Proposal
 from ..virt.snapshot import Snapshot
 from . import metrics as tm
 from .plugins import TunerPlugins

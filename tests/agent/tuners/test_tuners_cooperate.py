@@ -4,9 +4,9 @@ cap change keeps the history placement needs, and dry-run reports as if the earl
 from __future__ import annotations
 
 from vmsched.services.policy_agent.policy.model import parse_policy
-from vmsched.services.policy_agent.policy.tuning.config import TunerConfig
-from vmsched.services.policy_agent.policy.tuning.engine import Engine
-from vmsched.services.policy_agent.policy.tuning.types import Decision, GuestSample, GuestView, HostSample
+from vmsched.services.policy_agent.tuners.config import TunerConfig
+from vmsched.services.policy_agent.tuners.engine import Engine
+from vmsched.services.policy_agent.tuners.types import Decision, GuestSample, GuestView, HostSample
 
 SHARED = frozenset({0, 1, 2, 3})
 ALL_THREE = {"vcpu_pins": {0: "1"}, "adaptive": {"may_move": True, "weight": [512, 4096], "cap_percent": [50, 100]}}

@@ -18,8 +18,8 @@ from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401
 from tests.support.agent_driver import domain_xml, live_pins, metric
 from vmsched.metrics import REGISTRY
 from vmsched.services.policy_agent.agent import Agent
-from vmsched.services.policy_agent.policy.tuning.config import TunerConfig
-from vmsched.services.policy_agent.policy.tuning.samples import VcpuCounters
+from vmsched.services.policy_agent.tuners.config import TunerConfig
+from vmsched.services.policy_agent.tuners.samples import VcpuCounters
 
 
 def repairs() -> float:

@@ -1,4 +1,4 @@
-"""What a tuner plugin sees and what it may return (pure: the sandboxed call is in tuning/plugins.py).
+"""What a tuner plugin sees and what it may return (pure: the sandboxed call is in adaptive/plugins.py).
 
 Input, one JSON object::
 

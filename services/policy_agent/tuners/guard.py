@@ -7,7 +7,7 @@ from typing import Any
 
 from vmsched import cpuset
 
-from ..model import QUOTA_MIN, SHARES_MAX, SHARES_MIN
+from ..policy.model import QUOTA_MIN, SHARES_MAX, SHARES_MIN
 from .types import FIELDS, GuestView, Proposal
 
 
