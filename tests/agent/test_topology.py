@@ -10,7 +10,7 @@ import pytest
 from tests.agent.recorded_host import RecordedHost, capabilities, opener
 from tests.support.agent_driver import make_agent, state_dir  # noqa: F401 - fixtures
 from vmsched.cpuset import parse as S
-from vmsched.services.policy_agent.policy.facts import topology_facts
+from vmsched.services.policy_agent.facts.arithmetic import topology_facts
 from vmsched.services.policy_agent.policy.topology import TopologyError, from_counts, parse_capabilities
 from vmsched.services.policy_agent.virt.host import read_topology
 

@@ -18,7 +18,7 @@ from vmsched import cpuset
 from vmsched.facts import FACTS_EVENT, FactsMessage, GuestFacts, HostFacts
 
 from .. import metrics
-from ..policy.facts import History, dedicated_summary, guests_digest, pinned
+from .arithmetic import History, dedicated_summary, guests_digest, pinned
 from ..policy.model import GuestPolicy
 
 log = logging.getLogger("vmsched.agent.facts")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..policy import facts as calc
+from ..facts import arithmetic as calc
 from .types import GuestSample, HostSample
 
 

@@ -27,8 +27,8 @@ from vmsched.facts import GuestFacts, HostFacts, HugePages, NumaCell
 
 from vmsched import cpuset
 
-from ..policy import facts as calc
-from ..policy.facts import topology_facts
+from ..facts import arithmetic as calc
+from ..facts.arithmetic import topology_facts
 from ..guests.inventory import STATE_NAMES
 from ..policy.topology import Topology, TopologyError
 from .host import host_uuid, read_topology

@@ -14,9 +14,9 @@ from vmsched.facts import DedicatedGuest, DedicatedNode, GuestFacts
 
 from vmsched import cpuset
 
-from .assignment import free_cpus_by_node, free_whole_cores
-from .model import GuestPolicy
-from .topology import Topology, flat
+from ..policy.assignment import free_cpus_by_node, free_whole_cores
+from ..policy.model import GuestPolicy
+from ..policy.topology import Topology, flat
 
 KIB_PER_MIB = 1024
 #: History length, seconds (the last 10 minutes).
