@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import yaml
 
 from vmsched import cpuset
 from vmsched.services.policy_agent.policy import deps
 from vmsched.services.policy_agent.policy.allocation import Pools
 from vmsched.services.policy_agent.errors import PolicyError
-from vmsched.services.policy_agent.policy.model import dump_policy, load_policy_file, parse_policy
+from vmsched.services.policy_agent.policy.model import parse_policy
+from vmsched.services.policy_agent.surfaces.cli import load_policy_file
 from vmsched.services.policy_agent.policy.validation import GuestInfo, check_policy, desired_for
 
 S = cpuset.parse
@@ -55,10 +59,10 @@ def test_policy_rejects(data, fragment):
 def test_policy_files_roundtrip(tmp_path):
     p = parse_policy({"vcpu_pins": {0: "1"}, "dedicated": 2, "weight": 100, "requires": ["db"]})
     yml = tmp_path / "p.yaml"
-    yml.write_text(dump_policy(p, guest="web"))
+    yml.write_text(yaml.safe_dump({"guest": "web", "policy": p.to_dict()}))
     assert load_policy_file(yml) == ("web", p)
     js = tmp_path / "p.json"
-    js.write_text(dump_policy(p, fmt="json"))
+    js.write_text(json.dumps(p.to_dict()))
     assert load_policy_file(js) == (None, p)
     bad = tmp_path / "bad.yaml"
     bad.write_text("weight: 1\n")

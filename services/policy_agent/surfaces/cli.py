@@ -15,15 +15,16 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+
+from vmsched import cpuset
 from vmsched.agent_contract import AgentOp
 from vmsched.bus.connection import BusOptions
 from vmsched.bus.urls import read_url_file, url_argument
 from vmsched.messages import ErrorCode
 
-from vmsched import cpuset
-
 from ..errors import AgentError, GuestNotFound, PolicyError
-from ..policy.model import load_policy_file, policy_document
+from ..policy.model import GuestPolicy, parse_policy, policy_document
 from . import adaptive_cli, tables
 from .client import SocketClient, call_bus
 
@@ -371,6 +372,31 @@ def build_policy(args: argparse.Namespace, stored: dict | None = None) -> dict:
         data["requires"] = list(dict.fromkeys([*data.get("requires", []), *args.requires]))
     adaptive_cli.merge_adaptive(args, data)
     return policy_document(data)  # an invalid one goes to the agent, which reports every problem at once
+
+
+def load_policy_file(path: str | Path) -> tuple[str | None, GuestPolicy]:
+    """Read a YAML or JSON policy file: either the policy mapping itself, or
+    ``{"guest": NAME, "policy": {...}}``. Returns (guest or None, policy)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy file {p}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise PolicyError(f"policy file {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
+    guest = None
+    if isinstance(data, dict) and "policy" in data:
+        extra = set(data) - {"guest", "policy"}
+        if extra:
+            raise PolicyError(f"policy file {p}: unknown top-level keys {sorted(extra)}")
+        guest = data.get("guest")
+        data = data["policy"]
+    try:
+        return (str(guest) if guest else None), parse_policy(data)
+    except PolicyError as exc:
+        raise PolicyError([f"{p}: {e}" for e in exc.errors]) from None
 
 
 def cmd_policy_set(args: argparse.Namespace) -> int:
