@@ -27,7 +27,6 @@ from vmsched.bus.transport import open_transport
 from vmsched import cpuset
 
 from . import metrics
-from .enforce.changes import PolicyChanges
 from .enforce.enforcer import Enforcer
 from .enforce.jobs import JobQueue
 from .enforce.transient import TransientPolicies
@@ -109,7 +108,6 @@ class Agent:
         self.events: collections.deque[tuple[str, dict]] = collections.deque(maxlen=2000)
         self.link: LibvirtLink | None = None
         self.enforcer: Enforcer | None = None
-        self.changes: PolicyChanges | None = None  # set and delete, through the enforcer
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server: SocketServer | None = None
@@ -164,7 +162,6 @@ class Agent:
         self.enforcer = Enforcer(self.machine, pools, self.inventory, Applier(caps, topology.cpumap_length, cpus),
                                  self._publish, self._save, self.release_on_stop, hint_keys=keys,
                                  transient=TransientPolicies(self._load_store()))
-        self.changes = PolicyChanges(self.enforcer)
         snaps = self.enforcer.scan(conn)
         for snap in snaps:
             self.enforcer.observe(snap)
@@ -355,9 +352,9 @@ class Agent:
     # --- API ---------------------------------------------------------------------
     @_libvirt_errors
     def set_policy(self, guest: str, policy: GuestPolicy | dict) -> dict:
-        assert self.changes is not None
+        assert self.enforcer is not None
         policy, problems = parse_policy_partial(policy)
-        return self.changes.set_policy(self.conn, guest, policy, problems)
+        return self.enforcer.set_policy(self.conn, guest, policy, problems)
 
     @_libvirt_errors
     def get_policy(self, guest: str) -> dict:
@@ -373,8 +370,8 @@ class Agent:
 
     @_libvirt_errors
     def delete_policy(self, guest: str) -> dict:
-        assert self.changes is not None
-        return self.changes.delete_policy(self.conn, guest)
+        assert self.enforcer is not None
+        return self.enforcer.delete_policy(self.conn, guest)
 
     @_libvirt_errors
     def list_policies(self) -> dict:
