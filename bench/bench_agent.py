@@ -145,7 +145,7 @@ def main() -> int:
     conn = libvirt.open(args.uri)
     cleanup(conn)
     with tempfile.TemporaryDirectory(prefix="vab") as state:
-        agent = Agent(args.uri, "bench", Path(state), reconcile_interval=3600).start()
+        agent = Agent(args.uri, "bench", Path(state), None, reconcile_interval=3600).start()
         try:
             if args.starts:
                 results["start_latency"] = bench_start_latency(conn, agent, dtype, args.starts)

@@ -69,7 +69,7 @@ def agent_cpu(uri: str, work: Path, guests: int, window: float, rounds: int) -> 
         tuning = i % 2 == 0
         state = work / f"state{i}"
         config = TunerConfig() if tuning else TunerConfig(interval=0)
-        agent = Agent(uri, "bench", state, dedicated_pool="none", reconcile_interval=3600, lock_dir=work / "lock",
+        agent = Agent(uri, "bench", state, None, dedicated_pool="none", reconcile_interval=3600, lock_dir=work / "lock",
                       tuner=config)
         agent.start()
         try:
@@ -97,7 +97,7 @@ def main() -> int:
     ensure_event_loop()
     work = Path(tempfile.mkdtemp(prefix="bench-tuner-"))
     uri = node_xml(work / "node.xml", args.guests)
-    agent = Agent(uri, "bench", work / "state", dedicated_pool="none", reconcile_interval=3600,
+    agent = Agent(uri, "bench", work / "state", None, dedicated_pool="none", reconcile_interval=3600,
                   lock_dir=work / "lock", tuner=TunerConfig(interval=0)).start()
     try:
         t0 = time.perf_counter()

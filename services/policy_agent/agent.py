@@ -19,10 +19,8 @@ from typing import Any, Callable
 
 import libvirt
 
-from vmsched.bus.connection import BusOptions
 from vmsched.bus.facts import SnapshotListener
 from vmsched.bus.interface import Transport
-from vmsched.bus.transport import open_transport
 
 from vmsched import cpuset
 
@@ -74,8 +72,8 @@ class Agent:
         uri: str,
         host_id: str | None,
         state_dir: Path,
+        transport: Transport | None,
         dedicated_pool: str | None = None,
-        amqp_url: str | BusOptions | Transport | None = None,
         socket_path: Path | None = None,
         reconcile_interval: float = 10.0,
         release_on_stop: bool = False,
@@ -92,7 +90,6 @@ class Agent:
         self.host_id = host_id
         self.state_dir = Path(state_dir)
         self.requested_pool = dedicated_pool
-        self.amqp_url = amqp_url
         self.socket_path = Path(socket_path) if socket_path else self.state_dir / "agent.sock"
         self.reconcile_interval = reconcile_interval
         self.release_on_stop = release_on_stop
@@ -112,7 +109,7 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self._server: SocketServer | None = None
         self._bus: BusLink | None = None
-        self._transport: Transport | None = None
+        self._transport = transport  # the bus (None: the local socket only); its opener owns it
         self._domains = LibvirtDomains(lambda: self.conn, self.inventory.name_of)
         self.facts_interval = facts_interval  # seconds between host facts (0: off); published on the bus only
         self._facts: FactsReporter | None = None
@@ -186,20 +183,12 @@ class Agent:
         self._tuner = TunerLoop(self.tuner_config, self.enforcer, lambda: self.conn, self._publish).start()
         self._server = SocketServer(self.socket_path, self)
         self._server.start()
-        if self.amqp_url:
-            self._transport = self._open_transport(self.amqp_url)
+        if self._transport is not None:
             self._bus = BusLink(self._transport, self.host_id, self)
             self._bus.start()
             self._start_facts()
         self.started = True
         return self
-
-    @staticmethod
-    def _open_transport(bus: str | BusOptions | Transport) -> Transport:
-        """The bus the agent's queue, events and snapshot requests share (memory://: the caller's, handed in)."""
-        if isinstance(bus, Transport):
-            return bus
-        return open_transport(bus if isinstance(bus, BusOptions) else BusOptions(url=bus))
 
     def _start_facts(self) -> None:
         """Host facts every facts_interval and on lifecycle events; a snapshot at once when a service asks."""

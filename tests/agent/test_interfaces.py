@@ -181,7 +181,7 @@ def test_bus_rpc_and_events(conn, make_agent):
     from vmsched.bus.topology import agent_queue
 
     bus = InProcessTransport()  # the in-process bus, handed to the agent and to its caller
-    a = make_agent(amqp_url=bus)
+    a = make_agent(transport=bus)
     dom = guest(conn, "t-bus")
     assert bus.call(agent_queue("h1"), "ping", {}, timeout=10) == {"service": "agent"}  # it consumes its queue
     view = bus.call(agent_queue("h1"), "set_policy", {"guest": "t-bus", "policy": {"dedicated": 2}})
@@ -216,7 +216,7 @@ class _DirectBus:
 def test_gateway_router(conn, make_agent):
     from vmsched.gateway.agent_api import router
 
-    a = make_agent(amqp_url=InProcessTransport())
+    a = make_agent(transport=InProcessTransport())
     guest(conn, "t-gw")
     app = FastAPI()
     app.include_router(router)
@@ -243,7 +243,7 @@ def test_gateway_answers_every_invalid_request_with_400_and_every_reason(conn, m
     """A malformed body (pydantic) and an agent's refusal are both 400, each reason listed."""
     from vmsched.gateway.agent_api import router
 
-    a = make_agent(amqp_url=InProcessTransport())
+    a = make_agent(transport=InProcessTransport())
     guest(conn, "t-gw")
     app = FastAPI()
     app.include_router(router)
@@ -282,7 +282,7 @@ def test_a_huge_cpu_set_is_refused_before_it_is_parsed(conn, make_agent):
     huge = ",".join(["0-16383"] * 125000)  # 1 MB
     said = f"is {len(huge):,} characters long; at most 65,536 are accepted"
     bus = InProcessTransport()
-    a = make_agent(amqp_url=bus)
+    a = make_agent(transport=bus)
     guest(conn, "t-huge")
     client = SocketClient(a.socket_path)
     for policy in ({"vcpu_pins": {"0": huge}}, {"emulator_pin": huge}, {"dedicated": huge}):
@@ -312,7 +312,7 @@ def test_gateway_refuses_invalid_guest_names(conn, make_agent, caplog, path, rea
     """A bad guest name at the gateway: 400 with the reason for every route taking a guest; no traceback anywhere."""
     from vmsched.gateway.agent_api import router
 
-    a = make_agent(amqp_url=InProcessTransport())
+    a = make_agent(transport=InProcessTransport())
     app = FastAPI()
     app.include_router(router)
     app.state.bus = _DirectBus(a)

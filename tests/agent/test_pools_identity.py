@@ -197,7 +197,7 @@ def test_lost_checkpoint_is_rebuilt_from_hints_of_the_old_host_id(conn, make_age
 # --- 6: one agent per libvirtd ----------------------------------------------------------------
 def test_second_agent_on_the_same_libvirtd_is_refused(conn, make_agent, state_dir, tmp_path):  # noqa: F811
     first = make_agent(host_id="one")
-    second = Agent(TEST_URI, "two", tmp_path / "other-state", lock_dir=state_dir / "lock", dedicated_pool="4-7")
+    second = Agent(TEST_URI, "two", tmp_path / "other-state", None, lock_dir=state_dir / "lock", dedicated_pool="4-7")
     with pytest.raises(HostLocked) as exc:
         second.start()
     text = str(exc.value)
@@ -213,7 +213,7 @@ def test_second_agent_on_the_same_libvirtd_is_refused(conn, make_agent, state_di
 def test_unusable_lock_dir_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    agent = Agent(TEST_URI, "h", tmp_path / "state", lock_dir=blocker / "sub")
+    agent = Agent(TEST_URI, "h", tmp_path / "state", None, lock_dir=blocker / "sub")
     with pytest.raises(AgentError, match="cannot open the host lock .*--lock-dir or VMSCHED_AGENT_LOCK_DIR"):
         agent.start()
 

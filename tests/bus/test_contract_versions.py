@@ -24,6 +24,7 @@ from vmsched.bus.client import AsyncBusClient
 from vmsched.bus.connection import BusOptions, ensure_exchanges, open_connection
 from vmsched.bus.rpc import call
 from vmsched.bus.topology import EXCHANGES, agent_queue, request_queue
+from vmsched.bus.transport import open_transport
 from vmsched.messages import CONTRACT_VERSION
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
 from tests.support.agent_driver import guest
@@ -118,7 +119,7 @@ def agent_answers(url: str, host: str) -> None:
 @pytest.mark.rabbitmq
 def test_new_agent_answers_a_version_1_request_in_version_1(conn, make_agent, rabbit_vhost: str):
     host = f"hv-v1-{uuid.uuid4().hex[:6]}"
-    a = make_agent(host_id=host, amqp_url=rabbit_vhost)
+    a = make_agent(host_id=host, transport=open_transport(BusOptions(url=rabbit_vhost)))
     guest(conn, "t-v1")
     agent_answers(rabbit_vhost, host)
     queue = agent_queue(host)
@@ -142,7 +143,7 @@ def test_new_agent_answers_a_version_1_request_in_version_1(conn, make_agent, ra
 @pytest.mark.rabbitmq
 def test_new_agent_refuses_a_newer_version_by_name(conn, make_agent, rabbit_vhost: str):
     host = f"hv-v3-{uuid.uuid4().hex[:6]}"
-    a = make_agent(host_id=host, amqp_url=rabbit_vhost)
+    a = make_agent(host_id=host, transport=open_transport(BusOptions(url=rabbit_vhost)))
     agent_answers(rabbit_vhost, host)
     reply = raw_request(rabbit_vhost, agent_queue(host),
                         {"v": CONTRACT_VERSION + 1, "op": "cpus", "deadline": time.time() + 10, "body": {},

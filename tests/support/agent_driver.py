@@ -75,15 +75,15 @@ def state_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def make_agent(state_dir: Path) -> Iterator[Callable[..., Agent]]:
-    """Starts agents on the test driver (host h1, dedicated pool 4-7, no periodic sweep unless asked);
-    every one is stopped after the test."""
+    """Starts agents on the test driver (host h1, dedicated pool 4-7, no bus and no periodic sweep unless
+    asked: ``transport=``, ``reconcile_interval=``); every one is stopped after the test."""
     agents: list[Agent] = []
 
     def make(**kw: Any) -> Agent:
         kw.setdefault("dedicated_pool", "4-7")
         kw.setdefault("reconcile_interval", 3600)
         kw.setdefault("lock_dir", state_dir / "lock")  # test:///default has one host identity: one lock per test
-        a = Agent(TEST_URI, kw.pop("host_id", "h1"), state_dir, **kw).start()
+        a = Agent(TEST_URI, kw.pop("host_id", "h1"), state_dir, kw.pop("transport", None), **kw).start()
         agents.append(a)
         return a
 
