@@ -146,18 +146,14 @@ class Agent:
             log.warning("host ID changed from %r to %r: keeping this machine's (%s) pool and allocations; the bus"
                         " queue is now vmsched.agent.%s", found.previous_host_id, self.host_id, self.machine,
                         self.host_id)
-        if found.version is not None and found.version < checkpoint.VERSION:
-            log.info("checkpoint %s is version %d: migrating it in place to version %d (keyed to machine %s)",
-                     self.checkpoint_path, found.version, checkpoint.VERSION, self.machine)
         if found.quarantined is not None:
             log.warning("checkpoint %s unusable (%s); moved to %s; rebuilding host state from the guests'"
                         " metadata and live pins", self.checkpoint_path, found.reason, found.quarantined)
             metrics.ERRORS.labels("checkpoint").inc()
         elif rebuild:
             log.info("no checkpoint at %s; building host state from the guests", self.checkpoint_path)
-        keys = recovery.hint_keys(self.machine, self.host_id, found.previous_host_id)
         self.enforcer = Enforcer(self.machine, pools, self.inventory, Applier(caps, topology.cpumap_length, cpus),
-                                 self._publish, self._save, self.release_on_stop, hint_keys=keys,
+                                 self._publish, self._save, self.release_on_stop,
                                  transient=TransientPolicies(self._load_store()))
         snaps = self.enforcer.scan(conn)
         for snap in snaps:
@@ -173,7 +169,7 @@ class Agent:
                 log.info("dedicated pool changes from %r to %r", cpuset.fmt(pools.pool), cpuset.fmt(wanted))
                 self.enforcer.adopt_pools(self.enforcer.plan_pool(wanted))
         elif rebuild:
-            pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), keys, pools)
+            pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), self.machine, pools)
         summary = self.enforcer.sweep(conn, trigger="start", snaps=snaps, confine=True)
         self._save()
         log.info("agent for host %s on %s: %d guests, %d managed, pool %r, %d repaired at start", self.host_id,

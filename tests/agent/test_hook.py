@@ -19,6 +19,7 @@ from typing import Iterator
 import pytest
 
 from tests.support.paths import ROOT
+from vmsched.messages import CONTRACT_VERSION
 from vmsched.services.policy_agent.virt import metadata
 
 HOOK = ROOT / "services" / "policy_agent" / "surfaces" / "hooks" / "qemu"
@@ -79,7 +80,7 @@ def test_start_refused_with_the_agents_reason(env: dict[str, str], denying: Stan
     out = hook(env, "dep", "prepare", "begin")
     assert out.returncode == 1 and "requirement 'req' is not running" in out.stderr
     (request,) = denying.requests
-    assert request["op"] == "check_start"
+    assert request["op"] == "check_start" and request["v"] == CONTRACT_VERSION  # the installed agent's version
     assert request["body"]["uuid"] == "11111111-2222-3333-4444-555555555555" and request["body"]["xml"] == XML
 
 

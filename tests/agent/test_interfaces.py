@@ -48,11 +48,12 @@ def test_socket_protocol(conn, make_agent):
         client.call("set_policy", {"guest": "t-sock", "policy": {"dedicated": 9}})
     with pytest.raises(PolicyError, match="unknown operation 'nope'"):
         client.call("nope")
-    # raw wire: several requests on one connection, the hook's flat form, garbage
+    # raw wire: several requests on one connection, garbage
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(a.socket_path))
         f = s.makefile("rwb")
-        f.write(b'{"op": "check_start", "guest": "t-sock", "uuid": null}\nnot json\n{"op": "list_policies"}\n')
+        f.write(b'{"v": 2, "op": "check_start", "body": {"guest": "t-sock", "uuid": null}}\nnot json\n'
+                b'{"v": 2, "op": "list_policies", "body": {}}\n')
         f.flush()
         first, second, third = (json.loads(f.readline()) for _ in range(3))
     assert first["ok"] and first["body"]["allowed"] is True
@@ -81,17 +82,21 @@ def test_socket_refuses_invalid_guest_names(conn, make_agent, caplog, name, reas
 
 
 def test_socket_versions(conn, make_agent):
-    """A request without ``v`` is version 1 and understood; a newer version is refused by name."""
+    """The socket speaks the agent's contract version only (the CLI and the hook are installed with it): another
+    version, or none, is refused by name; a request without a body is malformed."""
     a = make_agent()
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(a.socket_path))
         f = s.makefile("rwb")
-        f.write(b'{"op": "ping", "body": {}}\n{"v": 3, "op": "ping", "body": {}}\n{"v": "x", "op": "ping"}\n')
+        f.write(b'{"v": 2, "op": "ping", "body": {}}\n{"op": "ping", "body": {}}\n{"v": 3, "op": "ping", "body": {}}\n'
+                b'{"v": "x", "op": "ping", "body": {}}\n{"v": 2, "op": "get_policy", "guest": "test"}\n')
         f.flush()
-        v1, v3, bad = (json.loads(f.readline()) for _ in range(3))
-    assert v1["ok"] and v1["body"]["host_id"] == "h1"
+        v2, none, v3, bad, flat = (json.loads(f.readline()) for _ in range(5))
+    assert v2["ok"] and v2["body"]["host_id"] == "h1"
+    assert not none["ok"] and none["code"] == "unsupported_version" and "contract version None" in none["error"]
     assert not v3["ok"] and v3["code"] == "unsupported_version" and "contract version 3" in v3["error"]
     assert not bad["ok"] and bad["code"] == "unsupported_version"
+    assert not flat["ok"] and flat["code"] == "invalid" and '"body"' in flat["error"]
 
 
 # --- CLI ---------------------------------------------------------------------------------

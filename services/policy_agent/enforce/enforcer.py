@@ -46,11 +46,10 @@ CHANGED_RETRIES = 3  # repairs decided again when another writer keeps changing 
 
 
 class Enforcer:
-    def __init__(self, host_id: str, pools: Pools, inventory: Inventory, applier: Applier,
+    def __init__(self, machine: str, pools: Pools, inventory: Inventory, applier: Applier,
                  publish: Publish, save: Callable[[], None], release_on_stop: bool = False,
-                 transient: TransientPolicies | None = None, hint_keys: frozenset[str] = frozenset()):
-        self.host_id = host_id  # what allocation hints are written with: the machine key (libvirt's host UUID)
-        self.hint_keys = hint_keys | {host_id}  # hints that are this machine's (also those of its old host IDs)
+                 transient: TransientPolicies | None = None):
+        self.machine = machine  # libvirt's host UUID: what allocation hints are written with
         self.pools = pools
         self.inv = inventory
         self.applier = applier
@@ -157,7 +156,7 @@ class Enforcer:
             return None
         if self.transient is not None:
             held = self.pools.allocations.get(g.uuid)
-            self.transient.mirror(snap, g, metadata.AllocationHint(self.host_id, held, self.pools.pool)
+            self.transient.mirror(snap, g, metadata.AllocationHint(self.machine, held, self.pools.pool)
                                   if held else None)
         self._sync_hint(snap, g)
         g.desired = desired
@@ -211,7 +210,7 @@ class Enforcer:
     def _seed_from_hint(self, g: Guest) -> None:
         """Recover an allocation the guest's metadata recorded for this host (checkpoint lost)."""
         h = g.hint
-        if h is None or h.host not in self.hint_keys or not h.cpus <= self.pools.free:
+        if h is None or h.host != self.machine or not h.cpus <= self.pools.free:
             return
         if g.policy is None or g.policy.dedicated is None:
             return
@@ -229,8 +228,8 @@ class Enforcer:
         if g.policy is None:
             return
         held = self.pools.allocations.get(g.uuid)
-        hint = metadata.AllocationHint(self.host_id, held, self.pools.pool) if held else None
-        if hint == g.hint or (hint is None and g.hint is not None and g.hint.host not in self.hint_keys):
+        hint = metadata.AllocationHint(self.machine, held, self.pools.pool) if held else None
+        if hint == g.hint or (hint is None and g.hint is not None and g.hint.host != self.machine):
             return
         try:
             metadata.write(snap.dom, g.policy, hint)
@@ -329,7 +328,7 @@ class Enforcer:
                 checked.desired = desired_for(stopped, info, self.pools, None)
             if self.tuned is not None:
                 self.tuned.drop(snap.uuid)  # a new static policy: the tuners start again from it
-            hint = metadata.AllocationHint(self.host_id, checked.allocation, self.pools.pool) if checked.allocation else None
+            hint = metadata.AllocationHint(self.machine, checked.allocation, self.pools.pool) if checked.allocation else None
             store = self.transient if not snap.persistent else None
             old_stored = store.get(snap.uuid) if store is not None else None
             try:

@@ -44,8 +44,8 @@ class TransientPolicies:
     def track(self, snap: Snapshot) -> None:
         """Keep the store in step with the guest's own metadata.
 
-        A transient guest whose live metadata holds a policy (written by another tool, or by an
-        agent without a store) has it stored, so that it outlives the guest; a guest that became
+        A transient guest whose live metadata holds a policy (written by another tool) has it
+        stored, so that it outlives the guest; a guest that became
         persistent with its policy in its definition no longer needs the stored copy.
         """
         if snap.xml.metadata_error:

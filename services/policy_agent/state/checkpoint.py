@@ -5,10 +5,9 @@ folder) with a checksum; validated on load. A checkpoint that is missing,
 corrupt or inconsistent is never fatal: :func:`load` says why it cannot be
 used and the agent rebuilds the state from the domains' metadata.
 
-Version 2 keys the state to the machine (libvirt's host UUID), not to the
-agent's bus name: an agent restarted under another ``--host-id`` keeps its
-pool and allocations. Version 1 (keyed by the host ID) is still read and is
-rewritten as version 2 by the next save.
+The state is keyed to the machine (libvirt's host UUID), not to the agent's
+bus name: an agent restarted under another ``--host-id`` keeps its pool and
+allocations. Every CPU set in it must be the host's (:func:`vmsched.cpuset.parse`).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from ..policy.allocation import Pools
 log = logging.getLogger(__name__)
 
 VERSION = 2
-READABLE = (1, 2)
 FILENAME = "checkpoint.json"
 SHOWN = 5  # problems of an inconsistent checkpoint named in its reason
 
@@ -40,7 +38,7 @@ class Held(BaseModel):
 
 class Checkpoint(BaseModel):
     version: int = VERSION
-    machine: str | None = None  # libvirt's host UUID (v2); v1 had none
+    machine: str  # libvirt's host UUID
     host_id: str  # the agent's host ID (bus name) when it was written
     pool: str = ""
     allocations: dict[str, Held] = Field(default_factory=dict)  # uuid -> held CPUs
@@ -65,10 +63,9 @@ class Checkpoint(BaseModel):
 
 @dataclass
 class Loaded:
-    """A usable checkpoint: the pools, and what it was written as (for logging a rename or a migration)."""
+    """A usable checkpoint: the pools, and the host ID it was written under (for logging a rename)."""
 
     pools: Pools
-    version: int
     host_id: str
 
 
@@ -79,8 +76,7 @@ def save(path: Path, ckpt: Checkpoint) -> None:
 def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Loaded | None, str | None]:
     """(loaded, None) when usable; (None, reason) when missing or unusable.
 
-    Usable means: this machine's (v2: same ``machine``; v1 carries no machine key and is taken as this
-    machine's, whatever host ID wrote it), valid and consistent. The host ID does not matter.
+    Usable means: this machine's, valid and consistent. The host ID does not matter.
     """
     payload, problem = durable.read(path, "checkpoint")
     if problem is not None:
@@ -89,9 +85,9 @@ def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Loaded | 
         ckpt = Checkpoint.model_validate(payload)
     except ValidationError as exc:
         return None, f"invalid content: {exc.errors()[0].get('msg')}"
-    if ckpt.version not in READABLE:
+    if ckpt.version != VERSION:
         return None, f"unsupported version {ckpt.version}"
-    if ckpt.version >= 2 and ckpt.machine != machine:
+    if ckpt.machine != machine:
         return None, f"written for machine {ckpt.machine!r} (host {ckpt.host_id!r}), this is machine {machine!r}"
     if len(ckpt.allocations) > len(host_cpus):  # each holds a CPU of its own: checked before any is parsed
         return None, f"inconsistent: {len(ckpt.allocations)} allocations on a host of {len(host_cpus)} CPUs"
@@ -103,7 +99,7 @@ def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Loaded | 
     if problems:
         more = f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
         return None, "inconsistent: " + "; ".join(problems[:SHOWN]) + more
-    return Loaded(pools, ckpt.version, ckpt.host_id), None
+    return Loaded(pools, ckpt.host_id), None
 
 
 def mismatch(path: Path, machine: str, pools: Pools) -> str | None:

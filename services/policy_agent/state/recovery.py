@@ -25,7 +25,6 @@ class Recovered:
     rebuild: bool  # True: no usable checkpoint, state comes from the guests
     reason: str | None = None  # why the checkpoint was not used
     quarantined: Path | None = None  # where an unusable checkpoint was moved
-    version: int | None = None  # version of the checkpoint read (1: migrated to the current one at the next save)
     previous_host_id: str | None = None  # the host ID the checkpoint was written under
 
 
@@ -33,22 +32,16 @@ def load_or_rebuild(path: Path, machine: str, host_cpus: frozenset[int]) -> Reco
     """The pools from the checkpoint at ``path``; an unusable one is moved aside and an empty state returned."""
     loaded, reason = checkpoint.load(path, machine, host_cpus)
     if loaded is not None:
-        return Recovered(loaded.pools, rebuild=False, version=loaded.version, previous_host_id=loaded.host_id)
+        return Recovered(loaded.pools, rebuild=False, previous_host_id=loaded.host_id)
     moved = checkpoint.quarantine(path)
     return Recovered(Pools(host_cpus=host_cpus), rebuild=True, reason=reason, quarantined=moved)
 
 
-def hint_keys(machine: str, *host_ids: str | None) -> frozenset[str]:
-    """The ``host=`` values of allocation hints that are this machine's: the machine key (written since
-    checkpoint v2) and the host IDs it ran under (written before)."""
-    return frozenset(k for k in (machine, *host_ids) if k)
-
-
-def pool_from_hints(hints: Iterable[AllocationHint | None], keys: frozenset[str], pools: Pools) -> frozenset[int]:
+def pool_from_hints(hints: Iterable[AllocationHint | None], machine: str, pools: Pools) -> frozenset[int]:
     """The dedicated pool the guests' allocation records give for this machine (empty if unusable)."""
     pool: set[int] = set()
     for hint in hints:
-        if hint is not None and hint.host in keys:
+        if hint is not None and hint.host == machine:
             pool |= hint.pool
     pool &= pools.host_cpus
     if pool and pools.check_pool(frozenset(pool)):

@@ -1,7 +1,6 @@
 """The agent's local UNIX socket: newline-delimited JSON requests and replies.
 
-Request ``{"v": 2, "op": OP, "body": {...}}`` (``v`` may be omitted; a flat
-``{"op": OP, "guest": ...}`` is accepted too); reply
+Request ``{"v": 2, "op": OP, "body": {...}}``; reply
 ``{"v", "ok", "error", "code", "details", "body"}``, the bus's reply envelope.
 One thread per connection, so the QEMU hook's ``check_start`` is answered
 even while a ``start_domain`` request waits for the guests it starts.
@@ -18,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from vmsched.messages import CONTRACT_VERSION, OLDEST_VERSION, ErrorCode, ReplyEnvelope
+from vmsched.messages import CONTRACT_VERSION, ErrorCode, ReplyEnvelope
 
 from ..errors import AgentError, AgentUnavailable, PolicyError
 from .ops import Agent, dispatch
@@ -33,16 +32,14 @@ BACKLOG = socket.SOMAXCONN
 
 def handle_request(agent: Agent, request: Any) -> dict:
     """One decoded request -> the reply document (never raises)."""
-    if not isinstance(request, dict) or not isinstance(request.get("op"), str):
-        return _error("request must be a JSON object with an 'op'", ErrorCode.INVALID)
-    version = request.get("v", OLDEST_VERSION)
-    if not isinstance(version, int) or isinstance(version, bool) or version > CONTRACT_VERSION:
-        return _error(f"contract version {version!r} is not understood by this agent "
-                      f"({OLDEST_VERSION}-{CONTRACT_VERSION}); upgrade the agent", ErrorCode.UNSUPPORTED_VERSION)
-    op = request["op"]
-    body = request.get("body")
-    if body is None:
-        body = {k: v for k, v in request.items() if k not in ("op", "v")}
+    if not isinstance(request, dict) or not isinstance(request.get("op"), str) or "body" not in request:
+        return _error(f'a request is a JSON object {{"v": {CONTRACT_VERSION}, "op": OP, "body": {{...}}}}',
+                      ErrorCode.INVALID)
+    version = request.get("v")
+    if version != CONTRACT_VERSION or isinstance(version, bool):
+        return _error(f"contract version {version!r} is not this agent's ({CONTRACT_VERSION}): use the vmsched"
+                      " installed with the agent", ErrorCode.UNSUPPORTED_VERSION)
+    op, body = request["op"], request["body"]
     try:
         return ReplyEnvelope(ok=True, body=dispatch(agent, op, body)).model_dump(mode="json")
     except AgentError as exc:

@@ -48,14 +48,9 @@ def policy(view: dict) -> str:
 
 def cpus(reply: dict) -> str:
     """``policy cpus``: the host's sockets, NUMA nodes, cores and threads, and who holds each CPU."""
-    topo = reply.get("topology")
+    topo = reply["topology"]
     head = (f"host {reply.get('host_id')}: CPUs {reply.get('host_cpus') or '-'}; dedicated pool"
             f" {reply.get('dedicated_pool') or 'none'}, free {reply.get('free') or '-'}")
-    if not isinstance(topo, dict):  # an agent that sends no topology: its lists only
-        rows = [["dedicated pool", summary(reply.get("dedicated_pool"))], ["shared", summary(reply.get("shared"))],
-                ["free", summary(reply.get("free"))]]
-        rows += [[f"held by {g}", cpus] for g, cpus in sorted((reply.get("allocations") or {}).items())]
-        return head + "\n" + table(rows)
     lines = [head]
     rows: list[list[str]] = []
     for socket in topo.get("sockets", []):

@@ -124,7 +124,7 @@ def from_element(root: ET.Element) -> tuple[GuestPolicy, AllocationHint | None]:
             elif tag == "adaptive":
                 data["adaptive"] = adaptive_data(a)
             elif tag == "allocation":
-                hint = AllocationHint(a.get("host", ""), cpuset.parse(a["cpus"]), cpuset.parse(a.get("pool") or a["cpus"]))
+                hint = AllocationHint(a["host"], cpuset.parse(a["cpus"]), cpuset.parse(a["pool"]))
             else:
                 raise PolicyError(f"unknown element <{tag}> in the vmsched policy metadata")
     except (KeyError, ValueError) as exc:

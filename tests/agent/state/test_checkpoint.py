@@ -1,4 +1,4 @@
-"""Checkpoint file: atomic write, checksum, validation on load, keyed to the machine (v2), v1 still read."""
+"""Checkpoint file: atomic write, checksum, validation on load, keyed to the machine."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_roundtrip_is_atomic_and_leaves_no_temporary(tmp_path):
     loaded, reason = checkpoint.load(path, M1, S("0-7"))
     assert reason is None and loaded.pools.allocations == {"u1": S("4-5")} and loaded.pools.pool == S("4-7")
     assert loaded.pools.names == {"u1": "db"}
-    assert (loaded.version, loaded.host_id) == (2, "h1")
+    assert loaded.host_id == "h1"
 
 
 def test_state_belongs_to_the_machine_not_to_the_host_id(tmp_path):
@@ -37,29 +37,19 @@ def test_state_belongs_to_the_machine_not_to_the_host_id(tmp_path):
     assert "written for machine" in checkpoint.load(path, M2, S("0-7"))[1]  # a state dir copied to another machine
 
 
-def _v1(path, host_id: str) -> None:
-    """A checkpoint as the agent before the machine key wrote it (version 1, keyed by host ID)."""
-    payload = {"version": 1, "host_id": host_id, "pool": "4-7", "saved_at": 1.0,
+def test_only_this_machines_hints_count():
+    hints = [AllocationHint("node-a", S("4"), S("4-5")), AllocationHint(M1, S("6"), S("6-7")),
+             AllocationHint(M2, S("2"), S("2-3")), None]
+    assert recovery.pool_from_hints(hints, M1, Pools(host_cpus=S("0-7"))) == S("6-7")
+
+
+def test_a_checkpoint_without_the_machine_is_unusable(tmp_path):
+    path = tmp_path / checkpoint.FILENAME
+    payload = {"version": 2, "host_id": "node-a", "pool": "4-7", "saved_at": 1.0,
                "allocations": {"u1": {"name": "db", "cpus": "4-5"}}}
     path.write_text(json.dumps({"checksum": durable.digest(payload), "checkpoint": payload}))
-
-
-def test_version_1_is_read_whatever_host_id_wrote_it(tmp_path):
-    path = tmp_path / checkpoint.FILENAME
-    _v1(path, "node-a")
     found = recovery.load_or_rebuild(path, M1, S("0-7"))
-    assert not found.rebuild and found.version == 1 and found.previous_host_id == "node-a"
-    assert found.pools.allocations == {"u1": S("4-5")} and found.pools.pool == S("4-7")
-    checkpoint.save(path, checkpoint.Checkpoint.of(M1, "node-b", found.pools))  # migrated in place
-    doc = json.loads(path.read_text())["checkpoint"]
-    assert (doc["version"], doc["machine"], doc["host_id"]) == (2, M1, "node-b")
-
-
-def test_hints_of_the_old_host_id_and_of_the_machine_count():
-    keys = recovery.hint_keys(M1, "node-b", "node-a")
-    hints = [AllocationHint("node-a", S("4"), S("4-5")), AllocationHint(M1, S("6"), S("6-7")),
-             AllocationHint("elsewhere", S("2"), S("2-3")), None]
-    assert recovery.pool_from_hints(hints, keys, Pools(host_cpus=S("0-7"))) == S("4-7")
+    assert found.rebuild and "invalid content" in found.reason and found.quarantined is not None
 
 
 def test_unusable_checkpoints_say_why(tmp_path):
