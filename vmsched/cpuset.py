@@ -119,9 +119,6 @@ def to_cpumap(cpus: Iterable[int], ncpus: int) -> tuple[bool, ...]:
     return tuple(i in s for i in range(ncpus))
 
 
-def from_cpumap(cpumap: Iterable[bool]) -> CpuSet:
-    return frozenset(i for i, on in enumerate(cpumap) if on)
-
 
 def _cpu(digits: str, raw: str) -> int:
     value = digits.lstrip("0") or "0"

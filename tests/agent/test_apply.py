@@ -14,6 +14,7 @@ from vmsched.services.policy_agent.virt import domxml
 from vmsched.services.policy_agent.virt.apply import CONFIG, LIVE, Applier, Caps, sched_equal
 from vmsched.services.policy_agent.errors import ApplyError
 from vmsched.services.policy_agent.policy.validation import Desired
+from tests.support.agent_driver import cpus_of
 
 S = cpuset.parse
 HOST = S("0-7")
@@ -41,10 +42,10 @@ class RecordingDomain:
         self.calls.append(call)
 
     def pinVcpuFlags(self, vcpu, cpumap, flags):
-        self._record("vcpu", vcpu, cpuset.fmt(cpuset.from_cpumap(cpumap)), flags)
+        self._record("vcpu", vcpu, cpus_of(cpumap), flags)
 
     def pinEmulator(self, cpumap, flags):
-        self._record("emulator", cpuset.fmt(cpuset.from_cpumap(cpumap)), flags)
+        self._record("emulator", cpus_of(cpumap), flags)
 
     def setSchedulerParametersFlags(self, params, flags):
         self._record("sched", params, flags)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,16 +34,21 @@ def guest(conn: "libvirt.virConnect", name: str, vcpus: int = 2, start: bool = T
     return dom
 
 
+def cpus_of(cpumap: Iterable[bool]) -> str:
+    """The CPU set of a cpumap as libvirt's binding returns it (a tuple of booleans), in libvirt's syntax."""
+    return cpuset.fmt(i for i, on in enumerate(cpumap) if on)
+
+
 def live_pins(dom: "libvirt.virDomain") -> dict[int, str]:
-    return {i: cpuset.fmt(cpuset.from_cpumap(m)) for i, m in enumerate(dom.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE))}
+    return {i: cpus_of(m) for i, m in enumerate(dom.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE))}
 
 
 def config_pins(dom: "libvirt.virDomain") -> dict[int, str]:
-    return {i: cpuset.fmt(cpuset.from_cpumap(m)) for i, m in enumerate(dom.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_CONFIG))}
+    return {i: cpus_of(m) for i, m in enumerate(dom.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_CONFIG))}
 
 
 def emulator_pin(dom: "libvirt.virDomain", flags: int = libvirt.VIR_DOMAIN_AFFECT_LIVE) -> str:
-    return cpuset.fmt(cpuset.from_cpumap(dom.emulatorPinInfo(flags)))
+    return cpus_of(dom.emulatorPinInfo(flags))
 
 
 def metric(name: str, **labels: str) -> float:

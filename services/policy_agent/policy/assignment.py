@@ -30,11 +30,6 @@ from vmsched.cpuset import CpuSet
 from ..errors import PolicyError
 from .topology import Topology
 
-THREAD_POLICIES = ("prefer", "require", "isolate")
-NUMA_POLICIES = ("any", "strict")
-EMULATOR_POLICIES = ("share", "isolate")
-
-
 @dataclass(frozen=True)
 class Request:
     """``cpus`` CPUs the guest runs on (its vCPUs, plus one with ``emulator: isolate``)."""

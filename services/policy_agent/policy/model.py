@@ -184,9 +184,6 @@ class GuestPolicy(PolicyDocument):
         """The count, or the explicit set, of dedicated CPUs."""
         return self.dedicated_count() or self.dedicated_set()
 
-    def is_empty(self) -> bool:
-        return self == GuestPolicy()
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, without unset fields."""
         data = self.model_dump(mode="json", exclude_defaults=True)
