@@ -128,6 +128,8 @@ class Agent:
 
     def _start(self) -> "Agent":
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._server = SocketServer(self.socket_path)  # bound first: the QEMU hook tells "starting" from "none"
+        self._server.start()
         self.link = LibvirtLink(self.uri, self._on_event, self._on_connect, opener=self.opener)
         conn = self.link.connect(self.connect_timeout)
         self.machine = host_identity(conn)
@@ -177,8 +179,7 @@ class Agent:
         self._spawn(self._work_loop, "agent-worker")
         self._spawn(self._sweep_loop, "agent-sweeper")
         self._tuner = TunerLoop(self.tuner_config, self.enforcer, lambda: self.conn, self._publish).start()
-        self._server = SocketServer(self.socket_path, self)
-        self._server.start()
+        self._server.serve(self)
         if self._transport is not None:
             self._bus = BusLink(self._transport, self.host_id, self)
             self._bus.start()

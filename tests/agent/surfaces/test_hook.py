@@ -20,6 +20,7 @@ import pytest
 
 from tests.support.paths import ROOT
 from vmsched.messages import CONTRACT_VERSION
+from vmsched.services.policy_agent.surfaces.socket import STARTING
 from vmsched.services.policy_agent.virt import metadata
 
 HOOK = ROOT / "services" / "policy_agent" / "surfaces" / "hooks" / "qemu"
@@ -31,14 +32,16 @@ XML_REQUIRES = ("<domain type='qemu'><name>dep</name><uuid>11111111-2222-3333-44
 
 
 class StandInAgent:
-    """Answers check_start like the agent does, always with the same verdict."""
+    """Answers check_start like the agent does, always with the same verdict; ``starting``: with the agent's
+    reply while it starts, to every request."""
 
-    def __init__(self, path: Path, allowed: bool) -> None:
+    def __init__(self, path: Path, allowed: bool, starting: bool = False) -> None:
         self.requests: list[dict] = []
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(path))
         self.server.listen()
         self.allowed = allowed
+        self.starting = starting
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -51,7 +54,8 @@ class StandInAgent:
                 request = json.loads(conn.makefile("rb").readline())
                 self.requests.append(request)
                 body = {"allowed": self.allowed, "message": "" if self.allowed else "requirement 'req' is not running"}
-                conn.sendall((json.dumps({"ok": True, "error": None, "code": None, "body": body}) + "\n").encode())
+                reply = STARTING if self.starting else {"ok": True, "error": None, "code": None, "body": body}
+                conn.sendall((json.dumps(reply) + "\n").encode())
 
     def close(self) -> None:
         self.server.close()
@@ -131,6 +135,25 @@ def test_no_agent_at_all_leaves_a_guest_with_requirements_to_on_unreachable(env:
     assert out.returncode == 0 and "unchecked" in out.stderr
     out = hook({**env, "VMSCHED_HOOK_ON_UNREACHABLE": "deny"}, "dep", "prepare", "begin", XML_REQUIRES)
     assert out.returncode == 1 and "on_unreachable=deny" in out.stderr
+
+
+def test_a_starting_agent_is_busy_not_absent(env: dict[str, str], tmp_path: Path):
+    """An agent that answers "starting" (its state not loaded yet) is there: it is asked again within the
+    budget, then a guest with requirements is refused whatever on_unreachable says."""
+    agent = StandInAgent(tmp_path / "agent.sock", allowed=True, starting=True)
+    try:
+        fast = {**env, "VMSCHED_HOOK_TIMEOUT": "0.5"}
+        for setting in ("allow", "deny"):
+            out = hook({**fast, "VMSCHED_HOOK_ON_UNREACHABLE": setting}, "dep", "prepare", "begin", XML_REQUIRES)
+            assert out.returncode == 1, out.stderr
+            assert "refusing to start dep: it requires 'req'" in out.stderr and "the agent is starting" in out.stderr
+        assert len(agent.requests) > 2, "asked again while it starts"
+        # a guest without requirements has nothing to check: on_unreachable decides
+        out = hook(fast, "dep", "prepare", "begin")
+        assert out.returncode == 0 and "unchecked" in out.stderr and "the agent is starting" in out.stderr
+        assert hook({**fast, "VMSCHED_HOOK_ON_UNREACHABLE": "deny"}, "dep", "prepare", "begin").returncode == 1
+    finally:
+        agent.close()
 
 
 def crowded(path: Path) -> tuple[socket.socket, list[socket.socket]]:
