@@ -34,6 +34,7 @@ from .guests import orchestration
 from .policy.allocation import Pools
 from .errors import AgentError, ApplyError, PolicyError
 from .guests.inventory import Inventory
+from .plural import plural
 from .policy.model import GuestPolicy, parse_policy_partial
 from .tuners.config import TunerConfig
 from .surfaces.bus import BusLink
@@ -174,8 +175,9 @@ class Agent:
             pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), self.machine, pools)
         summary = self.enforcer.sweep(conn, trigger="start", snaps=snaps, confine=True)
         self._save()
-        log.info("agent for host %s on %s: %d guests, %d managed, pool %r, %d repaired at start", self.host_id,
-                 self.uri, summary["checked"], self.inventory.managed(), cpuset.fmt(pools.pool), summary["repaired"])
+        log.info("agent for host %s on %s: %s, %d managed, pool %r, %d repaired at start", self.host_id,
+                 self.uri, plural(summary["checked"], "guest"), self.inventory.managed(), cpuset.fmt(pools.pool),
+                 summary["repaired"])
         self._spawn(self._work_loop, "agent-worker")
         self._spawn(self._sweep_loop, "agent-sweeper")
         self._tuner = TunerLoop(self.tuner_config, self.enforcer, lambda: self.conn, self._publish).start()

@@ -17,6 +17,7 @@ from . import deps
 from .allocation import Pools
 from .assignment import node_of_set
 from ..errors import PolicyError
+from ..plural import plural
 from .model import GuestPolicy
 
 
@@ -85,13 +86,14 @@ def check_policy(
     # where the vCPUs may be pinned: the allocation but the emulator's CPU and the threads held idle
     for_vcpus = pools.roles(policy, allocation, guest.nvcpus).for_vcpus(allocation) if allocation else None
 
+    absent = [vcpu for vcpu in policy.vcpu_pins if vcpu >= guest.nvcpus]
+    if absent:  # one line however many: a request may name many vCPUs
+        errors.append(f"{'vCPU' if len(absent) == 1 else 'vCPUs'} {cpuset.fmt(absent)}"
+                      f" {'does' if len(absent) == 1 else 'do'} not exist: guest {guest.name!r} has"
+                      f" {plural(guest.nvcpus, 'vCPU')} ({cpuset.fmt(range(guest.nvcpus))})")
     for vcpu, text in policy.vcpu_pins.items():
         what = f"vCPU {vcpu} pin"
         if vcpu >= guest.nvcpus:
-            errors.append(
-                f"vCPU {vcpu} does not exist: guest {guest.name!r} has {guest.nvcpus} vCPUs"
-                f" (0-{guest.nvcpus - 1})"
-            )
             continue
         cpus = on_host(what, text)
         if cpus is None:

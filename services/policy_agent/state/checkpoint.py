@@ -23,6 +23,7 @@ from vmsched import cpuset
 
 from . import durable
 from ..policy.allocation import Pools
+from ..plural import plural
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Loaded | 
     if ckpt.machine != machine:
         return None, f"written for machine {ckpt.machine!r} (host {ckpt.host_id!r}), this is machine {machine!r}"
     if len(ckpt.allocations) > len(host_cpus):  # each holds a CPU of its own: checked before any is parsed
-        return None, f"inconsistent: {len(ckpt.allocations)} allocations on a host of {len(host_cpus)} CPUs"
+        return None, f"inconsistent: {len(ckpt.allocations)} allocations on a host of {plural(len(host_cpus), 'CPU')}"
     try:
         pools = ckpt.to_pools(host_cpus)
     except ValueError as exc:

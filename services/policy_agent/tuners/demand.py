@@ -7,6 +7,7 @@ where libvirt reports neither, a guest using at least 95 % of its cap in force f
 
 from __future__ import annotations
 
+from ..plural import plural
 from .config import TunerConfig
 from .types import Proposal, TuneInput
 
@@ -30,11 +31,11 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
         waits = [s.wait_pct for s in recent]
         if None not in waits:
             starved = min(waits) >= target  # type: ignore[type-var]
-            why = f"vCPU wait {min(waits):.0f}% >= target {target:g}% for {k} intervals"  # type: ignore[type-var]
+            why = f"vCPU wait {min(waits):.0f}% >= target {target:g}% for {plural(k, 'interval')}"  # type: ignore[type-var]
         else:
             cap = g.cap_percent
             starved = cap is not None and min(s.cpu_pct for s in recent) >= 0.95 * cap
-            why = f"CPU use at its cap {cap}% for {k} intervals (no vCPU wait reported)"
+            why = f"CPU use at its cap {cap}% for {plural(k, 'interval')} (no vCPU wait reported)"
         idle = max(s.cpu_pct for s in recent) < cfg.idle_percent
         if starved and now < hi:
             after = min(hi, max(lo, int(round(now * cfg.weight_step))))
@@ -43,7 +44,7 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
         elif idle and now > base:
             after = max(base, int(round(now / cfg.weight_step)))
             out.append(Proposal(g.uuid, NAME, "cpu_shares", after,
-                                f"idle: CPU use below {cfg.idle_percent:g}% for {k} intervals; weight {now} ->"
+                                f"idle: CPU use below {cfg.idle_percent:g}% for {plural(k, 'interval')}; weight {now} ->"
                                 f" {after} (base {base})"))
         elif idle and now < base:
             out.append(Proposal(g.uuid, NAME, "cpu_shares", base, f"idle: back to the base weight {base}"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from statistics import mean
 
+from ..plural import plural
 from .config import TunerConfig
 from .types import Proposal, TuneInput
 
@@ -38,10 +39,10 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
             after = min(hi, now + cfg.cap_step)
             out.append(Proposal(g.uuid, NAME, "vcpu_quota", after,
                                 f"slack: shared CPUs {max(use):.0f}% busy (< {cfg.slack_percent:g}%) and the guest at"
-                                f" its cap for {k} intervals; cap {now:g}% -> {after:g}% (max {hi:g}%)"))
+                                f" its cap for {plural(k, 'interval')}; cap {now:g}% -> {after:g}% (max {hi:g}%)"))
         elif contention and now > lo:
             after = max(base, now - cfg.cap_step) if now > base else max(lo, now - cfg.cap_step)
             out.append(Proposal(g.uuid, NAME, "vcpu_quota", after,
-                                f"contention: shared CPUs {min(use):.0f}% busy (>= {cfg.hot_percent:g}%) for {k}"
-                                f" intervals; cap {now:g}% -> {after:g}% (min {lo:g}%)"))
+                                f"contention: shared CPUs {min(use):.0f}% busy (>= {cfg.hot_percent:g}%) for"
+                                f" {plural(k, 'interval')}; cap {now:g}% -> {after:g}% (min {lo:g}%)"))
     return out

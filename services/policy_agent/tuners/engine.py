@@ -15,6 +15,7 @@ from typing import Callable, Iterable
 
 from vmsched.cpuset import fmt
 
+from ..plural import plural
 from .config import TunerConfig
 from .guard import refusal
 from .types import Decision, GuestSample, GuestView, HostSample, Proposal, TuneInput
@@ -85,9 +86,9 @@ class Engine:
                 why = (f"held back: a move off CPUs {fmt(frozenset(on))} may relieve them first (placement before"
                        " weight and cap)")
         if why is None and rnd.per_guest[p.uuid] >= self.config.max_guest_changes:
-            why = f"rate limit: at most {self.config.max_guest_changes} change(s) per guest per interval"
+            why = f"rate limit: at most {plural(self.config.max_guest_changes, 'change')} per guest per interval"
         if why is None and rnd.changes >= self.config.max_changes:
-            why = f"rate limit: at most {self.config.max_changes} change(s) per interval on the host"
+            why = f"rate limit: at most {plural(self.config.max_changes, 'change')} per interval on the host"
         if why is None:
             rnd.per_guest[p.uuid] += 1
             rnd.changes += 1

@@ -58,7 +58,7 @@ def test_half_cores_in_the_pool_serve_only_prefer() -> None:
     p = pools(SMT, "1-7")  # first threads only: no whole core in the pool
     with pytest.raises(PolicyError) as exc:
         take(p, "r", 2, dedicated=2, thread_policy="require")
-    assert exc.value.errors == ["guest 'r' needs 1 whole cores (2 CPUs, thread_policy require);"
+    assert exc.value.errors == ["guest 'r' needs 1 whole core (2 CPUs, thread_policy require);"
                                 " free CPUs on whole cores: node 0 has 0"]
     with pytest.raises(PolicyError, match="free whole cores: node 0 has 0"):
         take(p, "i", 1, dedicated=1, thread_policy="isolate")
@@ -165,7 +165,7 @@ def test_a_pool_change_keeps_whole_cores_or_names_every_guest() -> None:
     with pytest.raises(PolicyError) as exc:
         plan_pool(p, S("1-7"), guests)  # first threads only
     text = "; ".join(exc.value.errors)
-    assert "guest 'r': guest 'r' needs 1 whole cores" in text and "guest 'i': guest 'i' needs 1 whole cores" in text
+    assert "guest 'r': guest 'r' needs 1 whole core" in text and "guest 'i': guest 'i' needs 1 whole core" in text
 
 
 def test_field_rules() -> None:

@@ -13,6 +13,7 @@ from vmsched.services.policy_agent.policy.allocation import Pools
 from vmsched.services.policy_agent.errors import PolicyError
 from vmsched.services.policy_agent.policy.model import parse_policy
 from vmsched.services.policy_agent.surfaces.cli import load_policy_file
+from vmsched.services.policy_agent.policy.topology import flat
 from vmsched.services.policy_agent.policy.validation import GuestInfo, check_policy, desired_for
 
 S = cpuset.parse
@@ -182,3 +183,18 @@ def test_start_and_stop_order():
     assert deps.find_cycle({"a": ["b"], "b": ["a"]}, "a") == ["a", "b", "a"]
     with pytest.raises(ValueError, match="dependency cycle"):
         deps.start_order({"a": ["b"], "b": ["a"]}, "a")
+
+
+def test_counts_are_worded_for_one_and_for_many():
+    one = GuestInfo("uuid-one", "one", 1)
+    with pytest.raises(PolicyError) as exc:
+        check_policy(parse_policy({"vcpu_pins": {"2": "1", "3": "1", "5": "1"}}), one, pools(), {}, lambda k: None, str)
+    assert exc.value.errors == ["vCPUs 2-3,5 do not exist: guest 'one' has 1 vCPU (0)"]  # one line for them all
+    with pytest.raises(PolicyError, match=r"^guest 'b' asks for 1 dedicated CPU but only 0 are free in the pool"):
+        pools(a="4-7").request("uuid-b", "b", 1, 1)
+    with pytest.raises(PolicyError, match=r"^guest 'b' asks for 2 dedicated CPUs but only 1 is free in the pool"):
+        pools(a="4-6").request("uuid-b", "b", 2, 1)
+    with pytest.raises(PolicyError, match=r"dedicated set 4 has 1 CPU, fewer than the guest's 2 vCPUs"):
+        pools().request("uuid-b", "b", S("4"), 2)
+    assert flat(S("0")).describe() == "1 socket, 1 core, 1 thread, 1 NUMA node"
+    assert flat(S("0-3")).describe() == "1 socket, 4 cores, 4 threads, 1 NUMA node"
