@@ -105,14 +105,14 @@ def test_cli_policy_commands(conn, make_agent, capsys, tmp_path):
     dom = guest(conn, "t-cli")
     sock = ["--socket", str(a.socket_path)]
     code, out, _ = run_cli(["policy", "set", "t-cli", "--pin", "0=1", "--pin", "1=2-3,^3", "--weight", "500",
-                            "--cap", "50", *sock], capsys)
+                            "--cap", "50", "--json", *sock], capsys)
     assert code == 0 and out["policy"] == {"vcpu_pins": {"0": "1", "1": "2"}, "weight": 500, "cap_percent": 50.0}
     assert live_pins(dom) == {0: "1", 1: "2"}
-    code, out, _ = run_cli(["policy", "set", "t-cli", "--merge", "--emulator-pin", "0", *sock], capsys)
+    code, out, _ = run_cli(["policy", "set", "t-cli", "--merge", "--emulator-pin", "0", "--json", *sock], capsys)
     assert code == 0 and out["policy"]["weight"] == 500 and out["policy"]["emulator_pin"] == "0"
     f = tmp_path / "p.yaml"
     f.write_text("guest: t-cli\npolicy:\n  dedicated: 2\n  requires: [t-other]\n")
-    code, out, _ = run_cli(["policy", "set", "t-cli", "--file", str(f), *sock], capsys)
+    code, out, _ = run_cli(["policy", "set", "t-cli", "--file", str(f), "--json", *sock], capsys)
     assert code == 0 and out["allocation"] == "4-5" and out["warnings"]
     code, out, _ = run_cli(["policy", "get", "t-cli", "--json", *sock], capsys)
     assert out["policy"] == {"dedicated": 2, "requires": ["t-other"]}
@@ -153,6 +153,30 @@ def test_cli_policy_commands(conn, make_agent, capsys, tmp_path):
     assert code == 0 and out["allocations"] == {"t-cli": "6-7"}
     code, out, _ = run_cli(["policy", "delete", "t-cli", *sock], capsys)
     assert code == 0 and out["deleted"] is True
+
+
+def test_cli_set_prints_what_a_person_reads(conn, make_agent, capsys):
+    """``policy set`` prints the guest as ``policy get`` does (a table; the reply with --json), and warnings, each
+    a sentence, are separated so that they read as sentences."""
+    a = make_agent()
+    guest(conn, "t-people")
+    sock = ["--socket", str(a.socket_path)]
+    parser = argparse.ArgumentParser(prog="vmsched")
+    register(parser.add_subparsers(dest="command", required=True), serve)
+    warned = ("required guest 't-x' is not defined on this host (yet); "
+              "required guest 't-y' is not defined on this host (yet)")
+    for argv in (["policy", "set", "t-people", "--requires", "t-x", "--requires", "t-y", *sock],
+                 ["policy", "get", "t-people", *sock]):
+        parsed = parser.parse_args(argv)
+        assert parsed.func(parsed) == 0
+        out = capsys.readouterr().out
+        with pytest.raises(ValueError):
+            json.loads(out)  # a table, not the reply
+        shown = dict(line.split(None, 1) for line in out.splitlines())
+        assert shown["guest"].startswith("t-people (") and shown["policy"] == "requires=t-x,t-y"
+        assert shown["warnings"] == warned, out
+    code, out, _ = run_cli(["policy", "set", "t-people", "--weight", "300", "--json", *sock], capsys)
+    assert code == 0 and out["policy"] == {"weight": 300}
 
 
 def test_cli_domain_start_stop(conn, make_agent, capsys):
@@ -346,7 +370,7 @@ def test_agent_daemon_process(state_dir):  # noqa: F811 - fixture
     try:
         wait_until(lambda: sock.exists() or proc.poll() is not None, timeout=20)
         assert proc.poll() is None
-        out = subprocess.run([*base, "policy", "set", "test", "--dedicated", "2", "--socket", str(sock)],
+        out = subprocess.run([*base, "policy", "set", "test", "--dedicated", "2", "--json", "--socket", str(sock)],
                              capture_output=True, text=True, env=env)
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["allocation"] == "6-7"

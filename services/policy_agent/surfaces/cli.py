@@ -1,8 +1,8 @@
 """Command line of the policy agent: ``vmsched agent``, ``vmsched policy ...``, ``vmsched domain ...``.
 
 ``register(subparsers)`` adds the commands to the main ``vmsched`` parser.
-Client commands print the reply as JSON on stdout (``policy list`` and
-``policy get``: a table, JSON with ``--json``); exit codes: 0 ok,
+Client commands print the reply as JSON on stdout (``policy set``, ``get``,
+``list`` and ``cpus``: a table or a drawing, JSON with ``--json``); exit codes: 0 ok,
 1 refused or invalid, 2 usage, 3 agent or bus unreachable, 4 guest not found.
 """
 
@@ -217,6 +217,7 @@ def _policy_parser(sub: Any) -> Any:
                    help="read the policy from a YAML or JSON file (options given here override its fields)")
     s.add_argument("--merge", action="store_true", help="start from the guest's stored policy instead of an empty one")
     adaptive_cli.add_policy_options(s)
+    s.add_argument("--json", action="store_true", help="print the agent's reply as JSON instead of a table")
     _client_options(s)
     s.set_defaults(func=cmd_policy_set)
 
@@ -300,7 +301,8 @@ def call(args: argparse.Namespace, op: AgentOp, body: dict, timeout: float | Non
 
 
 #: Replies printed as a table unless --json.
-TABLES = {AgentOp.LIST_POLICIES: tables.policies, AgentOp.GET_POLICY: tables.policy, AgentOp.CPUS: tables.cpus}
+TABLES = {AgentOp.LIST_POLICIES: tables.policies, AgentOp.GET_POLICY: tables.policy, AgentOp.SET_POLICY: tables.policy,
+          AgentOp.CPUS: tables.cpus}
 
 
 class _Usage(Exception):

@@ -1,4 +1,5 @@
-"""Tables for people: ``vmsched policy list`` and ``policy get`` (``--json`` prints the reply as it is)."""
+"""Tables for people: ``vmsched policy list``, ``policy get`` and ``policy set`` (``--json`` prints the reply as it
+is), and the drawing of ``policy cpus``."""
 
 from __future__ import annotations
 
@@ -38,10 +39,11 @@ def policies(reply: dict) -> str:
 
 
 def policy(view: dict) -> str:
-    """``policy get``: one field a line."""
+    """``policy get`` and ``policy set``: one field a line; warnings, sentences of their own, separated by ``; ``."""
     rows = [["guest", f"{view.get('guest')} ({view.get('uuid')})"]]
     for key in ("state", "status", "policy", "allocation", "desired", "warnings", "error"):
-        rows.append([key, summary(view.get(key))])
+        value = view.get(key)
+        rows.append([key, "; ".join(map(str, value)) if key == "warnings" and value else summary(value)])
     rows += [[key, summary(value)] for key, value in view.items() if key not in {"guest", "uuid", *(r[0] for r in rows)}]
     return table(rows)
 
