@@ -1,4 +1,4 @@
-"""Policy schema, allocation, validation and dependency ordering (no libvirt; CPU sets: test_cpuset.py)."""
+"""Policy schema, allocation, validation and dependency ordering (no libvirt; CPU sets: tests/agent/test_cpuset.py)."""
 
 from __future__ import annotations
 
