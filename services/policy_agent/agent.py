@@ -19,27 +19,26 @@ from typing import Any, Callable
 
 import libvirt
 
+from vmsched import cpuset
 from vmsched.bus.facts import SnapshotListener
 from vmsched.bus.interface import Transport
 
-from vmsched import cpuset
-
 from . import metrics
+from .adaptive.loop import TunerLoop, explain
 from .enforce.enforcer import Enforcer
 from .enforce.jobs import JobQueue
 from .enforce.transient import TransientPolicies
-from .facts.reporter import FactsReporter
-from .state import checkpoint, recovery, store
-from .guests import orchestration
-from .policy.allocation import Pools
 from .errors import AgentError, ApplyError, PolicyError
+from .facts.reporter import FactsReporter
+from .guests import orchestration
 from .guests.inventory import Inventory
 from .plural import plural
+from .policy.allocation import Pools
 from .policy.model import GuestPolicy, parse_policy_partial
-from .tuners.config import TunerConfig
+from .state import checkpoint, recovery, store
 from .surfaces.bus import BusLink
 from .surfaces.socket import SocketServer
-from .adaptive.loop import TunerLoop, explain
+from .tuners.config import TunerConfig
 from .virt import hostlock, metadata
 from .virt.apply import Applier, Caps
 from .virt.collector import Collector

@@ -24,12 +24,12 @@ from vmsched import cpuset
 from vmsched.cpuset import CpuSet
 
 from .. import metrics
-from ..policy.allocation import Pools, pin_conflicts, plan_pool
-from ..policy.model import DEFAULT_SHARES, GuestPolicy
 from ..errors import ApplyError, DefinitionChanged, GuestNotFound, PolicyError
 from ..guests.inventory import Guest, Inventory
-from ..tuners.state import TunedState
+from ..policy.allocation import Pools, pin_conflicts, plan_pool
+from ..policy.model import DEFAULT_SHARES, GuestPolicy
 from ..policy.validation import Desired, GuestInfo, check_policy, desired_for
+from ..tuners.state import TunedState
 from ..virt import metadata, snapshot
 from ..virt.apply import Applier, Result
 from ..virt.domxml import DomainXml

@@ -15,8 +15,8 @@ from vmsched import cpuset
 from vmsched.cpuset import CpuSet
 
 from .. import metrics
-from ..policy.allocation import Pools
 from ..guests.inventory import Guest, Inventory
+from ..policy.allocation import Pools
 from ..policy.validation import Desired
 from ..virt.domxml import DomainXml
 from ..virt.snapshot import Snapshot

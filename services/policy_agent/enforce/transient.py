@@ -17,9 +17,9 @@ from typing import Callable
 import libvirt
 
 from .. import metrics
-from ..policy.allocation import AllocationHint
 from ..errors import ApplyError
 from ..guests.inventory import Guest, Inventory
+from ..policy.allocation import AllocationHint
 from ..policy.model import GuestPolicy
 from ..state.store import PolicyStore, Stored
 from ..virt import metadata

@@ -9,8 +9,8 @@ import libvirt
 from vmsched.cpuset import CpuSet
 
 from ..guests.inventory import Guest
-from ..tuners.state import TunedState
 from ..policy.validation import Desired
+from ..tuners.state import TunedState
 from ..virt.apply import Applier, Result
 from ..virt.snapshot import Snapshot
 

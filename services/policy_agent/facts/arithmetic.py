@@ -10,9 +10,8 @@ import collections
 import hashlib
 from dataclasses import dataclass
 
-from vmsched.facts import DedicatedGuest, DedicatedNode, GuestFacts
-
 from vmsched import cpuset
+from vmsched.facts import DedicatedGuest, DedicatedNode, GuestFacts
 
 from ..policy.assignment import free_cpus_by_node, free_whole_cores
 from ..policy.model import GuestPolicy

@@ -18,8 +18,8 @@ from vmsched import cpuset
 from vmsched.facts import FACTS_EVENT, FactsMessage, GuestFacts, HostFacts
 
 from .. import metrics
-from .arithmetic import History, dedicated_summary, guests_digest, pinned
 from ..policy.model import GuestPolicy
+from .arithmetic import History, dedicated_summary, guests_digest, pinned
 
 log = logging.getLogger("vmsched.agent.facts")
 

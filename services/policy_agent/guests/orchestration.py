@@ -12,8 +12,8 @@ import logging
 import time
 from typing import Protocol
 
-from ..policy import deps
 from ..errors import ApplyError, PolicyError
+from ..policy import deps
 from .inventory import Inventory, State
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from vmsched.cpuset import CpuSet
 
 from ..errors import PolicyError
 from ..plural import plural
-from .model import GuestPolicy
 from .assignment import Request, Roles, assign, check_set, roles
+from .model import GuestPolicy
 from .topology import Topology, flat
 
 

@@ -31,6 +31,7 @@ from ..errors import PolicyError
 from ..plural import plural
 from .topology import Topology
 
+
 @dataclass(frozen=True)
 class Request:
     """``cpus`` CPUs the guest runs on (its vCPUs, plus one with ``emulator: isolate``)."""

@@ -10,9 +10,8 @@ from typing import Any
 
 from pydantic import ValidationError, field_validator, model_validator
 
-from vmsched.agent_contract import AdaptiveDocument, PolicyDocument
-
 from vmsched import cpuset
+from vmsched.agent_contract import AdaptiveDocument, PolicyDocument
 
 from ..errors import PolicyError
 

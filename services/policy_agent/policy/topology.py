@@ -23,6 +23,7 @@ from vmsched.cpuset import CpuSet
 
 from ..plural import plural
 
+
 class TopologyError(ValueError):
     """The capabilities XML cannot be read."""
 

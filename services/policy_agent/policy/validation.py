@@ -13,11 +13,11 @@ from typing import Callable
 from vmsched import cpuset
 from vmsched.cpuset import CpuSet
 
+from ..errors import PolicyError
+from ..plural import plural
 from . import deps
 from .allocation import Pools
 from .assignment import node_of_set
-from ..errors import PolicyError
-from ..plural import plural
 from .model import GuestPolicy
 
 

@@ -21,9 +21,9 @@ from pydantic import BaseModel, Field, ValidationError
 
 from vmsched import cpuset
 
-from . import durable
-from ..policy.allocation import Pools
 from ..plural import plural
+from ..policy.allocation import Pools
+from . import durable
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Iterable
 
 from vmsched import cpuset
 
-from . import checkpoint
 from ..policy.allocation import AllocationHint, Pools
+from . import checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import durable
 from ..errors import PolicyError
 from ..policy.model import GuestPolicy, parse_policy
+from . import durable
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from typing import Callable, Iterable
 from vmsched.cpuset import fmt
 
 from ..plural import plural
+from . import demand, elastic, hotspot
 from .config import TunerConfig
 from .guard import refusal
 from .types import Decision, GuestSample, GuestView, HostSample, Proposal, TuneInput
-from . import demand, elastic, hotspot
 
 Tuner = Callable[[TuneInput, TunerConfig], list[Proposal]]
 BUILTIN: dict[str, Tuner] = {hotspot.NAME: hotspot.propose, demand.NAME: demand.propose, elastic.NAME: elastic.propose}

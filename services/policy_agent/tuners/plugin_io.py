@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vmsched.runtime.contract import MAX_PROPOSALS, BadResult, tune_result
-
 from vmsched import cpuset
+from vmsched.runtime.contract import MAX_PROPOSALS, BadResult, tune_result
 
 from .config import TunerConfig
 from .types import Proposal, TuneInput

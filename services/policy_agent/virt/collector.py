@@ -23,9 +23,8 @@ from typing import Any
 
 import libvirt
 
-from vmsched.facts import GuestFacts, HostFacts, HugePages, NumaCell
-
 from vmsched import cpuset
+from vmsched.facts import GuestFacts, HostFacts, HugePages, NumaCell
 
 from ..facts import arithmetic as calc
 from ..facts.arithmetic import topology_facts

@@ -13,12 +13,11 @@ from typing import Any
 
 import libvirt
 
+from vmsched import cpuset
 from vmsched.agent_contract import AdaptiveDocument
 
-from vmsched import cpuset
-
-from ..policy.allocation import AllocationHint
 from ..errors import PolicyError
+from ..policy.allocation import AllocationHint
 from ..policy.model import GuestPolicy, parse_policy
 
 NS = "https://vmsched.dev/xmlns/policy/1"
