@@ -19,7 +19,7 @@ from vmsched.services.policy_agent.agent import Agent
 from vmsched.services.policy_agent.state import checkpoint, durable
 from vmsched.services.policy_agent.errors import AgentError, PolicyError
 from vmsched.services.policy_agent.virt import metadata
-from vmsched.services.policy_agent.virt.hostlock import HostLocked
+from vmsched.services.policy_agent.virt.hostlock import HostLock, HostLocked
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
 from tests.support.agent_driver import TEST_URI, emulator_pin, guest, live_pins, metric
 from tests.support.waiting import wait_until
@@ -195,6 +195,22 @@ def test_second_agent_on_the_same_libvirtd_is_refused(conn, make_agent, state_di
     first.stop()
     assert second.start().started  # free again once the first has stopped
     second.stop()
+
+
+@pytest.mark.parametrize("content", [b"x" * (8 << 20), b"[" * 100_000, b"[1, 2]", b"\xff\xfe"])
+def test_a_lock_file_that_is_no_description_is_read_bounded(tmp_path, content: bytes):
+    """The refused agent reads the holder's description from the lock file: whatever is there, at most
+    HOLDER_BYTES of it, and a refusal in one line either way."""
+    first = HostLock(tmp_path, "m1")
+    first.acquire({"host_id": "one"})
+    try:
+        first.path.write_bytes(content)
+        with pytest.raises(HostLocked) as exc:
+            HostLock(tmp_path, "m1").acquire({"host_id": "two"})
+        text = str(exc.value)
+        assert "holder unknown" in text and "\n" not in text and len(text) < 400, text
+    finally:
+        first.release()
 
 
 def test_unusable_lock_dir_is_a_clear_error(tmp_path):
