@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import libvirt  # noqa: E402
 
-from vmsched.services.policy_agent.policy import cpuset  # noqa: E402
+from vmsched import cpuset  # noqa: E402
 from vmsched.services.policy_agent.agent import Agent  # noqa: E402
 from vmsched.services.policy_agent.virt.connection import ensure_event_loop  # noqa: E402
 from tests.support.agent_driver import domain_xml, live_pins  # noqa: E402
@@ -145,7 +145,7 @@ def main() -> int:
     conn = libvirt.open(args.uri)
     cleanup(conn)
     with tempfile.TemporaryDirectory(prefix="vab") as state:
-        agent = Agent(args.uri, "bench", Path(state), reconcile_interval=3600).start()
+        agent = Agent(args.uri, "bench", Path(state), None, reconcile_interval=3600).start()
         try:
             if args.starts:
                 results["start_latency"] = bench_start_latency(conn, agent, dtype, args.starts)

@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vmsched.services.policy_agent.agent import Agent  # noqa: E402
-from vmsched.services.policy_agent.policy.tuning.config import TunerConfig  # noqa: E402
-from vmsched.services.policy_agent.policy.tuning.samples import VcpuCounters  # noqa: E402
+from vmsched.services.policy_agent.tuners.config import TunerConfig  # noqa: E402
+from vmsched.services.policy_agent.tuners.samples import VcpuCounters  # noqa: E402
 from vmsched.services.policy_agent.virt.connection import ensure_event_loop  # noqa: E402
 
 DEFAULT_INTERVAL = TunerConfig().interval
@@ -69,7 +69,7 @@ def agent_cpu(uri: str, work: Path, guests: int, window: float, rounds: int) -> 
         tuning = i % 2 == 0
         state = work / f"state{i}"
         config = TunerConfig() if tuning else TunerConfig(interval=0)
-        agent = Agent(uri, "bench", state, dedicated_pool="none", reconcile_interval=3600, lock_dir=work / "lock",
+        agent = Agent(uri, "bench", state, None, dedicated_pool="none", reconcile_interval=3600, lock_dir=work / "lock",
                       tuner=config)
         agent.start()
         try:
@@ -97,7 +97,7 @@ def main() -> int:
     ensure_event_loop()
     work = Path(tempfile.mkdtemp(prefix="bench-tuner-"))
     uri = node_xml(work / "node.xml", args.guests)
-    agent = Agent(uri, "bench", work / "state", dedicated_pool="none", reconcile_interval=3600,
+    agent = Agent(uri, "bench", work / "state", None, dedicated_pool="none", reconcile_interval=3600,
                   lock_dir=work / "lock", tuner=TunerConfig(interval=0)).start()
     try:
         t0 = time.perf_counter()

@@ -14,8 +14,9 @@ import unicodedata
 from enum import Enum
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from vmsched import cpuset
 from vmsched.messages import CONTRACT_VERSION, ErrorCode
 
 MAX_NAME = 256
@@ -105,6 +106,19 @@ class PolicyDocument(BaseModel):
     emulator: Literal["share", "isolate"] = Field(
         "share", description="with dedicated CPUs: emulator threads on the shared set, or on one more dedicated CPU")
 
+    @field_validator("vcpu_pins", "emulator_pin", "dedicated", mode="before")
+    @classmethod
+    def _short_cpu_sets(cls, value: Any) -> Any:
+        """A CPU set longer than the parser reads (:data:`vmsched.cpuset.MAX_TEXT`) is refused here, before
+        anyone parses it; its syntax is checked by the agent, with the policy's other values."""
+        for vcpu, text in value.items() if isinstance(value, dict) else [(None, value)]:
+            if isinstance(text, str):
+                try:
+                    cpuset.bounded(text)
+                except cpuset.CpuSetError as exc:
+                    raise ValueError(str(exc) if vcpu is None else f"vCPU {vcpu}: {exc}") from None
+        return value
+
 
 # --- requests ----------------------------------------------------------------------------
 class Request(BaseModel):
@@ -133,7 +147,7 @@ class SetPolicyRequest(GuestRequest):
 
 
 class SetPoolRequest(Request):
-    dedicated_pool: str | None = Field(
+    dedicated_pool: Annotated[str, AfterValidator(cpuset.bounded)] | None = Field(
         None, description="new dedicated pool in libvirt CPU-set syntax; '' or 'none' for none"
     )
 

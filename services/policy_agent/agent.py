@@ -19,26 +19,27 @@ from typing import Any, Callable
 
 import libvirt
 
+from vmsched import cpuset
 from vmsched.bus.options import BusOptions
 from vmsched.facts.subscription import SnapshotListener
 from vmsched.bus.interface import Transport
-from vmsched.bus.transport import open_transport
 
 from . import metrics
-from .enforce.changes import PolicyChanges
+from .adaptive.loop import TunerLoop, explain
 from .enforce.enforcer import Enforcer
 from .enforce.jobs import JobQueue
 from .enforce.transient import TransientPolicies
+from .errors import AgentError, ApplyError, PolicyError
 from .facts.reporter import FactsReporter
-from .policy import checkpoint, cpuset, orchestration, recovery, store
+from .guests import orchestration
+from .guests.inventory import Inventory
+from .plural import plural
 from .policy.allocation import Pools
-from .policy.errors import AgentError, ApplyError, PolicyError
-from .policy.inventory import Inventory
 from .policy.model import GuestPolicy, parse_policy_partial
-from .policy.tuning.config import TunerConfig
+from .state import checkpoint, recovery, store
 from .surfaces.bus import BusLink
 from .surfaces.socket import SocketServer
-from .tuning.tuner import TunerLoop, explain
+from .tuners.config import TunerConfig
 from .virt import hostlock, metadata
 from .virt.apply import Applier, Caps
 from .virt.collector import Collector
@@ -72,8 +73,8 @@ class Agent:
         uri: str,
         host_id: str | None,
         state_dir: Path,
+        transport: Transport | None,
         dedicated_pool: str | None = None,
-        amqp_url: str | BusOptions | Transport | None = None,
         socket_path: Path | None = None,
         reconcile_interval: float = 10.0,
         release_on_stop: bool = False,
@@ -90,7 +91,6 @@ class Agent:
         self.host_id = host_id
         self.state_dir = Path(state_dir)
         self.requested_pool = dedicated_pool
-        self.amqp_url = amqp_url
         self.socket_path = Path(socket_path) if socket_path else self.state_dir / "agent.sock"
         self.reconcile_interval = reconcile_interval
         self.release_on_stop = release_on_stop
@@ -106,12 +106,11 @@ class Agent:
         self.events: collections.deque[tuple[str, dict]] = collections.deque(maxlen=2000)
         self.link: LibvirtLink | None = None
         self.enforcer: Enforcer | None = None
-        self.changes: PolicyChanges | None = None  # set and delete, through the enforcer
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server: SocketServer | None = None
         self._bus: BusLink | None = None
-        self._transport: Transport | None = None
+        self._transport = transport  # the bus (None: the local socket only); its opener owns it
         self._domains = LibvirtDomains(lambda: self.conn, self.inventory.name_of)
         self.facts_interval = facts_interval  # seconds between host facts (0: off); published on the bus only
         self._facts: FactsReporter | None = None
@@ -130,6 +129,8 @@ class Agent:
 
     def _start(self) -> "Agent":
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._server = SocketServer(self.socket_path)  # bound first: the QEMU hook tells "starting" from "none"
+        self._server.start()
         self.link = LibvirtLink(self.uri, self._on_event, self._on_connect, opener=self.opener)
         conn = self.link.connect(self.connect_timeout)
         self.machine = host_identity(conn)
@@ -148,25 +149,20 @@ class Agent:
             log.warning("host ID changed from %r to %r: keeping this machine's (%s) pool and allocations; the bus"
                         " queue is now vmsched.agent.%s", found.previous_host_id, self.host_id, self.machine,
                         self.host_id)
-        if found.version is not None and found.version < checkpoint.VERSION:
-            log.info("checkpoint %s is version %d: migrating it in place to version %d (keyed to machine %s)",
-                     self.checkpoint_path, found.version, checkpoint.VERSION, self.machine)
         if found.quarantined is not None:
             log.warning("checkpoint %s unusable (%s); moved to %s; rebuilding host state from the guests'"
                         " metadata and live pins", self.checkpoint_path, found.reason, found.quarantined)
             metrics.ERRORS.labels("checkpoint").inc()
         elif rebuild:
             log.info("no checkpoint at %s; building host state from the guests", self.checkpoint_path)
-        keys = recovery.hint_keys(self.machine, self.host_id, found.previous_host_id)
         self.enforcer = Enforcer(self.machine, pools, self.inventory, Applier(caps, topology.cpumap_length, cpus),
-                                 self._publish, self._save, self.release_on_stop, hint_keys=keys,
+                                 self._publish, self._save, self.release_on_stop,
                                  transient=TransientPolicies(self._load_store()))
-        self.changes = PolicyChanges(self.enforcer)
         snaps = self.enforcer.scan(conn)
         for snap in snaps:
             self.enforcer.observe(snap)
         if self.requested_pool is not None:
-            wanted = _parse_pool(self.requested_pool)
+            wanted = _parse_pool(self.requested_pool, cpus)
             if rebuild:
                 errors = pools.check_pool(wanted)
                 if errors:
@@ -176,30 +172,22 @@ class Agent:
                 log.info("dedicated pool changes from %r to %r", cpuset.fmt(pools.pool), cpuset.fmt(wanted))
                 self.enforcer.adopt_pools(self.enforcer.plan_pool(wanted))
         elif rebuild:
-            pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), keys, pools)
+            pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), self.machine, pools)
         summary = self.enforcer.sweep(conn, trigger="start", snaps=snaps, confine=True)
         self._save()
-        log.info("agent for host %s on %s: %d guests, %d managed, pool %r, %d repaired at start", self.host_id,
-                 self.uri, summary["checked"], self.inventory.managed(), cpuset.fmt(pools.pool), summary["repaired"])
+        log.info("agent for host %s on %s: %s, %d managed, pool %r, %d repaired at start", self.host_id,
+                 self.uri, plural(summary["checked"], "guest"), self.inventory.managed(), cpuset.fmt(pools.pool),
+                 summary["repaired"])
         self._spawn(self._work_loop, "agent-worker")
         self._spawn(self._sweep_loop, "agent-sweeper")
         self._tuner = TunerLoop(self.tuner_config, self.enforcer, lambda: self.conn, self._publish).start()
-        self._server = SocketServer(self.socket_path, self)
-        self._server.start()
-        if self.amqp_url:
-            self._transport = self._open_transport(self.amqp_url)
+        self._server.serve(self)
+        if self._transport is not None:
             self._bus = BusLink(self._transport, self.host_id, self)
             self._bus.start()
             self._start_facts()
         self.started = True
         return self
-
-    @staticmethod
-    def _open_transport(bus: str | BusOptions | Transport) -> Transport:
-        """The bus the agent's queue, events and snapshot requests share (memory://: the caller's, handed in)."""
-        if isinstance(bus, Transport):
-            return bus
-        return open_transport(bus if isinstance(bus, BusOptions) else BusOptions(url=bus))
 
     def _start_facts(self) -> None:
         """Host facts every facts_interval and on lifecycle events; a snapshot at once when a service asks."""
@@ -352,9 +340,9 @@ class Agent:
     # --- API ---------------------------------------------------------------------
     @_libvirt_errors
     def set_policy(self, guest: str, policy: GuestPolicy | dict) -> dict:
-        assert self.changes is not None
+        assert self.enforcer is not None
         policy, problems = parse_policy_partial(policy)
-        return self.changes.set_policy(self.conn, guest, policy, problems)
+        return self.enforcer.set_policy(self.conn, guest, policy, problems)
 
     @_libvirt_errors
     def get_policy(self, guest: str) -> dict:
@@ -370,8 +358,8 @@ class Agent:
 
     @_libvirt_errors
     def delete_policy(self, guest: str) -> dict:
-        assert self.changes is not None
-        return self.changes.delete_policy(self.conn, guest)
+        assert self.enforcer is not None
+        return self.enforcer.delete_policy(self.conn, guest)
 
     @_libvirt_errors
     def list_policies(self) -> dict:
@@ -401,7 +389,7 @@ class Agent:
     @_libvirt_errors
     def set_pool(self, pool: str | None) -> dict:
         assert self.enforcer is not None
-        wanted = _parse_pool(pool)
+        wanted = _parse_pool(pool, self.pools.host_cpus)
         with self.enforcer.lock:
             new = self.enforcer.plan_pool(wanted)
             self.enforcer.adopt_pools(new)
@@ -461,10 +449,10 @@ class Agent:
         return {"host_id": self.host_id, "uri": self.uri, "connected": connected, "pid": os.getpid()}
 
 
-def _parse_pool(text: str | None) -> frozenset[int]:
+def _parse_pool(text: str | None, host: frozenset[int]) -> frozenset[int]:
     if text is None or str(text).strip().lower() in ("", "none"):
         return frozenset()
     try:
-        return cpuset.parse(text)
+        return cpuset.parse(text, host=host)
     except cpuset.CpuSetError as exc:
-        raise PolicyError(f"dedicated pool: {exc}") from None
+        raise PolicyError(f"dedicated pool {text.strip()}: {exc}") from None

@@ -11,21 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from vmsched import metrics as service_metrics
+from vmsched.bus.transport import open_transport
 from vmsched.tls import server_context
 from vmsched.tokens import Role, TokenStore, bearer_authorizer
 
 from .agent import Agent
-from .policy.errors import AgentError
+from .errors import AgentError
 from .surfaces.cli import EXIT
-from .policy.tuning.config import TunerConfig
+from .tuners.config import TunerConfig
 
 
 def serve(args: argparse.Namespace) -> int:
     """``vmsched agent``: run the agent until SIGTERM or SIGINT."""
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    agent = Agent(args.libvirt, args.host_id, args.state_dir, dedicated_pool=args.dedicated_pool,
-                  amqp_url=args.agent_amqp, socket_path=args.socket, reconcile_interval=args.reconcile_interval,
+    transport = open_transport(args.agent_amqp) if args.agent_amqp is not None else None  # the bus is optional
+    agent = Agent(args.libvirt, args.host_id, args.state_dir, transport, dedicated_pool=args.dedicated_pool,
+                  socket_path=args.socket, reconcile_interval=args.reconcile_interval,
                   release_on_stop=args.release_on_stop, connect_timeout=args.connect_timeout,
                   lock_dir=getattr(args, "lock_dir", None), facts_interval=getattr(args, "facts_interval", 5.0),
                   tuner=config_from_args(args))

@@ -8,8 +8,9 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from vmsched.agent_contract import OPERATIONS, AgentOp, PolicyExplain
-from vmsched.services.policy_agent.policy.errors import PolicyError
-from vmsched.services.policy_agent.policy.model import load_policy_file, parse_policy, parse_policy_partial
+from vmsched.services.policy_agent.errors import PolicyError
+from vmsched.services.policy_agent.policy.model import parse_policy, parse_policy_partial
+from vmsched.services.policy_agent.surfaces.cli import load_policy_file
 from vmsched.services.policy_agent.surfaces import cli
 from vmsched.services.policy_agent.virt import metadata
 

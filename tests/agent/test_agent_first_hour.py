@@ -10,7 +10,7 @@ from tests.support.agent_driver import conn, domain_xml, make_agent, state_dir  
 from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
 from vmsched.agent_contract import AgentOp
-from vmsched.services.policy_agent.policy.errors import AgentUnavailable
+from vmsched.services.policy_agent.errors import AgentUnavailable
 from vmsched.services.policy_agent.surfaces.client import SocketClient
 
 

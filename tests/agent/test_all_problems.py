@@ -9,7 +9,7 @@ import argparse
 import pytest
 
 from vmsched.services.policy_agent.serve import serve
-from vmsched.services.policy_agent.policy.errors import PolicyError
+from vmsched.services.policy_agent.errors import PolicyError
 from vmsched.services.policy_agent.policy.model import parse_policy, parse_policy_partial
 from vmsched.services.policy_agent.surfaces.cli import register
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures

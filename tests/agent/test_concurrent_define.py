@@ -15,7 +15,7 @@ import libvirt
 import pytest
 
 from vmsched.services.policy_agent.enforce.enforcer import CHANGED_RETRIES
-from vmsched.services.policy_agent.policy.errors import DefinitionChanged
+from vmsched.services.policy_agent.errors import DefinitionChanged
 from vmsched.services.policy_agent.policy.validation import Desired
 from vmsched.services.policy_agent.virt import snapshot
 from tests.support.agent_driver import domain_xml, emulator_pin

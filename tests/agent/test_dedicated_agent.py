@@ -10,7 +10,7 @@ import pytest
 from tests.agent.recorded_host import opener
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
 from tests.support.agent_driver import domain_xml, emulator_pin, live_pins
-from vmsched.services.policy_agent.policy.errors import PolicyError
+from vmsched.services.policy_agent.errors import PolicyError
 from vmsched.services.policy_agent.virt import metadata
 
 TWO = "intel-2s-24c-smt2-2numa"

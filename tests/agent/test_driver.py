@@ -14,7 +14,7 @@ import pytest
 
 from vmsched.services.policy_agent.virt import metadata
 from vmsched.services.policy_agent.agent import Agent
-from vmsched.services.policy_agent.policy.errors import GuestNotFound, PolicyError
+from vmsched.services.policy_agent.errors import GuestNotFound, PolicyError
 from vmsched.services.policy_agent.virt.connection import DomainEvent
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
 from tests.support.agent_driver import emulator_pin, guest, live_pins, metric

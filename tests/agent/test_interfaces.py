@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from vmsched.services.policy_agent.serve import serve
 from vmsched.services.policy_agent.surfaces.cli import register
-from vmsched.services.policy_agent.policy.errors import GuestNotFound, PolicyError
+from vmsched.services.policy_agent.errors import GuestNotFound, PolicyError
 from vmsched.services.policy_agent.surfaces.client import SocketClient
 from tests.support.waiting import wait_until
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
@@ -48,12 +48,12 @@ def test_socket_protocol(conn, make_agent):
         client.call("set_policy", {"guest": "t-sock", "policy": {"dedicated": 9}})
     with pytest.raises(PolicyError, match="unknown operation 'nope'"):
         client.call("nope")
-    # raw wire: several requests on one connection, as the hook sends them, garbage
+    # raw wire: several requests on one connection, garbage
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(a.socket_path))
         f = s.makefile("rwb")
         f.write(b'{"v": 2, "op": "check_start", "body": {"guest": "t-sock", "uuid": null}}\nnot json\n'
-                b'{"op": "list_policies"}\n')
+                b'{"v": 2, "op": "list_policies", "body": {}}\n')
         f.flush()
         first, second, third = (json.loads(f.readline()) for _ in range(3))
     assert first["ok"] and first["body"]["allowed"] is True
@@ -82,19 +82,21 @@ def test_socket_refuses_invalid_guest_names(conn, make_agent, caplog, name, reas
 
 
 def test_socket_versions(conn, make_agent):
-    """A request of another version is refused by name (without ``v``: this version)."""
+    """The socket speaks the agent's contract version only (the CLI and the hook are installed with it): another
+    version, or none, is refused by name; a request without a body is malformed."""
     a = make_agent()
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(a.socket_path))
         f = s.makefile("rwb")
-        f.write(b'{"op": "ping", "body": {}}\n{"v": 3, "op": "ping", "body": {}}\n{"v": "x", "op": "ping"}\n'
-                b'{"v": 1, "op": "ping", "body": {}}\n')
+        f.write(b'{"v": 2, "op": "ping", "body": {}}\n{"op": "ping", "body": {}}\n{"v": 3, "op": "ping", "body": {}}\n'
+                b'{"v": "x", "op": "ping", "body": {}}\n{"v": 2, "op": "get_policy", "guest": "test"}\n')
         f.flush()
-        v2, v3, bad, v1 = (json.loads(f.readline()) for _ in range(4))
+        v2, none, v3, bad, flat = (json.loads(f.readline()) for _ in range(5))
     assert v2["ok"] and v2["body"]["host_id"] == "h1"
-    assert not v1["ok"] and v1["code"] == "unsupported_version" and "contract version 1" in v1["error"]
+    assert not none["ok"] and none["code"] == "unsupported_version" and "contract version None" in none["error"]
     assert not v3["ok"] and v3["code"] == "unsupported_version" and "contract version 3" in v3["error"]
     assert not bad["ok"] and bad["code"] == "unsupported_version"
+    assert not flat["ok"] and flat["code"] == "invalid" and '"body"' in flat["error"]
 
 
 # --- CLI ---------------------------------------------------------------------------------
@@ -103,14 +105,14 @@ def test_cli_policy_commands(conn, make_agent, capsys, tmp_path):
     dom = guest(conn, "t-cli")
     sock = ["--socket", str(a.socket_path)]
     code, out, _ = run_cli(["policy", "set", "t-cli", "--pin", "0=1", "--pin", "1=2-3,^3", "--weight", "500",
-                            "--cap", "50", *sock], capsys)
+                            "--cap", "50", "--json", *sock], capsys)
     assert code == 0 and out["policy"] == {"vcpu_pins": {"0": "1", "1": "2"}, "weight": 500, "cap_percent": 50.0}
     assert live_pins(dom) == {0: "1", 1: "2"}
-    code, out, _ = run_cli(["policy", "set", "t-cli", "--merge", "--emulator-pin", "0", *sock], capsys)
+    code, out, _ = run_cli(["policy", "set", "t-cli", "--merge", "--emulator-pin", "0", "--json", *sock], capsys)
     assert code == 0 and out["policy"]["weight"] == 500 and out["policy"]["emulator_pin"] == "0"
     f = tmp_path / "p.yaml"
     f.write_text("guest: t-cli\npolicy:\n  dedicated: 2\n  requires: [t-other]\n")
-    code, out, _ = run_cli(["policy", "set", "t-cli", "--file", str(f), *sock], capsys)
+    code, out, _ = run_cli(["policy", "set", "t-cli", "--file", str(f), "--json", *sock], capsys)
     assert code == 0 and out["allocation"] == "4-5" and out["warnings"]
     code, out, _ = run_cli(["policy", "get", "t-cli", "--json", *sock], capsys)
     assert out["policy"] == {"dedicated": 2, "requires": ["t-other"]}
@@ -153,6 +155,30 @@ def test_cli_policy_commands(conn, make_agent, capsys, tmp_path):
     assert code == 0 and out["deleted"] is True
 
 
+def test_cli_set_prints_what_a_person_reads(conn, make_agent, capsys):
+    """``policy set`` prints the guest as ``policy get`` does (a table; the reply with --json), and warnings, each
+    a sentence, are separated so that they read as sentences."""
+    a = make_agent()
+    guest(conn, "t-people")
+    sock = ["--socket", str(a.socket_path)]
+    parser = argparse.ArgumentParser(prog="vmsched")
+    register(parser.add_subparsers(dest="command", required=True), serve)
+    warned = ("required guest 't-x' is not defined on this host (yet); "
+              "required guest 't-y' is not defined on this host (yet)")
+    for argv in (["policy", "set", "t-people", "--requires", "t-x", "--requires", "t-y", *sock],
+                 ["policy", "get", "t-people", *sock]):
+        parsed = parser.parse_args(argv)
+        assert parsed.func(parsed) == 0
+        out = capsys.readouterr().out
+        with pytest.raises(ValueError):
+            json.loads(out)  # a table, not the reply
+        shown = dict(line.split(None, 1) for line in out.splitlines())
+        assert shown["guest"].startswith("t-people (") and shown["policy"] == "requires=t-x,t-y"
+        assert shown["warnings"] == warned, out
+    code, out, _ = run_cli(["policy", "set", "t-people", "--weight", "300", "--json", *sock], capsys)
+    assert code == 0 and out["policy"] == {"weight": 300}
+
+
 def test_cli_domain_start_stop(conn, make_agent, capsys):
     a = make_agent()
     db, web = guest(conn, "t-db", start=False), guest(conn, "t-web", start=False)
@@ -184,7 +210,7 @@ def test_bus_rpc_and_events(conn, make_agent):
     from vmsched.bus.topology import agent_queue
 
     bus = InProcessTransport()  # the in-process bus, handed to the agent and to its caller
-    a = make_agent(amqp_url=bus)
+    a = make_agent(transport=bus)
     dom = guest(conn, "t-bus")
     assert bus.call(agent_queue("h1"), "ping", {}, timeout=10) == {"service": "agent"}  # it consumes its queue
     view = bus.call(agent_queue("h1"), "set_policy", {"guest": "t-bus", "policy": {"dedicated": 2}})
@@ -219,7 +245,7 @@ class _DirectBus:
 def test_gateway_router(conn, make_agent):
     from vmsched.gateway.agent_api import router
 
-    a = make_agent(amqp_url=InProcessTransport())
+    a = make_agent(transport=InProcessTransport())
     guest(conn, "t-gw")
     app = FastAPI()
     app.include_router(router)
@@ -246,7 +272,7 @@ def test_gateway_answers_every_invalid_request_with_400_and_every_reason(conn, m
     """A malformed body (pydantic) and an agent's refusal are both 400, each reason listed."""
     from vmsched.gateway.agent_api import router
 
-    a = make_agent(amqp_url=InProcessTransport())
+    a = make_agent(transport=InProcessTransport())
     guest(conn, "t-gw")
     app = FastAPI()
     app.include_router(router)
@@ -275,6 +301,37 @@ def test_gateway_answers_every_invalid_request_with_400_and_every_reason(conn, m
     assert spec["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/PolicyDocument")
 
 
+def test_a_huge_cpu_set_is_refused_before_it_is_parsed(conn, make_agent):
+    """A 1 MB CPU set (every item valid, each spanning every CPU libvirt knows) is refused by its length, with
+    one line saying so, on the socket, on the bus, at the gateway and by the model; nothing is applied."""
+    from vmsched.bus.topology import agent_queue
+    from vmsched.gateway.agent_api import router
+    from vmsched.services.policy_agent.policy.model import parse_policy
+
+    huge = ",".join(["0-16383"] * 125000)  # 1 MB
+    said = f"is {len(huge):,} characters long; at most 65,536 are accepted"
+    bus = InProcessTransport()
+    a = make_agent(transport=bus)
+    guest(conn, "t-huge")
+    client = SocketClient(a.socket_path)
+    for policy in ({"vcpu_pins": {"0": huge}}, {"emulator_pin": huge}, {"dedicated": huge}):
+        with pytest.raises(PolicyError) as exc:
+            client.call("set_policy", {"guest": "t-huge", "policy": policy})
+        assert said in str(exc.value) and "\n" not in str(exc.value) and len(str(exc.value)) < 300
+        with pytest.raises(PolicyError, match=said):
+            parse_policy(policy)
+        with pytest.raises(Exception, match=said):
+            bus.call(agent_queue("h1"), "set_policy", {"guest": "t-huge", "policy": policy}, timeout=10)
+    with pytest.raises(PolicyError, match=said):
+        client.call("set_pool", {"dedicated_pool": huge})
+    app = FastAPI()
+    app.include_router(router)
+    app.state.bus = _DirectBus(a)
+    r = TestClient(app).put("/v1/hosts/h1/policies/t-huge", json={"vcpu_pins": {"0": huge}})
+    assert r.status_code == 400 and said in r.json()["detail"]["error"]
+    assert a.get_policy("t-huge")["policy"] is None and a.cpus()["dedicated_pool"] == "4-7"
+
+
 @pytest.mark.parametrize("path, reason", [
     ("/v1/hosts/h1/policies/t-gw%00", "control character U+0000"),
     ("/v1/hosts/h1/policies/t%0Agw", "control character U+000A"),
@@ -284,7 +341,7 @@ def test_gateway_refuses_invalid_guest_names(conn, make_agent, caplog, path, rea
     """A bad guest name at the gateway: 400 with the reason for every route taking a guest; no traceback anywhere."""
     from vmsched.gateway.agent_api import router
 
-    a = make_agent(amqp_url=InProcessTransport())
+    a = make_agent(transport=InProcessTransport())
     app = FastAPI()
     app.include_router(router)
     app.state.bus = _DirectBus(a)
@@ -313,7 +370,7 @@ def test_agent_daemon_process(state_dir):  # noqa: F811 - fixture
     try:
         wait_until(lambda: sock.exists() or proc.poll() is not None, timeout=20)
         assert proc.poll() is None
-        out = subprocess.run([*base, "policy", "set", "test", "--dedicated", "2", "--socket", str(sock)],
+        out = subprocess.run([*base, "policy", "set", "test", "--dedicated", "2", "--json", "--socket", str(sock)],
                              capture_output=True, text=True, env=env)
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["allocation"] == "6-7"

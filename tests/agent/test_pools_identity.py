@@ -3,7 +3,7 @@
 - a pool change that conflicts with a policy's explicit pins is refused naming every guest; the
    sweep reports any dedicated CPU shared with another guest (metric, error state).
 - host state is keyed to the machine, not to the host ID: a renamed agent keeps pool and
-   allocations; a version-1 checkpoint and old-style hints are migrated, nothing is dropped.
+   allocations, and a lost checkpoint is rebuilt from the hints this machine wrote.
 - a second agent on the same libvirtd is refused, naming the first.
 - a guest pinned by its manager (own <cputune>, no vmsched policy) is left alone.
 """
@@ -16,10 +16,10 @@ import libvirt
 import pytest
 
 from vmsched.services.policy_agent.agent import Agent
-from vmsched.services.policy_agent.policy import checkpoint, durable
-from vmsched.services.policy_agent.policy.errors import AgentError, PolicyError
+from vmsched.services.policy_agent.state import checkpoint, durable
+from vmsched.services.policy_agent.errors import AgentError, PolicyError
 from vmsched.services.policy_agent.virt import metadata
-from vmsched.services.policy_agent.virt.hostlock import HostLocked
+from vmsched.services.policy_agent.virt.hostlock import HostLock, HostLocked
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
 from tests.support.agent_driver import TEST_URI, emulator_pin, guest, live_pins, metric
 from tests.support.waiting import wait_until
@@ -163,41 +163,28 @@ def test_renamed_agent_keeps_pool_and_allocations(conn, make_agent, state_dir, c
     assert live_pins(dom) == {0: "4", 1: "5"}
 
 
-def _v1_checkpoint(path, host_id: str, allocations: dict[str, tuple[str, str]], pool: str) -> None:
-    payload = {"version": 1, "host_id": host_id, "pool": pool, "saved_at": 1.0,
-               "allocations": {u: {"name": n, "cpus": c} for u, (n, c) in allocations.items()}}
-    path.write_text(json.dumps({"checksum": durable.digest(payload), "checkpoint": payload}))
-
-
-def test_upgrade_from_a_version_1_checkpoint_keeps_allocations(conn, make_agent, state_dir):  # noqa: F811
-    old = guest(conn, "t-up")  # state as the agent before the machine key left it: v1 checkpoint, old-style hint
-    old.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
-                    "<policy><dedicated count='2'/><allocation host='node-a' cpus='6-7' pool='4-7'/></policy>",
-                    metadata.PREFIX, metadata.NS, libvirt.VIR_DOMAIN_AFFECT_CONFIG | libvirt.VIR_DOMAIN_AFFECT_LIVE)
-    _v1_checkpoint(state_dir / checkpoint.FILENAME, "node-a", {old.UUIDString(): ("t-up", "6-7")}, "4-7")
-    a = make_agent(host_id="node-b", dedicated_pool=None)  # upgraded, and renamed as well
-    assert a.cpus()["allocations"] == {"t-up": "6-7"} and a.cpus()["dedicated_pool"] == "4-7"
-    assert live_pins(old) == {0: "6", 1: "7"}
-    doc = json.loads((state_dir / checkpoint.FILENAME).read_text())["checkpoint"]
-    assert doc["version"] == 2 and doc["machine"] == a.machine and doc["host_id"] == "node-b"
-    # the hint is rewritten with the machine key
-    meta = old.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata.NS, libvirt.VIR_DOMAIN_AFFECT_CONFIG)
-    assert f'host="{a.machine}"' in meta and 'cpus="6-7"' in meta
-
-
-def test_lost_checkpoint_is_rebuilt_from_hints_of_the_old_host_id(conn, make_agent, state_dir):  # noqa: F811
+def test_lost_checkpoint_is_rebuilt_from_this_machines_hints_only(conn, make_agent, state_dir):  # noqa: F811
+    a = make_agent(host_id="node-a")
     dom = guest(conn, "t-hint")
-    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
-                    "<policy><dedicated count='2'/><allocation host='node-a' cpus='6-7' pool='4-7'/></policy>",
-                    metadata.PREFIX, metadata.NS, libvirt.VIR_DOMAIN_AFFECT_CONFIG | libvirt.VIR_DOMAIN_AFFECT_LIVE)
-    a = make_agent(host_id="node-a", dedicated_pool=None)  # no checkpoint: from the guests' records
-    assert a.cpus()["allocations"] == {"t-hint": "6-7"} and a.cpus()["dedicated_pool"] == "4-7"
+    a.set_policy("t-hint", {"dedicated": 2})
+    machine = a.machine
+    a.stop()
+    (state_dir / checkpoint.FILENAME).unlink()
+    other = guest(conn, "t-elsewhere")  # an allocation recorded by another machine's agent
+    other.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
+                      "<policy><weight>500</weight><allocation host='node-x' cpus='0-1' pool='0-3'/></policy>",
+                      metadata.PREFIX, metadata.NS, libvirt.VIR_DOMAIN_AFFECT_CONFIG | libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    meta = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata.NS, libvirt.VIR_DOMAIN_AFFECT_CONFIG)
+    assert f'host="{machine}"' in meta and 'cpus="4-5"' in meta
+    b = make_agent(host_id="node-b", dedicated_pool=None)  # no checkpoint: from the guests' records
+    assert b.cpus()["dedicated_pool"] == "4-7"  # this machine's records only, not node-x's 0-3
+    assert b.cpus()["allocations"]["t-hint"] == "4-5"
 
 
 # --- 6: one agent per libvirtd ----------------------------------------------------------------
 def test_second_agent_on_the_same_libvirtd_is_refused(conn, make_agent, state_dir, tmp_path):  # noqa: F811
     first = make_agent(host_id="one")
-    second = Agent(TEST_URI, "two", tmp_path / "other-state", lock_dir=state_dir / "lock", dedicated_pool="4-7")
+    second = Agent(TEST_URI, "two", tmp_path / "other-state", None, lock_dir=state_dir / "lock", dedicated_pool="4-7")
     with pytest.raises(HostLocked) as exc:
         second.start()
     text = str(exc.value)
@@ -210,10 +197,26 @@ def test_second_agent_on_the_same_libvirtd_is_refused(conn, make_agent, state_di
     second.stop()
 
 
+@pytest.mark.parametrize("content", [b"x" * (8 << 20), b"[" * 100_000, b"[1, 2]", b"\xff\xfe"])
+def test_a_lock_file_that_is_no_description_is_read_bounded(tmp_path, content: bytes):
+    """The refused agent reads the holder's description from the lock file: whatever is there, at most
+    HOLDER_BYTES of it, and a refusal in one line either way."""
+    first = HostLock(tmp_path, "m1")
+    first.acquire({"host_id": "one"})
+    try:
+        first.path.write_bytes(content)
+        with pytest.raises(HostLocked) as exc:
+            HostLock(tmp_path, "m1").acquire({"host_id": "two"})
+        text = str(exc.value)
+        assert "holder unknown" in text and "\n" not in text and len(text) < 400, text
+    finally:
+        first.release()
+
+
 def test_unusable_lock_dir_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    agent = Agent(TEST_URI, "h", tmp_path / "state", lock_dir=blocker / "sub")
+    agent = Agent(TEST_URI, "h", tmp_path / "state", None, lock_dir=blocker / "sub")
     with pytest.raises(AgentError, match="cannot open the host lock .*--lock-dir or VMSCHED_AGENT_LOCK_DIR"):
         agent.start()
 

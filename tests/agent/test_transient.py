@@ -8,10 +8,10 @@ import json
 import libvirt
 import pytest
 
-from vmsched.services.policy_agent.policy import store as store_mod
-from vmsched.services.policy_agent.policy.errors import GuestNotFound
+from vmsched.services.policy_agent.state import durable, store as store_mod
+from vmsched.services.policy_agent.errors import GuestNotFound
 from vmsched.services.policy_agent.policy.model import parse_policy
-from vmsched.services.policy_agent.policy.store import PolicyStore
+from vmsched.services.policy_agent.state.store import PolicyStore
 from vmsched.services.policy_agent.virt import metadata
 from tests.support.agent_driver import domain_xml, live_pins
 from tests.support.waiting import wait_until
@@ -55,15 +55,29 @@ def test_store_round_trip_and_atomic_file(tmp_path):
     assert PolicyStore(tmp_path / store_mod.FILENAME).load().all() == []
 
 
-@pytest.mark.parametrize("damage", ["truncate", "edit"])
-def test_corrupt_store_is_moved_aside_not_fatal(tmp_path, damage):
+def sealed_store(path, policy: dict) -> None:
+    """A store with a valid checksum holding ``policy`` unchecked: written by a bug or by hand, not torn."""
+    payload = {"version": store_mod.VERSION, "guests": {UUID: {"name": "vm1", "policy": policy, "saved_at": 0.0}}}
+    path.write_text(json.dumps({"checksum": durable.digest(payload), "store": payload}))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "edit", "oversize", "huge_cpu_set"])
+def test_corrupt_store_is_moved_aside_not_fatal(tmp_path, damage, caplog):
     path = tmp_path / store_mod.FILENAME
     PolicyStore(path).load().put(UUID, "vm1", parse_policy({"weight": 300}))
     raw = path.read_text()
-    path.write_text(raw[: len(raw) // 2] if damage == "truncate" else raw.replace("300", "301"))
+    if damage == "oversize":
+        path.write_text(raw + " " * durable.MAX_BYTES)
+    elif damage == "huge_cpu_set":
+        sealed_store(path, {"vcpu_pins": {"0": ",".join(["0-16383"] * 125000)}})
+    else:
+        path.write_text(raw[: len(raw) // 2] if damage == "truncate" else raw.replace("300", "301"))
+    caplog.set_level("WARNING")
     s = PolicyStore(path).load()
     assert s.all() == [] and s.problem
     assert list(tmp_path.glob(f"{store_mod.FILENAME}.corrupt-*")), "the unusable file is kept for inspection"
+    [line] = [r.getMessage() for r in caplog.records if "unusable" in r.getMessage()]
+    assert s.problem in line and "\n" not in line and len(line.replace(str(tmp_path), "")) < 400, line
 
 
 # --- through the agent ----------------------------------------------------------------

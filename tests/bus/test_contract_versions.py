@@ -24,6 +24,7 @@ from vmsched.bus.options import BusOptions
 from vmsched.bus.rabbitmq.rpc import call
 from vmsched.bus.topology import EXCHANGES, REPLY_EXCHANGE, agent_queue, request_queue
 from vmsched.bus.topology import reply_queue as make_reply_queue, route
+from vmsched.bus.transport import open_transport
 from vmsched.messages import CONTRACT_VERSION
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
 from tests.support.agent_driver import guest
@@ -106,7 +107,7 @@ def other_version(rabbit_vhost: str) -> Iterator:
 
 def agent_answers(url: str, host: str) -> None:
     """Until the agent of ``host`` answers a ping on the bus (its queue is declared once it consumes)."""
-    from vmsched.services.policy_agent.policy.errors import AgentUnavailable
+    from vmsched.services.policy_agent.errors import AgentUnavailable
     from vmsched.services.policy_agent.surfaces.client import call_bus
 
     wait_until(lambda: call_bus(url, host, AgentOp.PING, {}, timeout=1), 15, 0.1, f"the agent of {host} to answer",
@@ -118,7 +119,7 @@ def agent_answers(url: str, host: str) -> None:
 @pytest.mark.parametrize("version", [CONTRACT_VERSION + 1, CONTRACT_VERSION - 1])
 def test_the_agent_refuses_another_version_by_name(conn, make_agent, rabbit_vhost: str, version):
     host = f"hv-v-{uuid.uuid4().hex[:6]}"
-    make_agent(host_id=host, amqp_url=rabbit_vhost)
+    make_agent(host_id=host, transport=open_transport(BusOptions(url=rabbit_vhost)))
     agent_answers(rabbit_vhost, host)
     request = {"v": version, "op": "cpus", "deadline": time.time() + 10, "body": {}, "something": "new"}
     reply = raw_request(rabbit_vhost, agent_queue(host), request)

@@ -25,7 +25,7 @@ from vmsched.plugin import facts as api
 
 libvirt = pytest.importorskip("libvirt", reason="libvirt-python is installed by scripts/bootstrap --test")
 
-from vmsched.services.policy_agent.policy import facts as calc  # noqa: E402
+from vmsched.services.policy_agent.facts import arithmetic as calc  # noqa: E402
 from vmsched.services.policy_agent.facts.reporter import FactsReporter  # noqa: E402
 from vmsched.services.policy_agent.virt.collector import Collector  # noqa: E402
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,7 +15,7 @@ import pytest
 
 from vmsched.metrics import REGISTRY
 from vmsched.services.policy_agent.agent import Agent
-from vmsched.services.policy_agent.policy import cpuset
+from vmsched import cpuset
 from vmsched.services.policy_agent.virt.connection import ensure_event_loop
 
 TEST_URI = "test:///default"
@@ -34,16 +34,21 @@ def guest(conn: "libvirt.virConnect", name: str, vcpus: int = 2, start: bool = T
     return dom
 
 
+def cpus_of(cpumap: Iterable[bool]) -> str:
+    """The CPU set of a cpumap as libvirt's binding returns it (a tuple of booleans), in libvirt's syntax."""
+    return cpuset.fmt(i for i, on in enumerate(cpumap) if on)
+
+
 def live_pins(dom: "libvirt.virDomain") -> dict[int, str]:
-    return {i: cpuset.fmt(cpuset.from_cpumap(m)) for i, m in enumerate(dom.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE))}
+    return {i: cpus_of(m) for i, m in enumerate(dom.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE))}
 
 
 def config_pins(dom: "libvirt.virDomain") -> dict[int, str]:
-    return {i: cpuset.fmt(cpuset.from_cpumap(m)) for i, m in enumerate(dom.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_CONFIG))}
+    return {i: cpus_of(m) for i, m in enumerate(dom.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_CONFIG))}
 
 
 def emulator_pin(dom: "libvirt.virDomain", flags: int = libvirt.VIR_DOMAIN_AFFECT_LIVE) -> str:
-    return cpuset.fmt(cpuset.from_cpumap(dom.emulatorPinInfo(flags)))
+    return cpus_of(dom.emulatorPinInfo(flags))
 
 
 def metric(name: str, **labels: str) -> float:
@@ -75,15 +80,15 @@ def state_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def make_agent(state_dir: Path) -> Iterator[Callable[..., Agent]]:
-    """Starts agents on the test driver (host h1, dedicated pool 4-7, no periodic sweep unless asked);
-    every one is stopped after the test."""
+    """Starts agents on the test driver (host h1, dedicated pool 4-7, no bus and no periodic sweep unless
+    asked: ``transport=``, ``reconcile_interval=``); every one is stopped after the test."""
     agents: list[Agent] = []
 
     def make(**kw: Any) -> Agent:
         kw.setdefault("dedicated_pool", "4-7")
         kw.setdefault("reconcile_interval", 3600)
         kw.setdefault("lock_dir", state_dir / "lock")  # test:///default has one host identity: one lock per test
-        a = Agent(TEST_URI, kw.pop("host_id", "h1"), state_dir, **kw).start()
+        a = Agent(TEST_URI, kw.pop("host_id", "h1"), state_dir, kw.pop("transport", None), **kw).start()
         agents.append(a)
         return a
 

@@ -28,6 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vmsched import cpuset
 from vmsched.messages import Versioned
 
 #: Largest facts message a reader accepts, bytes of JSON.

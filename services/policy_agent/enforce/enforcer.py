@@ -1,6 +1,6 @@
-"""Keep guests at their policy: one guest (an event) or all of them (a sweep).
-The changes requests make (set, delete) are :class:`changes.PolicyChanges`,
-which works through this enforcer's state and lock.
+"""Keep guests at their policy: one guest (an event), all of them (a sweep),
+and the changes requests make: set, validated whole and rolled back when
+libvirt refuses it, and delete, which puts the guest back on the shared set.
 
 Everything here runs under the agent's lock, so allocations, metadata and
 pins change together. Reads are one ``XMLDesc`` per scope; writes happen
@@ -20,14 +20,16 @@ from typing import Callable
 
 import libvirt
 
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
 from .. import metrics
-from ..policy import cpuset
+from ..errors import ApplyError, DefinitionChanged, GuestNotFound, PolicyError
+from ..guests.inventory import Guest, Inventory
 from ..policy.allocation import Pools, pin_conflicts, plan_pool
-from ..policy.cpuset import CpuSet
-from ..policy.errors import ApplyError, DefinitionChanged, PolicyError
-from ..policy.inventory import Guest, Inventory
-from ..policy.tuning.state import TunedState
+from ..policy.model import DEFAULT_SHARES, GuestPolicy
 from ..policy.validation import Desired, GuestInfo, check_policy, desired_for
+from ..tuners.state import TunedState
 from ..virt import metadata, snapshot
 from ..virt.apply import Applier, Result
 from ..virt.domxml import DomainXml
@@ -44,11 +46,10 @@ CHANGED_RETRIES = 3  # repairs decided again when another writer keeps changing 
 
 
 class Enforcer:
-    def __init__(self, host_id: str, pools: Pools, inventory: Inventory, applier: Applier,
+    def __init__(self, machine: str, pools: Pools, inventory: Inventory, applier: Applier,
                  publish: Publish, save: Callable[[], None], release_on_stop: bool = False,
-                 transient: TransientPolicies | None = None, hint_keys: frozenset[str] = frozenset()):
-        self.host_id = host_id  # what allocation hints are written with: the machine key (libvirt's host UUID)
-        self.hint_keys = hint_keys | {host_id}  # hints that are this machine's (also those of its old host IDs)
+                 transient: TransientPolicies | None = None):
+        self.machine = machine  # libvirt's host UUID: what allocation hints are written with
         self.pools = pools
         self.inv = inventory
         self.applier = applier
@@ -60,7 +61,7 @@ class Enforcer:
         self._drift_times: dict[str, collections.deque[float]] = {}
         self._foreign: set[str] = set()  # guests left to their manager's own pinning (logged once)
         self.overlaps = OverlapReporter(publish)
-        self.tuned: TunedState | None = None  # the tuners' live values: part of the desired state (tuning/tuner.py)
+        self.tuned: TunedState | None = None  # the tuners' live values: part of the desired state (adaptive/loop.py)
 
     # --- reading -----------------------------------------------------------------
     def lookup(self, conn: "libvirt.virConnect", key: str) -> "libvirt.virDomain":
@@ -155,7 +156,7 @@ class Enforcer:
             return None
         if self.transient is not None:
             held = self.pools.allocations.get(g.uuid)
-            self.transient.mirror(snap, g, metadata.AllocationHint(self.host_id, held, self.pools.pool)
+            self.transient.mirror(snap, g, metadata.AllocationHint(self.machine, held, self.pools.pool)
                                   if held else None)
         self._sync_hint(snap, g)
         g.desired = desired
@@ -209,7 +210,7 @@ class Enforcer:
     def _seed_from_hint(self, g: Guest) -> None:
         """Recover an allocation the guest's metadata recorded for this host (checkpoint lost)."""
         h = g.hint
-        if h is None or h.host not in self.hint_keys or not h.cpus <= self.pools.free:
+        if h is None or h.host != self.machine or not h.cpus <= self.pools.free:
             return
         if g.policy is None or g.policy.dedicated is None:
             return
@@ -227,8 +228,8 @@ class Enforcer:
         if g.policy is None:
             return
         held = self.pools.allocations.get(g.uuid)
-        hint = metadata.AllocationHint(self.host_id, held, self.pools.pool) if held else None
-        if hint == g.hint or (hint is None and g.hint is not None and g.hint.host not in self.hint_keys):
+        hint = metadata.AllocationHint(self.machine, held, self.pools.pool) if held else None
+        if hint == g.hint or (hint is None and g.hint is not None and g.hint.host != self.machine):
             return
         try:
             metadata.write(snap.dom, g.policy, hint)
@@ -300,6 +301,119 @@ class Enforcer:
             if g is not None:
                 self.overlaps.keep(g)
             self.update_gauges()
+
+    # --- requests: set and delete ------------------------------------------------
+    def set_policy(self, conn: "libvirt.virConnect", key: str, policy: GuestPolicy,
+                   problems: list[str] | None = None) -> dict:
+        """Validate and apply ``policy``. ``problems`` are the request's own errors found while parsing it
+        (``policy`` is then made of its valid fields): refused together with the host-fit problems."""
+        with self.lock:
+            dom = self.lookup(conn, key)
+            snap = self.read(dom)
+            src = self.source(snap)
+            info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
+            self.inv.upsert(snap.uuid, snap.name)  # known by name before its define event is handled: cycles close
+            try:
+                checked = check_policy(policy, info, self.pools, self.inv.graph(), self.inv.resolve, self.inv.name_of)
+            except PolicyError as exc:
+                metrics.APPLICATIONS.labels("refused").inc()
+                raise PolicyError([*(problems or []), *exc.errors]) from None
+            if problems:
+                metrics.APPLICATIONS.labels("refused").inc()
+                raise PolicyError(problems)
+            if self.release_on_stop and not snap.active and policy.dedicated is not None:
+                # validated now; the CPUs are allocated when the guest starts
+                checked.allocation = None
+                stopped = policy.model_copy(update={"dedicated": None, "vcpu_pins": {}})
+                checked.desired = desired_for(stopped, info, self.pools, None)
+            if self.tuned is not None:
+                self.tuned.drop(snap.uuid)  # a new static policy: the tuners start again from it
+            hint = metadata.AllocationHint(self.machine, checked.allocation, self.pools.pool) if checked.allocation else None
+            store = self.transient if not snap.persistent else None
+            old_stored = store.get(snap.uuid) if store is not None else None
+            try:
+                if store is not None:
+                    store.put(snap.uuid, snap.name, policy)  # on disk first: it must outlive the guest
+                metadata.write(dom, policy, hint)
+                result = self.applier.verify_and_repair(dom, checked.desired, snap.active, snap.persistent)
+            except (ApplyError, libvirt.libvirtError) as exc:
+                self._roll_back(snap, src)
+                if store is not None:
+                    store.restore(snap.uuid, old_stored)
+                metrics.APPLICATIONS.labels("error").inc()
+                raise ApplyError(f"applying the policy of {snap.name!r} failed, previous policy restored: {exc}") from exc
+            if checked.allocation:
+                self.pools.assign(snap.uuid, snap.name, checked.allocation)
+            else:
+                self.pools.release(snap.uuid)
+            self.save()
+            g = self.inv.upsert(snap.uuid, snap.name)
+            g.policy, g.hint, g.nvcpus, g.desired = policy, hint, src.nvcpus, checked.desired
+            g.status, g.error, g.applied_at = "applied", None, time.time()
+            self.overlaps.forget(snap.uuid)
+            g.warnings = [*checked.warnings, *result.deferred]
+            metrics.APPLICATIONS.labels("ok").inc()
+            self.update_gauges()
+            log.info("policy of %r set%s", snap.name, f": {', '.join(result.all())}" if result.changed else "")
+            self.publish("applied", {"guest": snap.name, "uuid": snap.uuid, "trigger": "set",
+                                  "changes": result.all(), "latency": None})
+            return self.view(g)
+
+    def _roll_back(self, snap: Snapshot, src: DomainXml) -> None:
+        try:
+            if src.policy is not None:
+                metadata.write(snap.dom, src.policy, src.hint)
+            else:
+                metadata.clear(snap.dom)
+            g = self.inv.get(snap.uuid)
+            desired = g.desired if g is not None and g.desired is not None else None
+            if desired is not None:
+                self.applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent)
+        except (ApplyError, libvirt.libvirtError) as exc:
+            log.error("rolling back the policy of %r failed (the next sweep retries): %s", snap.name, exc)
+
+    def delete_policy(self, conn: "libvirt.virConnect", key: str) -> dict:
+        with self.lock:
+            try:
+                dom = self.lookup(conn, key)
+            except GuestNotFound:
+                stored = self.transient.find(key) if self.transient is not None else None
+                if stored is None:
+                    raise
+                self.transient.remove(stored.uuid)
+                log.info("stored policy of transient guest %r (%s, not running) deleted", stored.name, stored.uuid)
+                return {"guest": stored.name, "uuid": stored.uuid, "deleted": True}
+            snap = self.read(dom)
+            old = self.source(snap).policy
+            if old is None and self.pools.allocations.get(snap.uuid) is None:
+                return {"guest": snap.name, "uuid": snap.uuid, "deleted": False}
+            if self.transient is not None:
+                self.transient.remove(snap.uuid)  # first: a failure below must not bring it back
+            metadata.clear(dom)
+            self.pools.release(snap.uuid)
+            self.save()
+            info = GuestInfo(snap.uuid, snap.name, self.source(snap).nvcpus)
+            base = desired_for(None, info, self.pools, None, confine=True)
+            resets: dict[str, int] = {}
+            if old is not None and old.weight is not None:
+                resets["cpu_shares"] = DEFAULT_SHARES
+            if old is not None and old.effective_quota() is not None:
+                resets["vcpu_quota"] = -1
+            desired = Desired(base.vcpus, base.emulator, resets)
+            try:
+                self.applier.verify_and_repair(dom, desired, snap.active, snap.persistent)
+            except (ApplyError, libvirt.libvirtError) as exc:
+                metrics.APPLICATIONS.labels("error").inc()
+                raise ApplyError(f"policy of {snap.name!r} removed, but resetting its pins failed: {exc}") from exc
+            g = self.inv.upsert(snap.uuid, snap.name)
+            g.policy, g.hint, g.status, g.error, g.warnings = None, None, "unmanaged", None, []
+            g.desired = desired_for(None, info, self.pools, None)
+            metrics.APPLICATIONS.labels("ok").inc()
+            self.update_gauges()
+            log.info("policy of %r deleted", snap.name)
+            self.publish("applied", {"guest": snap.name, "uuid": snap.uuid, "trigger": "delete",
+                                  "changes": [], "latency": None})
+            return {"guest": snap.name, "uuid": snap.uuid, "deleted": True}
 
     # --- all guests --------------------------------------------------------------
     def scan(self, conn: "libvirt.virConnect") -> list[Snapshot]:

@@ -11,11 +11,12 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
 from .. import metrics
-from ..policy import cpuset
+from ..guests.inventory import Guest, Inventory
 from ..policy.allocation import Pools
-from ..policy.cpuset import CpuSet
-from ..policy.inventory import Guest, Inventory
 from ..policy.validation import Desired
 from ..virt.domxml import DomainXml
 from ..virt.snapshot import Snapshot

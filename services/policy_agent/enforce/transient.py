@@ -2,7 +2,7 @@
 
 A transient guest (``createXML``, as oVirt's vdsm creates guests) has no
 persistent definition, so its metadata dies with it. Its policy lives in the
-agent's :class:`~.policy.store.PolicyStore` by UUID: written by ``set``,
+agent's :class:`~..state.store.PolicyStore` by UUID: written by ``set``,
 removed by ``delete``, and, when a guest with that UUID starts again without
 a policy in its live metadata, used as its policy and written back into that
 metadata. Persistent guests never use the store.
@@ -17,11 +17,11 @@ from typing import Callable
 import libvirt
 
 from .. import metrics
+from ..errors import ApplyError
+from ..guests.inventory import Guest, Inventory
 from ..policy.allocation import AllocationHint
-from ..policy.errors import ApplyError
-from ..policy.inventory import Guest, Inventory
 from ..policy.model import GuestPolicy
-from ..policy.store import PolicyStore, Stored
+from ..state.store import PolicyStore, Stored
 from ..virt import metadata
 from ..virt.domxml import DomainXml
 from ..virt.snapshot import Snapshot
@@ -44,8 +44,8 @@ class TransientPolicies:
     def track(self, snap: Snapshot) -> None:
         """Keep the store in step with the guest's own metadata.
 
-        A transient guest whose live metadata holds a policy (written by another tool, or by an
-        agent without a store) has it stored, so that it outlives the guest; a guest that became
+        A transient guest whose live metadata holds a policy (written by another tool) has it
+        stored, so that it outlives the guest; a guest that became
         persistent with its policy in its definition no longer needs the stored copy.
         """
         if snap.xml.metadata_error:

@@ -1,4 +1,4 @@
-"""Verify a guest against its desired state with the tuners' values in force (policy/tuning/state.py):
+"""Verify a guest against its desired state with the tuners' values in force (tuners/state.py):
 the persistent config gets the static policy, the live domain the static policy with the tuned overlay.
 Used by the enforcer's sync (events, sweeps, drift repair) and by the tuner to apply a change."""
 
@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import libvirt
 
-from ..policy.cpuset import CpuSet
-from ..policy.inventory import Guest
-from ..policy.tuning.state import TunedState
+from vmsched.cpuset import CpuSet
+
+from ..guests.inventory import Guest
 from ..policy.validation import Desired
+from ..tuners.state import TunedState
 from ..virt.apply import Applier, Result
 from ..virt.snapshot import Snapshot
 

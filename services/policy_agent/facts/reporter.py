@@ -14,12 +14,12 @@ import threading
 import time
 from typing import Any, Callable
 
+from vmsched import cpuset
 from vmsched.facts.model import FACTS_EVENT, FactsMessage, GuestFacts, HostFacts
 
 from .. import metrics
-from ..policy import cpuset
-from ..policy.facts import History, dedicated_summary, guests_digest, pinned
 from ..policy.model import GuestPolicy
+from .arithmetic import History, dedicated_summary, guests_digest, pinned
 
 log = logging.getLogger("vmsched.agent.facts")
 

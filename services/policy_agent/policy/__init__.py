@@ -1,9 +1,8 @@
-"""The agent's policy layer: pure decisions, no libvirt.
+"""The agent's policy layer: pure decisions, no libvirt and no files.
 
-CPU sets (:mod:`cpuset`), the per-guest policy model (:mod:`model`), pools and
-their planning (:mod:`allocation`), fit and validation (:mod:`validation`),
-start dependencies and their orchestration (:mod:`deps`,
-:mod:`orchestration`), the event-fed inventory of guests (:mod:`inventory`),
-and host state kept across restarts (:mod:`checkpoint`, :mod:`recovery`).
-Nothing here imports the libvirt adapter or the surfaces.
+The per-guest policy model (:mod:`model`), the host's CPU topology
+(:mod:`topology`), which dedicated CPUs a guest gets (:mod:`assignment`),
+pools and their planning (:mod:`allocation`), fit and validation
+(:mod:`validation`) and start dependencies (:mod:`deps`). CPU sets are read
+by the one parser of vmsched, :mod:`vmsched.cpuset`.
 """

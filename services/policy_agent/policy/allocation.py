@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
-from . import cpuset
-from .cpuset import CpuSet
-from .errors import PolicyError
-from .model import GuestPolicy
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
+from ..errors import PolicyError
+from ..plural import plural
 from .assignment import Request, Roles, assign, check_set, roles
+from .model import GuestPolicy
 from .topology import Topology, flat
 
 
@@ -141,13 +143,14 @@ class Pools:
             wanted = dedicated + extra
             if dedicated < nvcpus:
                 errors.append(
-                    f"dedicated count {dedicated} is smaller than the guest's {nvcpus} vCPUs"
+                    f"dedicated count {dedicated} is smaller than the guest's {plural(nvcpus, 'vCPU')}"
                     " (a dedicated guest's vCPUs are pinned 1:1)"
                 )
             if wanted > len(available):
                 also = " (one more for the emulator threads: emulator isolate)" if extra else ""
                 errors.append(
-                    f"guest {name!r} asks for {wanted} dedicated CPUs{also} but only {len(available)} are free"
+                    f"guest {name!r} asks for {plural(wanted, 'dedicated CPU')}{also} but only {len(available)}"
+                    f" {'is' if len(available) == 1 else 'are'} free"
                     f" in the pool {cpuset.fmt(self.pool)}{self._holders(exclude=uuid)}"
                 )
             if errors:
@@ -170,12 +173,13 @@ class Pools:
             )
         if len(wanted_set) < nvcpus:
             errors.append(
-                f"dedicated set {cpuset.fmt(wanted_set)} has {len(wanted_set)} CPUs, fewer than the guest's"
-                f" {nvcpus} vCPUs (a dedicated guest's vCPUs are pinned 1:1)"
+                f"dedicated set {cpuset.fmt(wanted_set)} has {plural(len(wanted_set), 'CPU')}, fewer than the guest's"
+                f" {plural(nvcpus, 'vCPU')} (a dedicated guest's vCPUs are pinned 1:1)"
             )
         elif len(wanted_set) < nvcpus + extra:
             errors.append(
-                f"dedicated set {cpuset.fmt(wanted_set)} has {len(wanted_set)} CPUs: the guest's {nvcpus} vCPUs"
+                f"dedicated set {cpuset.fmt(wanted_set)} has {plural(len(wanted_set), 'CPU')}: the guest's"
+                f" {plural(nvcpus, 'vCPU')}"
                 " and one for the emulator threads (emulator isolate) need one more"
             )
         held, problems = check_set(self.topo, self.pool, taken, wanted_set, Request(nvcpus + extra, threads, numa))

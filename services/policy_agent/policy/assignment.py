@@ -24,14 +24,12 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-from . import cpuset
-from .cpuset import CpuSet
-from .errors import PolicyError
-from .topology import Topology
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
 
-THREAD_POLICIES = ("prefer", "require", "isolate")
-NUMA_POLICIES = ("any", "strict")
-EMULATOR_POLICIES = ("share", "isolate")
+from ..errors import PolicyError
+from ..plural import plural
+from .topology import Topology
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,7 @@ def check_set(topology: Topology, pool: CpuSet, taken: CpuSet, wanted: CpuSet, r
         if len(spanned) > 1:
             problems.append(f"{what} spans NUMA nodes {', '.join(map(str, spanned))}; numa strict needs one node")
     if len(wanted) < request.cpus:
-        problems.append(f"{what} has {len(wanted)} CPUs, fewer than the {request.cpus} the guest runs on"
+        problems.append(f"{what} has {plural(len(wanted), 'CPU')}, fewer than the {request.cpus} the guest runs on"
                         " (its vCPUs and, with emulator isolate, one for the emulator threads)")
     return frozenset(held), problems
 
@@ -198,14 +196,15 @@ def _choose_nodes(topology: Topology, cores: list[CpuSet], free: CpuSet, current
 def _refusal(topology: Topology, cap: dict[int, int], request: Request, who: str) -> str:
     unit = "free"
     if request.threads == "isolate":
-        what = f"{request.cpus} whole cores (one thread of each for it, the other threads held: thread_policy isolate)"
+        what = (f"{plural(request.cpus, 'whole core')} (one thread of each for it, the other threads held:"
+                " thread_policy isolate)")
         unit = "free whole cores"
     elif request.threads == "require":
         per = topology.threads_per_core()
-        what = f"{math.ceil(request.cpus / per)} whole cores ({request.cpus} CPUs, thread_policy require)"
+        what = f"{plural(math.ceil(request.cpus / per), 'whole core')} ({plural(request.cpus, 'CPU')}, thread_policy require)"
         unit = "free CPUs on whole cores"
     else:
-        what = f"{request.cpus} dedicated CPUs"
+        what = plural(request.cpus, "dedicated CPU")
     where = " in one NUMA node (numa strict)" if request.numa == "strict" else ""
     nodes = ", ".join(f"node {n} has {c}" for n, c in sorted(cap.items()))
     return f"guest {who!r} needs {what}{where}; {unit}: {nodes}"

@@ -1,4 +1,4 @@
-"""The policy schema: what one guest asks for (pydantic), and its files.
+"""The policy schema: what one guest asks for (pydantic).
 
 A :class:`GuestPolicy` is self-contained and host-independent: CPU sets are
 checked for syntax here and against a host in :mod:`validation`.
@@ -6,17 +6,14 @@ checked for syntax here and against a host in :mod:`validation`.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError, field_validator, model_validator
 
+from vmsched import cpuset
 from vmsched.agent_contract import AdaptiveDocument, PolicyDocument
 
-from . import cpuset
-from .errors import PolicyError
+from ..errors import PolicyError
 
 # libvirt's ranges for the QEMU driver's scheduler parameters
 SHARES_MIN, SHARES_MAX = 2, 262144
@@ -186,9 +183,6 @@ class GuestPolicy(PolicyDocument):
         """The count, or the explicit set, of dedicated CPUs."""
         return self.dedicated_count() or self.dedicated_set()
 
-    def is_empty(self) -> bool:
-        return self == GuestPolicy()
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, without unset fields."""
         data = self.model_dump(mode="json", exclude_defaults=True)
@@ -314,37 +308,3 @@ def _describe(err: dict[str, Any]) -> str:
     msg = str(err.get("msg", "invalid"))
     msg = msg.removeprefix("Value error, ")
     return f"{loc}: {msg}" if loc else msg
-
-
-def load_policy_file(path: str | Path) -> tuple[str | None, GuestPolicy]:
-    """Read a YAML or JSON policy file: either the policy mapping itself, or
-    ``{"guest": NAME, "policy": {...}}``. Returns (guest or None, policy)."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise PolicyError(f"cannot read policy file {p}: {exc.strerror}") from None
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise PolicyError(f"policy file {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
-    guest = None
-    if isinstance(data, dict) and "policy" in data:
-        extra = set(data) - {"guest", "policy"}
-        if extra:
-            raise PolicyError(f"policy file {p}: unknown top-level keys {sorted(extra)}")
-        guest = data.get("guest")
-        data = data["policy"]
-    try:
-        return (str(guest) if guest else None), parse_policy(data)
-    except PolicyError as exc:
-        raise PolicyError([f"{p}: {e}" for e in exc.errors]) from None
-
-
-def dump_policy(policy: GuestPolicy, guest: str | None = None, fmt: str = "yaml") -> str:
-    data: dict[str, Any] = policy.to_dict()
-    if guest:
-        data = {"guest": guest, "policy": data}
-    if fmt == "json":
-        return json.dumps(data, indent=2, sort_keys=True) + "\n"
-    return yaml.safe_dump(data, sort_keys=True)

@@ -18,8 +18,10 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
-from . import cpuset
-from .cpuset import CpuSet
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
+from ..plural import plural
 
 
 class TopologyError(ValueError):
@@ -108,11 +110,11 @@ class Topology:
         return max((len(core) for core in self.cores()), default=1)
 
     def describe(self) -> str:
-        """One line: '2 sockets, 48 cores, 96 threads, 2 NUMA nodes (4 offline CPUs)'."""
-        cores = self.cores()
-        text = (f"{len(self.socket_cpus())} socket(s), {len(cores)} cores, {len(self.online)} threads,"
-                f" {len(self.cells)} NUMA node(s)")
-        return text + (f" ({len(self.offline)} offline CPUs: {cpuset.fmt(self.offline)})" if self.offline else "")
+        """One line: '2 sockets, 48 cores, 96 threads, 2 NUMA nodes (4 offline CPUs: 96-99)'."""
+        text = (f"{plural(len(self.socket_cpus()), 'socket')}, {plural(len(self.cores()), 'core')},"
+                f" {plural(len(self.online), 'thread')}, {plural(len(self.cells), 'NUMA node')}")
+        offline = f" ({plural(len(self.offline), 'offline CPU')}: {cpuset.fmt(self.offline)})" if self.offline else ""
+        return text + offline
 
 
 def flat(cpus: CpuSet) -> Topology:

@@ -10,11 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import cpuset, deps
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
+from ..errors import PolicyError
+from ..plural import plural
+from . import deps
 from .allocation import Pools
 from .assignment import node_of_set
-from .cpuset import CpuSet
-from .errors import PolicyError
 from .model import GuestPolicy
 
 
@@ -66,14 +69,13 @@ def check_policy(
     host = pools.host_cpus
     allocation: CpuSet | None = None
 
-    def exists(what: str, cpus: CpuSet) -> bool:
-        gone = cpus - host
-        if gone:
-            errors.append(
-                f"{what} {cpuset.fmt(cpus)}: CPUs {cpuset.fmt(gone)} do not exist on this host"
-                f" (CPUs {cpuset.fmt(host)})"
-            )
-        return not gone
+    def on_host(what: str, text: str) -> CpuSet | None:
+        """The CPUs of ``text``, every one of them the host's; None (and the error noted) otherwise."""
+        try:
+            return cpuset.parse(text, host=host)
+        except cpuset.CpuSetError as exc:
+            errors.append(f"{what} {text}: {exc}")
+            return None
 
     # dedicated allocation first: pins are checked against it
     if policy.dedicated is not None:
@@ -84,16 +86,17 @@ def check_policy(
     # where the vCPUs may be pinned: the allocation but the emulator's CPU and the threads held idle
     for_vcpus = pools.roles(policy, allocation, guest.nvcpus).for_vcpus(allocation) if allocation else None
 
-    pins = {i: cpuset.parse(t) for i, t in policy.vcpu_pins.items()}
-    for vcpu, cpus in pins.items():
+    absent = [vcpu for vcpu in policy.vcpu_pins if vcpu >= guest.nvcpus]
+    if absent:  # one line however many: a request may name many vCPUs
+        errors.append(f"{'vCPU' if len(absent) == 1 else 'vCPUs'} {cpuset.fmt(absent)}"
+                      f" {'does' if len(absent) == 1 else 'do'} not exist: guest {guest.name!r} has"
+                      f" {plural(guest.nvcpus, 'vCPU')} ({cpuset.fmt(range(guest.nvcpus))})")
+    for vcpu, text in policy.vcpu_pins.items():
         what = f"vCPU {vcpu} pin"
         if vcpu >= guest.nvcpus:
-            errors.append(
-                f"vCPU {vcpu} does not exist: guest {guest.name!r} has {guest.nvcpus} vCPUs"
-                f" (0-{guest.nvcpus - 1})"
-            )
             continue
-        if not exists(what, cpus):
+        cpus = on_host(what, text)
+        if cpus is None:
             continue
         if policy.dedicated is not None:
             within = for_vcpus if for_vcpus is not None else policy.dedicated_set()  # refused set: still check
@@ -109,8 +112,8 @@ def check_policy(
             )
 
     if policy.emulator_pin is not None:
-        emu = cpuset.parse(policy.emulator_pin)
-        if exists("emulator pin", emu):
+        emu = on_host("emulator pin", policy.emulator_pin)
+        if emu is not None:
             allowed = pools.shared | (for_vcpus or frozenset())
             if emu - allowed:
                 errors.append(

@@ -7,7 +7,7 @@ import argparse
 import os
 from typing import Any
 
-from ..policy.errors import PolicyError
+from ..errors import PolicyError
 
 
 def add_policy_options(s: argparse.ArgumentParser) -> None:

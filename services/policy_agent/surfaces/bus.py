@@ -24,7 +24,8 @@ from vmsched.bus.interface import Transport
 from vmsched.bus.topology import agent_queue, event_key
 from vmsched.messages import CONTRACT_VERSION, Envelope
 
-from ..policy.errors import AgentError, PolicyError
+from ..errors import AgentError, PolicyError
+from ..plural import plural
 from .ops import Agent, dispatch
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class BusLink:
         except queue.Full:
             self._dropped += 1
             if self._dropped % 1000 == 1:
-                log.warning("event backlog full: %d events dropped so far", self._dropped)
+                log.warning("event backlog full: %s dropped so far", plural(self._dropped, "event"))
 
     def _publish_loop(self) -> None:
         while True:

@@ -1,8 +1,8 @@
 """Command line of the policy agent: ``vmsched agent``, ``vmsched policy ...``, ``vmsched domain ...``.
 
 ``register(subparsers)`` adds the commands to the main ``vmsched`` parser.
-Client commands print the reply as JSON on stdout (``policy list`` and
-``policy get``: a table, JSON with ``--json``); exit codes: 0 ok,
+Client commands print the reply as JSON on stdout (``policy set``, ``get``,
+``list`` and ``cpus``: a table or a drawing, JSON with ``--json``); exit codes: 0 ok,
 1 refused or invalid, 2 usage, 3 agent or bus unreachable, 4 guest not found.
 """
 
@@ -15,14 +15,16 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+
+from vmsched import cpuset
 from vmsched.agent_contract import AgentOp
 from vmsched.bus.options import BusOptions
 from vmsched.bus.options import read_url_file, url_argument
 from vmsched.messages import ErrorCode
 
-from ..policy import cpuset
-from ..policy.errors import AgentError, GuestNotFound, PolicyError
-from ..policy.model import load_policy_file, policy_document
+from ..errors import AgentError, GuestNotFound, PolicyError
+from ..policy.model import GuestPolicy, parse_policy, policy_document
 from . import adaptive_cli, tables
 from .client import SocketClient, call_bus
 
@@ -215,6 +217,7 @@ def _policy_parser(sub: Any) -> Any:
                    help="read the policy from a YAML or JSON file (options given here override its fields)")
     s.add_argument("--merge", action="store_true", help="start from the guest's stored policy instead of an empty one")
     adaptive_cli.add_policy_options(s)
+    s.add_argument("--json", action="store_true", help="print the agent's reply as JSON instead of a table")
     _client_options(s)
     s.set_defaults(func=cmd_policy_set)
 
@@ -298,7 +301,8 @@ def call(args: argparse.Namespace, op: AgentOp, body: dict, timeout: float | Non
 
 
 #: Replies printed as a table unless --json.
-TABLES = {AgentOp.LIST_POLICIES: tables.policies, AgentOp.GET_POLICY: tables.policy, AgentOp.CPUS: tables.cpus}
+TABLES = {AgentOp.LIST_POLICIES: tables.policies, AgentOp.GET_POLICY: tables.policy, AgentOp.SET_POLICY: tables.policy,
+          AgentOp.CPUS: tables.cpus}
 
 
 class _Usage(Exception):
@@ -370,6 +374,31 @@ def build_policy(args: argparse.Namespace, stored: dict | None = None) -> dict:
         data["requires"] = list(dict.fromkeys([*data.get("requires", []), *args.requires]))
     adaptive_cli.merge_adaptive(args, data)
     return policy_document(data)  # an invalid one goes to the agent, which reports every problem at once
+
+
+def load_policy_file(path: str | Path) -> tuple[str | None, GuestPolicy]:
+    """Read a YAML or JSON policy file: either the policy mapping itself, or
+    ``{"guest": NAME, "policy": {...}}``. Returns (guest or None, policy)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy file {p}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise PolicyError(f"policy file {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
+    guest = None
+    if isinstance(data, dict) and "policy" in data:
+        extra = set(data) - {"guest", "policy"}
+        if extra:
+            raise PolicyError(f"policy file {p}: unknown top-level keys {sorted(extra)}")
+        guest = data.get("guest")
+        data = data["policy"]
+    try:
+        return (str(guest) if guest else None), parse_policy(data)
+    except PolicyError as exc:
+        raise PolicyError([f"{p}: {e}" for e in exc.errors]) from None
 
 
 def cmd_policy_set(args: argparse.Namespace) -> int:

@@ -18,17 +18,18 @@ from vmsched.bus.topology import agent_queue
 from vmsched.bus.transport import open_transport
 from vmsched.messages import CONTRACT_VERSION, ReplyEnvelope
 
-from ..policy.errors import AgentUnavailable, from_reply
+from ..errors import AgentUnavailable, from_reply
 
 ABSENT = (errno.ENOENT, errno.ECONNREFUSED)  # nothing listens at the path
-RETRY_FIRST, RETRY_MAX = 0.005, 0.1  # seconds between connection attempts on a busy agent (doubling)
+RETRY_FIRST, RETRY_MAX = 0.005, 0.1  # seconds between attempts on a busy or starting agent (doubling)
+STARTING = "starting"  # body.state of the reply an agent gives while it starts (surfaces/socket.py)
 
 
 class SocketClient:
     """Client of a local agent: ``call(op, body) -> body`` or raises the agent's error.
 
     ``hint`` ends the error when no agent listens at ``path`` (what the caller can do about it).
-    A busy agent (its backlog full) is asked again until the timeout.
+    A busy agent (its backlog full) and an agent that is starting are asked again until the timeout.
     """
 
     def __init__(self, path: str | Path, timeout: float = 10.0, hint: str = ""):
@@ -39,6 +40,19 @@ class SocketClient:
     def call(self, op: AgentOp | str, body: dict | None = None, timeout: float | None = None) -> dict:
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
+        pause = RETRY_FIRST
+        while True:
+            reply = self._exchange(op, body, deadline, timeout)
+            if reply.ok or reply.body.get("state") != STARTING or deadline - time.monotonic() <= pause:
+                break
+            time.sleep(pause)  # the agent is starting: ask again
+            pause = min(pause * 2, RETRY_MAX)
+        error = reply_error(reply, f"the agent at {self.path}")
+        if error is not None:
+            raise from_reply(error.code, str(error), error.details)
+        return reply.body
+
+    def _exchange(self, op: AgentOp | str, body: dict | None, deadline: float, timeout: float) -> ReplyEnvelope:
         s = self._connect(deadline)
         try:
             request = {"v": CONTRACT_VERSION, "op": _name(op), "body": body or {}}
@@ -56,13 +70,9 @@ class SocketClient:
         finally:
             s.close()
         try:
-            reply = ReplyEnvelope.model_validate_json(buf)
+            return ReplyEnvelope.model_validate_json(buf)
         except ValidationError as exc:
             raise AgentUnavailable(f"agent at {self.path} sent a malformed reply: {exc.errors()[0]['msg']}") from None
-        error = reply_error(reply, f"the agent at {self.path}")
-        if error is not None:
-            raise from_reply(error.code, str(error), error.details)
-        return reply.body
 
     def _connect(self, deadline: float) -> socket.socket:
         pause = RETRY_FIRST

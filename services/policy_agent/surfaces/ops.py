@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from vmsched.agent_contract import OPERATIONS, AgentOp, CheckStartRequest, SetPolicyRequest
 
-from ..policy.errors import PolicyError
+from ..errors import PolicyError
 
 
 class Agent(Protocol):

@@ -1,9 +1,14 @@
 """The agent's local UNIX socket: newline-delimited JSON requests and replies.
 
-Request ``{"v": 2, "op": OP, "body": {...}}`` (``v``: the contract version); reply
+Request ``{"v": 2, "op": OP, "body": {...}}``; reply
 ``{"v", "ok", "error", "code", "details", "body"}``, the bus's reply envelope.
 One thread per connection, so the QEMU hook's ``check_start`` is answered
 even while a ``start_domain`` request waits for the guests it starts.
+
+The socket is bound before the agent loads its state: until the agent is
+ready (:meth:`SocketServer.serve`) every request gets the :data:`STARTING`
+reply, so that a caller tells an agent that is starting from no agent at all
+(no socket, or connection refused).
 """
 
 from __future__ import annotations
@@ -19,27 +24,34 @@ from typing import Any
 
 from vmsched.messages import CONTRACT_VERSION, ErrorCode, ReplyEnvelope
 
-from ..policy.errors import AgentError, AgentUnavailable, PolicyError
+from ..errors import AgentError, AgentUnavailable, PolicyError
+from .client import STARTING
 from .ops import Agent, dispatch
 
 log = logging.getLogger(__name__)
 
 MAX_LINE = 4 << 20
+#: the reply to every request while the agent starts: code unavailable, body {"state": "starting"}
+STARTING = ReplyEnvelope(ok=False, error="the agent is starting (it loads its state and checks the guests); ask"
+                         " again in a moment", code=ErrorCode.UNAVAILABLE, body={"state": STARTING}
+                         ).model_dump(mode="json")
 #: connections waiting to be accepted; the kernel caps it at net.core.somaxconn. socketserver's 5
 #: refused callers (EAGAIN) as soon as a few CLI calls and QEMU hooks arrived together.
 BACKLOG = socket.SOMAXCONN
 
 
-def handle_request(agent: Agent, request: Any) -> dict:
-    """One decoded request -> the reply document (never raises)."""
-    if not isinstance(request, dict) or not isinstance(request.get("op"), str):
-        return _error("request must be a JSON object with an 'op'", ErrorCode.INVALID)
-    version = request.get("v", CONTRACT_VERSION)
+def handle_request(agent: Agent | None, request: Any) -> dict:
+    """One decoded request -> the reply document (never raises); None: the agent is starting."""
+    if agent is None:
+        return STARTING
+    if not isinstance(request, dict) or not isinstance(request.get("op"), str) or "body" not in request:
+        return _error(f'a request is a JSON object {{"v": {CONTRACT_VERSION}, "op": OP, "body": {{...}}}}',
+                      ErrorCode.INVALID)
+    version = request.get("v")
     if version != CONTRACT_VERSION or isinstance(version, bool):
-        return _error(f"contract version {version!r}, and this agent speaks {CONTRACT_VERSION}: run the same "
-                      "vmsched version everywhere", ErrorCode.UNSUPPORTED_VERSION)
-    op = request["op"]
-    body = request.get("body", {})
+        return _error(f"contract version {version!r} is not this agent's ({CONTRACT_VERSION}): use the vmsched"
+                      " installed with the agent", ErrorCode.UNSUPPORTED_VERSION)
+    op, body = request["op"], request["body"]
     try:
         return ReplyEnvelope(ok=True, body=dispatch(agent, op, body)).model_dump(mode="json")
     except AgentError as exc:
@@ -55,7 +67,7 @@ def _error(message: str, code: str, details: Any = ()) -> dict:
 
 class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
-        agent = self.server.agent  # type: ignore[attr-defined]
+        owner: SocketServer = self.server.owner  # type: ignore[attr-defined]
         while True:
             line = self.rfile.readline(MAX_LINE)
             if not line:
@@ -67,7 +79,7 @@ class _Handler(socketserver.StreamRequestHandler):
             except ValueError as exc:
                 reply = _error(f"request is not JSON: {exc}", ErrorCode.INVALID)
             else:
-                reply = handle_request(agent, request)
+                reply = handle_request(owner.agent, request)
             try:
                 self.wfile.write((json.dumps(reply) + "\n").encode())
                 self.wfile.flush()
@@ -82,9 +94,12 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 class SocketServer:
-    def __init__(self, path: Path, agent: Agent, mode: int = 0o660):
+    """The agent's socket: :meth:`start` binds it (requests get the starting reply), :meth:`serve` hands it the
+    agent, which answers from then on."""
+
+    def __init__(self, path: Path, mode: int = 0o660):
         self.path = Path(path)
-        self.agent = agent
+        self.agent: Agent | None = None  # None while the agent starts
         self.mode = mode
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -96,12 +111,17 @@ class SocketServer:
                 raise AgentUnavailable(f"another agent is already listening on {self.path}")
             self.path.unlink()  # stale socket of a previous run
         self._server = _Server(str(self.path), _Handler)
-        self._server.agent = self.agent  # type: ignore[attr-defined]
+        self._server.owner = self  # type: ignore[attr-defined]
         os.chmod(self.path, self.mode)
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="agent-socket",
                                         daemon=True)
         self._thread.start()
-        log.info("listening on %s", self.path)
+        log.info("listening on %s (answering 'starting' until the agent is ready)", self.path)
+
+    def serve(self, agent: Agent) -> None:
+        """The agent is ready: it answers every request from now on."""
+        self.agent = agent
+        log.info("ready on %s", self.path)
 
     def stop(self) -> None:
         if self._server is None:

@@ -1,4 +1,5 @@
-"""Tables for people: ``vmsched policy list`` and ``policy get`` (``--json`` prints the reply as it is)."""
+"""Tables for people: ``vmsched policy list``, ``policy get`` and ``policy set`` (``--json`` prints the reply as it
+is), and the drawing of ``policy cpus``."""
 
 from __future__ import annotations
 
@@ -38,24 +39,20 @@ def policies(reply: dict) -> str:
 
 
 def policy(view: dict) -> str:
-    """``policy get``: one field a line."""
+    """``policy get`` and ``policy set``: one field a line; warnings, sentences of their own, separated by ``; ``."""
     rows = [["guest", f"{view.get('guest')} ({view.get('uuid')})"]]
     for key in ("state", "status", "policy", "allocation", "desired", "warnings", "error"):
-        rows.append([key, summary(view.get(key))])
+        value = view.get(key)
+        rows.append([key, "; ".join(map(str, value)) if key == "warnings" and value else summary(value)])
     rows += [[key, summary(value)] for key, value in view.items() if key not in {"guest", "uuid", *(r[0] for r in rows)}]
     return table(rows)
 
 
 def cpus(reply: dict) -> str:
     """``policy cpus``: the host's sockets, NUMA nodes, cores and threads, and who holds each CPU."""
-    topo = reply.get("topology")
+    topo = reply["topology"]
     head = (f"host {reply.get('host_id')}: CPUs {reply.get('host_cpus') or '-'}; dedicated pool"
             f" {reply.get('dedicated_pool') or 'none'}, free {reply.get('free') or '-'}")
-    if not isinstance(topo, dict):  # an agent that sends no topology: its lists only
-        rows = [["dedicated pool", summary(reply.get("dedicated_pool"))], ["shared", summary(reply.get("shared"))],
-                ["free", summary(reply.get("free"))]]
-        rows += [[f"held by {g}", cpus] for g, cpus in sorted((reply.get("allocations") or {}).items())]
-        return head + "\n" + table(rows)
     lines = [head]
     rows: list[list[str]] = []
     for socket in topo.get("sockets", []):

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 import libvirt
 
-from ..policy import cpuset
-from ..policy.cpuset import CpuSet
-from ..policy.errors import ApplyError, DefinitionChanged
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
+from ..errors import ApplyError, DefinitionChanged
 from ..policy.model import DEFAULT_PERIOD, DEFAULT_SHARES
 from ..policy.validation import Desired
 from . import domxml

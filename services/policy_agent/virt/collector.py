@@ -23,12 +23,12 @@ from typing import Any
 
 import libvirt
 
+from vmsched import cpuset
 from vmsched.facts.model import GuestFacts, HostFacts, HugePages, NumaCell
 
-from ..policy import cpuset
-from ..policy import facts as calc
-from ..policy.facts import topology_facts
-from ..policy.inventory import STATE_NAMES
+from ..facts import arithmetic as calc
+from ..facts.arithmetic import topology_facts
+from ..guests.inventory import STATE_NAMES
 from ..policy.topology import Topology, TopologyError
 from .host import host_uuid, read_topology
 

@@ -19,7 +19,8 @@ from typing import Any, Callable
 import libvirt
 
 from .. import metrics
-from ..policy.errors import AgentUnavailable
+from ..errors import AgentUnavailable
+from ..plural import plural
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +241,8 @@ class LibvirtLink:
                     self._stopping.wait(delay)
                     continue
                 metrics.RECONNECTS.inc()
-                log.info("reconnected to libvirt at %s after %d failed attempts; reconciling", self.uri, attempt)
+                log.info("reconnected to libvirt at %s after %s; reconciling", self.uri,
+                         plural(attempt, "failed attempt"))
                 try:
                     self.on_connect(conn, True)
                 except Exception:  # noqa: BLE001

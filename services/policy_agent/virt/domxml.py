@@ -9,9 +9,10 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
-from ..policy import cpuset
-from ..policy.cpuset import CpuSet
-from ..policy.errors import PolicyError
+from vmsched import cpuset
+from vmsched.cpuset import CpuSet
+
+from ..errors import PolicyError
 from ..policy.model import GuestPolicy
 from . import metadata
 

@@ -25,10 +25,11 @@ import socket
 import time
 from pathlib import Path
 
-from ..policy.errors import AgentError
+from ..errors import AgentError
 
 DEFAULT_LOCK_DIR = Path("/run/libvirt/vmsched")
 ENV = "VMSCHED_AGENT_LOCK_DIR"
+HOLDER_BYTES = 4096  # the largest holder description read from a lock file (one line of JSON, well under 1 KiB)
 
 
 class HostLocked(AgentError):
@@ -79,14 +80,25 @@ class HostLock:
             pass  # opened read-only (another user's file): the lock still holds, the description is stale
 
     def _refusal(self) -> str:
-        try:
-            info = json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
-            info = {}
+        info = self._holder()
         who = ", ".join(f"{k} {info[k]}" for k in ("pid", "host_id", "state_dir", "uri", "started") if info.get(k))
         return (f"another vmsched agent already manages the libvirtd of this machine ({self.machine}):"
                 f" {who or 'holder unknown'} (lock {self.path}). Two agents on one libvirtd would re-pin each"
                 " other's guests; stop the other agent first")
+
+    def _holder(self) -> dict:
+        """The holder's description in the lock file; {} when it is not one. At most HOLDER_BYTES are read,
+        without blocking, whatever is at the path."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                raw = os.read(fd, HOLDER_BYTES + 1)
+            finally:
+                os.close(fd)
+            info = json.loads(raw) if len(raw) <= HOLDER_BYTES else None
+        except (OSError, ValueError, RecursionError):
+            info = None
+        return info if isinstance(info, dict) else {}
 
     def release(self) -> None:
         if self._fd is not None:

@@ -6,11 +6,11 @@ from typing import Callable
 
 import libvirt
 
-from ..policy.errors import ApplyError
+from ..errors import ApplyError
 
 
 class LibvirtDomains:
-    """:class:`~..policy.orchestration.Domains` on a libvirt connection."""
+    """:class:`~..guests.orchestration.Domains` on a libvirt connection."""
 
     def __init__(self, conn: Callable[[], "libvirt.virConnect"], name_of: Callable[[str], str]):
         self._conn = conn

@@ -13,11 +13,11 @@ from typing import Any
 
 import libvirt
 
+from vmsched import cpuset
 from vmsched.agent_contract import AdaptiveDocument
 
-from ..policy import cpuset
+from ..errors import PolicyError
 from ..policy.allocation import AllocationHint
-from ..policy.errors import PolicyError
 from ..policy.model import GuestPolicy, parse_policy
 
 NS = "https://vmsched.dev/xmlns/policy/1"
@@ -123,7 +123,7 @@ def from_element(root: ET.Element) -> tuple[GuestPolicy, AllocationHint | None]:
             elif tag == "adaptive":
                 data["adaptive"] = adaptive_data(a)
             elif tag == "allocation":
-                hint = AllocationHint(a.get("host", ""), cpuset.parse(a["cpus"]), cpuset.parse(a.get("pool") or a["cpus"]))
+                hint = AllocationHint(a["host"], cpuset.parse(a["cpus"]), cpuset.parse(a["pool"]))
             else:
                 raise PolicyError(f"unknown element <{tag}> in the vmsched policy metadata")
     except (KeyError, ValueError) as exc:

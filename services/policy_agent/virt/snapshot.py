@@ -7,7 +7,7 @@ from typing import Callable
 
 import libvirt
 
-from ..policy.errors import GuestNotFound
+from ..errors import GuestNotFound
 from .apply import Applier
 from .domxml import DomainXml
 

@@ -24,6 +24,7 @@ from typing import Any, Callable
 from tests.support import waiting
 from tests.support.net import free_port
 from tests.support.paths import ROOT
+from vmsched.messages import CONTRACT_VERSION
 
 HOOK_SRC = ROOT / "services" / "policy_agent" / "surfaces" / "hooks" / "qemu"
 URI = "qemu:///system"
@@ -564,7 +565,7 @@ class AgentProcess:
         s.settimeout(timeout)
         try:
             s.connect(str(self.socket_path))
-            s.sendall((json.dumps({"op": op, "body": body or {}}) + "\n").encode())
+            s.sendall((json.dumps({"v": CONTRACT_VERSION, "op": op, "body": body or {}}) + "\n").encode())
             buf = b""
             while b"\n" not in buf:
                 chunk = s.recv(65536)

@@ -18,7 +18,7 @@ def test_policy_in_place_as_soon_as_the_guest_runs(env, guests, agent):
     lo, hi = min(env.host_cpus), max(env.host_cpus)
     name = guests.define(vcpus=2)
     view = agent.cli_json("policy", "set", name, "--pin", f"0={hi}", "--pin", f"1={lo}",
-                          "--emulator-pin", str(lo), "--weight", "512", "--cap", "50")
+                          "--emulator-pin", str(lo), "--weight", "512", "--cap", "50", "--json")
     assert view["status"] == "applied", view
 
     # Started behind the agent's back (plain libvirt API, as virsh or oVirt would).

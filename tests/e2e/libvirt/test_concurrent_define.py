@@ -23,7 +23,7 @@ INACTIVE = 2  # libvirt.VIR_DOMAIN_XML_INACTIVE (libvirt is imported only once t
 def _enforcer(conn: Any, pool: frozenset[int]) -> Any:
     from vmsched.services.policy_agent.enforce.enforcer import Enforcer
     from vmsched.services.policy_agent.policy.allocation import Pools
-    from vmsched.services.policy_agent.policy.inventory import Inventory
+    from vmsched.services.policy_agent.guests.inventory import Inventory
     from vmsched.services.policy_agent.virt.apply import Applier, Caps
     from vmsched.services.policy_agent.virt.host import read_topology
 

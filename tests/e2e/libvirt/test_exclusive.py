@@ -28,7 +28,7 @@ def test_dedicated_guest_alone_on_its_pcpu(env, guests, agent_factory):
 
     # the dedicated guest
     ded = guests.define(vcpus=1)
-    view = agent.cli_json("policy", "set", ded, "--dedicated", "1")
+    view = agent.cli_json("policy", "set", ded, "--dedicated", "1", "--json")
     assert h.parse_cpus(view["allocation"]) == pool, view
     d = guests.start(ded)
     assert d.vcpu_pins() == {0: pool}, "the dedicated vCPU is pinned from the first instant"

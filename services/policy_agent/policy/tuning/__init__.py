@@ -1,6 +1,0 @@
-"""The adaptive-policy tuning core: pure functions over facts with history (no libvirt).
-
-:mod:`.engine` runs the built-in tuners (:mod:`.hotspot`, :mod:`.demand`, :mod:`.elastic`) and plugin
-proposals through :mod:`.guard` (bounds, static policy, pool) and the rate limits; :mod:`.state` holds the
-values in force, which the enforcer treats as desired state.
-"""
