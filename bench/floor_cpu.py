@@ -1,16 +1,21 @@
-"""CPU per request of every process of the request path, the broker included: the floor against vmsched on RabbitMQ.
+"""CPU per request of every process of the request path, the broker included: the quorum floor against vmsched.
 
-Starts the installs named by ``--installs`` (each on its own vhost of the shared broker), then in rounds (the order
-alternates) drives each: 300 sequential runFilters calls (p50), then 8 clients for ``--seconds``. For the
-concurrent part it prints the rate and the CPU milliseconds per request of each process tree (from /proc: a
-process and its plugin workers, reaped ones included), of the whole broker (``beam.smp``) and of the load
-generator (this process). On two cores shared by all of them, the total is what bounds the rate.
+Starts a private RabbitMQ node (its own ports and data: nothing else on the machine loads it, so its CPU is
+this bench's alone; ``--broker URL`` uses another one, whose CPU is then not measured), and on it the installs
+named by ``--installs``, each on its own vhost:
 
-- ``floor``: the prototype of ``../shared/perf-floor`` (``$VMSCHED_FLOOR_DIR``), as ``bench_gateway.py --floor``;
-- ``rabbitmq``: vmsched's gateway, scoring, discovery and balancer, shipped defaults (quorum request queues).
+- ``floor``: the prototype of ``../shared/perf-floor`` (``$VMSCHED_FLOOR_DIR``) with ``PROTO_QUEUE_TYPE=quorum``,
+  the queue type vmsched ships: its design-L gateway and its worker with three plugin processes;
+- ``rabbitmq``: vmsched's gateway, scoring, discovery and balancer, shipped defaults.
+
+In rounds (the order alternates) it drives each: 300 sequential calls (p50), then 8 clients for ``--seconds``:
+runFilters on both, and runCostFunctions on vmsched (the floor answers runFilters only). For the concurrent part
+it prints the rate and the CPU milliseconds per request of each process tree (from /proc: a process and its
+plugin workers, reaped ones included), of the broker and of the load generator (this process). On two cores
+shared by all of them, the total is what bounds the rate. At the end: the medians and the targets.
 
     VMSCHED_ALLOW_ROOT_PLUGINS=true .venv/bin/python bench/floor_cpu.py [--installs floor,rabbitmq]
-        [--rounds 4] [--seconds 5] [--amqp URL]
+        [--rounds 5] [--seconds 5] [--broker URL]
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import contextlib
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,10 +34,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import floor  # noqa: E402
-from bench_gateway import (FILTER_BODY, HOSTS, PLUGINS, VM, arun, call, check, concurrent, free_port,  # noqa: E402
-                           http_request, launch, one_call, pct, sequential, wait_ready)
+from bench_gateway import (FILTER_BODY, HOSTS, PLUGINS, SCORE_BODY, VM, arun, call, check, concurrent,  # noqa: E402
+                           free_port, http_request, launch, one_call, pct, sequential, wait_ready)
 
 _HZ = os.sysconf("SC_CLK_TCK")
+#: vmsched's processes against the floor's, CPU per request (the issue's targets): (label, vmsched op, part, most).
+TARGETS = (
+    ("vmsched processes / floor's, runFilters", "filter", "own", 1.3),
+    ("broker / floor's broker, runFilters", "filter", "broker", 1.2),
+    ("vmsched processes runCostFunctions / floor's runFilters", "score", "own", 1.5),
+)
 
 
 def _cpu(pid: int) -> float:
@@ -50,33 +62,55 @@ def _tree_cpu(root: int) -> float:
     return sum(map(_cpu, pids))
 
 
-def _broker() -> int:
-    found = subprocess.run(["pgrep", "-f", "beam.smp"], capture_output=True, text=True).stdout.split()
-    if not found:
-        raise SystemExit("no beam.smp (RabbitMQ) process found")
-    return int(found[0])
-
-
 def _start(kind: str, port: int, url: str, tmp: Path) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     if kind == "floor":
-        return floor.start_floor(port, url, tmp), ["worker", "gateway"]
+        return floor.start_floor(port, url, tmp, "quorum"), ["worker", "gateway"]
     procs = launch("rabbitmq", tmp / "plugins", tmp, port, url)
     return procs, ["gateway", "scoring", "discovery", "balancer"]
+
+
+class Broker:
+    """Where the installs' vhosts live, and the process whose CPU is the broker's (None: not measured)."""
+
+    def __init__(self, url_of, pid: int | None, ctl) -> None:  # type: ignore[no-untyped-def]
+        self.url_of, self.pid, self.ctl = url_of, pid, ctl
+
+    def vhost(self, name: str) -> str:
+        self.ctl("add_vhost", name)
+        self.ctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        return self.url_of(name)
+
+
+@contextlib.contextmanager
+def _broker(url: str | None, tmp: Path):  # type: ignore[no-untyped-def]
+    if url:
+        yield Broker(lambda vhost: url.rstrip("/") + "/" + vhost, None,
+                     lambda *args: subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True,
+                                                  timeout=60))
+        return
+    from tests.support.rabbit_private import PrivateRabbit
+
+    with PrivateRabbit.start_new(tmp / "broker") as node:
+        assert node.proc is not None
+        yield Broker(lambda vhost: node.url(vhost=vhost), node.proc.pid, node.ctl)  # its process tree: the Erlang VM and its helpers
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--installs", default="floor,rabbitmq")
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/")
+    ap.add_argument("--broker", help="an existing broker's URL (its CPU is then not measured)")
     opts = ap.parse_args()
     kinds = opts.installs.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="vmsched-floor-cpu-"))
     (tmp / "plugins").mkdir()
     (tmp / "plugins" / "bench.py").write_text(PLUGINS)
     floor_body = call("runFilters", floor.FLOOR_UNITS, HOSTS, VM, {})
+    figures: dict[str, list[dict[str, float]]] = {}
     with contextlib.ExitStack() as stack:
+        bus = stack.enter_context(_broker(opts.broker, tmp))
+        broker = bus.pid
         procs: dict[str, tuple[list[subprocess.Popen[bytes]], list[str]]] = {}
         ports = {kind: free_port() for kind in kinds}
 
@@ -90,8 +124,8 @@ def main() -> None:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         p.wait(15)
 
-        urls = {kind: stack.enter_context(floor.vhost(opts.amqp, f"vmsched-floor-cpu-{kind}")) for kind in kinds}
-        stack.callback(stop)  # runs first: the processes stop before their vhosts go
+        urls = {kind: bus.vhost(f"floor-cpu-{kind}") for kind in kinds}
+        stack.callback(stop)  # runs first: the processes stop before the broker
         for kind in kinds:
             procs[kind] = _start(kind, ports[kind], urls[kind], tmp)
         for kind in kinds:
@@ -100,21 +134,51 @@ def main() -> None:
                 floor.wait_answering(lambda: arun(one_call(ports["floor"], payload)), floor.check_floor)
             else:
                 wait_ready(ports[kind])
-        broker, me = _broker(), os.getpid()
+        me = os.getpid()
+        workloads = [(kind, op) for kind in kinds for op in (("filter",) if kind == "floor" else ("filter", "score"))]
         for r in range(opts.rounds):
-            for kind in kinds if r % 2 == 0 else kinds[::-1]:
-                body, ok = (floor_body, floor.check_floor) if kind == "floor" else (FILTER_BODY, check)
+            for kind, op in workloads if r % 2 == 0 else workloads[::-1]:
+                body = floor_body if kind == "floor" else FILTER_BODY if op == "filter" else SCORE_BODY
+                ok = floor.check_floor if kind == "floor" else check
                 p50 = pct(arun(sequential(ports[kind], body, 300, ok)), 0.5)
                 group, names = procs[kind]
-                before = [_tree_cpu(p.pid) for p in group] + [_cpu(broker), _cpu(me)]
+                pids = [p.pid for p in group]
+                before = [_tree_cpu(p) for p in pids] + [_tree_cpu(broker) if broker else 0.0, _cpu(me)]
                 done, elapsed = arun(concurrent(ports[kind], [body], 8, opts.seconds, ok))
-                after = [_tree_cpu(p.pid) for p in group] + [_cpu(broker), _cpu(me)]
+                after = [_tree_cpu(p) for p in pids] + [_tree_cpu(broker) if broker else 0.0, _cpu(me)]
                 parts = dict(zip([*names, "broker", "load generator"],
                                  ((b - a) * 1000 / done for a, b in zip(before, after))))
-                shown = "  ".join(f"{name} {ms:.2f}" for name, ms in parts.items() if ms >= 0.005)
-                print(f"round {r + 1} {kind:9s} seq p50 {p50:5.2f} ms  8 clients {done / elapsed:5.0f} req/s  "
-                      f"CPU ms/request: total {sum(parts.values()):.2f} = {shown}", flush=True)
+                parts["own"] = sum(v for k, v in parts.items() if k in names)
+                parts["rate"], parts["p50"] = done / elapsed, p50
+                figures.setdefault(f"{kind} {op}", []).append(parts)
+                shown = "  ".join(f"{name} {ms:.2f}" for name, ms in parts.items()
+                                  if name not in ("own", "rate", "p50") and ms >= 0.005)
+                print(f"round {r + 1} {kind:8s} {op:6s} seq p50 {p50:5.2f} ms  8 clients {done / elapsed:5.0f} req/s  "
+                      f"CPU ms/request: own {parts['own']:.2f}, {shown}", flush=True)
                 time.sleep(0.5)
+    _report(figures)
+
+
+def _report(figures: dict[str, list[dict[str, float]]]) -> None:
+    print("\nmedians, CPU ms per request (8 clients):")
+    names = sorted({n for rounds in figures.values() for r in rounds for n in r})
+    for side, rounds in figures.items():
+        med = {n: statistics.median(r.get(n, 0.0) for r in rounds) for n in names}
+        print(f"  {side:16s} " + "  ".join(f"{n} {med[n]:.2f}" for n in names if med[n]))
+    floor_rounds = figures.get("floor filter")
+    if not floor_rounds:
+        return
+    print("\ntargets (ratios of medians, each round's own ratio in brackets):")
+    for label, op, part, most in TARGETS:
+        ours = figures.get(f"rabbitmq {op}")
+        if not ours:
+            continue
+        ratios = [o[part] / f[part] for o, f in zip(ours, floor_rounds) if f[part]]
+        if not ratios:
+            continue
+        median = statistics.median(ratios)
+        print(f"  {label}: {median:.2f} (at most {most}) {'met' if median <= most else 'MISSED'} "
+              f"[{', '.join(f'{x:.2f}' for x in ratios)}]")
 
 
 if __name__ == "__main__":
