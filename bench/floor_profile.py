@@ -37,11 +37,13 @@ PARTS = [
     ("pydantic models", r"pydantic|model_dump|model_validate"),
     ("JSON", r"\(json/|orjson"),
     ("XML-RPC request parse", r"expat|xmlrpc/client\.py|defusedxml|parse_call|common\.py"),
-    ("XML-RPC reply write", r"dump_response|_marshal|render\.py"),
+    ("XML-RPC reply write", r"dump_response|_marshal"),
+    ("the engine's decision", r"vmsched/decide/"),
     ("plugin code", r"bench\.py|_plugin_filter"),
-    ("plugin worker loop/pipe", r"runtime/(worker|protocol|capture|facts_wire)\.py|_plugin_main|multiprocessing/connection"),
-    ("service side of the plugin pool", r"runtime/(batch|pool|process)\.py|PluginProc|run_chain"),
-    ("decision log", r"decisions\.py"),
+    ("plugin worker loop/pipe", r"runtime/worker/|runtime/protocol\.py|facts/held\.py|_plugin_main|"
+                                r"multiprocessing/connection"),
+    ("service side of the plugin pool", r"runtime/pool/|facts/wire\.py|PluginProc|run_chain"),
+    ("decision log", r"gateway/decisions/"),
     ("AMQP client (kombu, py-amqp)", r"kombu/|amqp/|vmsched/bus/|worker\.py"),
     ("HTTP server (uvicorn, httptools)", r"uvicorn/|httptools|h11"),
     ("event loop internals in C (uvloop: socket I/O, epoll)", r"Runner\.run \(asyncio/runners"),
@@ -62,14 +64,15 @@ def _line_of(path: str, text: str) -> int:
 _WORKER_READ = _line_of("vmsched/runtime/protocol.py", "header = self._reader.read(HEADER.size)")
 _POOL_POLL = _line_of("vmsched/runtime/pool/batch.py", "self._poller.poll(timeout)")
 #: a service worker's bus thread waiting for the socket or a finished reply, its handler threads for a request
-_BUS_SELECT = _line_of("vmsched/bus/rabbitmq/worker.py", "select.select([sock, self._wake[0]]")
+_BUS_SELECT = _line_of("vmsched/bus/rabbitmq/connection.py", "readable = select.select(")
 _BUS_WORK = _line_of("vmsched/bus/rabbitmq/worker.py", "item = self._work.get()")
-WAITING = re.compile(rf"protocol\.py:{_WORKER_READ}\)|batch\.py:{_POOL_POLL}\)|bus/worker\.py:({_BUS_SELECT}|{_BUS_WORK})\)"
+WAITING = re.compile(rf"protocol\.py:{_WORKER_READ}\)|batch\.py:{_POOL_POLL}\)|connection\.py:{_BUS_SELECT}\)"
+                     rf"|rabbitmq/worker\.py:{_BUS_WORK}\)"
                      r"|Condition\.wait|selectors\.py|multiprocessing/connection\.py:378\)")
 _FLOOR_WORKER_READ = re.compile(r"amqp/transport\.py:648\)")
 #: the blocking reads of the gateway's and services' subscriptions: host facts, the decision log's peer link
 _FACTS_DRAIN = _line_of("vmsched/bus/rabbitmq/loop.py", "conn.drain_events(timeout=1.0)")
-_BLOCKING_DRAIN = re.compile(rf"serve \(worker\.py|BrokerSubscription\._drain \(vmsched/bus/loop\.py:{_FACTS_DRAIN}\)")
+_BLOCKING_DRAIN = re.compile(rf"serve \(worker\.py|BrokerSubscription\._drain \(vmsched/bus/rabbitmq/loop\.py:{_FACTS_DRAIN}\)")
 
 
 def part(stack: list[str]) -> str:
