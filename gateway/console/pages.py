@@ -3,7 +3,7 @@
 Pages: ``/`` (recent decisions searchable by VM or host, units with load
 errors, the agents' pools and policies (:mod:`console_agents`), host facts
 and their age) and ``/console/decisions/{id}`` (every unit's
-verdict on every host). ``/login`` takes a token and gives the browser a
+verdict on every host: :mod:`decision`). ``/login`` takes a token and gives the browser a
 session of the console's own (:mod:`vmsched.gateway.console.sessions`), in an
 HttpOnly, SameSite=Strict cookie that authorises these GET pages only
 (:mod:`vmsched.gateway.auth`); the login and logout forms carry CSRF tokens.
@@ -16,10 +16,7 @@ to ``/``, so GET is free.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
-from html import escape
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
@@ -28,6 +25,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from vmsched.bus import BusError
 from vmsched.gateway.console import agents as console_agents
+from vmsched.gateway.console import decision
+from vmsched.gateway.console.markup import age, e, when
 from vmsched.gateway.console.sessions import COOKIE as CONSOLE_COOKIE
 from vmsched.gateway.console.sessions import LOGIN_COOKIE, LOGIN_TTL, Session, Sessions, cookie
 from vmsched.tokens import MAX_TOKEN
@@ -44,10 +43,6 @@ MAX_FORM = 8192
 SHOWN_DECISIONS = 50
 
 
-def e(value: object) -> str:
-    return escape(str(value), quote=True)
-
-
 def page(title: str, body: str, status: int = 200, logout_token: str = "") -> HTMLResponse:
     """A console page; with ``logout_token`` (a session's), its header has the log-out button."""
     logout = ('<form method="post" action="/logout" class="logout">'
@@ -59,16 +54,6 @@ def page(title: str, body: str, status: int = 200, logout_token: str = "") -> HT
             f'</head><body><header><a href="/" class="brand">vmsched console</a>{logout}</header>'
             f'<main>{body}</main></body></html>')
     return HTMLResponse(html, status_code=status, headers=HEADERS)
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "no facts"
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
-
-
-def _when(at: float) -> str:
-    return f'<time data-epoch="{at:.3f}">{e(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at)))}</time>'
 
 
 # --- login ---------------------------------------------------------------------------------------
@@ -200,7 +185,7 @@ async def _decisions_section(request: Request) -> str:
             'errors only</label><button type="submit">Search</button></form>')
     rows = "".join(
         f'<tr class="{"problem" if d["fallback"] or d["result_code"] else ""}">'
-        f'<td>{_when(d["time"])}</td><td>{e(d["op"])}</td><td>{e(d["vm"])}</td>'
+        f'<td>{when(d["time"])}</td><td>{e(d["op"])}</td><td>{e(d["vm"])}</td>'
         f'<td><a href="/console/decisions/{e(d["id"])}">{e(d["summary"])}</a></td>'
         f'<td>{"yes" if d["fallback"] else ""}</td><td>{e(d["gateway"])}</td></tr>' for d in found)
     table = ('<table id="decisions-table"><thead><tr><th>time</th><th>op</th><th>VM</th><th>summary</th>'
@@ -232,7 +217,7 @@ def _facts_section(request: Request) -> str:
     if not views:
         return '<section id="facts"><h2>Host facts</h2><p>No agent has sent host facts yet.</p></section>'
     rows = "".join(
-        f'<tr class="{"problem" if v["stale"] else ""}"><td>{e(v["host_id"])}</td><td>{e(_age(v["age"]))}'
+        f'<tr class="{"problem" if v["stale"] else ""}"><td>{e(v["host_id"])}</td><td>{e(age(v["age"]))}'
         f'{" (stale)" if v["stale"] else ""}</td><td>{e(v["source"])}</td>'
         f'<td><details><summary>{len(v["guests"])} guests</summary><pre>{e(_facts_text(v["host"]))}</pre>'
         f'</details></td></tr>' for v in views)
@@ -254,21 +239,6 @@ async def overview(request: Request) -> HTMLResponse:
 
 
 # --- one decision --------------------------------------------------------------------------------
-def _cell(op: str, unit: dict[str, Any], host: str) -> str:
-    reason = (unit.get("reasons") or {}).get(host)
-    why = f'<div class="reason">{e(reason)}</div>' if reason else ""
-    if not unit["ok"]:
-        return '<td class="failed">ignored</td>'
-    if op == "filter":
-        if host in unit.get("dropped", []):
-            return f'<td class="dropped">dropped{why}</td>'
-        return f'<td class="kept">kept{why}</td>'
-    if op == "score":
-        score = unit.get("scores", {}).get(host)
-        return f"<td>{e(score) if score is not None else 'no score'}{why}</td>"
-    return f'<td>{"proposed" if host in unit.get("hosts", []) else ""}{why}</td>'
-
-
 @router.get("/console/decisions/{decision_id}")
 async def decision_page(request: Request, decision_id: str) -> HTMLResponse:
     found = await request.app.state.decisions.find(decision_id) if len(decision_id) == 32 else None
@@ -276,52 +246,5 @@ async def decision_page(request: Request, decision_id: str) -> HTMLResponse:
         note = _replicas_note(found.missing) if found is not None else ""
         return page("decision not found", f"<h1>Decision not found</h1><p>It may have left the ring.</p>{note}", 404,
                     _logout_token(request))
-    d = found.records[0]
-    units = d["units"]
-    head = "".join(f'<th>{e(u["unit"])}' + (f' <span class="factor">x{e(u["factor"])}</span>' if "factor" in u else "")
-                   + "</th>" for u in units)
-    result = d["result"]
-    chosen = set(result) if d["op"] == "filter" and isinstance(result, list) else set()
-    rows = "".join(
-        f'<tr><td>{e(h)}</td>{"".join(_cell(d["op"], u, h) for u in units)}'
-        f'<td>{"kept" if h in chosen else ""}</td><td>{e(_age(d["facts_age"].get(h)))}</td></tr>'
-        for h in d["hosts"])
-    unit_rows = "".join(
-        f'<tr class="{"" if u["ok"] else "problem"}"><td>{e(u["unit"])}</td><td>{"ok" if u["ok"] else "failed"}'
-        f'{" (timed out)" if u["timed_out"] else ""}</td><td>{u["duration"] * 1000:.1f} ms</td>'
-        f'<td><pre>{e(u["error"] or "")}</pre></td><td class="reason">{e(u.get("reason") or "")}</td></tr>'
-        for u in units)
-    errors = "".join(f"<li>{e(x)}</li>" for x in d["errors"])
-    body = (f'<h1>{e(d["op"])} decision</h1><p class="summary" id="summary">{e(d["summary"])}</p>'
-            f'<dl><dt>time</dt><dd>{_when(d["time"])}</dd><dt>VM</dt><dd>{e(d["vm"]) or "-"}</dd>'
-            f'<dt>gateway</dt><dd>{e(d["gateway"])}</dd><dt>fallback</dt><dd>{"yes" if d["fallback"] else "no"}</dd>'
-            f'<dt>duration</dt><dd>{d["duration"] * 1000:.1f} ms</dd>'
-            f'<dt>sent to the engine</dt><dd><pre id="sent">{e(_envelope(d))}</pre></dd></dl>'
-            + (f'<h2>Errors</h2><ul>{errors}</ul>' if errors else "") + _missing_facts(d)
-            + f'<h2>Per unit, per host</h2><table id="verdicts"><thead><tr><th>host</th>{head}<th>result</th>'
-              f'<th>facts age</th></tr></thead><tbody>{rows}</tbody></table>'
-              f'<h2>Units</h2><table id="units-detail"><thead><tr><th>unit</th><th>outcome</th><th>duration</th>'
-              f'<th>error</th><th>reason</th></tr></thead><tbody>{unit_rows}</tbody></table>'
-              f'<p class="note">JSON: <code>/v1/decisions/{e(d["id"])}</code></p>')
-    return page(f"vmsched decision {decision_id}", body, logout_token=_logout_token(request))
-
-
-def _missing_facts(record: dict[str, Any]) -> str:
-    """What the units that read host facts lacked: which hosts had no facts and why, and the VM's."""
-    missing = record.get("missing_facts")
-    if not missing:
-        return ""
-    causes = missing.get("hosts") or {}
-    count = sum(len(hosts) for hosts in causes.values())
-    items = "".join(f"<li>{len(hosts)} host{'s' if len(hosts) != 1 else ''}: {e(cause)} "
-                    f"<span class=\"hosts\">({e(', '.join(hosts))})</span></li>" for cause, hosts in causes.items())
-    if missing.get("vm"):
-        items += f"<li>the VM: {e(missing['vm'])}</li>"
-    return (f'<h2>Missing host facts</h2><div id="missing-facts"><p>{e(", ".join(missing.get("units", [])))} read '
-            f'host facts; {count} of {len(record["hosts"])} hosts had none.</p><ul>{items}</ul></div>')
-
-
-def _envelope(record: dict[str, Any]) -> str:
-    """The engine's reply envelope of a decision as JSON (docs/plugins.md: what result_code 0 and 1 mean)."""
-    sent = {k: record.get(k) for k in ("result_code", "result", "plugin_errors", "errors")}
-    return json.dumps(sent, indent=2, ensure_ascii=False)
+    return page(f"vmsched decision {decision_id}", decision.body(found.records[0]),
+                logout_token=_logout_token(request))

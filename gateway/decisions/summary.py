@@ -6,15 +6,36 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any, Callable
+
+from vmsched.gateway.decisions import ranking
 
 #: hosts named in one summary clause at most
 SHOWN = 3
+#: characters of a unit's error in a summary at most
+MAX_TEXT = 160
 
 
 def _short(hosts: list[str]) -> str:
     shown = ", ".join(h for h in hosts[:SHOWN])
     return shown + (f" and {len(hosts) - SHOWN} more" if len(hosts) > SHOWN else "")
+
+
+def _and(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``, ``a, b, c and 2 more``: whole names only."""
+    if len(names) > SHOWN:
+        return _short(names)
+    return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else "".join(names)
+
+
+def _clip(text: str, size: int = MAX_TEXT) -> str:
+    """``text`` in at most ``size`` characters, shortened by whole words (an ID in it is never cut mid-way),
+    ending with `` ...`` when shortened; only a first word longer than that is cut."""
+    if len(text) <= size:
+        return text
+    short = textwrap.shorten(text, size, placeholder=" ...")
+    return short if short != "..." else text[: size - 4] + " ..."
 
 
 def _failed_clauses(units: list[dict[str, Any]]) -> list[str]:
@@ -28,7 +49,7 @@ def _failed_clauses(units: list[dict[str, Any]]) -> list[str]:
 
 def _failure_text(u: dict[str, Any]) -> str:
     text = (u.get("error") or "").strip()
-    return text.splitlines()[0][:160] if text else "no reason given"
+    return _clip(text.splitlines()[0]) if text else "no reason given"
 
 
 def _reason_text(u: dict[str, Any], hosts: list[str]) -> str:
@@ -55,19 +76,29 @@ def filter_summary(record: dict[str, Any]) -> str:
 
 
 def score_summary(record: dict[str, Any]) -> str:
-    result = record["result"] if isinstance(record["result"], list) else []
-    ranked = sorted(result, key=lambda pair: pair[1])  # the engine's weights: lower is better
-    head = (f"best {ranked[0][0]} (weight {ranked[0][1]}, lowest) of {len(result)} scored hosts" if ranked
-            else "no host scored")
-    ok = [u for u in record["units"] if u["ok"]]
-    clauses = [f"{len(ok)} of {len(record['units'])} units scored"] if record["units"] else []
-    scored = {pair[0] for pair in result}
+    ranked = ranking.places(record)  # the engine's weights: lower is better
+    best = [p for p in ranked if p.rank == 1]
+    if len(best) == 1:
+        head = f"best {best[0].host} (weight {best[0].weight}, lowest) of {len(ranked)} scored hosts"
+    elif best:
+        head = f"best {_and([p.host for p in best])}, tied at weight {best[0].weight}, of {len(ranked)} scored hosts"
+    else:
+        head = "no host scored"
+    idle = ranking.idle(record)
+    units = record["units"]
+    ok = [u for u in units if u["ok"]]
+    clauses = [f"{len(ok) - len(idle)} of {len(units)} units scored"] if units else []
+    why_idle: dict[str, list[str]] = {}
+    for unit, why in idle.items():
+        why_idle.setdefault(why, []).append(unit)
+    clauses += [f"{_and(names)} scored no host ({why})" for why, names in why_idle.items()]
+    scored = {p.host for p in ranked}
     unscored = [h for h in record["hosts"] if h not in scored]
-    if unscored and result:
+    if unscored and ranked:
         clauses.append(f"no score for {_short(unscored)}")
-    best = ranked[0][0] if ranked else None
-    clauses += [f"{u['unit']} on {best}: {u['reasons'][best]}" for u in ok if best in u.get("reasons", {})][:SHOWN]
-    clauses += _failed_clauses(record["units"]) + _missing_facts_clauses(record)
+    first = best[0].host if best else None
+    clauses += [f"{u['unit']} on {first}: {u['reasons'][first]}" for u in ok if first in u.get("reasons", {})][:SHOWN]
+    clauses += _failed_clauses(units) + _missing_facts_clauses(record)
     return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
 
 

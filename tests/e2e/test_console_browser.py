@@ -5,12 +5,15 @@ performance log; any request that does not go to the gateway on 127.0.0.1
 fails the test. The browser's own background traffic is switched off
 (background networking, component updates, sync, first-run), so what is left
 is the page's. ``VMSCHED_CONSOLE_SCREENSHOT=docs/console.png`` also saves a
-screenshot of the console (the one in README). Where chromium cannot be
-installed the test skips, saying why; under CI (CI=true) it fails instead.
+screenshot of the console (the one in README) and, beside it, of a filter and
+a score decision (``console-filter.png``, ``console-score.png``, in
+docs/console.md). Where chromium cannot be installed the test skips, saying
+why; under CI (CI=true) it fails instead.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -39,6 +42,20 @@ class SaysWhy:
 
     def do_filter(self, hosts, vm, args):
         return {{hosts[2]: "free 1.2 GiB < 4 GiB needed", hosts[-1]: {MARKUP!r}}}
+
+
+class Guests:
+    """Guests on each host: the first and the third tie."""
+
+    def do_score(self, hosts, vm, args):
+        return [(h, n, f"{{n}} guests") for h, n in zip(hosts, [2, 5, 2, 7])]
+
+
+class Load:
+    """CPU load of each host."""
+
+    def do_score(self, hosts, vm, args):
+        return list(zip(hosts, [10, 20, 10, 5]))
 '''
 
 
@@ -90,7 +107,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     plugins = plugin_copy(tmp)  # the test plugins (a broken one among them) and the stock ones
     for stock in (ROOT / "plugins").glob("*.py"):
         shutil.copy(stock, plugins / stock.name)
-    (plugins / "says_why.py").write_text(SAYS_WHY)  # a unit that gives reasons
+    (plugins / "says_why.py").write_text(SAYS_WHY)  # units that give reasons
     stack = start_all_in_one(tmp, "memory://", plugins=plugins)
     yield stack
     stack.stop()
@@ -123,6 +140,18 @@ def _wait(driver: Any, css: str) -> Any:
     from selenium.webdriver.support.ui import WebDriverWait
 
     return WebDriverWait(driver, WAIT).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
+
+
+def _screenshot(driver: Any, name: str, bottom: str) -> None:
+    """With VMSCHED_CONSOLE_SCREENSHOT, the page down to the element ``bottom`` as ``name`` beside that file."""
+    from selenium.webdriver.common.by import By
+
+    shot = os.environ.get("VMSCHED_CONSOLE_SCREENSHOT")
+    if shot:
+        end = driver.find_element(By.CSS_SELECTOR, bottom).rect
+        clip = {"x": 0, "y": 0, "width": 1280, "height": end["y"] + end["height"] + 8, "scale": 1}
+        png = driver.execute_cdp_cmd("Page.captureScreenshot", {"clip": clip, "captureBeyondViewport": True})
+        Path(shot).resolve().with_name(name).write_bytes(base64.b64decode(png["data"]))
 
 
 def _open_decision(driver: Any, gateway: Stack, vm: str, op: str = "") -> dict[str, Any]:
@@ -177,7 +206,12 @@ def test_console_offline_units_decisions_and_docs(browser: Any, gateway: Stack) 
     summary = driver.find_element(By.ID, "summary").text
     assert f"SaysWhy dropped 2 ({H[2]}: free 1.2 GiB < 4 GiB needed; {H[4]}: {MARKUP})" in summary
     assert f"KeepAllButLast dropped 1 ({H[4]})" in summary
+    result = table["col"]["result"]  # which units dropped each host, and why
+    assert cells[H[2]][result].text.splitlines() == ["dropped by SaysWhy", "free 1.2 GiB < 4 GiB needed"]
+    assert cells[H[4]][result].text.splitlines() == ["dropped by KeepAllButLast, SaysWhy", f"SaysWhy: {MARKUP}"]
+    assert cells[H[0]][result].text == "kept" and cells[H[0]][result].get_attribute("class") == "kept"
     _assert_local(driver, gateway)
+    _screenshot(driver, "console-filter.png", "#verdicts")
     shot = os.environ.get("VMSCHED_CONSOLE_SCREENSHOT")
     if shot:
         gateway.xmlrpc("runCostFunctions", [["FloatScore", 2], ["Exits", 1]], H[:3], vm, {})
@@ -241,3 +275,45 @@ def test_console_login_needs_its_csrf_token_and_logout_revokes_the_session(brows
     driver.get(gateway.url + "/")
     _wait(driver, "input#token")  # the browser holding the old cookie again gets the login form
     _assert_local(driver, gateway)
+
+
+def test_score_page_ranks_hosts_marks_ties_draws_bars_and_names_idle_units(browser: Any, gateway: Stack) -> None:
+    """Guests x2 and Load x1 tie the first and third hosts; the stock CPU unit scores no host without facts."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.get(gateway.url + "/login")
+    _wait(driver, "input#token").send_keys(TEST_TOKEN)
+    driver.find_element(By.CSS_SELECTOR, "form.login button").click()
+    _wait(driver, "#units-table")
+    vm, idle = str(uuid.uuid4()), "vmsched_CpuEvenDistribution"
+    gateway.xmlrpc("runCostFunctions", [["Guests", 2], ["Load", 1], [idle, 1]], H[:4], vm, {})
+    table = _open_decision(driver, gateway, vm, "score")
+    rows = driver.find_elements(By.CSS_SELECTOR, "#verdicts tbody tr")
+    assert [r.find_element(By.TAG_NAME, "td").text for r in rows] == [H[0], H[2], H[3], H[1]]  # lowest first
+    head = {name.splitlines()[0].split(" ")[0]: i for name, i in table["col"].items()}
+    cells = {h: r.find_elements(By.TAG_NAME, "td") for h, r in table["rows"].items()}
+    result, total, sent = table["col"]["result"], table["col"]["weighted total"], table["col"]["weight sent"]
+    for host in (H[0], H[2]):
+        assert cells[host][result].text.splitlines() == ["rank 1 tied", "vmsched's best"]
+        assert cells[host][result].find_element(By.CSS_SELECTOR, ".tie").is_displayed()
+    assert cells[H[3]][result].text == "rank 3" and cells[H[1]][result].text == "rank 4"
+    assert [cells[h][total].text for h in (H[0], H[2], H[3], H[1])] == ["14", "14", "19", "30"]
+    assert [cells[h][sent].text for h in (H[0], H[2], H[3], H[1])] == ["14", "14", "19", "30"]
+    for host in H[:4]:  # a bar per unit that scored and for the total, drawn; none for the unit without facts
+        for unit, bars in (("Guests", 1), ("Load", 1), (idle, 0)):
+            assert len(cells[host][head[unit]].find_elements(By.CSS_SELECTOR, "svg.bar")) == bars, (host, unit)
+        bar = cells[host][head["Guests"]].find_element(By.CSS_SELECTOR, "svg.bar.deciding")
+        assert bar.is_displayed() and bar.size["width"] == 120
+        assert float(bar.find_element(By.CSS_SELECTOR, "rect.pos").get_attribute("width")) > 0
+    assert "deciding" in driver.find_element(By.CSS_SELECTOR, "#verdicts thead th.deciding").text
+    assert driver.find_element(By.ID, "deciding").text.startswith("Deciding unit: Guests.")
+    idle_note = driver.find_element(By.ID, "idle-units").text
+    assert idle_note == f"{idle} scored no host (no facts): it changes no host's rank"
+    assert driver.find_element(By.ID, "engine-note").text == (
+        "The engine adds its own units (its built-in policy units) to these weights, so the host it picks may differ.")
+    summary = driver.find_element(By.ID, "summary").text
+    assert summary.startswith(f"best {H[0]} and {H[2]}, tied at weight 14, of 4 scored hosts: 2 of 3 units scored; "
+                              f"{idle} scored no host (no facts); Guests on {H[0]}: 2 guests; no facts for 4 of 4 ")
+    _assert_local(driver, gateway)  # no CSP violation: the bars are inline SVG without styles
+    _screenshot(driver, "console-score.png", "#verdicts")
