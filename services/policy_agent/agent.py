@@ -20,7 +20,6 @@ from typing import Any, Callable
 import libvirt
 
 from vmsched import cpuset
-from vmsched.bus.options import BusOptions
 from vmsched.facts.subscription import SnapshotListener
 from vmsched.bus.interface import Transport
 

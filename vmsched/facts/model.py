@@ -28,7 +28,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vmsched import cpuset
 from vmsched.messages import Versioned
 
 #: Largest facts message a reader accepts, bytes of JSON.

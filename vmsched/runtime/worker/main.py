@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 import traceback
+from types import ModuleType
 from typing import Any
 
 from vmsched.runtime.worker import children, sandbox
