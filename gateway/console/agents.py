@@ -9,19 +9,15 @@ an agent sends is escaped.
 from __future__ import annotations
 
 import asyncio
-from html import escape
 from typing import Any
 
 from vmsched.agent_contract import AgentOp
 from vmsched.bus.topology import agent_queue
+from vmsched.gateway.console.markup import e
 
 #: agents asked at most, and how long each may take, seconds
 MAX_AGENTS = 50
 TIMEOUT = 2.0
-
-
-def e(value: object) -> str:
-    return escape(str(value), quote=True)
 
 
 async def _ask(bus: Any, host: str, op: AgentOp) -> dict[str, Any] | str:
