@@ -31,8 +31,8 @@ from vmsched.config import Settings
 
 #: Commands whose options are settings (read from the environment by Settings).
 SETTINGS_COMMANDS = frozenset({"run", "gateway", "discovery", "scoring", "balancer", "plugin"})
-#: Options of the plugin tools that are settings under another name.
-SETTING_OF = {("plugin", "timeout"): "plugin_timeout", ("plugin", "plugins"): "plugins_dir"}
+#: Options of the plugin tools that are settings under another name (None: an option that is no setting).
+SETTING_OF = {("plugin", "timeout"): "plugin_timeout", ("plugin", "plugins"): "plugins_dir", ("plugin", "facts"): None}
 #: Options of the client commands that say where the agent is: the agent's variables.
 AGENT_PLACE = frozenset({"socket", "client_host", "timeout"})
 #: Broker options of the agent and its clients: read from the environment where the broker is chosen.
@@ -82,7 +82,7 @@ def variable(command: Sequence[str], action: argparse.Action) -> Variable:
     """The variable(s) of ``action``, an option of ``command`` (e.g. ``("policy", "set")``)."""
     top, dest = command[0], action.dest
     field = SETTING_OF.get((top, dest), dest)
-    if top in SETTINGS_COMMANDS and field in Settings.model_fields:
+    if top in SETTINGS_COMMANDS and field is not None and field in Settings.model_fields:
         return Variable((setting_variable(field),), field, "settings")
     if dest in BROKER and top in ("agent", "policy", "domain"):
         names, setting = BROKER[dest]

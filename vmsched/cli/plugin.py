@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from vmsched.cli.settings import build
 from vmsched.config import Settings
 from vmsched.messages import Kind, PluginLoadError, UnitInfo
 from vmsched.runtime import Call, Catalog, PluginPool, translate_validation
@@ -25,9 +26,13 @@ from vmsched.runtime.contract import KIND, BadResult
 from vmsched.service import plugin_sandbox
 
 
+#: Options of the plugin tools named otherwise than the services' flag of their setting.
+FLAGS = {"plugin_timeout": "--timeout"}
+
+
 def _settings(**given: Any) -> Settings:
     logging.disable(logging.ERROR)  # what the services would log is printed here as the result
-    return Settings(**{k: v for k, v in given.items() if v is not None})
+    return build(given, FLAGS)
 
 
 @contextmanager
@@ -163,7 +168,7 @@ def _sandbox_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-root-plugins", action="store_true", default=None,
                    help="as root: if the switch to --plugin-user is impossible, run plugins as root without "
                         "capabilities (as the services)")
-    p.add_argument("--timeout", type=float, metavar="S", help="import and call timeout (default: --plugin-timeout, 10)")
+    p.add_argument("--timeout", metavar="S", help="import and call timeout (default: --plugin-timeout, 10)")
 
 
 def _from(args: argparse.Namespace) -> Settings:
