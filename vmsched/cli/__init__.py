@@ -7,6 +7,7 @@ Every option of every command has an environment variable, named in its
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, Callable
 from vmsched import __version__, logs
 from vmsched.bus.options import url_argument
 from vmsched.cli.env import EnvParser
-from vmsched.cli.settings import build
+from vmsched.cli.settings import broker_origin, build
 from vmsched.config import DEFAULT_AMQP_URL, MEMORY_URL, Settings
 from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService
@@ -26,6 +27,7 @@ from vmsched.cli.secret import register as register_secret_command
 from vmsched.cli.token import register as register_token_commands
 
 Command = Callable[[argparse.Namespace], int]
+log = logging.getLogger("vmsched")
 
 
 def _bus(p: argparse.ArgumentParser, default_note: str = f"default {DEFAULT_AMQP_URL}") -> None:
@@ -175,8 +177,11 @@ def settings_from(args: argparse.Namespace, **overrides: Any) -> Settings:
     return build(given)
 
 
-def _logging(settings: Settings) -> None:
+def _logging(settings: Settings, args: argparse.Namespace) -> None:
+    """The process's log, and its first line: which broker, from where (never its password)."""
     logs.setup(settings.log_level, settings.log_format)
+    if not settings.embedded:
+        log.info("bus: RabbitMQ at %s, from %s", logs.broker(settings.amqp_url), broker_origin(vars(args)))
 
 
 def run_settings(args: argparse.Namespace) -> Settings:
@@ -191,7 +196,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from vmsched.cli.runner import run_all_in_one
 
     settings = run_settings(args)
-    _logging(settings)
+    _logging(settings, args)
     return run_all_in_one(settings)
 
 
@@ -199,7 +204,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from vmsched.cli.runner import run_gateway
 
     settings = settings_from(args)
-    _logging(settings)
+    _logging(settings, args)
     return run_gateway(settings)
 
 
@@ -208,7 +213,7 @@ def _service_cmd(name: str) -> Command:
         from vmsched.cli.runner import run_service
 
         settings = settings_from(args)
-        _logging(settings)
+        _logging(settings, args)
         return run_service(name, settings)
 
     return command

@@ -147,3 +147,17 @@ def _bounds(info: FieldInfo) -> str:
 
 def _number(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def broker_origin(given: Mapping[str, Any]) -> str:
+    """Where the broker URL comes from, for the start's log line: a URL file, a flag, a variable, the default."""
+    source = origin("amqp_url_file", given)
+    if source is not None:
+        named = given.get("amqp_url_file") or os.environ[source]
+        return f"the URL file {named} ({source})"
+    source = origin("amqp_url", given)
+    if source is not None:
+        return source
+    return (f"the default, as no {flag('amqp_url_file')}, {variables('amqp_url_file')[0]}, {flag('amqp_url')} or "
+            f"{variables('amqp_url')[0]} names one")
+

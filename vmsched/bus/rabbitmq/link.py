@@ -45,6 +45,7 @@ from vmsched.bus.rabbitmq.outgoing import Outgoing
 from vmsched.bus.rabbitmq.sockets import buffered, nonblocking
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, reply_queue, request_queue
 from vmsched.bus.options import mask
+from vmsched.logs import BROKER_TROUBLE, broker
 
 log = logging.getLogger("vmsched.bus")
 
@@ -379,19 +380,23 @@ class Link:
             drop(conn)
             self.last_error = _describe(exc)
             if self.recovering or first:  # no node answers: fail fast until one does
-                log.warning("%s: no broker node answers (%s)", self.service, self.last_error)
+                held = BROKER_TROUBLE.allow(self.options.url)  # one line for all the threads of the process
+                if held is not None:
+                    log.warning("%s: no answer from the broker at %s: %s; scheduling requests fail until it "
+                                "answers%s", self.service, broker(self.options.url), self.last_error, held)
                 self.recovering = False
                 self._fail_all(lambda: BusUnavailable(f"message bus unavailable: {self.last_error}"))
             return False
         finally:
             self.attempted.set()
         self._conn, self._sock = conn, conn.connection.sock
+        BROKER_TROUBLE.clear(self.options.url)
         self.up, self.recovering, self.last_error = True, False, ""
         self._heard = time.monotonic()
         metrics.BUS_UP.labels(self.service).set(1)
         if not first:
             metrics.BUS_RECONNECTS.labels(self.service).inc()
-            log.info("%s: reconnected to the bus at %s", self.service, _where(conn))
+            log.info("%s: reconnected to the bus at %s", self.service, broker(getattr(conn, "bus_url", "")))
         self._send_waiting()
         return True
 
@@ -411,7 +416,10 @@ class Link:
     def _lost(self, exc: BaseException, recovering: bool = True) -> None:
         """The connection broke (or its broker went silent): drop it; the thread reconnects."""
         self.last_error = _describe(exc)
-        log.warning("%s: bus connection lost (%s)", self.service, self.last_error)
+        held = BROKER_TROUBLE.allow(self.options.url)  # one line for all the threads of the process
+        if held is not None:
+            log.warning("%s: bus connection to %s lost (%s)%s", self.service, broker(self.options.url),
+                        self.last_error, held)
         conn = self._conn
         note_lost(conn)
         self._conn = self._sock = self._producer = None
@@ -430,6 +438,3 @@ class Link:
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {mask(str(exc))}" if str(exc) else type(exc).__name__
 
-
-def _where(conn: Connection) -> str:
-    return mask(getattr(conn, "bus_url", ""))
