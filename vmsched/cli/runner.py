@@ -19,7 +19,7 @@ from vmsched.config import Settings
 from vmsched.gateway.app import create_app
 from vmsched.gateway.http import gateway_http
 from vmsched.messages import Op
-from vmsched.cli.preflight import bind, check_plugins, check_tokens
+from vmsched.cli.preflight import bind, cannot_listen, check_plugins, check_tokens
 from vmsched.service import PluginService
 from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService
@@ -74,7 +74,7 @@ def serve_metrics(settings: Settings, ready: Callable[[], bool] | None = None, d
     try:
         return metrics.serve(port, settings.metrics_host, ready, tls, authorize)
     except OSError as exc:
-        raise ValueError(f"metrics listener {settings.metrics_host}:{port}: {exc.strerror or exc}") from None
+        raise cannot_listen("the metrics listener", settings.metrics_host, port, exc, "--metrics-port") from None
 
 
 def _prepare_http(settings: Settings, transport: Transport) -> tuple[uvicorn.Server, socket.socket]:
