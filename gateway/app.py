@@ -6,7 +6,7 @@ import asyncio
 import ipaddress
 import logging
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -147,10 +147,18 @@ class EngineFastPath:
         await send({"type": "http.response.body", "body": reply})
 
 
+def metrics_elsewhere(url: str | None) -> dict[str, str | None]:
+    """The 404 body of ``GET /metrics`` on the gateway's port: where the metrics listener is."""
+    where = url or "its own listener"
+    return {"detail": f"/metrics is not served on this port: see {where} (the gateway's metrics listener: "
+                      "--metrics-host and --metrics-port, default 127.0.0.1:9100)", "metrics": url}
+
+
 def create_app(settings: Settings, bus: BusClient | None = None, tokens: TokenStore | None = None,
-               transport: Transport | None = None) -> BodyLimit:
-    """The gateway's ASGI app; ``/metrics`` is served on its own listener (runner). ``transport``: the process's
-    bus (the runner's, shared with the services of an all-in-one); else one of the settings' own."""
+               transport: Transport | None = None, metrics_url: Callable[[], str | None] = lambda: None) -> BodyLimit:
+    """The gateway's ASGI app; ``/metrics`` is served on its own listener (runner), at ``metrics_url()`` (known
+    once that listener is up). ``transport``: the process's bus (the runner's, shared with the services of an
+    all-in-one); else one of the settings' own."""
     tokens = tokens or TokenStore(settings.tokens_file).watch()
     transport = transport or open_transport(BusOptions.from_settings(settings))
     bus = bus or transport.client("gateway", declare=tuple(REQUEST_QUEUES.values()))
@@ -210,6 +218,10 @@ def create_app(settings: Settings, bus: BusClient | None = None, tokens: TokenSt
     @app.get("/healthz", tags=["operations"], summary="The process is up")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_here() -> JSONResponse:
+        return JSONResponse(metrics_elsewhere(metrics_url()), status_code=404)
 
     @app.get("/readyz", tags=["operations"],
              summary="The bus is reachable and at least one service consumer answers (per-queue detail)")

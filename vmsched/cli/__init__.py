@@ -7,7 +7,6 @@ Every option of every command has an environment variable, named in its
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -27,7 +26,6 @@ from vmsched.cli.secret import register as register_secret_command
 from vmsched.cli.token import register as register_token_commands
 
 Command = Callable[[argparse.Namespace], int]
-log = logging.getLogger("vmsched")
 
 
 def _bus(p: argparse.ArgumentParser, default_note: str = f"default {DEFAULT_AMQP_URL}") -> None:
@@ -177,11 +175,8 @@ def settings_from(args: argparse.Namespace, **overrides: Any) -> Settings:
     return build(given)
 
 
-def _logging(settings: Settings, args: argparse.Namespace) -> None:
-    """The process's log, and its first line: which broker, from where (never its password)."""
+def _logging(settings: Settings) -> None:
     logs.setup(settings.log_level, settings.log_format)
-    if not settings.embedded:
-        log.info("bus: RabbitMQ at %s, from %s", logs.broker(settings.amqp_url), broker_origin(vars(args)))
 
 
 def run_settings(args: argparse.Namespace) -> Settings:
@@ -196,16 +191,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from vmsched.cli.runner import run_all_in_one
 
     settings = run_settings(args)
-    _logging(settings, args)
-    return run_all_in_one(settings)
+    _logging(settings)
+    return run_all_in_one(settings, broker_origin(vars(args)))
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
     from vmsched.cli.runner import run_gateway
 
     settings = settings_from(args)
-    _logging(settings, args)
-    return run_gateway(settings)
+    _logging(settings)
+    return run_gateway(settings, broker_origin(vars(args)))
 
 
 def _service_cmd(name: str) -> Command:
@@ -213,8 +208,8 @@ def _service_cmd(name: str) -> Command:
         from vmsched.cli.runner import run_service
 
         settings = settings_from(args)
-        _logging(settings, args)
-        return run_service(name, settings)
+        _logging(settings)
+        return run_service(name, settings, broker_origin(vars(args)))
 
     return command
 

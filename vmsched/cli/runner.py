@@ -11,7 +11,7 @@ from typing import Callable
 
 import uvicorn
 
-from vmsched import metrics
+from vmsched import logs, metrics
 from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import Transport
 from vmsched.bus.transport import open_transport
@@ -82,14 +82,18 @@ def _prepare_http(settings: Settings, transport: Transport) -> tuple[uvicorn.Ser
     check_tokens(settings)
     tls = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca, what="gateway TLS")
     tokens = TokenStore(settings.tokens_file).watch()
-    app = create_app(settings, tokens=tokens, transport=transport)
+    metrics_url: list[str] = []  # known once the metrics listener is up, below
+    app = create_app(settings, tokens=tokens, transport=transport, metrics_url=lambda: next(iter(metrics_url), None))
     metrics.init_requests("gateway", [op.value for op in Op])  # every series at 0 from start-up
     sock = bind(settings.host, settings.port)
     try:
-        serve_metrics(settings, default_port=GATEWAY_METRICS_PORT, tokens=tokens)
+        listener = serve_metrics(settings, default_port=GATEWAY_METRICS_PORT, tokens=tokens)
     except BaseException:
         sock.close()
         raise
+    if listener is not None:
+        scheme = "https" if settings.metrics_tls_cert else "http"
+        metrics_url.append(f"{scheme}://{settings.metrics_host}:{listener.server_address[1]}/metrics")
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, loop="uvloop",
         http=gateway_http(settings.header_timeout, settings.body_timeout),
@@ -101,20 +105,23 @@ def _prepare_http(settings: Settings, transport: Transport) -> tuple[uvicorn.Ser
     return uvicorn.Server(config), sock
 
 
-def _transport(settings: Settings) -> Transport:
-    """The process's bus, chosen once from the broker URL and handed to every party of the process."""
+def _transport(settings: Settings, broker_from: str) -> Transport:
+    """The process's bus, chosen once from the broker URL and handed to every party of the process; which broker
+    and where it was named (``broker_from``) is logged, never its password."""
+    if not settings.embedded:
+        log.info("bus: RabbitMQ at %s, from %s", logs.broker(settings.amqp_url), broker_from)
     return open_transport(BusOptions.from_settings(settings))
 
 
-def run_gateway(settings: Settings) -> int:
-    server, sock = _prepare_http(settings, _transport(settings))
+def run_gateway(settings: Settings, broker_from: str = "the settings") -> int:
+    server, sock = _prepare_http(settings, _transport(settings, broker_from))
     server.run(sockets=[sock])
     return 0
 
 
-def run_service(name: str, settings: Settings) -> int:
+def run_service(name: str, settings: Settings, broker_from: str = "the settings") -> int:
     check_plugins(settings)
-    service = make_service(name, settings, transport=_transport(settings))
+    service = make_service(name, settings, transport=_transport(settings, broker_from))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -126,10 +133,10 @@ def run_service(name: str, settings: Settings) -> int:
     return 0
 
 
-def run_all_in_one(settings: Settings) -> int:
+def run_all_in_one(settings: Settings, broker_from: str = "the settings") -> int:
     """Gateway + discovery + scoring + balancer in this process (embedded bus by default)."""
     check_plugins(settings)
-    transport = _transport(settings)  # memory://: the one in-process bus of the gateway and the services
+    transport = _transport(settings, broker_from)  # memory://: the one in-process bus of the gateway and the services
     server, sock = _prepare_http(settings, transport)  # a busy port fails here, before any service starts
     services = [make_service(name, settings, log_plugins=name == "discovery",  # each plugin load logged once
                              transport=transport) for name in ("discovery", "scoring", "balancer")]
@@ -137,7 +144,7 @@ def run_all_in_one(settings: Settings) -> int:
         service.start()
     log.info("vmsched all-in-one on %s://%s:%d/ (plugins %s, bus %s)", "https" if settings.tls_cert else "http",
              settings.host, sock.getsockname()[1], settings.plugins_dir,
-             "embedded memory://" if settings.embedded else settings.amqp_url.split("@")[-1])
+             "embedded memory://" if settings.embedded else logs.broker(settings.amqp_url))
     try:
         server.run(sockets=[sock])
     finally:
