@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -67,16 +68,62 @@ def test_check_lists_units_with_description_and_validation(tmp_path: Path):
 def test_check_fails_on_any_error(tmp_path: Path):
     done = vmsched("check", str(TEST_PLUGINS))
     assert done.returncode == 1
-    assert "ERROR broken_import: cannot import plugin broken_import: ModuleNotFoundError" in done.stdout
+    assert "ERROR broken_import.py: cannot import plugin broken_import: ModuleNotFoundError" in done.stdout
     assert "ERROR: invalid properties_validation" in done.stdout  # BadValidation
     (tmp_path / "empty.py").write_text("x = 1\n")
     done = vmsched("check", str(tmp_path / "empty.py"))
-    assert done.returncode == 1 and "no units found" in done.stdout
+    assert done.returncode == 1 and "ERROR empty.py: defines no unit: define a class with do_filter" in done.stdout
     (tmp_path / "syntax.py").write_text("class X(:\n")
     done = vmsched("check", str(tmp_path / "syntax.py"))
     assert done.returncode == 1 and "SyntaxError" in done.stdout
     done = vmsched("check", str(tmp_path / "nowhere"))
     assert done.returncode == 2 and "no such plugin file or folder" in done.stderr
+
+
+FUNCTIONS_ONLY = '''
+def do_filter(hosts, vm, args):
+    """A filter written as a module-level function: not a unit (the old proxy loads classes only)."""
+    return hosts
+'''
+
+
+def test_a_plugin_file_without_a_class_is_an_error_beside_valid_units(tmp_path: Path):
+    folder = good_folder(tmp_path)
+    (folder / "loose.py").write_text(FUNCTIONS_ONLY)
+    done = vmsched("check", str(folder))
+    assert done.returncode == 1, done.stdout
+    assert ("ERROR loose.py: defines no unit: define a class with do_filter, do_score or do_balance "
+            "(module-level functions are not units)") in done.stdout
+    assert "score    FewestGuests  (mine.py)" in done.stdout  # the valid units are still listed
+    as_json = json.loads(vmsched("check", "--json", str(folder)).stdout)
+    assert as_json["ok"] is False and [e["plugin"] for e in as_json["errors"]] == ["loose"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = vmsched("check", str(empty))
+    assert done.returncode == 1 and f"ERROR {empty}: no plugin file (NAME.py) here" in done.stdout
+
+
+def test_the_services_warn_of_a_plugin_file_without_a_class(tmp_path: Path):
+    folder = good_folder(tmp_path)
+    (folder / "loose.py").write_text(FUNCTIONS_ONLY)
+    port = free_port()
+    log = tmp_path / "run.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "vmsched.cli", "run", "--plugins", str(folder),
+                                 "--port", str(port), "--metrics-port", "0", "--pool-size", "1"],
+                                cwd=ROOT, stdout=out, stderr=out, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "all-in-one on" not in log.read_text() and proc.poll() is None:
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    text = log.read_text()
+    assert "all-in-one on" in text, text
+    assert ("WARNING vmsched.plugins: plugin loose.py defines no unit: define a class with do_filter, do_score or "
+            "do_balance") in text
+    assert "loose loaded" not in text
 
 
 def test_run_one_unit_with_facts_from_yaml_or_json(tmp_path: Path):

@@ -22,6 +22,7 @@ from vmsched.cli.settings import build
 from vmsched.config import Settings
 from vmsched.messages import Kind, PluginLoadError, UnitInfo
 from vmsched.runtime import Call, Catalog, PluginPool, translate_validation
+from vmsched.runtime.catalog import NO_UNITS
 from vmsched.runtime.contract import KIND, BadResult
 from vmsched.service import plugin_sandbox
 
@@ -56,7 +57,7 @@ def load(path: Path, settings: Settings) -> tuple[list[UnitInfo], list[PluginLoa
         with _pool(path, settings) as pool:
             catalog = Catalog(path, pool, analyze_timeout=settings.plugin_timeout)
             catalog.refresh()
-            return catalog.units(), catalog.load_errors()
+            return catalog.units(), catalog.load_errors() + catalog.without_units()
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such plugin file or folder")
     if path.suffix != ".py":
@@ -69,6 +70,8 @@ def load(path: Path, settings: Settings) -> tuple[list[UnitInfo], list[PluginLoa
         analysis = pool.analyze(path, timeout=settings.plugin_timeout)
     if analysis.error:
         return [], errors + [PluginLoadError(plugin=path.stem, error=analysis.error)]
+    if not analysis.units:
+        errors.append(PluginLoadError(plugin=path.stem, error=NO_UNITS))
     units = []
     for found in analysis.units:
         validation, problem = translate_validation(found.validation)
@@ -79,9 +82,9 @@ def load(path: Path, settings: Settings) -> tuple[list[UnitInfo], list[PluginLoa
 
 def cmd_check(args: argparse.Namespace) -> int:
     units, errors = load(args.path, _from(args))
-    if not units and not errors:
-        errors = [PluginLoadError(plugin=str(args.path), error="no units found (a unit is a class with do_filter, "
-                                                               "do_score or do_balance)")]
+    empty = not units and not errors  # a folder without plugin files
+    if empty:
+        errors = [PluginLoadError(plugin=str(args.path), error="no plugin file (NAME.py) here")]
     failed = bool(errors) or any(u.validation_error for u in units)
     if args.json:
         print(json.dumps({"ok": not failed, "units": [u.model_dump(mode="json") for u in units],
@@ -94,7 +97,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if u.validation_error:
             print(f"  ERROR: {u.validation_error} (the unit would be left out of discover)")
     for e in errors:
-        print(f"ERROR {e.plugin}: {e.error}")
+        print(f"ERROR {e.plugin if empty else e.plugin + '.py'}: {e.error}")
     problems = len(errors) + sum(1 for u in units if u.validation_error)
     print(f"{len(units)} unit(s), {problems} error(s)")
     return 1 if failed else 0

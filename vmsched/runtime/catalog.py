@@ -27,6 +27,9 @@ from vmsched.runtime.types import Analysis
 from vmsched.runtime.validation import translate_validation
 
 log = logging.getLogger("vmsched.plugins")
+#: What a plugin file without units lacks (ovirt-scheduler-proxy too loads classes only).
+NO_UNITS = ("defines no unit: define a class with do_filter, do_score or do_balance (module-level functions are "
+            "not units); a helper module's file name starts with '_'")
 MAX_SOURCE = 1 << 20  # characters of a failed plugin file searched for a unit's class
 
 Stamp = tuple[int, int, int, int]  # st_mtime_ns, st_size, st_ino, st_ctime_ns
@@ -88,6 +91,11 @@ class Catalog:
 
     def load_errors(self) -> list[PluginLoadError]:
         return list(self._errors)
+
+    def without_units(self) -> list[PluginLoadError]:
+        """The plugin files that loaded but define no unit, each with :data:`NO_UNITS`."""
+        return [PluginLoadError(plugin=name, error=NO_UNITS) for name, known in sorted(self._files.items())
+                if not known.analysis.error and not known.analysis.units]
 
     def load_error_of(self, unit: str) -> PluginLoadError | None:
         """The load error of a file that failed to load and holds a ``class <unit>`` line (its text is read,
@@ -184,8 +192,10 @@ class Catalog:
     def _log_analysis(analysis: Analysis) -> None:
         if analysis.error:
             log.error("plugin %s failed to load: %s", analysis.plugin, analysis.error)
+        elif not analysis.units:
+            log.warning("plugin %s.py %s", analysis.plugin, NO_UNITS)
         else:
-            units = ", ".join(f"{unit.name} ({unit.kind})" for unit in analysis.units) or "no units"
+            units = ", ".join(f"{unit.name} ({unit.kind})" for unit in analysis.units)
             log.info("plugin %s loaded: %s", analysis.plugin, units)
 
     def _publish(self) -> None:
