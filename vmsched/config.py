@@ -114,6 +114,8 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("plugins_dir", "VMSCHED_PLUGINS", "OSCHEDPROXY_PLUGINS"),
         description="folder of plugin files (top-level *.py)",
     )
+    stock_plugins: bool = Field(False, description="also load the stock plugins, after the plugins_dir folder (a "
+                                                   "module or unit name in both is a load error)")
     pool_size: int | None = Field(None, ge=1, description="a fixed number of plugin worker processes per service (sets pool_min and pool_max)")
     pool_min: int = Field(1, ge=1, description="plugin worker processes a service keeps when idle")
     pool_max: int = Field(4, ge=1, description="most plugin worker processes per service (more start while calls queue)")
@@ -209,6 +211,15 @@ class Settings(BaseSettings):
     @classmethod
     def _timeouts(cls, value: Any) -> dict[str, float]:
         return parse_timeouts(value)
+
+    @property
+    def plugin_folders(self) -> list[Path]:
+        """The plugins folders, in the order the plugin workers import from them: plugins_dir, then the stock
+        plugins with stock_plugins (unless plugins_dir is theirs)."""
+        stock = stock_plugins_dir()
+        if self.stock_plugins and Path(self.plugins_dir).resolve() != stock.resolve():
+            return [self.plugins_dir, stock]
+        return [self.plugins_dir]
 
     @property
     def embedded(self) -> bool:

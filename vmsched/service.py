@@ -122,10 +122,10 @@ class PluginService:
         limits, confinement = plugin_sandbox(settings)
         fewest, most = (pool_size, pool_size) if pool_size else pool_bounds or settings.pool_bounds()
         self.pool = PluginPool(
-            settings.plugins_dir, min_size=fewest, max_size=most, idle_seconds=settings.pool_idle, limits=limits,
+            settings.plugin_folders, min_size=fewest, max_size=most, idle_seconds=settings.pool_idle, limits=limits,
             name=self.name, confinement=confinement, bundle_seconds=settings.plugin_bundle_ms / 1000,
         )
-        self.catalog = Catalog(settings.plugins_dir, self.pool, analyze_timeout=settings.plugin_timeout,
+        self.catalog = Catalog(settings.plugin_folders, self.pool, analyze_timeout=settings.plugin_timeout,
                                log_changes=log_plugins)
         self.worker: Worker | None = None
         metrics.init_requests(self.name, [op.value for op, queue in REQUEST_QUEUES.items() if queue in self.QUEUES],

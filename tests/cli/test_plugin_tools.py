@@ -68,11 +68,11 @@ def test_check_lists_units_with_description_and_validation(tmp_path: Path):
 def test_check_fails_on_any_error(tmp_path: Path):
     done = vmsched("check", str(TEST_PLUGINS))
     assert done.returncode == 1
-    assert "ERROR broken_import.py: cannot import plugin broken_import: ModuleNotFoundError" in done.stdout
+    assert "ERROR broken_import: cannot import plugin broken_import: ModuleNotFoundError" in done.stdout
     assert "ERROR: invalid properties_validation" in done.stdout  # BadValidation
     (tmp_path / "empty.py").write_text("x = 1\n")
     done = vmsched("check", str(tmp_path / "empty.py"))
-    assert done.returncode == 1 and "ERROR empty.py: defines no unit: define a class with do_filter" in done.stdout
+    assert done.returncode == 1 and "ERROR empty: empty.py defines no unit: define a class with do_filter" in done.stdout
     (tmp_path / "syntax.py").write_text("class X(:\n")
     done = vmsched("check", str(tmp_path / "syntax.py"))
     assert done.returncode == 1 and "SyntaxError" in done.stdout
@@ -92,7 +92,7 @@ def test_a_plugin_file_without_a_class_is_an_error_beside_valid_units(tmp_path: 
     (folder / "loose.py").write_text(FUNCTIONS_ONLY)
     done = vmsched("check", str(folder))
     assert done.returncode == 1, done.stdout
-    assert ("ERROR loose.py: defines no unit: define a class with do_filter, do_score or do_balance "
+    assert ("ERROR loose: loose.py defines no unit: define a class with do_filter, do_score or do_balance "
             "(module-level functions are not units)") in done.stdout
     assert "score    FewestGuests  (mine.py)" in done.stdout  # the valid units are still listed
     as_json = json.loads(vmsched("check", "--json", str(folder)).stdout)

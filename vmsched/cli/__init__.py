@@ -58,7 +58,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _plugins(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugins", dest="plugins_dir", type=Path, metavar="DIR",
                    help="plugins folder, top-level *.py files (env VMSCHED_PLUGINS or OSCHEDPROXY_PLUGINS; "
-                        "default: the stock plugins shipped with vmsched)")
+                        "default: the stock plugins shipped with vmsched, which a folder given replaces)")
+    p.add_argument("--stock-plugins", action="store_true", default=None,
+                   help="keep the stock plugins beside --plugins DIR: both folders are loaded, DIR first; a module "
+                        "or unit name in both is a load error (default off)")
     p.add_argument("--pool-size", metavar="N",
                    help="a fixed number of plugin worker processes per service (sets --pool-min and --pool-max)")
     p.add_argument("--pool-min", metavar="N", help="plugin worker processes a service keeps when idle (default 1)")

@@ -22,7 +22,7 @@ from vmsched.cli.settings import build
 from vmsched.config import Settings
 from vmsched.messages import Kind, PluginLoadError, UnitInfo
 from vmsched.runtime import Call, Catalog, PluginPool, translate_validation
-from vmsched.runtime.catalog import NO_UNITS
+from vmsched.runtime.catalog import no_units
 from vmsched.runtime.contract import KIND, BadResult
 from vmsched.service import plugin_sandbox
 
@@ -36,10 +36,15 @@ def _settings(**given: Any) -> Settings:
     return build(given, FLAGS)
 
 
+def folders(folder: Path, settings: Settings) -> list[Path]:
+    """The plugins folders a service given ``--plugins folder`` would load, in order (--stock-plugins: two)."""
+    return settings.model_copy(update={"plugins_dir": folder}).plugin_folders
+
+
 @contextmanager
 def _pool(folder: Path, settings: Settings) -> Iterator[PluginPool]:
     limits, confinement = plugin_sandbox(settings)
-    pool = PluginPool(folder, size=1, limits=limits, name="plugin-cli", confinement=confinement)
+    pool = PluginPool(folders(folder, settings), size=1, limits=limits, name="plugin-cli", confinement=confinement)
     try:
         pool.start()
     except RuntimeError as exc:  # the sandbox refused, as it would in the service: say why, no traceback
@@ -55,13 +60,15 @@ def load(path: Path, settings: Settings) -> tuple[list[UnitInfo], list[PluginLoa
     path = path.absolute()
     if path.is_dir():
         with _pool(path, settings) as pool:
-            catalog = Catalog(path, pool, analyze_timeout=settings.plugin_timeout)
+            catalog = Catalog(folders(path, settings), pool, analyze_timeout=settings.plugin_timeout)
             catalog.refresh()
             return catalog.units(), catalog.load_errors() + catalog.without_units()
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such plugin file or folder")
     if path.suffix != ".py":
         return [], [PluginLoadError(plugin=path.name, error="a plugin is a *.py file")]
+    if settings.stock_plugins:
+        raise ValueError(f"--stock-plugins checks a folder beside the stock plugins: give {path.parent}, not a file")
     errors = []
     if path.name.startswith(("_", ".")):
         errors.append(PluginLoadError(plugin=path.stem, error="files starting with '_' or '.' are not scanned as "
@@ -71,7 +78,7 @@ def load(path: Path, settings: Settings) -> tuple[list[UnitInfo], list[PluginLoa
     if analysis.error:
         return [], errors + [PluginLoadError(plugin=path.stem, error=analysis.error)]
     if not analysis.units:
-        errors.append(PluginLoadError(plugin=path.stem, error=NO_UNITS))
+        errors.append(PluginLoadError(plugin=path.stem, error=no_units(path.stem)))
     units = []
     for found in analysis.units:
         validation, problem = translate_validation(found.validation)
@@ -82,8 +89,7 @@ def load(path: Path, settings: Settings) -> tuple[list[UnitInfo], list[PluginLoa
 
 def cmd_check(args: argparse.Namespace) -> int:
     units, errors = load(args.path, _from(args))
-    empty = not units and not errors  # a folder without plugin files
-    if empty:
+    if not units and not errors:  # a folder without plugin files
         errors = [PluginLoadError(plugin=str(args.path), error="no plugin file (NAME.py) here")]
     failed = bool(errors) or any(u.validation_error for u in units)
     if args.json:
@@ -97,7 +103,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if u.validation_error:
             print(f"  ERROR: {u.validation_error} (the unit would be left out of discover)")
     for e in errors:
-        print(f"ERROR {e.plugin if empty else e.plugin + '.py'}: {e.error}")
+        print(f"ERROR {e.plugin}: {e.error}")
     problems = len(errors) + sum(1 for u in units if u.validation_error)
     print(f"{len(units)} unit(s), {problems} error(s)")
     return 1 if failed else 0
@@ -172,11 +178,14 @@ def _sandbox_options(p: argparse.ArgumentParser) -> None:
                    help="as root: if the switch to --plugin-user is impossible, run plugins as root without "
                         "capabilities (as the services)")
     p.add_argument("--timeout", metavar="S", help="import and call timeout (default: --plugin-timeout, 10)")
+    p.add_argument("--stock-plugins", action="store_true", default=None,
+                   help="load the stock plugins too, after the folder, as a service given --stock-plugins does: "
+                        "a module or unit name in both is an error (default off)")
 
 
 def _from(args: argparse.Namespace) -> Settings:
     return _settings(plugin_timeout=args.timeout, plugin_user=args.plugin_user,
-                     allow_root_plugins=args.allow_root_plugins)
+                     allow_root_plugins=args.allow_root_plugins, stock_plugins=args.stock_plugins)
 
 
 def register(sub: Any) -> None:  # sub: what argparse's add_subparsers() returned

@@ -20,8 +20,12 @@ from vmsched.service import default_plugin_user
 
 
 def check_plugins(settings: Settings) -> None:
-    """The plugins folder exists, and a root service can run plugin workers as the plugin user."""
-    folder = settings.plugins_dir
+    """The plugins folders exist, and a root service can run plugin workers as the plugin user."""
+    for folder in settings.plugin_folders:
+        _check_folder(folder, settings)
+
+
+def _check_folder(folder: Path, settings: Settings) -> None:
     if not folder.exists():
         raise ValueError(f"plugins folder {folder} does not exist (--plugins DIR or VMSCHED_PLUGINS)")
     if not folder.is_dir():

@@ -143,7 +143,7 @@ def run_all_in_one(settings: Settings, broker_from: str = "the settings") -> int
     for service in services:
         service.start()
     log.info("vmsched all-in-one on %s://%s:%d/ (plugins %s, bus %s)", "https" if settings.tls_cert else "http",
-             settings.host, sock.getsockname()[1], settings.plugins_dir,
+             settings.host, sock.getsockname()[1], " and ".join(map(str, settings.plugin_folders)),
              "embedded memory://" if settings.embedded else logs.broker(settings.amqp_url))
     try:
         server.run(sockets=[sock])
