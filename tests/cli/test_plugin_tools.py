@@ -126,6 +126,17 @@ def test_the_services_warn_of_a_plugin_file_without_a_class(tmp_path: Path):
     assert "loose loaded" not in text
 
 
+def test_the_stock_units_pass_and_describe_themselves_in_one_line():
+    """The description is what the engine shows: one line, no reference to the source."""
+    done = vmsched("check", "--json", str(ROOT / "plugins"))
+    assert done.returncode == 0, done.stdout
+    units = json.loads(done.stdout)["units"]
+    assert len(units) == 20  # every kind of every stock unit
+    for unit in units:
+        text = unit["description"]
+        assert text and "\n" not in text and "module" not in text and len(text) <= 200, (unit["name"], text)
+
+
 def test_run_one_unit_with_facts_from_yaml_or_json(tmp_path: Path):
     folder = good_folder(tmp_path)
     facts = {"hosts": {H1: {"guests_running": 4, "memory_free_mib": 1000},
