@@ -22,6 +22,7 @@ from vmsched.bus.replies import Handler
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.bus.transport import open_transport
 from vmsched.config import Settings
+from vmsched.words import counted
 from vmsched.engine_link import facts_cache
 from vmsched.facts.cache import NO_CACHE, FactsCache, cause
 from vmsched.messages import Kind, MissingFacts
@@ -155,7 +156,8 @@ class PluginService:
         if self.facts is not None:
             self._facts_sub = FactsSubscriber(self.transport, self.name, self.facts.ingest)
             self._facts_sub.start()
-        log.info("%s: serving %s with %d units", self.name, ", ".join(self.routes()), len(self.catalog.units()))
+        log.info("%s: serving %s with %s", self.name, ", ".join(self.routes()),
+                 counted(len(self.catalog.units()), "unit"))
 
     def stop(self) -> None:
         if self.worker is not None:

@@ -60,7 +60,7 @@ def test_check_lists_units_with_description_and_validation(tmp_path: Path):
     assert "Fewer running guests is better (a class docstring" in done.stdout  # class docstring fallback
     assert "Hosts with at least min_mib of free memory." in done.stdout
     assert "'flag=;n=[0-9]+'" in done.stdout  # an empty regex is kept and advertised
-    assert done.stdout.rstrip().endswith("2 unit(s), 0 error(s)")
+    assert done.stdout.rstrip().endswith("2 units, 0 errors")
     as_json = json.loads(vmsched("check", "--json", str(folder / "mine.py")).stdout)
     assert as_json["ok"] is True and {u["name"] for u in as_json["units"]} == {"FewestGuests", "EnoughMemory"}
 
@@ -246,7 +246,7 @@ def test_check_as_root_uses_the_services_confinement(tmp_path: Path):
     if done.returncode == 2:  # nobody cannot read this Python (one under /root): refused as the services refuse
         assert "sandbox: the service runs as root and cannot switch plugin workers to user" in done.stderr
     else:  # the switch worked: the plugins were loaded as the plugin user
-        assert done.returncode == 0 and "2 unit(s), 0 error(s)" in done.stdout, done.stdout + done.stderr
+        assert done.returncode == 0 and "2 units, 0 errors" in done.stdout, done.stdout + done.stderr
 
 
 def _hook(values: dict) -> dict | None:

@@ -25,6 +25,7 @@ from vmsched.runtime import Call, Catalog, PluginPool, translate_validation
 from vmsched.runtime.catalog import no_units
 from vmsched.runtime.contract import KIND, BadResult
 from vmsched.service import plugin_sandbox
+from vmsched.words import counted
 
 
 #: Options of the plugin tools named otherwise than the services' flag of their setting.
@@ -105,7 +106,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     for e in errors:
         print(f"ERROR {e.plugin}: {e.error}")
     problems = len(errors) + sum(1 for u in units if u.validation_error)
-    print(f"{len(units)} unit(s), {problems} error(s)")
+    print(f"{counted(len(units), 'unit')}, {counted(problems, 'error')}")
     return 1 if failed else 0
 
 
