@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -132,7 +131,7 @@ def test_the_reported_cases(args: list[str], env: dict[str, str], expected: str)
     assert one_line(out.stderr) == expected
 
 
-def test_every_refused_option_gets_its_line(tmp_path: Path):
+def test_every_refused_option_gets_its_line():
     """All numeric options out of range at once: one line each, in one run of the real command."""
     args = ["run", "--port", str(free_port())]
     for field in NUMERIC:

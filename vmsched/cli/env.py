@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vmsched.cli.settings import variables
 from vmsched.config import Settings
 
 #: Commands whose options are settings (read from the environment by Settings).
@@ -66,11 +67,8 @@ class Variable:
 
 
 def setting_variable(field: str) -> str:
-    """The environment variable Settings reads for ``field``."""
-    alias = Settings.model_fields[field].validation_alias
-    choices = getattr(alias, "choices", ())
-    named = [c for c in choices if isinstance(c, str) and c.startswith("VMSCHED_")]
-    return named[0] if named else f"VMSCHED_{field.upper()}"
+    """The environment variable Settings reads for ``field`` (the first of them)."""
+    return variables(field)[0]
 
 
 def flag_name(action: argparse.Action) -> str:
