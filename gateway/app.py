@@ -6,7 +6,7 @@ import asyncio
 import ipaddress
 import logging
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -145,9 +145,18 @@ class EngineFastPath:
         await send({"type": "http.response.body", "body": reply})
 
 
-def create_app(settings: Settings, transport: Transport, tokens: TokenStore | None = None) -> BodyLimit:
+def metrics_elsewhere(url: str | None) -> dict[str, str | None]:
+    """The 404 body of ``GET /metrics`` on the gateway's port: where the metrics listener is."""
+    where = url or "its own listener"
+    return {"detail": f"/metrics is not served on this port: see {where} (the gateway's metrics listener: "
+                      "--metrics-host and --metrics-port, default 127.0.0.1:9100)", "metrics": url}
+
+
+def create_app(settings: Settings, transport: Transport, tokens: TokenStore | None = None,
+               metrics_url: Callable[[], str | None] = lambda: None) -> BodyLimit:
     """The gateway's ASGI app on ``transport``, the process's bus (the runner's, shared with the services of an
-    all-in-one); ``/metrics`` is served on its own listener (runner)."""
+    all-in-one); ``/metrics`` is served on its own listener (runner), at ``metrics_url()`` (known once that
+    listener is up)."""
     tokens = tokens or TokenStore(settings.tokens_file).watch()
     bus = transport.client("gateway", declare=tuple(REQUEST_QUEUES.values()))
 
@@ -206,6 +215,10 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
     @app.get("/healthz", tags=["operations"], summary="The process is up")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_here() -> JSONResponse:
+        return JSONResponse(metrics_elsewhere(metrics_url()), status_code=404)
 
     @app.get("/readyz", tags=["operations"],
              summary="The bus is reachable and at least one service consumer answers (per-queue detail)")

@@ -28,8 +28,9 @@ from vmsched.gateway.console.sessions import COOKIE as CONSOLE_COOKIE
 from vmsched.gateway.console.sessions import Session, Sessions, cookie
 from vmsched.tokens import MAX_TOKEN, Identity, Role, TokenStore
 
-#: Routes anyone may call: they hold no data.
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+#: Routes anyone may call: they hold no data (``/metrics`` here only says where the metrics listener is).
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json",
+                        "/metrics"})
 #: Path prefixes anyone may read: static assets of /docs and of the console, no data.
 OPEN_PREFIXES = ("/docs/assets/", "/static/")
 #: The console's pages (:mod:`vmsched.gateway.console.pages`): GET only, the read role, from the bearer header or

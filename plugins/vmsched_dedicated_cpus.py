@@ -18,8 +18,8 @@ class vmsched_DedicatedCpus:
     """Keep hosts whose dedicated CPU pool can take the VM; weigh them by how tightly it fits."""
 
     def do_filter(self, hosts, vm, args):
-        """Keep hosts whose agent has the room the VM needs (see the module); a VM of unknown need is an error
-        and drops no host."""
+        """Keep hosts whose dedicated CPU pool has room for the VM's need; a VM of unknown need drops no host."""
+        # The room per thread policy and NUMA policy: the module's docstring. A VM of unknown need is an error.
         # Hosts without fresh facts are kept; the VM's own CPUs on a host count as free there.
         found = {h: f for h in hosts if (f := facts.host(h)) is not None}
         need = _need(vm, found, facts.vm())
@@ -33,8 +33,8 @@ class vmsched_DedicatedCpus:
         return kept
 
     def do_score(self, hosts, vm, args):
-        """Weight = what is left of the NUMA node the VM fits in best (a tight fit keeps whole nodes for big VMs);
-        a VM that fits only across nodes weighs more, one needing no dedicated CPUs 0 everywhere."""
+        """Weight = dedicated CPUs left in the NUMA node the VM fits best (tight fits first); across nodes, more."""
+        # A tight fit keeps whole nodes for big VMs; a VM needing no dedicated CPUs weighs 0 everywhere.
         # Hosts without fresh facts, or without room, are not scored: they get the call's worst weight.
         found = {h: f for h in hosts if (f := facts.host(h)) is not None and not f.stale}
         need = _need(vm, found, facts.vm())

@@ -12,8 +12,9 @@ class vmsched_Memory:
     properties_validation = r"HostReservedMemoryMiB=^[0-9]+$;GuestOverheadMiB=^[0-9]+$"
 
     def do_filter(self, hosts, vm, args):
-        """Keep hosts whose free memory minus HostReservedMemoryMiB (321) covers the VM plus GuestOverheadMiB (65),
-        counting the VMs vmsched placed there moments ago that the facts do not show yet."""
+        """Keep hosts whose free memory, less HostReservedMemoryMiB and fresh placements, fits VM + GuestOverheadMiB."""
+        # The description the engine shows: one line. Fresh placements: the VMs vmsched placed there moments ago
+        # that the facts do not show yet; defaults 321 and 65 MiB.
         # Free memory is oVirt's: MemFree + Cached + Buffers + SReclaimable. Hosts without fresh facts,
         # or a VM of unknown size, are kept: the engine's own memory filter still applies. Pending
         # placements: docs/stock-units.md ("Pending placements").

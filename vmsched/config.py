@@ -13,7 +13,7 @@ from pathlib import Path
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from vmsched.bus.options import read_url_file
@@ -47,9 +47,12 @@ def parse_timeouts(value: str | dict[str, float] | None) -> dict[str, float]:
         if not item:
             continue
         name, sep, seconds = item.partition("=")
-        if not sep or not name.strip():
-            raise ValueError(f"bad timeout entry {item!r}: expected NAME=SECONDS")
-        out[name.strip()] = float(seconds)
+        try:
+            if not sep or not name.strip():
+                raise ValueError
+            out[name.strip()] = float(seconds)
+        except ValueError:
+            raise ValueError(f"bad timeout entry {item!r}: expected NAME=SECONDS,...") from None
     return out
 
 
@@ -111,6 +114,8 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("plugins_dir", "VMSCHED_PLUGINS", "OSCHEDPROXY_PLUGINS"),
         description="folder of plugin files (top-level *.py)",
     )
+    stock_plugins: bool = Field(False, description="also load the stock plugins, after the plugins_dir folder (a "
+                                                   "module or unit name in both is a load error)")
     pool_size: int | None = Field(None, ge=1, description="a fixed number of plugin worker processes per service (sets pool_min and pool_max)")
     pool_min: int = Field(1, ge=1, description="plugin worker processes a service keeps when idle")
     pool_max: int = Field(4, ge=1, description="most plugin worker processes per service (more start while calls queue)")
@@ -159,18 +164,25 @@ class Settings(BaseSettings):
     def _networks(cls, value: str) -> str:
         items = [v.strip() for v in value.split(",") if v.strip()]
         if value.strip() and not items:  # a list given but empty once parsed must not mean "any client"
-            raise ValueError(f"engine_allow: {value!r} lists no network; give CIDR,... or leave it unset "
+            raise ValueError("lists no network; give CIDR,... or leave it unset "
                              "(unset or empty: any client may call the XML-RPC)")
         for item in items:
             try:
                 ipaddress.ip_network(item, strict=False)
             except ValueError:
-                raise ValueError(f"engine_allow: {item!r} is not an address or CIDR network") from None
+                raise ValueError(f"{item!r} is not an address or CIDR network") from None
         return value
 
     @property
     def engine_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
         return [ipaddress.ip_network(v.strip(), strict=False) for v in self.engine_allow.split(",") if v.strip()]
+
+    @field_validator("amqp_url_file")
+    @classmethod
+    def _url_file(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            read_url_file(value)  # readable and holding a URL: said against the option that names the file
+        return value
 
     @model_validator(mode="after")
     def _url_from_file(self) -> "Settings":
@@ -180,11 +192,14 @@ class Settings(BaseSettings):
             self.amqp_url = read_url_file(self.amqp_url_file)
         return self
 
-    @model_validator(mode="after")
-    def _pool_bounds(self) -> "Settings":
-        if self.pool_size is None and self.pool_min > self.pool_max:
-            raise ValueError(f"pool_min ({self.pool_min}) is above pool_max ({self.pool_max})")
-        return self
+    @field_validator("pool_max")
+    @classmethod
+    def _pool_bounds(cls, value: int, info: ValidationInfo) -> int:
+        fewest = info.data.get("pool_min")
+        if info.data.get("pool_size") is None and fewest is not None and fewest > value:
+            raise ValueError(f"below the pool's minimum ({fewest}, --pool-min or VMSCHED_POOL_MIN): raise it, "
+                             "or lower the minimum")
+        return value
 
     def pool_bounds(self) -> tuple[int, int]:
         """(fewest, most) plugin worker processes of a service: pool_size fixes both."""
@@ -196,6 +211,15 @@ class Settings(BaseSettings):
     @classmethod
     def _timeouts(cls, value: Any) -> dict[str, float]:
         return parse_timeouts(value)
+
+    @property
+    def plugin_folders(self) -> list[Path]:
+        """The plugins folders, in the order the plugin workers import from them: plugins_dir, then the stock
+        plugins with stock_plugins (unless plugins_dir is theirs)."""
+        stock = stock_plugins_dir()
+        if self.stock_plugins and Path(self.plugins_dir).resolve() != stock.resolve():
+            return [self.plugins_dir, stock]
+        return [self.plugins_dir]
 
     @property
     def embedded(self) -> bool:

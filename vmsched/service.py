@@ -20,6 +20,7 @@ from vmsched.bus.rabbitmq.journal import default_dir
 from vmsched.bus.replies import Handler
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.config import Settings
+from vmsched.words import counted
 from vmsched.engine_link import facts_cache
 from vmsched.facts.cache import NO_CACHE, FactsCache, cause
 from vmsched.messages import Kind, MissingFacts
@@ -119,10 +120,10 @@ class PluginService:
         limits, confinement = plugin_sandbox(settings)
         fewest, most = (pool_size, pool_size) if pool_size else pool_bounds or settings.pool_bounds()
         self.pool = PluginPool(
-            settings.plugins_dir, min_size=fewest, max_size=most, idle_seconds=settings.pool_idle, limits=limits,
+            settings.plugin_folders, min_size=fewest, max_size=most, idle_seconds=settings.pool_idle, limits=limits,
             name=self.name, confinement=confinement, bundle_seconds=settings.plugin_bundle_ms / 1000,
         )
-        self.catalog = Catalog(settings.plugins_dir, self.pool, analyze_timeout=settings.plugin_timeout,
+        self.catalog = Catalog(settings.plugin_folders, self.pool, analyze_timeout=settings.plugin_timeout,
                                log_changes=log_plugins)
         self.worker: Worker | None = None
         metrics.init_requests(self.name, [op.value for op, queue in REQUEST_QUEUES.items() if queue in self.QUEUES],
@@ -152,7 +153,8 @@ class PluginService:
         if self.facts is not None:
             self._facts_sub = FactsSubscriber(self.transport, self.name, self.facts.ingest)
             self._facts_sub.start()
-        log.info("%s: serving %s with %d units", self.name, ", ".join(self.routes()), len(self.catalog.units()))
+        log.info("%s: serving %s with %s", self.name, ", ".join(self.routes()),
+                 counted(len(self.catalog.units()), "unit"))
 
     def stop(self) -> None:
         if self.worker is not None:

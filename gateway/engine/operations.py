@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from vmsched.gateway.engine import xmlrpc
 from vmsched.decide.rules import Decision, RenderOptions, balance_decision, filter_decision, score_decision
+from vmsched.words import counted
 from vmsched.messages import (
     BalanceReply,
     BalanceRequest,
@@ -60,7 +61,8 @@ def paired_scores(req: ScoreRequest, reply: ScoreReply) -> ScoreReply:
             o.scores = list(zip(req.hosts, o.values))
         else:
             o.ok, o.scores = False, []
-            o.error = f"the scoring service sent {len(o.values)} aligned scores for {len(req.hosts)} hosts"
+            o.error = (f"the scoring service sent {counted(len(o.values), 'aligned score')} for "
+                       f"{counted(len(req.hosts), 'host')}")
             o.values = None
     return reply
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -59,7 +60,7 @@ def test_check_lists_units_with_description_and_validation(tmp_path: Path):
     assert "Fewer running guests is better (a class docstring" in done.stdout  # class docstring fallback
     assert "Hosts with at least min_mib of free memory." in done.stdout
     assert "'flag=;n=[0-9]+'" in done.stdout  # an empty regex is kept and advertised
-    assert done.stdout.rstrip().endswith("2 unit(s), 0 error(s)")
+    assert done.stdout.rstrip().endswith("2 units, 0 errors")
     as_json = json.loads(vmsched("check", "--json", str(folder / "mine.py")).stdout)
     assert as_json["ok"] is True and {u["name"] for u in as_json["units"]} == {"FewestGuests", "EnoughMemory"}
 
@@ -71,12 +72,69 @@ def test_check_fails_on_any_error(tmp_path: Path):
     assert "ERROR: invalid properties_validation" in done.stdout  # BadValidation
     (tmp_path / "empty.py").write_text("x = 1\n")
     done = vmsched("check", str(tmp_path / "empty.py"))
-    assert done.returncode == 1 and "no units found" in done.stdout
+    assert done.returncode == 1 and "ERROR empty: empty.py defines no unit: define a class with do_filter" in done.stdout
     (tmp_path / "syntax.py").write_text("class X(:\n")
     done = vmsched("check", str(tmp_path / "syntax.py"))
     assert done.returncode == 1 and "SyntaxError" in done.stdout
     done = vmsched("check", str(tmp_path / "nowhere"))
     assert done.returncode == 2 and "no such plugin file or folder" in done.stderr
+
+
+FUNCTIONS_ONLY = '''
+def do_filter(hosts, vm, args):
+    """A filter written as a module-level function: not a unit (the old proxy loads classes only)."""
+    return hosts
+'''
+
+
+def test_a_plugin_file_without_a_class_is_an_error_beside_valid_units(tmp_path: Path):
+    folder = good_folder(tmp_path)
+    (folder / "loose.py").write_text(FUNCTIONS_ONLY)
+    done = vmsched("check", str(folder))
+    assert done.returncode == 1, done.stdout
+    assert ("ERROR loose: loose.py defines no unit: define a class with do_filter, do_score or do_balance "
+            "(module-level functions are not units)") in done.stdout
+    assert "score    FewestGuests  (mine.py)" in done.stdout  # the valid units are still listed
+    as_json = json.loads(vmsched("check", "--json", str(folder)).stdout)
+    assert as_json["ok"] is False and [e["plugin"] for e in as_json["errors"]] == ["loose"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = vmsched("check", str(empty))
+    assert done.returncode == 1 and f"ERROR {empty}: no plugin file (NAME.py) here" in done.stdout
+
+
+def test_the_services_warn_of_a_plugin_file_without_a_class(tmp_path: Path):
+    folder = good_folder(tmp_path)
+    (folder / "loose.py").write_text(FUNCTIONS_ONLY)
+    port = free_port()
+    log = tmp_path / "run.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "vmsched.cli", "run", "--plugins", str(folder),
+                                 "--port", str(port), "--metrics-port", "0", "--pool-size", "1"],
+                                cwd=ROOT, stdout=out, stderr=out, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "all-in-one on" not in log.read_text() and proc.poll() is None:
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    text = log.read_text()
+    assert "all-in-one on" in text, text
+    assert ("WARNING vmsched.plugins: plugin loose.py defines no unit: define a class with do_filter, do_score or "
+            "do_balance") in text
+    assert "loose loaded" not in text
+
+
+def test_the_stock_units_pass_and_describe_themselves_in_one_line():
+    """The description is what the engine shows: one line, no reference to the source."""
+    done = vmsched("check", "--json", str(ROOT / "plugins"))
+    assert done.returncode == 0, done.stdout
+    units = json.loads(done.stdout)["units"]
+    assert len(units) == 20  # every kind of every stock unit
+    for unit in units:
+        text = unit["description"]
+        assert text and "\n" not in text and "module" not in text and len(text) <= 200, (unit["name"], text)
 
 
 def test_run_one_unit_with_facts_from_yaml_or_json(tmp_path: Path):
@@ -188,7 +246,7 @@ def test_check_as_root_uses_the_services_confinement(tmp_path: Path):
     if done.returncode == 2:  # nobody cannot read this Python (one under /root): refused as the services refuse
         assert "sandbox: the service runs as root and cannot switch plugin workers to user" in done.stderr
     else:  # the switch worked: the plugins were loaded as the plugin user
-        assert done.returncode == 0 and "2 unit(s), 0 error(s)" in done.stdout, done.stdout + done.stderr
+        assert done.returncode == 0 and "2 units, 0 errors" in done.stdout, done.stdout + done.stderr
 
 
 def _hook(values: dict) -> dict | None:

@@ -40,12 +40,16 @@ def busy_port():
 @pytest.mark.parametrize("command", ["run", "gateway"])
 def test_a_busy_port_fails_before_anything_starts(command: str, busy_port: int):
     line = one_error_line(vmsched(command, "--port", str(busy_port), "--amqp", "memory://"))
-    assert f"cannot listen on 127.0.0.1:{busy_port}" in line and "choose another --port" in line
+    assert f"the gateway cannot listen on 127.0.0.1:{busy_port}: Address already in use; " in line
+    assert "a vmsched started before: stop it (Ctrl-C where it runs)" in line
+    assert line.endswith("or choose another port with --port PORT (VMSCHED_PORT)")
 
 
-def test_a_busy_metrics_port_fails_before_the_services_start(busy_port: int):
+def test_a_busy_metrics_port_says_which_option_to_change(busy_port: int):
     out = vmsched("run", "--port", str(free_port()), env={"VMSCHED_METRICS_PORT": str(busy_port)})
-    assert f"metrics listener 127.0.0.1:{busy_port}" in one_error_line(out)
+    line = one_error_line(out)
+    assert f"the metrics listener cannot listen on 127.0.0.1:{busy_port}: Address already in use; " in line
+    assert line.endswith("or choose another port with --metrics-port PORT (VMSCHED_METRICS_PORT)")
 
 
 def test_a_missing_tokens_file_says_how_to_make_one(tmp_path: Path):

@@ -188,8 +188,9 @@ def test_authorisation_matrix(route: tuple[str, str], who: str, request: pytest.
 def test_open_endpoints_need_no_credential(tls_run: Server) -> None:
     for path in ("/healthz", "/readyz", "/docs", "/openapi.json"):
         assert tls_run.request("GET", path).status_code == 200, path
+    metrics = tls_run.request("GET", "/metrics")  # not here: where it is, said to anyone
+    assert metrics.status_code == 404 and metrics.json()["metrics"] == tls_run.metrics + "/metrics"
     # anything else, even a path that does not exist, needs a credential first
-    assert tls_run.request("GET", "/metrics").status_code == 401
     assert tls_run.request("GET", "/v1/nothing").status_code == 401
     assert tls_run.request("GET", "/v1/nothing", SECRET["reader"]).status_code == 404
 

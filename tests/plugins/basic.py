@@ -1,6 +1,6 @@
 """Well-behaved units, new (return) contract."""
 
-from helpers import even_index
+from _helpers import even_index
 
 
 class KeepEven:

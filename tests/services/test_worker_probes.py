@@ -45,7 +45,8 @@ def test_worker_probes_follow_the_bus(tmp_path: Path, rabbit_vhost: str):
         alive = wait_until(lambda: _get(port, "/healthz"), 30)
         assert alive.status_code == 200  # the process is up ...
         assert _get(port, "/readyz").status_code == 503  # ... but not ready without a broker
-        wait_until(lambda: "bus connection failed" in bad.output(), 30, what="the retry log line")
+        wait_until(lambda: f"bus connection to amqp://127.0.0.1:{closed} (vhost /, user guest) failed" in bad.output(),
+                   30, what="the retry log line, naming the broker")
         assert ":guest@" not in bad.output() and ":guest@" not in good.output()  # no broker password in a log
     finally:
         bad.kill()

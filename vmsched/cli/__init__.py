@@ -15,6 +15,7 @@ from typing import Any, Callable
 from vmsched import __version__, logs
 from vmsched.bus.options import url_argument
 from vmsched.cli.env import EnvParser
+from vmsched.cli.settings import broker_origin, build
 from vmsched.config import DEFAULT_AMQP_URL, MEMORY_URL, Settings
 from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService
@@ -36,50 +37,58 @@ def _bus(p: argparse.ArgumentParser, default_note: str = f"default {DEFAULT_AMQP
     p.add_argument("--amqp-ca", type=Path, metavar="PEM", help="amqps: CA of the broker's certificate (default: the system's)")
     p.add_argument("--amqp-cert", type=Path, metavar="PEM", help="amqps: client certificate chain")
     p.add_argument("--amqp-key", type=Path, metavar="PEM", help="amqps: the client certificate's private key")
-    p.add_argument("--delivery-limit", type=int, metavar="N",
+    p.add_argument("--delivery-limit", metavar="N",
                    help="deliveries of a scheduling request at most before it is dead-lettered and answered with an error; "
                         "the same on the gateway and the services (env VMSCHED_DELIVERY_LIMIT; default 2)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR (env VMSCHED_LOG_LEVEL; default INFO)")
-    p.add_argument("--log-format", choices=["text", "json"],
+    p.add_argument("--log-format", metavar="text|json",
                    help="every log line, audit lines included, as text or as one JSON object (env VMSCHED_LOG_FORMAT; "
                         "default text)")
-    p.add_argument("--connect-timeout", type=float, metavar="S", help="broker connect timeout in seconds (default 2)")
+    p.add_argument("--connect-timeout", metavar="S", help="broker connect timeout in seconds (default 2)")
+    p.add_argument("--confirm-timeout", metavar="S",
+                   help="how long a publish waits for the broker's confirm; a broker that answers nothing that "
+                        "long is taken as gone and another connection opened, seconds (default 2)")
+    p.add_argument("--reconnect-max-delay", metavar="S",
+                   help="longest wait between two attempts to reach the broker, seconds (default 5)")
 
 
 def _plugins(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugins", dest="plugins_dir", type=Path, metavar="DIR",
                    help="plugins folder, top-level *.py files (env VMSCHED_PLUGINS or OSCHEDPROXY_PLUGINS; "
-                        "default: the stock plugins shipped with vmsched)")
-    p.add_argument("--pool-size", type=int, metavar="N",
+                        "default: the stock plugins shipped with vmsched, which a folder given replaces)")
+    p.add_argument("--stock-plugins", action="store_true", default=None,
+                   help="keep the stock plugins beside --plugins DIR: both folders are loaded, DIR first; a module "
+                        "or unit name in both is a load error (default off)")
+    p.add_argument("--pool-size", metavar="N",
                    help="a fixed number of plugin worker processes per service (sets --pool-min and --pool-max)")
-    p.add_argument("--pool-min", type=int, metavar="N", help="plugin worker processes a service keeps when idle (default 1)")
-    p.add_argument("--pool-max", type=int, metavar="N",
+    p.add_argument("--pool-min", metavar="N", help="plugin worker processes a service keeps when idle (default 1)")
+    p.add_argument("--pool-max", metavar="N",
                    help="most plugin worker processes per service; more start while calls queue (default 4)")
-    p.add_argument("--pool-idle", type=float, metavar="S",
+    p.add_argument("--pool-idle", metavar="S",
                    help="seconds a plugin worker above --pool-min may stay idle before it stops (default 60)")
-    p.add_argument("--plugin-bundle-ms", type=float, metavar="MS",
+    p.add_argument("--plugin-bundle-ms", metavar="MS",
                    help="the units of a request share one plugin worker while their mean run time together stays "
                         "under this (default 2); 0: each unit on its own worker")
-    p.add_argument("--plugin-timeout", type=float, metavar="S", help="default timeout of one plugin call in seconds (default 10)")
+    p.add_argument("--plugin-timeout", metavar="S", help="default timeout of one plugin call in seconds (default 10)")
     p.add_argument("--plugin-timeouts", metavar="UNIT=S,...", help="per-unit timeouts, e.g. 'SlowFilter=30,Quick=2'")
-    p.add_argument("--plugin-memory-mb", type=int, metavar="MIB", help="address-space limit of a plugin worker (default 1024)")
-    p.add_argument("--plugin-cpu-seconds", type=int, metavar="S", help="CPU-time limit of one plugin call (default 30)")
-    p.add_argument("--plugin-max-output", type=int, metavar="BYTES", help="largest stdout a plugin call may print (default 1048576)")
-    p.add_argument("--rescan-interval", type=float, metavar="S", help="plugins folder rescan period in seconds (default 1)")
+    p.add_argument("--plugin-memory-mb", metavar="MIB", help="address-space limit of a plugin worker (default 1024)")
+    p.add_argument("--plugin-cpu-seconds", metavar="S", help="CPU-time limit of one plugin call (default 30)")
+    p.add_argument("--plugin-max-output", metavar="BYTES", help="largest stdout a plugin call may print (default 1048576)")
+    p.add_argument("--rescan-interval", metavar="S", help="plugins folder rescan period in seconds (default 1)")
     p.add_argument("--plugin-user", metavar="USER", help="user plugin workers run as when the service is root (default vmsched-plugin, else nobody)")
     p.add_argument("--allow-root-plugins", action="store_true", default=None,
                    help="if the switch to --plugin-user is impossible, run plugins as root without capabilities instead of refusing")
     p.add_argument("--plugin-network", action="store_true", default=None, help="let plugins open network sockets (default: off)")
-    p.add_argument("--plugin-max-procs", type=int, metavar="N", help="RLIMIT_NPROC of a plugin worker (default 256)")
-    p.add_argument("--plugin-max-files", type=int, metavar="N", help="RLIMIT_NOFILE of a plugin worker (default 256)")
-    p.add_argument("--plugin-max-file-mb", type=int, metavar="MIB", help="RLIMIT_FSIZE of a plugin worker (default 64)")
+    p.add_argument("--plugin-max-procs", metavar="N", help="RLIMIT_NPROC of a plugin worker (default 256)")
+    p.add_argument("--plugin-max-files", metavar="N", help="RLIMIT_NOFILE of a plugin worker (default 256)")
+    p.add_argument("--plugin-max-file-mb", metavar="MIB", help="RLIMIT_FSIZE of a plugin worker (default 64)")
     p.add_argument("--plugin-write-dirs", metavar="DIR,...", help="directories plugins may write besides a private temporary one (default: none)")
     p.add_argument("--plugin-env", metavar="NAME,...", help="extra environment variables passed to plugins (default: none beyond PATH, LANG, LC_*, TZ)")
-    p.add_argument("--consumers", type=int, metavar="N", help="consumer threads per service (default 2)")
-    p.add_argument("--prefetch", type=int, metavar="N", help="unacknowledged requests per consumer (default 8)")
+    p.add_argument("--consumers", metavar="N", help="consumer threads per service (default 2)")
+    p.add_argument("--prefetch", metavar="N", help="unacknowledged requests per consumer (default 8)")
     p.add_argument("--runtime-dir", type=Path, metavar="DIR",
                    help="runtime directory kept across restarts, for the in-flight journal (env VMSCHED_RUNTIME_DIR; "
                         "default: systemd's $RUNTIME_DIRECTORY, else vmsched-<uid> in the temporary directory)")
@@ -87,20 +96,20 @@ def _plugins(p: argparse.ArgumentParser) -> None:
 
 def _gateway(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", metavar="ADDR", help="listen address (env VMSCHED_HOST; default 127.0.0.1)")
-    p.add_argument("--port", type=int, metavar="PORT", help="listen port (env VMSCHED_PORT; default 18781)")
-    p.add_argument("--request-timeout", type=float, metavar="S",
+    p.add_argument("--port", metavar="PORT", help="listen port (env VMSCHED_PORT; default 18781)")
+    p.add_argument("--request-timeout", metavar="S",
                    help="deadline of one scheduling request in seconds (default 30; the engine waits 120)")
-    p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body accepted (default 1048576)")
-    p.add_argument("--max-hosts", type=int, metavar="N", help="most host IDs in one scheduling request (default 10000)")
+    p.add_argument("--max-body-bytes", metavar="N", help="largest request body accepted (default 1048576)")
+    p.add_argument("--max-hosts", metavar="N", help="most host IDs in one scheduling request (default 10000)")
     p.add_argument("--score-per-unit", action="store_true", default=None,
                    help="score replies as [host, weight, unit] per unit, factored by the engine "
                         "(env VMSCHED_SCORE_PER_UNIT; default off: one total per host; docs/plugins.md)")
-    p.add_argument("--max-units", type=int, metavar="N", help="most plugin units in one scheduling request (default 200)")
-    p.add_argument("--max-string", type=int, metavar="N",
+    p.add_argument("--max-units", metavar="N", help="most plugin units in one scheduling request (default 200)")
+    p.add_argument("--max-string", metavar="N",
                    help="longest string in a scheduling request: ID, unit name, property (default 4096 characters)")
-    p.add_argument("--header-timeout", type=float, metavar="S",
+    p.add_argument("--header-timeout", metavar="S",
                    help="close a connection whose request headers take longer (default 10 s; 408 if it sent some)")
-    p.add_argument("--body-timeout", type=float, metavar="S", help="answer 408 to a request whose body takes longer (default 30 s)")
+    p.add_argument("--body-timeout", metavar="S", help="answer 408 to a request whose body takes longer (default 30 s)")
     p.add_argument("--tls-cert", type=Path, metavar="PEM",
                    help="serve HTTPS with this certificate chain (reloaded when the file changes; env VMSCHED_TLS_CERT)")
     p.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's private key (env VMSCHED_TLS_KEY)")
@@ -112,7 +121,17 @@ def _gateway(p: argparse.ArgumentParser) -> None:
                    help="the secret that signs console sessions, the same file on every gateway replica "
                         "(`vmsched console-secret` makes one; env VMSCHED_CONSOLE_SECRET_FILE; default: a random "
                         "secret of this process)")
-    p.add_argument("--console-session-ttl", type=float, metavar="S",
+    p.add_argument("--decisions-size", metavar="N",
+                   help="scheduling decisions kept per operation for GET /v1/decisions and the console "
+                        "(default 200; 0: no decision log)")
+    p.add_argument("--decisions-share", action=argparse.BooleanOptionalAction, default=None,
+                   help="on RabbitMQ, GET /v1/decisions and the console also ask the other gateway replicas "
+                        "(default on; --no-decisions-share: this gateway's decisions only)")
+    p.add_argument("--decisions-log", action="store_true", default=None,
+                   help="also write each decision as one JSON line to stdout, for Loki or ELK (default off)")
+    p.add_argument("--gateway-id", metavar="NAME",
+                   help="this gateway's label in decision records (default: the host name)")
+    p.add_argument("--console-session-ttl", metavar="S",
                    help="how long a console session lasts (env VMSCHED_CONSOLE_SESSION_TTL; default 28800 s, 8 h)")
 
 
@@ -123,7 +142,10 @@ def _tokens(p: argparse.ArgumentParser) -> None:
 
 
 def _facts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--facts-max-age", type=float, metavar="S",
+    p.add_argument("--facts", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep a host facts cache fed by the policy agents, for the plugins, /v1/facts and the "
+                        "decisions (default on; --no-facts: none)")
+    p.add_argument("--facts-max-age", metavar="S",
                    help="host facts older than this are stale (env VMSCHED_FACTS_MAX_AGE; default 3 agent intervals)")
     p.add_argument("--facts-host-map", type=Path, metavar="FILE",
                    help="engine host ID = agent host ID lines, for agents not started with the engine's ID (docs/facts.md)")
@@ -132,14 +154,14 @@ def _facts(p: argparse.ArgumentParser) -> None:
                         "REST API, to map engine host IDs by hw_id and to learn a starting VM's memory and vCPUs "
                         "(env VMSCHED_ENGINE_LINK_FILE; docs/facts.md)")
     p.add_argument("--engine-link-ca", type=Path, metavar="PEM", help="CA of the engine's HTTPS certificate (default: the system's)")
-    p.add_argument("--engine-link-timeout", type=float, metavar="S", help="timeout of one engine REST call (default 5)")
-    p.add_argument("--engine-link-ttl", type=float, metavar="S", help="how long the engine link keeps an answer (default 300)")
-    p.add_argument("--engine-link-wait", type=float, metavar="S",
+    p.add_argument("--engine-link-timeout", metavar="S", help="timeout of one engine REST call (default 5)")
+    p.add_argument("--engine-link-ttl", metavar="S", help="how long the engine link keeps an answer (default 300)")
+    p.add_argument("--engine-link-wait", metavar="S",
                    help="how long a call waits for the link's first answer about a VM (default 0.5; 0: never)")
 
 
 def _metrics(p: argparse.ArgumentParser, default: str = "off") -> None:
-    p.add_argument("--metrics-port", type=int, metavar="PORT",
+    p.add_argument("--metrics-port", metavar="PORT",
                    help=f"serve Prometheus /metrics, /healthz, /readyz on this port (env VMSCHED_METRICS_PORT; default {default})")
     p.add_argument("--metrics-host", metavar="ADDR", help="metrics listen address (env VMSCHED_METRICS_HOST; default 127.0.0.1)")
     p.add_argument("--metrics-tls-cert", type=Path, metavar="PEM", help="serve metrics over HTTPS with this certificate")
@@ -149,10 +171,11 @@ def _metrics(p: argparse.ArgumentParser, default: str = "off") -> None:
 
 
 def settings_from(args: argparse.Namespace, **overrides: Any) -> Settings:
+    """The command's settings: its flags, the environment, the defaults (SettingsError: what is wrong)."""
     fields = set(Settings.model_fields)
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     given.update(overrides)
-    return Settings(**given)
+    return build(given)
 
 
 def _logging(settings: Settings) -> None:
@@ -172,7 +195,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     settings = run_settings(args)
     _logging(settings)
-    return run_all_in_one(settings)
+    return run_all_in_one(settings, broker_origin(vars(args)))
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -180,7 +203,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     _logging(settings)
-    return run_gateway(settings)
+    return run_gateway(settings, broker_origin(vars(args)))
 
 
 def _service_cmd(name: str) -> Command:
@@ -189,7 +212,7 @@ def _service_cmd(name: str) -> Command:
 
         settings = settings_from(args)
         _logging(settings)
-        return run_service(name, settings)
+        return run_service(name, settings, broker_origin(vars(args)))
 
     return command
 
@@ -271,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as exc:
-        # bad settings or paths: say what is wrong, no traceback
-        print(f"vmsched: error: {exc}", file=sys.stderr)
+        # bad settings or paths: say what is wrong (a line per problem), no traceback
+        for line in str(exc).splitlines() or [type(exc).__name__]:
+            print(f"vmsched: error: {line}", file=sys.stderr)
         return 2
 

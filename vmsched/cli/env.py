@@ -27,12 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vmsched.cli.settings import variables
 from vmsched.config import Settings
 
 #: Commands whose options are settings (read from the environment by Settings).
 SETTINGS_COMMANDS = frozenset({"run", "gateway", "discovery", "scoring", "balancer", "plugin"})
-#: Options of the plugin tools that are settings under another name.
-SETTING_OF = {("plugin", "timeout"): "plugin_timeout", ("plugin", "plugins"): "plugins_dir"}
+#: Options of the plugin tools that are settings under another name (None: an option that is no setting).
+SETTING_OF = {("plugin", "timeout"): "plugin_timeout", ("plugin", "plugins"): "plugins_dir", ("plugin", "facts"): None}
 #: Options of the client commands that say where the agent is: the agent's variables.
 AGENT_PLACE = frozenset({"socket", "client_host", "timeout"})
 #: Broker options of the agent and its clients: read from the environment where the broker is chosen.
@@ -66,11 +67,8 @@ class Variable:
 
 
 def setting_variable(field: str) -> str:
-    """The environment variable Settings reads for ``field``."""
-    alias = Settings.model_fields[field].validation_alias
-    choices = getattr(alias, "choices", ())
-    named = [c for c in choices if isinstance(c, str) and c.startswith("VMSCHED_")]
-    return named[0] if named else f"VMSCHED_{field.upper()}"
+    """The environment variable Settings reads for ``field`` (the first of them)."""
+    return variables(field)[0]
 
 
 def flag_name(action: argparse.Action) -> str:
@@ -82,7 +80,7 @@ def variable(command: Sequence[str], action: argparse.Action) -> Variable:
     """The variable(s) of ``action``, an option of ``command`` (e.g. ``("policy", "set")``)."""
     top, dest = command[0], action.dest
     field = SETTING_OF.get((top, dest), dest)
-    if top in SETTINGS_COMMANDS and field in Settings.model_fields:
+    if top in SETTINGS_COMMANDS and field is not None and field in Settings.model_fields:
         return Variable((setting_variable(field),), field, "settings")
     if dest in BROKER and top in ("agent", "policy", "domain"):
         names, setting = BROKER[dest]

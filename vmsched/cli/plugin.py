@@ -18,22 +18,34 @@ from typing import Any
 
 import yaml
 
+from vmsched.cli.settings import build
 from vmsched.config import Settings
 from vmsched.messages import Kind, PluginLoadError, UnitInfo
 from vmsched.runtime import Call, Catalog, PluginPool, translate_validation
+from vmsched.runtime.catalog import no_units
 from vmsched.runtime.contract import KIND, BadResult
 from vmsched.service import plugin_sandbox
+from vmsched.words import counted
+
+
+#: Options of the plugin tools named otherwise than the services' flag of their setting.
+FLAGS = {"plugin_timeout": "--timeout"}
 
 
 def _settings(**given: Any) -> Settings:
     logging.disable(logging.ERROR)  # what the services would log is printed here as the result
-    return Settings(**{k: v for k, v in given.items() if v is not None})
+    return build(given, FLAGS)
+
+
+def folders(folder: Path, settings: Settings) -> list[Path]:
+    """The plugins folders a service given ``--plugins folder`` would load, in order (--stock-plugins: two)."""
+    return settings.model_copy(update={"plugins_dir": folder}).plugin_folders
 
 
 @contextmanager
 def _pool(folder: Path, settings: Settings) -> Iterator[PluginPool]:
     limits, confinement = plugin_sandbox(settings)
-    pool = PluginPool(folder, size=1, limits=limits, name="plugin-cli", confinement=confinement)
+    pool = PluginPool(folders(folder, settings), size=1, limits=limits, name="plugin-cli", confinement=confinement)
     try:
         pool.start()
     except RuntimeError as exc:  # the sandbox refused, as it would in the service: say why, no traceback
@@ -49,13 +61,15 @@ def load(path: Path, settings: Settings) -> tuple[list[UnitInfo], list[PluginLoa
     path = path.absolute()
     if path.is_dir():
         with _pool(path, settings) as pool:
-            catalog = Catalog(path, pool, analyze_timeout=settings.plugin_timeout)
+            catalog = Catalog(folders(path, settings), pool, analyze_timeout=settings.plugin_timeout)
             catalog.refresh()
-            return catalog.units(), catalog.load_errors()
+            return catalog.units(), catalog.load_errors() + catalog.without_units()
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such plugin file or folder")
     if path.suffix != ".py":
         return [], [PluginLoadError(plugin=path.name, error="a plugin is a *.py file")]
+    if settings.stock_plugins:
+        raise ValueError(f"--stock-plugins checks a folder beside the stock plugins: give {path.parent}, not a file")
     errors = []
     if path.name.startswith(("_", ".")):
         errors.append(PluginLoadError(plugin=path.stem, error="files starting with '_' or '.' are not scanned as "
@@ -64,6 +78,8 @@ def load(path: Path, settings: Settings) -> tuple[list[UnitInfo], list[PluginLoa
         analysis = pool.analyze(path, timeout=settings.plugin_timeout)
     if analysis.error:
         return [], errors + [PluginLoadError(plugin=path.stem, error=analysis.error)]
+    if not analysis.units:
+        errors.append(PluginLoadError(plugin=path.stem, error=no_units(path.stem)))
     units = []
     for found in analysis.units:
         validation, problem = translate_validation(found.validation)
@@ -74,9 +90,8 @@ def load(path: Path, settings: Settings) -> tuple[list[UnitInfo], list[PluginLoa
 
 def cmd_check(args: argparse.Namespace) -> int:
     units, errors = load(args.path, _from(args))
-    if not units and not errors:
-        errors = [PluginLoadError(plugin=str(args.path), error="no units found (a unit is a class with do_filter, "
-                                                               "do_score or do_balance)")]
+    if not units and not errors:  # a folder without plugin files
+        errors = [PluginLoadError(plugin=str(args.path), error="no plugin file (NAME.py) here")]
     failed = bool(errors) or any(u.validation_error for u in units)
     if args.json:
         print(json.dumps({"ok": not failed, "units": [u.model_dump(mode="json") for u in units],
@@ -91,7 +106,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     for e in errors:
         print(f"ERROR {e.plugin}: {e.error}")
     problems = len(errors) + sum(1 for u in units if u.validation_error)
-    print(f"{len(units)} unit(s), {problems} error(s)")
+    print(f"{counted(len(units), 'unit')}, {counted(problems, 'error')}")
     return 1 if failed else 0
 
 
@@ -163,12 +178,15 @@ def _sandbox_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-root-plugins", action="store_true", default=None,
                    help="as root: if the switch to --plugin-user is impossible, run plugins as root without "
                         "capabilities (as the services)")
-    p.add_argument("--timeout", type=float, metavar="S", help="import and call timeout (default: --plugin-timeout, 10)")
+    p.add_argument("--timeout", metavar="S", help="import and call timeout (default: --plugin-timeout, 10)")
+    p.add_argument("--stock-plugins", action="store_true", default=None,
+                   help="load the stock plugins too, after the folder, as a service given --stock-plugins does: "
+                        "a module or unit name in both is an error (default off)")
 
 
 def _from(args: argparse.Namespace) -> Settings:
     return _settings(plugin_timeout=args.timeout, plugin_user=args.plugin_user,
-                     allow_root_plugins=args.allow_root_plugins)
+                     allow_root_plugins=args.allow_root_plugins, stock_plugins=args.stock_plugins)
 
 
 def register(sub: Any) -> None:  # sub: what argparse's add_subparsers() returned

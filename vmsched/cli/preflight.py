@@ -20,8 +20,12 @@ from vmsched.service import default_plugin_user
 
 
 def check_plugins(settings: Settings) -> None:
-    """The plugins folder exists, and a root service can run plugin workers as the plugin user."""
-    folder = settings.plugins_dir
+    """The plugins folders exist, and a root service can run plugin workers as the plugin user."""
+    for folder in settings.plugin_folders:
+        _check_folder(folder, settings)
+
+
+def _check_folder(folder: Path, settings: Settings) -> None:
     if not folder.exists():
         raise ValueError(f"plugins folder {folder} does not exist (--plugins DIR or VMSCHED_PLUGINS)")
     if not folder.is_dir():
@@ -57,6 +61,18 @@ def check_tokens(settings: Settings) -> None:
                          f"`vmsched token new --name NAME --role read --file {path}`, or leave out --tokens-file")
 
 
+def cannot_listen(what: str, host: str, port: int | None, exc: OSError, option: str) -> ValueError:
+    """What to do when ``what`` cannot listen on host:port; ``option`` is the flag of its port (``--port``)."""
+    variable = "VMSCHED_" + option.removeprefix("--").replace("-", "_").upper()
+    if exc.errno == errno.EADDRINUSE:
+        hint = (f"another process listens there, e.g. a vmsched started before: stop it (Ctrl-C where it runs), "
+                f"or choose another port with {option} PORT ({variable})")
+    else:
+        host_option = option.replace("port", "host")
+        hint = f"choose another address or port with {host_option} and {option}"
+    return ValueError(f"{what} cannot listen on {host}:{port}: {exc.strerror or exc}; {hint}")
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port, or ValueError saying why not and what to do."""
     try:
@@ -73,7 +89,5 @@ def bind(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         sock.close()
-        hint = "another process listens there: stop it or choose another --port" if exc.errno == errno.EADDRINUSE else \
-            "choose another --host or --port"
-        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc} ({hint})") from None
+        raise cannot_listen("the gateway", host, port, exc, "--port") from None
     return sock

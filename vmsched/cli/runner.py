@@ -11,7 +11,7 @@ from typing import Callable
 
 import uvicorn
 
-from vmsched import metrics
+from vmsched import logs, metrics
 from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import Transport
 from vmsched.bus.transport import open_transport
@@ -19,7 +19,7 @@ from vmsched.config import Settings
 from vmsched.gateway.app import create_app
 from vmsched.gateway.http import gateway_http
 from vmsched.messages import Op
-from vmsched.cli.preflight import bind, check_plugins, check_tokens
+from vmsched.cli.preflight import bind, cannot_listen, check_plugins, check_tokens
 from vmsched.service import PluginService
 from vmsched.services.balancer import BalancerService
 from vmsched.services.discovery import DiscoveryService
@@ -72,7 +72,7 @@ def serve_metrics(settings: Settings, ready: Callable[[], bool] | None = None, d
     try:
         return metrics.serve(port, settings.metrics_host, ready, tls, authorize)
     except OSError as exc:
-        raise ValueError(f"metrics listener {settings.metrics_host}:{port}: {exc.strerror or exc}") from None
+        raise cannot_listen("the metrics listener", settings.metrics_host, port, exc, "--metrics-port") from None
 
 
 def _prepare_http(settings: Settings, transport: Transport) -> tuple[uvicorn.Server, socket.socket]:
@@ -80,14 +80,18 @@ def _prepare_http(settings: Settings, transport: Transport) -> tuple[uvicorn.Ser
     check_tokens(settings)
     tls = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca, what="gateway TLS")
     tokens = TokenStore(settings.tokens_file).watch()
-    app = create_app(settings, transport, tokens=tokens)
+    metrics_url: list[str] = []  # known once the metrics listener is up, below
+    app = create_app(settings, transport, tokens=tokens, metrics_url=lambda: next(iter(metrics_url), None))
     metrics.init_requests("gateway", [op.value for op in Op])  # every series at 0 from start-up
     sock = bind(settings.host, settings.port)
     try:
-        serve_metrics(settings, default_port=GATEWAY_METRICS_PORT, tokens=tokens)
+        listener = serve_metrics(settings, default_port=GATEWAY_METRICS_PORT, tokens=tokens)
     except BaseException:
         sock.close()
         raise
+    if listener is not None:
+        scheme = "https" if settings.metrics_tls_cert else "http"
+        metrics_url.append(f"{scheme}://{settings.metrics_host}:{listener.server_address[1]}/metrics")
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, loop="uvloop",
         http=gateway_http(settings.header_timeout, settings.body_timeout),
@@ -99,20 +103,23 @@ def _prepare_http(settings: Settings, transport: Transport) -> tuple[uvicorn.Ser
     return uvicorn.Server(config), sock
 
 
-def _transport(settings: Settings) -> Transport:
-    """The process's bus, chosen once from the broker URL and handed to every party of the process."""
+def _transport(settings: Settings, broker_from: str) -> Transport:
+    """The process's bus, chosen once from the broker URL and handed to every party of the process; which broker
+    and where it was named (``broker_from``) is logged, never its password."""
+    if not settings.embedded:
+        log.info("bus: RabbitMQ at %s, from %s", logs.broker(settings.amqp_url), broker_from)
     return open_transport(BusOptions.from_settings(settings))
 
 
-def run_gateway(settings: Settings) -> int:
-    server, sock = _prepare_http(settings, _transport(settings))
+def run_gateway(settings: Settings, broker_from: str = "the settings") -> int:
+    server, sock = _prepare_http(settings, _transport(settings, broker_from))
     server.run(sockets=[sock])
     return 0
 
 
-def run_service(name: str, settings: Settings) -> int:
+def run_service(name: str, settings: Settings, broker_from: str = "the settings") -> int:
     check_plugins(settings)
-    service = make_service(name, settings, transport=_transport(settings))
+    service = make_service(name, settings, transport=_transport(settings, broker_from))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -124,18 +131,18 @@ def run_service(name: str, settings: Settings) -> int:
     return 0
 
 
-def run_all_in_one(settings: Settings) -> int:
+def run_all_in_one(settings: Settings, broker_from: str = "the settings") -> int:
     """Gateway + discovery + scoring + balancer in this process (embedded bus by default)."""
     check_plugins(settings)
-    transport = _transport(settings)  # memory://: the one in-process bus of the gateway and the services
+    transport = _transport(settings, broker_from)  # memory://: the one in-process bus of the gateway and the services
     server, sock = _prepare_http(settings, transport)  # a busy port fails here, before any service starts
     services = [make_service(name, settings, log_plugins=name == "discovery",  # each plugin load logged once
                              transport=transport) for name in ("discovery", "scoring", "balancer")]
     for service in services:
         service.start()
     log.info("vmsched all-in-one on %s://%s:%d/ (plugins %s, bus %s)", "https" if settings.tls_cert else "http",
-             settings.host, sock.getsockname()[1], settings.plugins_dir,
-             "embedded memory://" if settings.embedded else settings.amqp_url.split("@")[-1])
+             settings.host, sock.getsockname()[1], " and ".join(map(str, settings.plugin_folders)),
+             "embedded memory://" if settings.embedded else logs.broker(settings.amqp_url))
     try:
         server.run(sockets=[sock])
     finally:

@@ -19,6 +19,7 @@ from typing import Any
 
 from vmsched.decide.weights import common_denominator, encode, fill_worst, finite, scaled
 from vmsched.messages import BalanceOutcome, DiscoverReply, FilterOutcome, Kind, MissingFacts, ScoreOutcome
+from vmsched.words import counted
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 DISCOVER_KEYS = {Kind.FILTER: "filters", Kind.SCORE: "scores", Kind.BALANCE: "balance"}
@@ -74,7 +75,7 @@ def _foreign(unit: str, ids: list[str], decision: Decision) -> None:
     """Counted, with short escaped excerpts: what a plugin returns is never echoed verbatim."""
     if ids:
         shown = ", ".join(_excerpt(i) for i in ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
-        decision.report(unit, f"returned {len(ids)} host ID(s) not in the request, dropped: {shown}")
+        decision.report(unit, f"returned {counted(len(ids), 'host ID')} not in the request, dropped: {shown}")
 
 
 def _excerpt(value: object, size: int = 16) -> str:
@@ -128,7 +129,7 @@ def _requested_scores(hosts: dict[str, None], o: ScoreOutcome,
             single[host] = float(score)
     _foreign(o.unit, foreign, decision)
     if broken:
-        decision.report(o.unit, f"gave {len(broken)} host(s) a score that is not a finite number "
+        decision.report(o.unit, f"gave {counted(len(broken), 'host')} a score that is not a finite number "
                                 f"(first {_excerpt(broken[0])}); they get the unit's worst score")
         for host in broken:
             single.pop(host, None)

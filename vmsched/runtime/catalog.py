@@ -1,4 +1,4 @@
-"""The catalog of plugin units: what the plugins folder offers right now.
+"""The catalog of plugin units: what the plugins folder (or folders) offers right now.
 
 Files are analysed in the pool's workers (user code never runs in the
 service process), only when they are added or change; a file whose import
@@ -7,6 +7,12 @@ failed is analysed again when its environment changes: the plugins folder
 dependency), seen as directory mtimes. Duplicate unit names
 are resolved deterministically: the first file in sorted order wins and the
 later one gets a load error.
+
+Several folders (``--plugins DIR --stock-plugins``) share the workers'
+``sys.path``, in order: a module name (a plugin file, a ``_helper.py``, a
+package) in two of them would be found in the first only, so it is a clash,
+a load error named after the module; a clashing plugin file of a later folder
+is not loaded.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import re
 import site
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,15 +34,23 @@ from vmsched.runtime.types import Analysis
 from vmsched.runtime.validation import translate_validation
 
 log = logging.getLogger("vmsched.plugins")
+#: What a plugin file without units lacks (ovirt-scheduler-proxy too loads classes only).
+NO_UNITS = ("defines no unit: define a class with do_filter, do_score or do_balance (module-level functions are "
+            "not units); a helper module's file name starts with '_'")
+
+
+def no_units(plugin: str) -> str:
+    """The load error of plugin file ``plugin``.py that defines no unit."""
+    return f"{plugin}.py {NO_UNITS}"
 MAX_SOURCE = 1 << 20  # characters of a failed plugin file searched for a unit's class
 
 Stamp = tuple[int, int, int, int]  # st_mtime_ns, st_size, st_ino, st_ctime_ns
 
 
-def environment_stamp(plugins_dir: Path) -> tuple[int, ...]:
-    """mtimes of the plugins folder and of the site-packages folders (a package added or removed changes them)."""
+def environment_stamp(*plugins_dirs: Path) -> tuple[int, ...]:
+    """mtimes of the plugins folders and of the site-packages folders (a package added or removed changes them)."""
     stamp = []
-    for folder in (str(plugins_dir), *site.getsitepackages(), site.getusersitepackages()):
+    for folder in (*map(str, plugins_dirs), *site.getsitepackages(), site.getusersitepackages()):
         try:
             stamp.append(os.stat(folder).st_mtime_ns)
         except OSError:
@@ -43,20 +58,47 @@ def environment_stamp(plugins_dir: Path) -> tuple[int, ...]:
     return tuple(stamp)
 
 
+def module_name(entry: os.DirEntry[str]) -> str | None:
+    """The module ``import NAME`` finds in this folder entry (a ``*.py`` file, a package), else None."""
+    try:
+        if entry.name.endswith(".py") and entry.is_file():
+            return entry.name[:-3]
+        if entry.is_dir() and os.path.isfile(os.path.join(entry.path, "__init__.py")):
+            return entry.name
+    except OSError:
+        pass  # vanished while scanning
+    return None
+
+
+def clash(name: str, first: Path, later: Path, plugin: bool) -> PluginLoadError:
+    """The load error of module ``name``, in plugin folder ``first`` and again in ``later``."""
+    if plugin:
+        error = (f"{name}.py is in {later} and in {first}, which comes first: a module name must be unique across "
+                 "the plugin folders, so the later one is not loaded; rename one")
+    else:
+        error = (f"{name} is in {first} and in {later}: `import {name}` finds the one in {first} for the plugins "
+                 "of both folders; rename one")
+    return PluginLoadError(plugin=name, error=error)
+
+
 @dataclass(frozen=True)
 class _PluginFile:
+    path: Path
     stamp: Stamp
     analysis: Analysis
 
 
 class Catalog:
-    """Units of the plugins folder, refreshed on demand or by a watcher thread."""
+    """Units of the plugins folder (or folders), refreshed on demand or by a watcher thread."""
 
-    def __init__(self, plugins_dir: Path, pool: PluginPool, analyze_timeout: float = 10.0,
+    def __init__(self, plugins_dir: Path | Sequence[Path], pool: PluginPool, analyze_timeout: float = 10.0,
                  log_changes: bool = True) -> None:
-        """``log_changes``: log what loads, fails or is removed (off for all but one catalog of a folder
+        """``plugins_dir``: a folder, or several, in the order the pool's workers have them on ``sys.path``.
+        ``log_changes``: log what loads, fails or is removed (off for all but one catalog of a folder
         in one process, so each change is logged once)."""
-        self.plugins_dir = Path(plugins_dir).absolute()
+        self.folders = tuple(Path(d).absolute() for d in ([plugins_dir] if isinstance(plugins_dir, (str, Path))
+                                                           else plugins_dir))
+        self.plugins_dir = self.folders[0]
         self.log_changes = log_changes
         self._pool = pool
         self._analyze_timeout = analyze_timeout
@@ -65,6 +107,7 @@ class Catalog:
         # Published snapshots: replaced whole, never mutated, so readers need no lock.
         self._units: dict[tuple[Kind, str], UnitInfo] = {}
         self._errors: list[PluginLoadError] = []
+        self._clashes: list[PluginLoadError] = []  # module names found in several folders, by the last scan
         self._folder_error: str | None = None
         self._environment: tuple[int, ...] | None = None  # environment_stamp() at the last refresh
         self._stop = threading.Event()
@@ -89,13 +132,21 @@ class Catalog:
     def load_errors(self) -> list[PluginLoadError]:
         return list(self._errors)
 
+    def without_units(self) -> list[PluginLoadError]:
+        """The plugin files that loaded but define no unit, each with :data:`NO_UNITS`."""
+        return [PluginLoadError(plugin=name, error=no_units(name)) for name, known in sorted(self._files.items())
+                if not known.analysis.error and not known.analysis.units]
+
     def load_error_of(self, unit: str) -> PluginLoadError | None:
         """The load error of a file that failed to load and holds a ``class <unit>`` line (its text is read,
         never run), for a caller that names a unit the catalog does not have."""
         pattern = re.compile(rf"^[ \t]*class[ \t]+{re.escape(unit)}\b", re.MULTILINE)
         for error in self._errors:
+            known = self._files.get(error.plugin)
+            if known is None:
+                continue
             try:
-                with open(self.plugins_dir / f"{error.plugin}.py", encoding="utf-8", errors="replace") as f:
+                with open(known.path, encoding="utf-8", errors="replace") as f:
                     text = f.read(MAX_SOURCE)
             except OSError:
                 continue
@@ -105,77 +156,93 @@ class Catalog:
 
     # -- refresh
     def refresh(self) -> bool:
-        """Rescan the folder; analyse added or changed files. True if anything changed."""
+        """Rescan the folders; analyse added or changed files. True if anything changed."""
         with self._refresh_lock:
+            clashes = self._clashes
             scan = self._scan()
-            changed = sorted(name for name, stamp in scan.items() if self._stamp_of(name) != stamp)
-            environment = environment_stamp(self.plugins_dir)
+            changed = sorted(name for name, found in scan.items() if self._found(name) != found)
+            environment = environment_stamp(*self.folders)
             if environment != self._environment:  # retry failed imports: a helper or a package may have appeared
                 self._environment = environment
                 changed = sorted({*changed, *(name for name, known in self._files.items()
                                               if known.analysis.error and name in scan)})
             removed = sorted(name for name in self._files if name not in scan)
-            if not changed and not removed:
+            if not changed and not removed and self._clashes == clashes:
                 return False
             for name in removed:
                 if self.log_changes:
                     log.info("plugin %s removed", name)
                 del self._files[name]
-            analysed = self._analyze(changed)
+            analysed = self._analyze({name: scan[name][0] for name in changed})
             for name, analysis in analysed.items():
-                self._files[name] = _PluginFile(scan[name], analysis)
+                self._files[name] = _PluginFile(*scan[name], analysis)
                 if self.log_changes:
                     self._log_analysis(analysis)
-            if not removed and not analysed:
+            if not removed and not analysed and self._clashes == clashes:
                 return False
             self._publish()
             return True
 
-    def _stamp_of(self, name: str) -> Stamp | None:
+    def _found(self, name: str) -> tuple[Path, Stamp] | None:
         known = self._files.get(name)
-        return None if known is None else known.stamp
+        return None if known is None else (known.path, known.stamp)
 
-    def _scan(self) -> dict[str, Stamp]:
-        """Top-level ``*.py`` files (not ``_*`` or ``.*``) by module name."""
-        found: dict[str, Stamp] = {}
-        try:
-            with os.scandir(self.plugins_dir) as entries:
-                for entry in entries:
-                    name = entry.name
-                    if not name.endswith(".py") or name.startswith(("_", ".")):
-                        continue
-                    try:
-                        if not entry.is_file():
-                            continue
-                        st = entry.stat()
-                    except OSError:
-                        continue  # vanished while scanning
-                    found[name[:-3]] = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
-        except OSError as exc:
-            if self._folder_error != str(exc) and self.log_changes:
-                log.error("cannot read the plugins folder %s: %s", self.plugins_dir, exc)
-            self._folder_error = str(exc)
-            return {}
-        self._folder_error = None
+    def _scan(self) -> dict[str, tuple[Path, Stamp]]:
+        """Top-level plugin files (``*.py``, not ``_*`` or ``.*``) by module name, with the module names found in
+        several folders (:func:`clash`) in :attr:`_clashes`."""
+        found: dict[str, tuple[Path, Stamp]] = {}
+        first: dict[str, Path] = {}  # module name -> the folder that has it first
+        clashes: list[PluginLoadError] = []
+        problems: list[str] = []
+        for folder in self.folders:
+            try:
+                with os.scandir(folder) as scanned:
+                    entries = sorted(scanned, key=lambda entry: entry.name)
+            except OSError as exc:
+                problems.append(f"cannot read the plugins folder {folder}: {exc}")
+                continue
+            for entry in entries:
+                name = module_name(entry)
+                if name is None or name.startswith(".") or name == "__init__":
+                    continue
+                plugin = not name.startswith("_") and entry.name.endswith(".py")
+                if name in first:
+                    clashes.append(clash(name, first[name], folder, plugin))
+                    continue
+                first[name] = folder
+                if not plugin:
+                    continue
+                try:
+                    st = entry.stat()
+                except OSError:
+                    continue  # vanished while scanning
+                found[name] = (Path(entry.path), (st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns))
+        problem = "; ".join(problems) or None
+        if problem is not None and problem != self._folder_error and self.log_changes:
+            log.error("%s", problem)
+        self._folder_error = problem
+        self._clashes = clashes
         return found
 
-    def _analyze(self, names: list[str]) -> dict[str, Analysis]:
-        """Analyses of ``names`` (in parallel); files the pool could not take are left out."""
-        if not names:
+    def _analyze(self, paths: dict[str, Path]) -> dict[str, Analysis]:
+        """Analyses of the plugin files ``paths`` (by name; in parallel); files the pool could not take are
+        left out."""
+        if not paths:
             return {}
+        names = list(paths)
         parallel = min(len(names), max(1, self._pool.size // 2))  # leave workers for calls
         if parallel == 1:
-            results = [self._analyze_one(name) for name in names]
+            results = [self._analyze_one(name, paths[name]) for name in names]
         else:
             with ThreadPoolExecutor(parallel, thread_name_prefix="plugin-analyze") as executor:
-                results = list(executor.map(self._analyze_one, names))
+                results = list(executor.map(self._analyze_one, names, [paths[name] for name in names]))
         return {name: analysis for name, analysis in zip(names, results) if analysis is not None}
 
-    def _analyze_one(self, name: str) -> Analysis | None:
+    def _analyze_one(self, name: str, path: Path) -> Analysis | None:
         if not name.isidentifier():
             return Analysis(plugin=name, error=f"{name}.py: the file name is not a valid Python module name")
         try:
-            return self._pool.analyze(self.plugins_dir / f"{name}.py", timeout=self._analyze_timeout)
+            return self._pool.analyze(path, timeout=self._analyze_timeout)
         except PoolUnavailable as exc:
             log.warning("plugin %s not analysed yet (%s); will retry", name, exc)
             return None
@@ -184,8 +251,10 @@ class Catalog:
     def _log_analysis(analysis: Analysis) -> None:
         if analysis.error:
             log.error("plugin %s failed to load: %s", analysis.plugin, analysis.error)
+        elif not analysis.units:
+            log.warning("plugin %s", no_units(analysis.plugin))
         else:
-            units = ", ".join(f"{unit.name} ({unit.kind})" for unit in analysis.units) or "no units"
+            units = ", ".join(f"{unit.name} ({unit.kind})" for unit in analysis.units)
             log.info("plugin %s loaded: %s", analysis.plugin, units)
 
     def _publish(self) -> None:
@@ -214,13 +283,13 @@ class Catalog:
                     validation_error=problem,
                 )
         if self.log_changes:
-            self._log_news(units, duplicates)
-        errors = sorted(errors + duplicates, key=lambda error: error.plugin)
+            self._log_news(units, duplicates + self._clashes)
+        errors = sorted(errors + duplicates + self._clashes, key=lambda error: error.plugin)
         self._units, self._errors = units, errors
         self._update_metrics()
 
     def _log_news(self, units: dict[tuple[Kind, str], UnitInfo], duplicates: list[PluginLoadError]) -> None:
-        """Log duplicates and validation problems once, when they appear."""
+        """Log duplicates (of units and of module names) and validation problems once, when they appear."""
         old_errors = {(error.plugin, error.error) for error in self._errors}
         for error in duplicates:
             if (error.plugin, error.error) not in old_errors:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
+from vmsched.words import counted
+
 #: characters of one reason kept (longer ones end with "...")
 MAX_REASON = 160
 #: reasons kept per unit and call
@@ -193,7 +195,8 @@ def checked_aligned(numbers: Any, hosts: Sequence[str]) -> list[float]:
     """A worker's aligned numbers (:func:`aligned_scores`) as read from its reply, checked again cheaply
     (the plugin's process could write anything): one finite float per requested host; BadResult otherwise."""
     if type(numbers) is not list or len(numbers) != len(hosts):
-        raise BadResult(f"the plugin's worker sent {_kind(numbers)} as aligned scores for {len(hosts)} hosts")
+        raise BadResult(f"the plugin's worker sent {_kind(numbers)} as aligned scores for "
+                        f"{counted(len(hosts), 'host')}")
     for score in numbers:
         if type(score) is not float or score - score != 0.0:  # NaN and infinity give NaN
             raise BadResult(f"the plugin's worker sent a bad aligned score: {score!r:.80}")

@@ -177,6 +177,10 @@ def test_health_readiness_and_metrics(stack: Stack):
     assert ready["ready"] and set(ready["queues"].values()) == {"ok"}
     stack.xmlrpc("runFilters", ["KeepEven"], H, VM, {})
     assert stack.get("/metrics").status_code == 404  # not on the API port: its own listener (docs/api-auth.md)
+    elsewhere = httpx.get(stack.url + "/metrics", timeout=10)  # where it is: said without a credential
+    assert elsewhere.status_code == 404 and elsewhere.json()["metrics"] == stack.metrics_url + "/metrics"
+    assert f"see {stack.metrics_url}/metrics" in elsewhere.json()["detail"]
+    assert "--metrics-port" in elsewhere.json()["detail"]
     text = httpx.get(stack.metrics_url + "/metrics", timeout=10).text
     assert 'vmsched_requests_total{operation="filter",outcome="ok",service="gateway"}' in text
     assert 'vmsched_plugin_calls_total{outcome="ok",unit="KeepEven"}' in text

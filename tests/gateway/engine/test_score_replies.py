@@ -64,7 +64,7 @@ def test_an_infinite_score_costs_its_host_not_the_reply(totals: Stack):
     reply = totals.xmlrpc("runCostFunctions", [["Unbounded", 2], ["OnlyFirst", 1]], H, VM, {})
     assert reply["result"] == [[H[0], 56], [H[1], 56], [H[2], 56], [H[3], 53]] and not reply["errors"]
     assert list(reply["plugin_errors"]) == ["Unbounded"]
-    assert "2 host(s) a score that is not a finite number" in reply["plugin_errors"]["Unbounded"][0]
+    assert "2 hosts a score that is not a finite number" in reply["plugin_errors"]["Unbounded"][0]
     r = totals.post("/v1/score", json={"units": [{"name": "Unbounded", "factor": 1}], "hosts": H, "vm": VM})
     assert r.status_code == 200 and r.json()["units"][0]["missing"] == H[:2]
     weights = dict(r.json()["result"])

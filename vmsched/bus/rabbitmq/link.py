@@ -38,11 +38,12 @@ from kombu.message import Message
 from vmsched import metrics
 from vmsched.bus import BusUnavailable
 from vmsched.bus.rabbitmq.confirms import Confirms
-from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, Wakeup, backoff, drop, ensure_exchanges, node, note_lost, \
+from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, Wakeup, backoff, drop, ensure_exchanges, note_lost, \
     open_connection, read_messages, safe_release
 from vmsched.bus.options import BusOptions
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, reply_queue, request_queue
 from vmsched.bus.options import mask
+from vmsched.logs import BROKER_TROUBLE, broker
 
 log = logging.getLogger("vmsched.bus")
 
@@ -359,19 +360,23 @@ class Link:
             drop(conn)
             self.last_error = _describe(exc)
             if self.recovering or first:  # no node answers: fail fast until one does
-                log.warning("%s: no broker node answers (%s)", self.service, self.last_error)
+                held = BROKER_TROUBLE.allow(self.options.url)  # one line for all the threads of the process
+                if held is not None:
+                    log.warning("%s: no answer from the broker at %s: %s; scheduling requests fail until it "
+                                "answers%s", self.service, broker(self.options.url), self.last_error, held)
                 self.recovering = False
                 self._fail_all(lambda: BusUnavailable(f"message bus unavailable: {self.last_error}"))
             return False
         finally:
             self.attempted.set()
         self._conn, self._sock = conn, conn.connection.sock
+        BROKER_TROUBLE.clear(self.options.url)
         self.up, self.recovering, self.last_error = True, False, ""
         self._heard = time.monotonic()
         metrics.BUS_UP.labels(self.service).set(1)
         if not first:
             metrics.BUS_RECONNECTS.labels(self.service).inc()
-            log.info("%s: reconnected to the bus at %s", self.service, node(conn))
+            log.info("%s: reconnected to the bus at %s", self.service, broker(conn.as_uri()))
         self._send_waiting()
         return True
 
@@ -391,7 +396,10 @@ class Link:
     def _lost(self, exc: BaseException, recovering: bool = True) -> None:
         """The connection broke (or its broker went silent): drop it; the thread reconnects."""
         self.last_error = _describe(exc)
-        log.warning("%s: bus connection lost (%s)", self.service, self.last_error)
+        held = BROKER_TROUBLE.allow(self.options.url)  # one line for all the threads of the process
+        if held is not None:
+            log.warning("%s: bus connection to %s lost (%s)%s", self.service, broker(self.options.url),
+                        self.last_error, held)
         conn = self._conn
         note_lost(conn)
         self._conn = self._sock = self._producer = None

@@ -15,11 +15,12 @@ from typing import Callable
 from kombu import Connection, Consumer, Producer, Queue
 from kombu.message import Message
 
-from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, ensure_exchanges, node, note_lost, open_connection, \
+from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, ensure_exchanges, note_lost, open_connection, \
     safe_release
 from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import OnMessage, Publish, Subscription, Topic
 from vmsched.bus.options import mask
+from vmsched.logs import BROKER_TROUBLE, broker
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,9 @@ def run_reconnecting(options: BusOptions, name: str, stop: threading.Event, serv
         conn = None
         try:
             conn = open_connection(options)
+            BROKER_TROUBLE.clear(options.url)
             if attempt:
-                log.info("%s: connected to %s", name, node(conn))
+                log.info("%s: connected to %s", name, broker(conn.as_uri()))
                 if on_reconnect is not None:
                     on_reconnect()
             attempt = 0
@@ -45,7 +47,10 @@ def run_reconnecting(options: BusOptions, name: str, stop: threading.Event, serv
             note_lost(conn)
             delay = backoff(attempt, options.reconnect_max_delay)
             attempt += 1
-            log.warning("%s: bus connection failed (%s); retrying in %.1f s", name, mask(str(exc)), delay)
+            held = BROKER_TROUBLE.allow(options.url)  # one line for all the threads of the process
+            if held is not None:
+                log.warning("%s: bus connection to %s failed (%s); retrying in %.1f s%s", name, broker(options.url),
+                            mask(str(exc)), delay, held)
             stop.wait(delay)
         except Exception:  # noqa: BLE001 - a consumer thread must survive anything
             delay = backoff(attempt, options.reconnect_max_delay)

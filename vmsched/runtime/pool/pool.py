@@ -53,16 +53,19 @@ class PoolUnavailable(RuntimeError):
 class PluginPool:
     """Persistent plugin worker processes shared by the threads of a service."""
 
-    def __init__(self, plugins_dir: Path, size: int = 4, limits: Limits = Limits(), name: str = "pool",
+    def __init__(self, plugins_dir: Path | Sequence[Path], size: int = 4, limits: Limits = Limits(), name: str = "pool",
                  max_calls: int = 10000, confinement: Confinement = Confinement(),
                  bundle_seconds: float = BUNDLE_SECONDS, min_size: int | None = None,
                  max_size: int | None = None, idle_seconds: float = IDLE_SECONDS) -> None:
-        """``size`` N: a fixed pool of N workers; ``min_size``/``max_size``: an adaptive one."""
+        """``size`` N: a fixed pool of N workers; ``min_size``/``max_size``: an adaptive one. ``plugins_dir``:
+        a folder, or several (on the workers' ``sys.path`` in this order; the first is their working directory)."""
         self.max_size = size if max_size is None else max_size
         self.min_size = self.max_size if min_size is None else min_size
         if not 1 <= self.min_size <= self.max_size:
             raise ValueError(f"need 1 <= minimum ({self.min_size}) <= maximum ({self.max_size}) workers")
-        self.plugins_dir = Path(plugins_dir).absolute()
+        self.folders = tuple(Path(d).absolute() for d in ([plugins_dir] if isinstance(plugins_dir, (str, Path))
+                                                           else plugins_dir))
+        self.plugins_dir = self.folders[0]
         self.size = self.max_size  # the most workers it runs (a fixed pool: always)
         self.idle_seconds = idle_seconds
         self.limits = limits
@@ -88,8 +91,9 @@ class PluginPool:
     # -- lifecycle
     def start(self) -> None:
         """Spawn ``min_size`` workers and wait until each is ready."""
-        if not self.plugins_dir.is_dir():
-            raise FileNotFoundError(f"plugins folder {self.plugins_dir} does not exist")
+        for folder in self.folders:
+            if not folder.is_dir():
+                raise FileNotFoundError(f"plugins folder {folder} does not exist")
         with self._lock:
             if self._started or self.closed:
                 raise RuntimeError(f"plugin pool {self.name} already started")
@@ -375,7 +379,7 @@ class PluginPool:
     def _spawn(self, growing: bool = False) -> Worker:
         """Start a worker process (``growing``: one counted in ``_growing`` until it is in ``_workers``)."""
         try:
-            worker = spawn.start(self.plugins_dir, self.limits, self.confinement, self._max_frame)
+            worker = spawn.start(self.folders, self.limits, self.confinement, self._max_frame)
         except BaseException:
             with self._lock:
                 self._growing -= growing

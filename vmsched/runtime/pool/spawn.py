@@ -13,6 +13,7 @@ import site
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from vmsched.runtime.pool.process import Worker, WorkerGone
@@ -23,24 +24,25 @@ from vmsched.runtime.types import Confinement, Limits
 ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "PYTHONIOENCODING", "PYTHONUTF8")
 
 
-def start(plugins_dir: Path, limits: Limits, confinement: Confinement, max_frame: int) -> Worker:
+def start(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement, max_frame: int) -> Worker:
     """Start one worker process with its progress page (it answers with its ready message)."""
     progress = Progress.create()
     try:
-        return Worker(popen(plugins_dir, limits, confinement, progress.fd), max_frame, progress)
+        return Worker(popen(plugins_dirs, limits, confinement, progress.fd), max_frame, progress)
     except BaseException:
         progress.close()
         raise
 
 
-def popen(plugins_dir: Path, limits: Limits, confinement: Confinement, progress_fd: int) -> subprocess.Popen[bytes]:
+def popen(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement,
+          progress_fd: int) -> subprocess.Popen[bytes]:
     """Start one worker process (it answers with its ready message)."""
     return subprocess.Popen(
-        command(plugins_dir, limits, confinement) + ["--progress-fd", str(progress_fd)],
+        command(plugins_dirs, limits, confinement) + ["--progress-fd", str(progress_fd)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,  # fd 1 and 2 of the worker: drained, never our log
-        cwd=plugins_dir,
+        cwd=plugins_dirs[0],
         env=environment(confinement),
         bufsize=0,
         close_fds=True,
@@ -49,15 +51,14 @@ def popen(plugins_dir: Path, limits: Limits, confinement: Confinement, progress_
     )
 
 
-def command(plugins_dir: Path, limits: Limits, confinement: Confinement) -> list[str]:
+def command(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement) -> list[str]:
     """The worker's command line (its options: no secret)."""
     return [
         sys.executable,
         "-P",  # keep the plugins folder (cwd) from shadowing the worker's own imports
         "-m",
         "vmsched.runtime.worker.main",
-        "--plugins-dir",
-        str(plugins_dir),
+        *(item for folder in plugins_dirs for item in ("--plugins-dir", str(folder))),
         "--memory-mb",
         str(limits.memory_mb),
         "--cpu-seconds",

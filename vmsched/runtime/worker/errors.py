@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import os
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 _MAX_MESSAGE = 2000  # characters of an exception message kept in an error
@@ -36,7 +37,7 @@ def parse_output(text: str) -> Any:
     raise PluginError(f"could not parse output as a Python literal: {shown!r}")
 
 
-def describe_exception(exc: BaseException, plugins_dir: str) -> str:
+def describe_exception(exc: BaseException, plugins_dirs: str | Sequence[str]) -> str:
     """``Type: message (file.py, line N, in func)`` with the plugin's last frame."""
     if isinstance(exc, SystemExit):
         return f"plugin called sys.exit({exc.code!r})"
@@ -50,9 +51,11 @@ def describe_exception(exc: BaseException, plugins_dir: str) -> str:
     if len(message) > _MAX_MESSAGE:
         message = message[:_MAX_MESSAGE] + "..."
     text = f"{kind}: {message}" if message else kind
-    frame = _last_plugin_frame(exc, plugins_dir)
+    folders = [plugins_dirs] if isinstance(plugins_dirs, str) else list(plugins_dirs)
+    frame = _last_plugin_frame(exc, folders)
     if frame is not None:
-        where = os.path.relpath(frame.filename, plugins_dir)
+        folder = next(f for f in folders if frame.filename.startswith(f.rstrip(os.sep) + os.sep))
+        where = os.path.relpath(frame.filename, folder)
         text += f" ({where}, line {frame.lineno}, in {frame.name})"
     if NETWORK_OFF and _refused_socket(exc):
         text += f" [{NETWORK_HINT}]"
@@ -92,7 +95,7 @@ def _refused_socket(exc: BaseException) -> bool:
     return False
 
 
-def _last_plugin_frame(exc: BaseException, plugins_dir: str) -> traceback.FrameSummary | None:
-    prefix = plugins_dir.rstrip(os.sep) + os.sep
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(prefix)]
+def _last_plugin_frame(exc: BaseException, plugins_dirs: Sequence[str]) -> traceback.FrameSummary | None:
+    prefixes = tuple(d.rstrip(os.sep) + os.sep for d in plugins_dirs)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(prefixes)]
     return frames[-1] if frames else None

@@ -1,7 +1,7 @@
 """The plugin worker process: runs administrators' plugin code for a PluginPool.
 
 Started by :class:`vmsched.runtime.pool.pool.PluginPool` as
-``python -P -m vmsched.runtime.worker.main --plugins-dir DIR ...`` and then reused
+``python -P -m vmsched.runtime.worker.main --plugins-dir DIR [--plugins-dir DIR2 ...] ...`` and then reused
 for many calls. It talks to its pool over its stdin/stdout pipes with
 length-prefixed JSON frames (4-byte big-endian size, then UTF-8 JSON; never
 pickle: this process runs untrusted code). Before any plugin runs, the
@@ -66,12 +66,14 @@ _SCORE_HOSTS = KIND["score"].params.index("hosts")
 class Runner:
     """Executes requests inside the worker; never raises for a plugin's fault."""
 
-    def __init__(self, plugins_dir: str, cpu_seconds: int, max_output: int, progress: Progress | None = None) -> None:
-        self.dir = plugins_dir
+    def __init__(self, plugins_dirs: str | list[str], cpu_seconds: int, max_output: int,
+                 progress: Progress | None = None) -> None:
+        self.dirs = [plugins_dirs] if isinstance(plugins_dirs, str) else list(plugins_dirs)
+        self.dir = self.dirs[0]  # the working directory
         self.cpu_seconds = cpu_seconds
         self.max_output = max_output
         self.max_reply = 2 * max_output + (1 << 16)
-        self.modules = Modules(plugins_dir)
+        self.modules = Modules(self.dirs)
         self.progress = progress
         self.facts = HeldFacts()  # the host facts the pool sent this worker (vmsched.facts.held)
         self._cpu_soft = -1
@@ -205,7 +207,7 @@ class Runner:
         except PluginError:
             raise
         except BaseException as exc:
-            raise PluginError(f"cannot import plugin {plugin}: {describe_exception(exc, self.dir)}") from None
+            raise PluginError(f"cannot import plugin {plugin}: {describe_exception(exc, self.dirs)}") from None
 
     def _failed(self, exc: BaseException, stdout: Capture, stderr: Capture) -> dict[str, Any]:
         if stdout.exceeded:
@@ -214,7 +216,7 @@ class Runner:
             return {"ok": False, "error": str(exc)[:2000] or "facts missing"}
         if not isinstance(exc, SystemExit):
             stderr.write("".join(traceback.format_exception(exc)))
-        return {"ok": False, "error": describe_exception(exc, self.dir)}
+        return {"ok": False, "error": describe_exception(exc, self.dirs)}
 
     def _arm_cpu_limit(self) -> None:
         """Allow ``cpu_seconds`` more CPU time from now (the worker lives on)."""
@@ -244,7 +246,7 @@ class Runner:
                 module = self.modules.load(name, path)
                 units = list_units(module)
         except BaseException as exc:
-            return {"ok": False, "error": f"cannot import plugin {name}: {describe_exception(exc, self.dir)}"}
+            return {"ok": False, "error": f"cannot import plugin {name}: {describe_exception(exc, self.dirs)}"}
         return {"ok": True, "units": units, "uses_facts": reads_facts(module, path)}
 
     def warm(self, plugins: list[str], stderr: Capture) -> dict[str, Any]:
@@ -292,10 +294,12 @@ def _exit_with_parent(read_fd: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _confine(options: argparse.Namespace, plugins_dir: str, channel: Channel) -> sandbox.Report:
+def _confine(options: argparse.Namespace, plugins_dirs: list[str], channel: Channel) -> sandbox.Report:
     """Apply the sandbox; on refusal tell the pool why and exit."""
-    settings = sandbox.Options.from_json({"plugins_dir": plugins_dir, "memory_mb": options.memory_mb, **json.loads(options.sandbox)})
-    settings.plugins_dir = plugins_dir
+    settings = sandbox.Options.from_json({"plugins_dir": plugins_dirs[0], "memory_mb": options.memory_mb,
+                                          **json.loads(options.sandbox)})
+    settings.plugins_dir = plugins_dirs[0]
+    settings.extra_read = [*settings.extra_read, *plugins_dirs[1:]]  # the other plugin folders: read-only too
     try:
         report = sandbox.confine(settings)
     except (sandbox.SandboxError, OSError) as exc:
@@ -307,7 +311,8 @@ def _confine(options: argparse.Namespace, plugins_dir: str, channel: Channel) ->
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="vmsched.runtime.worker.main")
-    parser.add_argument("--plugins-dir", required=True)
+    parser.add_argument("--plugins-dir", required=True, action="append",
+                        help="a plugins folder; several: on sys.path in this order, the first is the working directory")
     parser.add_argument("--memory-mb", type=int, default=1024)
     parser.add_argument("--cpu-seconds", type=int, default=30)
     parser.add_argument("--max-output", type=int, default=1 << 20)
@@ -318,19 +323,19 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     options = _parse_args(argv)
-    plugins_dir = os.path.abspath(options.plugins_dir)
+    plugins_dirs = [os.path.abspath(folder) for folder in options.plugins_dir]
     read_fd, write_fd = _take_protocol_fds()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool decides when we stop
     faulthandler.enable()  # a crashing plugin leaves a Python traceback on stderr
     sys.dont_write_bytecode = True  # never a stale .pyc for a rewritten plugin
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past RLIMIT_FSIZE a write fails (EFBIG) instead
-    os.chdir(plugins_dir)
-    sys.path.insert(0, plugins_dir)
+    os.chdir(plugins_dirs[0])
+    sys.path[0:0] = plugins_dirs  # sibling imports: the first folder that has the module
     channel = Channel(read_fd, write_fd)
     progress = Progress.attach(options.progress_fd) if options.progress_fd >= 0 else None  # before the sandbox
-    confinement = _confine(options, plugins_dir, channel)  # before any thread starts
+    confinement = _confine(options, plugins_dirs, channel)  # before any thread starts
     _exit_with_parent(read_fd)
-    runner = Runner(plugins_dir, options.cpu_seconds, options.max_output, progress)
+    runner = Runner(plugins_dirs, options.cpu_seconds, options.max_output, progress)
     channel.send(encode_frame({"ok": True, "ready": True, "pid": os.getpid(), "sandbox": confinement.as_dict()}))
     while (request := channel.receive()) is not None:
         channel.send(runner.handle(request))

@@ -9,6 +9,7 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Sequence
 from types import ModuleType
 
 from vmsched.runtime.contract import KINDS
@@ -16,23 +17,32 @@ from vmsched.runtime.worker.errors import PluginError
 
 
 class Modules:
-    """Plugin modules by name, re-imported when their file changes."""
+    """Plugin modules by name, re-imported when their file changes.
 
-    def __init__(self, plugins_dir: str) -> None:
-        self.dir = plugins_dir
-        self._prefix = plugins_dir.rstrip(os.sep) + os.sep
+    With several plugin folders, a name is the first folder's that has ``name.py`` (the catalog refuses a
+    name found in two folders: a module name is unique across them, as on ``sys.path``).
+    """
+
+    def __init__(self, plugins_dirs: str | Sequence[str]) -> None:
+        self.dirs = [plugins_dirs] if isinstance(plugins_dirs, str) else list(plugins_dirs)
+        self.dir = self.dirs[0]
+        self._prefixes = tuple(d.rstrip(os.sep) + os.sep for d in self.dirs)
         self._cache: dict[str, tuple[ModuleType, tuple[int, int, int]]] = {}
 
     def get(self, name: str) -> ModuleType:
-        """The module of ``name.py`` (one stat; imported again if changed)."""
+        """The module of ``name.py`` (one stat per folder until found; imported again if changed)."""
         if not name.isidentifier():
             raise PluginError(f"invalid plugin name {name!r}")
-        path = os.path.join(self.dir, name + ".py")
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
+        for folder in self.dirs:
+            path = os.path.join(folder, name + ".py")
+            try:
+                st = os.stat(path)
+                break
+            except FileNotFoundError:
+                continue
+        else:
             self.forget(name)
-            raise PluginError(f"plugin file {name}.py not found in {self.dir} (removed?)") from None
+            raise PluginError(f"plugin file {name}.py not found in {' or '.join(self.dirs)} (removed?)") from None
         cached = self._cache.get(name)
         if cached is not None and cached[1] == (st.st_mtime_ns, st.st_size, st.st_ino):
             return cached[0]
@@ -56,7 +66,7 @@ class Modules:
         except BaseException:
             sys.modules.pop(name, None)
             raise
-        if os.path.dirname(path) == self.dir:
+        if os.path.dirname(path) in self.dirs:
             self._cache[name] = (module, (st.st_mtime_ns, st.st_size, st.st_ino))
         return module
 
@@ -68,7 +78,7 @@ class Modules:
         """Drop helper modules of the plugins folder so a re-import sees their changes."""
         for key, module in list(sys.modules.items()):
             path = getattr(module, "__file__", None)
-            if key not in self._cache and isinstance(path, str) and path.startswith(self._prefix):
+            if key not in self._cache and isinstance(path, str) and path.startswith(self._prefixes):
                 del sys.modules[key]
 
 
