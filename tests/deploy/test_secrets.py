@@ -109,7 +109,7 @@ def test_each_url_file_logs_in_with_only_its_components_rights(bootstrapped: tup
     node, secrets = bootstrapped
     gateway = component_url(node, secrets, "gateway")
     publish(gateway, AGENT_EXCHANGE, "hv-1")
-    publish(gateway, REQUESTS_EXCHANGE, "vmsched.score")
+    publish(gateway, REQUESTS_EXCHANGE, "vmsched.score.v2")
     for component in ("discovery", "scoring", "balancer"):
         with pytest.raises(amqp.exceptions.AccessRefused, match="ACCESS_REFUSED"):
             publish(component_url(node, secrets, component), AGENT_EXCHANGE, "hv-1")
