@@ -46,7 +46,7 @@ def test_the_script_keeps_passwords_off_the_command_line_and_out_of_the_definiti
 @pytest.mark.parametrize("user, exchange, key", [
     ("vmsched-scoring", AGENT_EXCHANGE, HOSTS[0]),  # a service publishing an agent request
     ("vmsched-scoring", "", agent_queue(HOSTS[0])),  # ... or straight to the agent's queue by name
-    ("vmsched-scoring", REQUESTS_EXCHANGE, "vmsched.balance"),  # ... or a scheduling request
+    ("vmsched-scoring", REQUESTS_EXCHANGE, "vmsched.balance.v2"),  # ... or a scheduling request
     (f"vmsched-agent-{HOSTS[0]}", AGENT_EXCHANGE, HOSTS[1]),  # an agent asking another host's agent
     (f"vmsched-agent-{HOSTS[0]}", "", agent_queue(HOSTS[1])),
     ("vmsched-gateway", "", agent_queue(HOSTS[0])),  # nobody writes to the default exchange
@@ -80,7 +80,7 @@ def test_a_service_cannot_consume_another_services_queue(broker):
     _, secrets = broker
     with open_connection(BusOptions(url=url(secrets, "vmsched-scoring"))) as conn:
         with pytest.raises(amqp.exceptions.AccessRefused):
-            Consumer(conn.channel(), [request_queue("vmsched.balance")]).consume()
+            Consumer(conn.channel(), [request_queue("vmsched.balance.v2")]).consume()
 
 
 def test_a_service_consumes_its_dead_letters_and_no_one_elses(broker):
