@@ -158,7 +158,7 @@ class Settings(BaseSettings):
     @classmethod
     def _networks(cls, value: str) -> str:
         items = [v.strip() for v in value.split(",") if v.strip()]
-        if value.strip() and not items:  # a list given but empty once parsed must not mean "any client"
+        if value and not items:  # a list given (even blanks or commas only) but empty must not mean "any client"
             raise ValueError(f"engine_allow: {value!r} lists no network; give CIDR,... or leave it unset "
                              "(unset or empty: any client may call the XML-RPC)")
         for item in items:
