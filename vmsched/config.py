@@ -72,7 +72,7 @@ class Settings(BaseSettings):
                                      "vmsched-<uid> in the temporary directory)")
     connect_timeout: float = Field(2.0, gt=0, description="broker connect timeout, seconds")
     confirm_timeout: float = Field(2.0, gt=0, description="publisher-confirm wait, seconds")
-    reconnect_max_delay: float = Field(5.0, gt=0, description="upper bound of the reconnect backoff, seconds")
+    reconnect_max_delay: float = Field(2.0, gt=0, description="upper bound of the reconnect backoff, seconds")
 
     # gateway
     host: str = Field("127.0.0.1", description="gateway listen address")

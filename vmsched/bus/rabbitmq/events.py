@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+from amqp.exceptions import MessageNacked
 from kombu import Connection, Producer
 
 from vmsched.bus.rabbitmq.connection import (
@@ -38,6 +39,11 @@ class EventPublisher:
     broke since the last event (its node died) is replaced at once, to another
     node of a cluster first, and the event sent there.
 
+    With ``confirm``, an event counts as sent only once the broker confirmed
+    it (within the confirm timeout): one written into a connection the broker
+    had closed, or refused, is sent again on a new connection, else reported
+    as dropped. Without, it is sent and not awaited.
+
     Between events the connection is kept alive by a thread of the publisher:
     about every second (at most every quarter of the heartbeat) it reads what
     the broker sent (its heartbeats, a closing) and sends a heartbeat when one
@@ -46,9 +52,11 @@ class EventPublisher:
     answering on is dropped at once (the next event opens another).
     """
 
-    def __init__(self, url: str | BusOptions, service: str = "agent", retry_after: float = 2.0) -> None:
+    def __init__(self, url: str | BusOptions, service: str = "agent", retry_after: float = 2.0,
+                 confirm: bool = False) -> None:
         self.options = url if isinstance(url, BusOptions) else BusOptions(url=url, connect_timeout=1.0)
         self.service = service
+        self.confirm = confirm and self.options.confirms
         self.retry_after = retry_after
         self._lock = threading.Lock()
         self._conn: Connection | None = None
@@ -67,14 +75,16 @@ class EventPublisher:
                     if producer is None:
                         return False
                     producer.publish(payload, routing_key=routing_key, exchange=EVENTS_EXCHANGE,
-                                     content_type="application/json", content_encoding="utf-8", retry=False)
+                                     content_type="application/json", content_encoding="utf-8", retry=False,
+                                     **({"confirm_timeout": self.options.confirm_timeout} if self.confirm else {}))
                     return True
-                except CONNECTION_ERRORS as exc:
+                except (*CONNECTION_ERRORS, MessageNacked) as exc:
                     note_lost(self._conn)
                     self._reset()
                     if stale and not again:
                         continue
-                    log.warning("%s: event %s dropped, bus unavailable: %s", self.service, routing_key, mask(str(exc)))
+                    log.warning("%s: event %s dropped, bus unavailable: %s", self.service, routing_key,
+                                mask(str(exc)) or type(exc).__name__)
             return False
 
     def _ensure(self, now: bool = False) -> Producer | None:
@@ -83,7 +93,7 @@ class EventPublisher:
         if not now and self._down_since and time.monotonic() - self._down_since < self.retry_after:
             return None
         try:
-            self._conn = open_connection(self.options)
+            self._conn = open_connection(self.options, blocking_confirms=self.confirm)
             ensure_exchanges(self._conn, (EVENTS_EXCHANGE,))
             self._producer = Producer(self._conn.default_channel, auto_declare=False)
             self._down_since = 0.0
