@@ -22,9 +22,8 @@ import pytest
 
 from tests.gateway.console.test_sessions import TOKEN, write_tokens
 from tests.support.broker_users import broker, url  # noqa: F401 - the broker fixture
-from tests.support.net import free_port
 from tests.support.rabbit_private import PrivateRabbit
-from tests.support.stack import Proc, bus_args
+from tests.support.stack import console_login, start_replicas
 from tests.support.waiting import wait_until
 from vmsched.bus.options import BusOptions
 from vmsched.bus.transport import open_transport
@@ -82,13 +81,6 @@ def _status(base: str, session: str) -> int:
     return httpx.get(base + PAGE, headers={"Cookie": f"{COOKIE}={session}"}, timeout=10).status_code
 
 
-def _up(base: str) -> bool:
-    try:
-        return httpx.get(base + "/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def _listening(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -99,25 +91,12 @@ def _listening(port: int) -> bool:
 
 def test_a_logout_during_an_outage_is_shared_soon_after_the_broker_returns(broker, tmp_path: Path) -> None:  # noqa: F811
     node, secrets = broker
-    tokens, secret = tmp_path / "tokens.yaml", tmp_path / "console.secret"
+    tokens = tmp_path / "tokens.yaml"
     write_tokens(tokens, ("ops", TOKEN, "read"))
-    assert Proc(["console-secret", "--file", str(secret)], tmp_path / "secret.log").start().popen.wait(30) == 0  # type: ignore[union-attr]
-    bus = bus_args(tmp_path, url(secrets, "vmsched-gateway"))
-    procs: list[Proc] = []
+    procs, (gw1, gw2) = start_replicas(tmp_path, url(secrets, "vmsched-gateway"), tokens)
     try:
-        urls = []
-        for name in ("gw-1", "gw-2"):
-            port = free_port()
-            procs.append(Proc(["gateway", *bus, "--port", str(port), "--tokens-file", str(tokens),
-                               "--console-secret-file", str(secret)], tmp_path / f"{name}.log",
-                              env={"VMSCHED_AMQP_URL": "", "VMSCHED_GATEWAY_ID": name}).start())
-            urls.append(f"http://127.0.0.1:{port}")
-        gw1, gw2 = urls
-        for base in urls:
-            wait_until(lambda: _up(base), 30, 0.1, f"{base} to answer")
         with httpx.Client(base_url=gw1, timeout=10) as browser:
-            csrf = re.search(r'name="csrf" value="([^"]+)"', browser.get("/login").text).group(1)  # type: ignore[union-attr]
-            assert browser.post("/login", data={"token": TOKEN, "csrf": csrf}).status_code == 303
+            assert console_login(browser, TOKEN).status_code == 303
             session = browser.cookies[COOKIE]
             assert _status(gw2, session) == 404  # authorised there too: "Decision not found"
 
