@@ -75,7 +75,7 @@ class Settings(BaseSettings):
                                      "vmsched-<uid> in the temporary directory)")
     connect_timeout: float = Field(2.0, gt=0, description="broker connect timeout, seconds")
     confirm_timeout: float = Field(2.0, gt=0, description="publisher-confirm wait, seconds")
-    reconnect_max_delay: float = Field(5.0, gt=0, description="upper bound of the reconnect backoff, seconds")
+    reconnect_max_delay: float = Field(2.0, gt=0, description="upper bound of the reconnect backoff, seconds")
 
     # gateway
     host: str = Field("127.0.0.1", description="gateway listen address")
@@ -163,7 +163,7 @@ class Settings(BaseSettings):
     @classmethod
     def _networks(cls, value: str) -> str:
         items = [v.strip() for v in value.split(",") if v.strip()]
-        if value.strip() and not items:  # a list given but empty once parsed must not mean "any client"
+        if value and not items:  # a list given (even blanks or commas only) but empty must not mean "any client"
             raise ValueError("lists no network; give CIDR,... or leave it unset "
                              "(unset or empty: any client may call the XML-RPC)")
         for item in items:

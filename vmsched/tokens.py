@@ -11,11 +11,13 @@ The file holds only sha256 digests of the tokens, never a token::
         roles: [schedule]
 
 The file is re-read when it changes (its inode, size or mtime: a Kubernetes
-Secret mount swaps a symlink), at most every ``check_interval`` seconds. A
-file that is missing, empty (no YAML document: an editor or a copy that
-emptied it) or invalid after a change (one cut off mid-entry) keeps the last
-good set; the reason is logged and counted (``vmsched_auth_tokens_reloads_total``).
-An explicit ``tokens: []`` revokes every token.
+Secret mount swaps a symlink), at most every ``check_interval`` seconds. Only
+a mapping with a ``tokens:`` list is a tokens file: ``tokens: []`` revokes
+every token (a file of client subjects alone says so too). Anything else (a
+missing file, an empty one, ``{}``, ``tokens:`` with nothing or a mapping
+after it, a list, one cut off mid-entry) is refused: at start with the
+reason, after a change by keeping the last good set, the reason logged as an
+error and counted (``vmsched_auth_tokens_reloads_total``).
 """
 
 from __future__ import annotations
@@ -101,22 +103,27 @@ def entry_yaml(name: str, roles: list[Role], token: str) -> str:
     return yaml.safe_dump([doc.model_dump(mode="json")], sort_keys=False)
 
 
-def blank(text: str) -> bool:
-    """Whether ``text`` holds no YAML document at all (empty, blank or only comments)."""
-    try:
-        return yaml.safe_load(text) is None
-    except yaml.YAMLError:
-        return False
+#: What every refusal of a file's shape ends with: how to say "no token" on purpose.
+REVOKE_ALL = "write 'tokens: []' to revoke every token"
 
 
 def parse(text: str, source: str = "tokens file") -> TokensDocument:
-    """Parse and check a tokens file; ValueError with every problem otherwise."""
+    """Parse and check a tokens file; ValueError with every problem otherwise.
+
+    Only a mapping with a ``tokens:`` list is read: any other shape (no document, ``{}``, ``tokens:`` with
+    nothing or a mapping after it, a list) is refused, never read as "no token".
+    """
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ValueError(f"{source}: not valid YAML: {exc}") from None
+        raise ValueError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from None
     if raw is None:
-        raw = {}
+        raise ValueError(f"{source} is empty (no YAML document); {REVOKE_ALL}")
+    if not isinstance(raw, dict) or "tokens" not in raw:
+        found = "a mapping without" if isinstance(raw, dict) else f"{_kind(raw)}, not a mapping with"
+        raise ValueError(f"{source} holds {found} a 'tokens:' list; {REVOKE_ALL}")
+    if not isinstance(raw["tokens"], list):
+        raise ValueError(f"{source}: 'tokens:' holds {_kind(raw['tokens'])}, not a list of entries; {REVOKE_ALL}")
     try:
         doc = TokensDocument.model_validate(raw)
     except ValidationError as exc:
@@ -129,6 +136,14 @@ def parse(text: str, source: str = "tokens file") -> TokensDocument:
     if len(set(digests)) != len(digests):
         raise ValueError(f"{source}: the same token digest appears twice")
     return doc
+
+
+def _kind(value: object) -> str:
+    """What a YAML value is, in a refusal: "nothing", "a mapping", "a list", "a string", ..."""
+    if value is None:
+        return "nothing"
+    names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return names.get(type(value), "a scalar")
 
 
 def _signature(path: Path) -> tuple[int, int, int, int] | None:
@@ -154,11 +169,7 @@ class TokenStore:
             self._signature = _signature(path)
             if self._signature is None:
                 raise ValueError(f"tokens file {path} does not exist (create one with `vmsched token new`)")
-            text = path.read_text()
-            if blank(text):
-                log.warning("tokens file %s is empty: no token is accepted (`vmsched token new --file %s` adds one)",
-                            path, path)
-            self._install(parse(text, str(path)))
+            self._install(parse(path.read_text(), f"tokens file {path}"))
 
     @property
     def configured(self) -> bool:
@@ -185,10 +196,7 @@ class TokenStore:
             try:
                 if signature is None:
                     raise ValueError(f"tokens file {self.path} is missing")
-                text = self.path.read_text()
-                if blank(text):
-                    raise ValueError(f"tokens file {self.path} is empty (to revoke every token, write 'tokens: []')")
-                doc = parse(text, str(self.path))
+                doc = parse(self.path.read_text(), f"tokens file {self.path}")
             except (OSError, ValueError) as exc:
                 self.last_error = str(exc)
                 metrics.AUTH_RELOADS.labels(outcome="error").inc()

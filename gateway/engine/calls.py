@@ -69,10 +69,15 @@ async def handle(scheduler: Scheduler, body: bytes) -> bytes:
         method, params = xmlrpc.parse_call(body)
         handler = METHODS.get(method)
         if handler is None:
-            raise xmlrpc.Fault(xmlrpc.METHOD_NOT_FOUND, f"unknown method {method!r}; known: {', '.join(sorted(METHODS))}")
+            raise xmlrpc.Fault(xmlrpc.METHOD_NOT_FOUND,
+                               f"unknown method {xmlrpc.shown(method)}; known: {', '.join(sorted(METHODS))}")
         return xmlrpc.dump_response(await handler(scheduler, params))
     except xmlrpc.Fault as fault:
         return xmlrpc.dump_fault(fault)
-    except Exception as exc:  # noqa: BLE001 - the engine gets a fault, never a stack trace page
+    except Exception:  # noqa: BLE001 - the engine gets a fault of ours, never an exception's text
         log.exception("XML-RPC call failed")
-        return xmlrpc.dump_fault(xmlrpc.Fault(xmlrpc.INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}"))
+        return xmlrpc.dump_fault(xmlrpc.Fault(xmlrpc.INTERNAL_ERROR, INTERNAL))
+
+
+#: The fault of a call the gateway failed on (the cause is in its log, never sent to the engine).
+INTERNAL = "internal error: the gateway could not answer this call; its log says why"

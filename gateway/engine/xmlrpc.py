@@ -2,29 +2,41 @@
 
 Requests may carry bare ``<value>`` strings, ``<i4>`` and ``<ex:nil/>``; every
 body is read by one parser, defusedxml's expat parser (no entity expansion, no
-external references) feeding the stdlib's unmarshaller, with arrays and
-structs nested at most :data:`MAX_DEPTH` deep. Nothing is patched
-process-wide. Replies never
+external references) feeding the stdlib's unmarshaller through a check of
+XML-RPC's grammar (:class:`_Reader`), with arrays and structs nested at most
+:data:`MAX_DEPTH` deep. Nothing is patched process-wide. Replies never
 contain nil, doubles or integers outside int32: :func:`dump_response` enforces
-that on every reply, whatever a bug upstream did. Every check of a request
-raises :class:`Fault` with a precise reason; values are shown in it shortened.
+that on every reply, whatever a bug upstream did.
+
+Every check of a request raises :class:`Fault` with a sentence of ours saying
+what is wrong (values shown shortened), never an exception's text: XML that
+is not well formed is :data:`PARSE_ERROR`, well-formed XML that is not an
+XML-RPC call (an element where none belongs, a struct member with two values,
+``<int>12x</int>``) :data:`INVALID_REQUEST`, a call whose parameters are wrong
+:data:`INVALID_PARAMS`.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import reprlib
 import xmlrpc.client
+from dataclasses import dataclass, field
 from typing import Any
 from xml.parsers.expat import ExpatError
 from xml.sax.saxutils import escape
 
+from defusedxml import DefusedXmlException
 from defusedxml.xmlrpc import DefusedExpatParser
 
 from vmsched.decide.rules import INT32_MAX, INT32_MIN, clamp_int32
 
+log = logging.getLogger("vmsched.gateway")
+
 PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
@@ -64,29 +76,136 @@ def _nesting_exceeds(params: tuple[Any, ...]) -> bool:
     return False
 
 
+#: The value types read (Apache's extensions included), and what the text of each must be.
+_SCALARS: dict[str, str] = {
+    "string": "text", "nil": "nothing", "boolean": "0 or 1", "base64": "base64 data",
+    "dateTime.iso8601": "a time as YYYYMMDDTHH:MM:SS", "double": "a number", "float": "a number",
+    "bigdecimal": "a decimal number",
+    **{name: "an integer of at most 4300 digits" for name in ("int", "i1", "i2", "i4", "i8", "biginteger")},
+}
+_TYPES = frozenset(_SCALARS) | {"array", "struct"}
+#: The elements each element holds (None: the document), those it holds at most once, those it must hold.
+_HOLDS: dict[str | None, frozenset[str]] = {
+    None: frozenset({"methodCall"}), "methodCall": frozenset({"methodName", "params"}),
+    "params": frozenset({"param"}), "param": frozenset({"value"}), "value": _TYPES, "array": frozenset({"data"}),
+    "data": frozenset({"value"}), "struct": frozenset({"member"}), "member": frozenset({"name", "value"}),
+}
+_ONCE = {"methodCall": {"methodName", "params"}, "param": {"value"}, "array": {"data"}, "member": {"name", "value"}}
+_NEEDS = {"methodCall": ("methodName",), "param": ("value",), "array": ("data",), "member": ("name", "value")}
+#: The elements whose text is read; between the others only blanks may stand.
+_TEXT = frozenset(_SCALARS) | {"value", "methodName", "name"}
+_TYPE_NAMES = ", ".join(sorted(_SCALARS, key=str.lower)) + ", array, struct"
+
+
+@dataclass
+class _Element:
+    name: str
+    children: list[str] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+
+
+class _Reader:
+    """The stdlib's unmarshaller behind a check of XML-RPC's grammar: what breaks the grammar, or a value
+    the unmarshaller cannot read, is an :data:`INVALID_REQUEST` fault with a sentence naming the element."""
+
+    def __init__(self) -> None:
+        self.values = xmlrpc.client.Unmarshaller(use_builtin_types=True)
+        self._open: list[_Element] = []
+
+    def xml(self, encoding: str | None, standalone: Any) -> None:
+        self.values.xml(encoding, standalone)
+
+    def start(self, tag: str, attrs: Any) -> None:
+        name = tag.rpartition(":")[2]  # Apache's ex:nil, ex:i8, ...
+        parent = self._open[-1] if self._open else None
+        self._check_child(parent, name)
+        if parent is not None:
+            parent.children.append(name)
+        self._open.append(_Element(name))
+        self.values.start(tag, attrs)
+
+    def _check_child(self, parent: _Element | None, name: str) -> None:
+        if parent is None:
+            if name != "methodCall":
+                raise _invalid(f"the document is a <{shown_tag(name)}>, not a <methodCall>")
+            return
+        if parent.name not in _HOLDS:
+            raise _invalid(f"<{parent.name}> holds text only, not a <{shown_tag(name)}> element")
+        if name not in _HOLDS[parent.name]:
+            if parent.name == "value":
+                raise _invalid(f"<{shown_tag(name)}> is not a value type (value types: {_TYPE_NAMES})")
+            raise _invalid(f"<{shown_tag(name)}> does not belong in <{parent.name}>, which holds "
+                           + " and ".join(f"<{child}>" for child in sorted(_HOLDS[parent.name])))
+        if parent.name == "value" and (parent.children or "".join(parent.text).strip()):
+            raise _invalid("a <value> holds one typed element or text, not more")
+        if name in _ONCE.get(parent.name, ()) and name in parent.children:
+            raise _invalid(f"<{parent.name}> holds one <{name}>, not more")
+        if parent.name == "member" and name == "value" and "name" not in parent.children:
+            raise _invalid("a struct <member> holds its <name> first, then its <value>")
+
+    def data(self, text: str) -> None:
+        element = self._open[-1]
+        if element.name in _TEXT:
+            if element.name == "value" and element.children and text.strip():
+                raise _invalid("a <value> holds one typed element or text, not more")
+            element.text.append(text)
+        elif text.strip():
+            raise _invalid(f"text {shown(text.strip())} in <{element.name}>, which holds elements only")
+        self.values.data(text)
+
+    def end(self, tag: str) -> None:
+        element = self._open.pop()
+        for needed in _NEEDS.get(element.name, ()):
+            if needed not in element.children:
+                raise _invalid(f"<{element.name}> has no <{needed}>")
+        try:
+            self.values.end(tag)
+        except Exception:  # noqa: BLE001 - the unmarshaller could not read the element's text
+            raise _invalid(f"<{element.name}> must hold {_SCALARS.get(element.name, 'a value')}, "
+                           f"got {shown(''.join(element.text))}") from None
+
+    def close(self) -> tuple[str, tuple[Any, ...]]:
+        try:
+            params, method = self.values.close(), self.values.getmethodname()
+        except Exception:  # noqa: BLE001 - an incomplete call (the grammar's checks catch it first)
+            raise _invalid("the body is not a complete XML-RPC methodCall") from None
+        if not method:
+            raise _invalid("the call's <methodName> is empty")
+        return method, tuple(params)
+
+
+def shown_tag(name: str) -> str:
+    """An element's name in a fault: bounded, without markup."""
+    return shown(name)[1:-1] if len(name) > 40 else name
+
+
+def _invalid(reason: str) -> Fault:
+    return Fault(INVALID_REQUEST, f"invalid XML-RPC request: {reason}")
+
+
 def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
     """Return ``(method, params)`` or raise :class:`Fault` with a precise reason."""
     if not body.strip():
         raise Fault(PARSE_ERROR, "empty request body: expected an XML-RPC methodCall")
-    reader = xmlrpc.client.Unmarshaller(use_builtin_types=True)
+    reader = _Reader()
     try:
         parser = DefusedExpatParser(reader)
         parser.feed(body)
         parser.close()
-        params, method = reader.close(), reader.getmethodname()
+        method, params = reader.close()
+    except Fault:
+        raise
     except ExpatError as exc:
         raise Fault(PARSE_ERROR, f"malformed XML: {exc}") from None
-    except xmlrpc.client.ResponseError as exc:  # the unmarshaller's only complaint: a tag it does not know
-        raise Fault(PARSE_ERROR, f"malformed XML-RPC request: {exc.args[0] if exc.args else exc} "
-                                 "(value types: string, int, i4, i8, double, boolean, nil, "
-                                 "dateTime.iso8601, base64, array, struct)") from None
-    except Exception as exc:  # noqa: BLE001 - any parser complaint (a bad number, date, base64) is the client's
-        raise Fault(PARSE_ERROR, f"malformed XML-RPC request: {type(exc).__name__}: {shown(str(exc))}") from None
-    if not method:
-        raise Fault(PARSE_ERROR, "request has no methodName")
+    except DefusedXmlException:
+        raise Fault(PARSE_ERROR, "malformed XML: entity declarations and external entities are not accepted") \
+            from None
+    except Exception as exc:  # noqa: BLE001 - whatever else, the engine gets a sentence, not the exception
+        log.warning("XML-RPC request refused: %s: %s", type(exc).__name__, shown(str(exc)))
+        raise _invalid("the body could not be read as a methodCall") from None
     if _nesting_exceeds(params):
         raise Fault(INVALID_PARAMS, f"a parameter nests arrays or structs deeper than {MAX_DEPTH} levels")
-    return method, tuple(params)
+    return method, params
 
 
 #: Characters XML 1.0 cannot carry (control characters, lone surrogates): a plugin's

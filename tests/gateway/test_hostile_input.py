@@ -148,11 +148,13 @@ def _nested(depth: int) -> str:
     (_score_call("<value><i4>1</i4></value>", "<value><double>nan</double></value>"), xmlrpc.INVALID_PARAMS,
      "property 'p' is the double nan"),
     (_score_call("<value><i4>1</i4></value>", _nested(3)), xmlrpc.INVALID_PARAMS, "property 'p' must be a string"),
-    (_score_call("<value><i4>1</i4></value>", "<value><foo>1</foo></value>"), xmlrpc.PARSE_ERROR, "unknown tag 'foo'"),
-    (_score_call("<value><i4>1</i4></value>", "<value><int>12x</int></value>"), xmlrpc.PARSE_ERROR, "ValueError"),
-    (_score_call(f"<value><int>{'9' * 5000}</int></value>"), xmlrpc.PARSE_ERROR, "ValueError: 'Exceeds the limit"),
-    (_score_call("<value><i4>1</i4></value>", f"<value><i4>-{'1' * 4301}</i4></value>"), xmlrpc.PARSE_ERROR,
-     "ValueError: 'Exceeds the limit"),
+    (_score_call("<value><i4>1</i4></value>", "<value><foo>1</foo></value>"), xmlrpc.INVALID_REQUEST,
+     "<foo> is not a value type"),
+    (_score_call("<value><i4>1</i4></value>", "<value><int>12x</int></value>"), xmlrpc.INVALID_REQUEST,
+     "<int> must hold an integer of at most 4300 digits, got '12x'"),
+    (_score_call(f"<value><int>{'9' * 5000}</int></value>"), xmlrpc.INVALID_REQUEST, "<int> must hold an integer"),
+    (_score_call("<value><i4>1</i4></value>", f"<value><i4>-{'1' * 4301}</i4></value>"), xmlrpc.INVALID_REQUEST,
+     "<i4> must hold an integer of at most 4300 digits"),
     (_score_call("<value><i4>1</i4></value>", "<value>" + "s" * 101 + "</value>"), xmlrpc.INVALID_PARAMS,
      "properties: a string of 101 characters, longer than the limit of 100 (setting max_string"),
     (call("runFilters", ["KeepEven"], H + H, VM, {}), xmlrpc.INVALID_PARAMS, "more than the limit of 5"),
@@ -166,6 +168,9 @@ def _nested(depth: int) -> str:
     (call("runFilters", ["KeepEven"], H, 7, {}), xmlrpc.INVALID_PARAMS, "vmID must be a string"),
     (b"<methodCall><methodName>runFilters</methodName><params><param><value>&#xD800;</value></param>"
      b"</params></methodCall>", xmlrpc.PARSE_ERROR, "malformed XML"),
+    (call("runFilters", ["KeepEven"], H, VM, {"p": "a"}).replace(b"<value>a</value>",
+                                                               b"<value>a</value><value>b</value>"),
+     xmlrpc.INVALID_REQUEST, "invalid XML-RPC request: <member> holds one <value>, not more"),
 ])
 def test_xmlrpc_hostile_values_are_faults_with_a_reason(hostile: Stack, body: bytes, code: int, reason: str):
     fault = _fault(hostile, body)

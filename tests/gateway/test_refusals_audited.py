@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -56,15 +57,21 @@ def test_refused_logins_are_audited(tmp_path: Path):
         proc.kill()
 
 
-@pytest.mark.parametrize("value", [",", " , ,"])
-def test_an_allow_list_that_lists_nothing_refuses_to_start(value: str):
+@pytest.mark.parametrize("value", [",", " , ,", " ", "\t", "  ,  "])
+@pytest.mark.parametrize("via", ["flag", "environment"])
+def test_an_allow_list_that_lists_nothing_refuses_to_start(value: str, via: str):
+    """Blanks or commas alone are a list given but empty, not the "any client" of an unset one."""
     with pytest.raises(ValueError, match="lists no network"):
         Settings(engine_allow=value)
-    out = subprocess.run([sys.executable, "-P", "-m", "vmsched.cli", "gateway", "--engine-allow", value], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "lists no network" in out.stderr and "Traceback" not in out.stderr
+    args, env = (["--engine-allow", value], {}) if via == "flag" else ([], {"VMSCHED_ENGINE_ALLOW": value})
+    out = subprocess.run([sys.executable, "-P", "-m", "vmsched.cli", "gateway", "--amqp", "memory://",
+                          "--port", str(free_port()), *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "VMSCHED_METRICS_PORT": "0", **env})
+    assert out.returncode == 2, out.stderr
+    assert "lists no network" in out.stderr and "Traceback" not in out.stderr
+    assert "Started server process" not in out.stderr
 
 
-@pytest.mark.parametrize("value", ["", "  "])
-def test_an_unset_or_empty_allow_list_means_any_client(value: str):
-    assert Settings(engine_allow=value).engine_networks == []
+def test_an_unset_or_empty_allow_list_means_any_client():
+    assert Settings(engine_allow="").engine_networks == []
+    assert Settings().engine_allow == ""

@@ -135,6 +135,37 @@ def bus_args(folder: Path, url: str) -> list[str]:
     return ["--amqp-url-file", str(path)]
 
 
+def start_replicas(folder: Path, url: str, tokens: Path, names: tuple[str, ...] = ("gw-1", "gw-2")) -> tuple[list[Proc], list[str]]:
+    """`vmsched gateway` replicas on the bus at ``url``, with one tokens file and one console secret (made here):
+    their processes and base URLs, each answering /healthz."""
+    secret = folder / "console.secret"
+    assert Proc(["console-secret", "--file", str(secret)], folder / "secret.log").start().popen.wait(30) == 0  # type: ignore[union-attr]
+    bus = bus_args(folder, url)
+    procs: list[Proc] = []
+    urls: list[str] = []
+    try:
+        for name in names:
+            port = free_port()
+            procs.append(Proc(["gateway", *bus, "--port", str(port), "--tokens-file", str(tokens),
+                               "--console-secret-file", str(secret)], folder / f"{name}.log",
+                              env={"VMSCHED_AMQP_URL": "", "VMSCHED_GATEWAY_ID": name}).start())
+            urls.append(f"http://127.0.0.1:{port}")
+        for base in urls:
+            wait_until(lambda: _healthy(base), 30, 0.1, f"{base} to answer")
+    except BaseException:
+        for proc in procs:
+            proc.kill(signal.SIGTERM)
+        raise
+    return procs, urls
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(base + "/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def start_all_in_one(tmp_path: Path, bus: str, *extra: str, plugins: Path | None = None) -> Stack:
     plugins = plugins or plugin_copy(tmp_path)
     port, metrics_port = free_port(), free_port()

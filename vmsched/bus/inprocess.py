@@ -374,8 +374,8 @@ class InProcessTransport(Transport):
             raise BusTimeout(f"no reply from {queue} within {timeout:g} s (is the service running?)")
         return reply_body(replies[0], queue)
 
-    def events(self, service: str) -> InProcessEvents:
-        return InProcessEvents(self.exchanges, service)
+    def events(self, service: str, *, confirm: bool = False) -> InProcessEvents:
+        return InProcessEvents(self.exchanges, service)  # delivered at once: nothing to confirm
 
     def subscribe(self, name: str, topic: Topic, on_message: OnMessage, *,
                   on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,

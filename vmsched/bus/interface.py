@@ -223,8 +223,9 @@ class Transport(ABC):
         """One blocking request (the CLI and tools): the reply body, or the bus errors."""
 
     @abstractmethod
-    def events(self, service: str) -> EventSink:
-        """A publisher of ``service``'s events."""
+    def events(self, service: str, *, confirm: bool = False) -> EventSink:
+        """A publisher of ``service``'s events; ``confirm``: an event counts as sent once the broker confirmed
+        it (sent again on a new connection, else reported dropped)."""
 
     @abstractmethod
     def subscribe(self, name: str, topic: Topic, on_message: OnMessage, *,

@@ -52,7 +52,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="how long a publish waits for the broker's confirm; a broker that answers nothing that "
                         "long is taken as gone and another connection opened, seconds (default 2)")
     p.add_argument("--reconnect-max-delay", metavar="S",
-                   help="longest wait between two attempts to reach the broker, seconds (default 5)")
+                   help="longest wait between two attempts to reach the broker, seconds (default 2)")
 
 
 def _plugins(p: argparse.ArgumentParser) -> None:

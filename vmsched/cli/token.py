@@ -19,7 +19,7 @@ HEADER = "# vmsched tokens: sha256 digests only (vmsched token new); re-read on 
 
 
 def read_document(path: Path) -> TokensDocument:
-    return parse(path.read_text(), str(path)) if path.exists() else parse("")
+    return parse(path.read_text(), f"tokens file {path}") if path.exists() else TokensDocument()
 
 
 def write_document(path: Path, doc: TokensDocument) -> None:

@@ -20,9 +20,8 @@ import httpx
 import pytest
 
 from tests.support.broker_users import HOSTS, broker, publish, url  # noqa: F401 - the broker fixture
-from tests.support.net import free_port
 from tests.support.rabbit import RABBIT_URL, private_vhost
-from tests.support.stack import Proc, bus_args
+from tests.support.stack import start_replicas
 from tests.support.waiting import wait_until
 from tests.gateway.console.test_sessions import OTHER, TOKEN, write_tokens
 from vmsched.bus.options import BusOptions
@@ -77,32 +76,15 @@ def test_replicas_share_logouts_and_a_newcomer_learns_them(broker):  # noqa: F81
 def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
     """Two `vmsched gateway` processes on a private vhost, with the same tokens file and console secret."""
     tmp = tmp_path_factory.mktemp("console-replicas")
-    tokens, secret = tmp / "tokens.yaml", tmp / "console.secret"
+    tokens = tmp / "tokens.yaml"
     write_tokens(tokens, ("ops", TOKEN, "read"), ("ci", OTHER, "schedule"))
-    assert Proc(["console-secret", "--file", str(secret)], tmp / "secret.log").start().popen.wait(30) == 0  # type: ignore[union-attr]
     with private_vhost("vmsched-test-console") as vhost:
-        bus = bus_args(tmp, RABBIT_URL + vhost)
-        procs, urls = [], []
-        for name in ("gw-1", "gw-2"):
-            port = free_port()
-            procs.append(Proc(["gateway", *bus, "--port", str(port), "--tokens-file", str(tokens),
-                               "--console-secret-file", str(secret)], tmp / f"{name}.log",
-                              env={"VMSCHED_AMQP_URL": "", "VMSCHED_GATEWAY_ID": name}).start())
-            urls.append(f"http://127.0.0.1:{port}")
+        procs, urls = start_replicas(tmp, RABBIT_URL + vhost, tokens)
         try:
-            for base in urls:
-                wait_until(lambda: _up(base), 30, 0.1, f"{base} to answer")
             yield urls[0], urls[1], tmp
         finally:
             for proc in procs:
                 proc.kill(signal.SIGTERM)
-
-
-def _up(base: str) -> bool:
-    try:
-        return httpx.get(base + "/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _log_in(client: httpx.Client) -> str:

@@ -49,16 +49,12 @@ def test_a_body_parses_to(body: bytes, expected: tuple[str, tuple[Any, ...]]) ->
 
 @pytest.mark.parametrize("body, reason", [
     (b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaa">]><methodCall><methodName>&a;</methodName></methodCall>',
-     "malformed XML-RPC request: EntitiesForbidden"),
+     "malformed XML: entity declarations and external entities are not accepted"),
     (b"<methodCall><methodName>m</methodName><params><param><value>x\x01</value></param></params></methodCall>",
      "malformed XML: not well-formed (invalid token)"),
     (b"<methodCall><methodName>m</methodName><params><param><value>x</value></param></params></methodCall>junk",
      "malformed XML: junk after document element"),
-    (b"<methodCall><methodName>m</methodName><params><param><value><int>" + b"9" * 5000 + b"</int></value></param>"
-     b"</params></methodCall>", "malformed XML-RPC request: ValueError: 'Exceeds the limit (4300 dig"),
-    (b"<methodCall><methodName>m</methodName><params><param><value><i4>-" + b"1" * 4301 + b"</i4></value></param>"
-     b"</params></methodCall>", "malformed XML-RPC request: ValueError"),
-    (b"<methodCall><methodName></methodName><params></params></methodCall>", "request has no methodName"),
+    (b"<methodCall><methodName>m</methodName><params>", "malformed XML: no element found"),
     (b"  \n", "empty request body"),
 ])
 def test_a_body_gets_the_parse_fault(body: bytes, reason: str) -> None:
@@ -66,6 +62,60 @@ def test_a_body_gets_the_parse_fault(body: bytes, reason: str) -> None:
         xmlrpc.parse_call(body)
     assert raised.value.code == xmlrpc.PARSE_ERROR
     assert raised.value.message.startswith(reason), raised.value.message
+
+
+def _call(params: bytes, method: bytes = b"<methodName>m</methodName>") -> bytes:
+    return b"<methodCall>" + method + b"<params>" + params + b"</params></methodCall>"
+
+
+def _member(*inner: bytes) -> bytes:
+    return b"<param><value><struct><member>" + b"".join(inner) + b"</member></struct></value></param>"
+
+
+@pytest.mark.parametrize("body, reason", [
+    (_call(_member(b"<name>k</name><value>1</value><value>2</value>")), "<member> holds one <value>, not more"),
+    (_call(_member(b"<name>k</name><name>j</name><value>1</value>")), "<member> holds one <name>, not more"),
+    (_call(_member(b"<name>k</name>")), "<member> has no <value>"),
+    (_call(_member(b"<value>1</value>")), "holds its <name> first, then its <value>"),
+    (_call(_member(b"<value>1</value><name>k</name>")), "holds its <name> first, then its <value>"),
+    (_call(b"<param><value><struct><value>1</value></struct></value></param>"),
+     "<value> does not belong in <struct>, which holds <member>"),
+    (_call(b"<param><value>1</value><value>2</value></param>"), "<param> holds one <value>, not more"),
+    (_call(b"<param></param>"), "<param> has no <value>"),
+    (_call(b"<param><value><array><value>1</value></array></value></param>"),
+     "<value> does not belong in <array>, which holds <data>"),
+    (_call(b"<param><value><array></array></value></param>"), "<array> has no <data>"),
+    (_call(b"<param><value><i4>1</i4><i4>2</i4></value></param>"), "a <value> holds one typed element or text"),
+    (_call(b"<param><value>a<string>b</string></value></param>"), "a <value> holds one typed element or text"),
+    (_call(b"<param><value><string>b</string>a</value></param>"), "a <value> holds one typed element or text"),
+    (_call(b"<param><value><foo>1</foo></value></param>"), "<foo> is not a value type (value types: base64,"),
+    (_call(b"<param><value><string><i4>1</i4></string></value></param>"), "<string> holds text only"),
+    (_call(b"<param><value><int>12x</int></value></param>"), "<int> must hold an integer of at most 4300 digits, "
+                                                              "got '12x'"),
+    (_call(b"<param><value><int>" + b"9" * 5000 + b"</int></value></param>"), "<int> must hold an integer"),
+    (_call(b"<param><value><i4>-" + b"1" * 4301 + b"</i4></value></param>"), "<i4> must hold an integer"),
+    (_call(b"<param><value><double>x</double></value></param>"), "<double> must hold a number, got 'x'"),
+    (_call(b"<param><value><boolean>2</boolean></value></param>"), "<boolean> must hold 0 or 1, got '2'"),
+    (_call(b"<param><value><base64>\xc3\xa9</base64></value></param>"), "<base64> must hold base64 data"),
+    (_call(b"<param><value><dateTime.iso8601>never</dateTime.iso8601></value></param>"),
+     "<dateTime.iso8601> must hold a time as YYYYMMDDTHH:MM:SS, got 'never'"),
+    (_call(b"<param><value><bigdecimal>x</bigdecimal></value></param>"), "<bigdecimal> must hold a decimal number"),
+    (_call(b"text<param><value>1</value></param>"), "text 'text' in <params>, which holds elements only"),
+    (_call(b"<value>1</value>"), "<value> does not belong in <params>, which holds <param>"),
+    (b"<methodCall><params></params></methodCall>", "<methodCall> has no <methodName>"),
+    (b"<methodCall><methodName>m</methodName><methodName>n</methodName></methodCall>",
+     "<methodCall> holds one <methodName>, not more"),
+    (b"<methodCall><methodName><i4>1</i4></methodName></methodCall>", "<methodName> holds text only"),
+    (b"<methodCall><methodName></methodName><params></params></methodCall>", "the call's <methodName> is empty"),
+    (b"<methodResponse><params></params></methodResponse>", "the document is a <methodResponse>, not a <methodCall>"),
+    (b"<methodCall><fault/></methodCall>", "<fault> does not belong in <methodCall>"),
+])
+def test_a_well_formed_body_that_is_no_call_gets_the_invalid_request_fault(body: bytes, reason: str) -> None:
+    with pytest.raises(xmlrpc.Fault) as raised:
+        xmlrpc.parse_call(body)
+    assert raised.value.code == xmlrpc.INVALID_REQUEST
+    assert raised.value.message.startswith("invalid XML-RPC request: ") and reason in raised.value.message, \
+        raised.value.message
 
 
 def _nested(depth: int) -> bytes:
@@ -140,7 +190,7 @@ def _texts(v: Any) -> str:
 @settings(max_examples=400, deadline=None)
 @given(params=st.lists(_values, max_size=4), method=_text, ws=_spaces, typed=st.booleans(),
        style=st.sampled_from(["apache", "stdlib"]))
-def test_what_is_written_is_read_or_refused_as_malformed(params: list[Any], method: str, ws: str, typed: bool,
+def test_what_is_written_is_read_or_refused(params: list[Any], method: str, ws: str, typed: bool,
                                                           style: str) -> None:
     if style == "stdlib":
         method = method or "m"
@@ -152,9 +202,14 @@ def test_what_is_written_is_read_or_refused_as_malformed(params: list[Any], meth
         ps = "".join(f"<param>{ws}{_apache(p, ws, typed)}{ws}</param>{ws}" for p in params)
         body = (f'<?xml version="1.0" encoding="UTF-8"?>{ws}<methodCall xmlns:ex="x">{ws}<methodName>{escape(method)}'
                 f"</methodName>{ws}<params>{ws}{ps}</params>{ws}</methodCall>{ws}").encode()
-    if _NOT_XML & set(method + _texts(params)) or not _read_back(method):
+    if _NOT_XML & set(method + _texts(params)):
         with pytest.raises(xmlrpc.Fault) as raised:
             xmlrpc.parse_call(body)
         assert raised.value.code == xmlrpc.PARSE_ERROR
+        return
+    if not _read_back(method):
+        with pytest.raises(xmlrpc.Fault) as raised:
+            xmlrpc.parse_call(body)
+        assert raised.value.code == xmlrpc.INVALID_REQUEST and "<methodName> is empty" in raised.value.message
         return
     assert xmlrpc.parse_call(body) == (_read_back(method), tuple(_read_back(params)))

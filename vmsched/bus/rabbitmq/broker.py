@@ -39,8 +39,8 @@ class BrokerTransport(Transport):
     def call(self, queue: str, op: str, body: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
         return rpc.call(self.options, queue, op, body, timeout)
 
-    def events(self, service: str) -> EventPublisher:
-        return EventPublisher(self.options, service=service)
+    def events(self, service: str, *, confirm: bool = False) -> EventPublisher:
+        return EventPublisher(self.options, service=service, confirm=confirm)
 
     def subscribe(self, name: str, topic: Topic, on_message: OnMessage, *,
                   on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
