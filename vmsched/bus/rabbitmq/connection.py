@@ -225,20 +225,23 @@ def nonblocking(sock: socket.socket | None, timeout: float = 0.0) -> Iterator[No
 
 class Wakeup:
     """The one select loop of a bus thread: it waits on its broker socket and on a pipe that other threads
-    write to (:meth:`wake`) when they hand it work."""
+    write to (:meth:`wake`) when they hand it work. A wake-up already pending is not written again: under load
+    the thread finds many hand-overs per wake-up, and the callers make no system call for the others."""
 
     def __init__(self) -> None:
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
+        self._pending = False  # a wake-up is written and not read yet
 
     def wake(self) -> None:
-        if self._w < 0:
-            return  # closed: the thread has stopped
+        if self._pending or self._w < 0:
+            return  # the thread will look at its work anyway; or closed: it has stopped
+        self._pending = True
         try:
             os.write(self._w, b"\0")
         except OSError:
-            pass  # a wake-up is pending already
+            pass  # the pipe is full: the thread has wake-ups to read
 
     def wait(self, sock: socket.socket | None, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds for the broker (``sock``; None: no connection) or a wake-up; whether
@@ -247,6 +250,7 @@ class Wakeup:
             return True
         readable = select.select([self._r] if sock is None else [sock, self._r], [], [], timeout)[0]
         if self._r in readable:
+            self._pending = False  # before reading: a hand-over after this writes again
             try:
                 while os.read(self._r, 4096):
                     pass
