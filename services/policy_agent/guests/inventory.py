@@ -33,16 +33,7 @@ class State(IntEnum):
     PMSUSPENDED = 7
 
 
-STATE_NAMES = {
-    State.NOSTATE: "nostate",
-    State.RUNNING: "running",
-    State.BLOCKED: "blocked",
-    State.PAUSED: "paused",
-    State.SHUTDOWN: "shutdown",
-    State.SHUTOFF: "shutoff",
-    State.CRASHED: "crashed",
-    State.PMSUSPENDED: "pmsuspended",
-}
+STATE_NAMES = {s: s.name.lower() for s in State}
 RUNNING_STATES = (State.RUNNING, State.BLOCKED)
 INACTIVE_STATES = (State.SHUTOFF, State.NOSTATE)
 
@@ -104,11 +95,9 @@ class Inventory:
     def resolve(self, key: str) -> str | None:
         """UUID of the guest named ``key`` (or whose UUID is ``key``)."""
         with self._cond:
-            if key in self._guests:
-                return key
-            low = key.lower()
-            if low in self._guests:
-                return low
+            for k in (key, key.lower()):
+                if k in self._guests:
+                    return k
             for g in self._guests.values():
                 if g.name == key:
                     return g.uuid
