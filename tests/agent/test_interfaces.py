@@ -149,9 +149,9 @@ def test_cli_policy_commands(conn, make_agent, capsys, tmp_path):
     assert "--socket PATH or env VMSCHED_AGENT_SOCKET" in err  # what to do about it
     code, _, err = run_cli(["policy", "list", "--amqp", "memory://"], capsys)
     assert code == 2 and "--amqp needs --host" in err
-    code, out, _ = run_cli(["policy", "pool", "6-7", *sock], capsys)
+    code, out, _ = run_cli(["policy", "pool", "6-7", "--json", *sock], capsys)
     assert code == 0 and out["allocations"] == {"t-cli": "6-7"}
-    code, out, _ = run_cli(["policy", "delete", "t-cli", *sock], capsys)
+    code, out, _ = run_cli(["policy", "delete", "t-cli", "--json", *sock], capsys)
     assert code == 0 and out["deleted"] is True
 
 
@@ -184,10 +184,39 @@ def test_cli_domain_start_stop(conn, make_agent, capsys):
     db, web = guest(conn, "t-db", start=False), guest(conn, "t-web", start=False)
     a.set_policy("t-web", {"requires": ["t-db"]})
     sock = ["--socket", str(a.socket_path)]
-    code, out, _ = run_cli(["domain", "start", "t-web", "--wait", "5", *sock], capsys)
+    code, out, _ = run_cli(["domain", "start", "t-web", "--wait", "5", "--json", *sock], capsys)
     assert code == 0 and out["started"] == ["t-db", "t-web"] and db.isActive() and web.isActive()
-    code, out, _ = run_cli(["domain", "stop", "t-db", "--wait", "5", *sock], capsys)
+    code, out, _ = run_cli(["domain", "stop", "t-db", "--wait", "5", "--json", *sock], capsys)
     assert code == 0 and out["stopped"] == ["t-web", "t-db"] and not web.isActive()
+
+
+def test_every_command_prints_text_for_people(conn, make_agent, capsys):
+    """Without --json every client command prints what a person reads, never the reply's JSON."""
+    a = make_agent()
+    guest(conn, "t-db", start=False), guest(conn, "t-web", start=False)
+    a.set_policy("t-web", {"requires": ["t-db"], "dedicated": 2})
+    sock = ["--socket", str(a.socket_path)]
+
+    def text(*argv: str, code: int = 0) -> str:
+        parser = argparse.ArgumentParser(prog="vmsched")
+        register(parser.add_subparsers(dest="command", required=True), serve)
+        args = parser.parse_args([*argv, *sock])
+        assert args.func(args) == code
+        out = capsys.readouterr().out
+        with pytest.raises(ValueError):
+            json.loads(out)  # text, not the reply
+        return out
+
+    assert text("policy", "check-start", "t-db") == "guest 't-db' has no start requirements\n"
+    assert text("domain", "start", "t-web", "--wait", "5") == "started: t-db, t-web\nalready running: -\n"
+    assert text("domain", "stop", "t-db", "--wait", "5") == "stopped: t-web, t-db\nalready stopped: -\n"
+    assert re.fullmatch(r"checked 3 guests in [0-9.]+ s, repaired 0\n", text("policy", "reconcile"))  # and 'test'
+    drawn = text("policy", "pool", "6-7")
+    assert "dedicated pool 6-7, free -" in drawn.splitlines()[0] and "[6 t-web vcpu0]" in drawn
+    shown = dict(line.split(None, 1) for line in text("policy", "explain", "t-web").splitlines())
+    assert shown["policy"] == "dedicated=2 requires=t-db" and shown["decisions:"] == "-"
+    assert text("policy", "delete", "t-web") == "policy of 't-web' deleted: its CPUs released, its pins reset\n"
+    assert text("policy", "delete", "t-web") == "guest 't-web' has no policy: nothing to delete\n"
 
 
 def test_help_documents_every_command():
