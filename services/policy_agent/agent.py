@@ -20,7 +20,6 @@ from typing import Any, Callable
 import libvirt
 
 from vmsched import cpuset
-from vmsched.bus.options import BusOptions
 from vmsched.facts.subscription import SnapshotListener
 from vmsched.bus.interface import Transport
 
@@ -105,7 +104,7 @@ class Agent:
         self.jobs = JobQueue()
         self.events: collections.deque[tuple[str, dict]] = collections.deque(maxlen=2000)
         self.link: LibvirtLink | None = None
-        self.enforcer: Enforcer | None = None
+        self.enforcer: Enforcer = None  # type: ignore[assignment]  # made by start(), before any request is served
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server: SocketServer | None = None
@@ -143,7 +142,7 @@ class Agent:
         cpus = topology.online
         log.info("host CPUs %s: %s", cpuset.fmt(cpus), topology.describe())
         found = recovery.load_or_rebuild(self.checkpoint_path, self.machine, cpus)
-        pools, rebuild = found.pools, found.rebuild
+        pools = found.pools
         pools.topology = topology
         if found.previous_host_id is not None and found.previous_host_id != self.host_id:
             log.warning("host ID changed from %r to %r: keeping this machine's (%s) pool and allocations; the bus"
@@ -153,17 +152,19 @@ class Agent:
             log.warning("checkpoint %s unusable (%s); moved to %s; rebuilding host state from the guests'"
                         " metadata and live pins", self.checkpoint_path, found.reason, found.quarantined)
             metrics.ERRORS.labels("checkpoint").inc()
-        elif rebuild:
+        elif found.rebuild:
             log.info("no checkpoint at %s; building host state from the guests", self.checkpoint_path)
+        stored = store.PolicyStore(self.state_dir / store.FILENAME).load()
+        if stored.problem is not None:
+            metrics.ERRORS.labels("store").inc()
         self.enforcer = Enforcer(self.machine, pools, self.inventory, Applier(caps, topology.cpumap_length, cpus),
-                                 self._publish, self._save, self.release_on_stop,
-                                 transient=TransientPolicies(self._load_store()))
+                                 self._publish, self._save, self.release_on_stop, transient=TransientPolicies(stored))
         snaps = self.enforcer.scan(conn)
         for snap in snaps:
             self.enforcer.observe(snap)
         if self.requested_pool is not None:
             wanted = _parse_pool(self.requested_pool, cpus)
-            if rebuild:
+            if found.rebuild:
                 errors = pools.check_pool(wanted)
                 if errors:
                     raise PolicyError(errors)
@@ -171,7 +172,7 @@ class Agent:
             elif wanted != pools.pool:
                 log.info("dedicated pool changes from %r to %r", cpuset.fmt(pools.pool), cpuset.fmt(wanted))
                 self.enforcer.adopt_pools(self.enforcer.plan_pool(wanted))
-        elif rebuild:
+        elif found.rebuild:
             pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), self.machine, pools)
         summary = self.enforcer.sweep(conn, trigger="start", snaps=snaps, confine=True)
         self._save()
@@ -185,27 +186,19 @@ class Agent:
         if self._transport is not None:
             self._bus = BusLink(self._transport, self.host_id, self)
             self._bus.start()
-            self._start_facts()
+            if self.facts_interval > 0:  # host facts every interval, on lifecycle events, at once when asked
+                self._facts = FactsReporter(self.host_id, Collector(), lambda: self.conn, self._layout,
+                                            self._bus.publish, self.facts_interval)
+                self._facts.start()
+                self._snapshots = SnapshotListener(self._transport, self.host_id, self._facts.trigger_snapshot)
+                self._snapshots.start()
         self.started = True
         return self
 
-    def _start_facts(self) -> None:
-        """Host facts every facts_interval and on lifecycle events; a snapshot at once when a service asks."""
-        if self.facts_interval <= 0 or self._bus is None:
-            return
-        bus = self._bus
-        self._facts = FactsReporter(self.host_id or "", Collector(), lambda: self.conn, self._layout,
-                                    bus.publish, self.facts_interval)
-        self._facts.start()
-        assert self._transport is not None
-        self._snapshots = SnapshotListener(self._transport, self.host_id or "", self._facts.trigger_snapshot)
-        self._snapshots.start()
-
     def _layout(self) -> tuple[frozenset[int], frozenset[int], dict[str, frozenset[int]], dict[str, Any]]:
-        assert self.enforcer is not None
         with self.enforcer.lock:
             pools = self.enforcer.pools
-            stored = self.enforcer.transient.store.all() if self.enforcer.transient is not None else []
+            stored = self.enforcer.transient.store.all()  # type: ignore[union-attr]  # the agent's enforcer has one
             policies = {**{e.uuid: e.policy for e in stored}, **{g.uuid: g.policy for g in self.inventory.all()
                                                                   if g.policy is not None}}
             return frozenset(pools.pool), frozenset(pools.shared), dict(pools.allocations), policies
@@ -227,7 +220,7 @@ class Agent:
             t.join(5)
         if self.link is not None:
             self.link.close()
-        if self.enforcer is not None and self.started:
+        if self.started:
             self._save()
         if self._lock is not None:
             self._lock.release()
@@ -247,11 +240,10 @@ class Agent:
 
     @property
     def pools(self) -> Pools:
-        assert self.enforcer is not None
         return self.enforcer.pools
 
     def _save(self) -> None:
-        assert self.enforcer is not None and self.host_id and self.machine
+        assert self.host_id and self.machine
         try:
             ckpt = checkpoint.Checkpoint.of(self.machine, self.host_id, self.enforcer.pools)
             checkpoint.save(self.checkpoint_path, ckpt)
@@ -261,7 +253,7 @@ class Agent:
 
     def _check_checkpoint(self) -> None:
         """Compare the checkpoint file with the allocations; rewrite it when they differ."""
-        assert self.enforcer is not None and self.machine
+        assert self.machine
         with self.enforcer.lock:
             why = checkpoint.mismatch(self.checkpoint_path, self.machine, self.enforcer.pools)
             if why is None:
@@ -269,12 +261,6 @@ class Agent:
             metrics.ERRORS.labels("checkpoint").inc()
             log.warning("checkpoint %s does not hold the allocations (%s); rewriting it", self.checkpoint_path, why)
             self._save()
-
-    def _load_store(self) -> store.PolicyStore:
-        policies = store.PolicyStore(self.state_dir / store.FILENAME).load()
-        if policies.problem is not None:
-            metrics.ERRORS.labels("store").inc()
-        return policies
 
     def _publish(self, event: str, body: dict) -> None:
         body = {"host_id": self.host_id, **body}
@@ -295,10 +281,8 @@ class Agent:
                 self.jobs.put(ev.uuid, ev.event, ev.received, LIFECYCLE_JOBS[ev.event], ev.name)
         elif ev.kind == "reboot":
             self.jobs.put(ev.uuid, "reboot", ev.received, self.reboot_debounce, ev.name)
-        elif ev.kind == "tunable":
-            self.jobs.put(ev.uuid, "tunable", ev.received, self.tunable_debounce, ev.name)
-        elif ev.kind == "metadata" and ev.params.get("nsuri") in (metadata.NS, None):
-            self.jobs.put(ev.uuid, "metadata", ev.received, self.tunable_debounce, ev.name)
+        elif ev.kind == "tunable" or (ev.kind == "metadata" and ev.params.get("nsuri") in (metadata.NS, None)):
+            self.jobs.put(ev.uuid, ev.kind, ev.received, self.tunable_debounce, ev.name)
 
     def _on_connect(self, conn: "libvirt.virConnect", reconnected: bool) -> None:
         if self.enforcer is not None and reconnected:
@@ -340,13 +324,11 @@ class Agent:
     # --- API ---------------------------------------------------------------------
     @_libvirt_errors
     def set_policy(self, guest: str, policy: GuestPolicy | dict) -> dict:
-        assert self.enforcer is not None
         policy, problems = parse_policy_partial(policy)
         return self.enforcer.set_policy(self.conn, guest, policy, problems)
 
     @_libvirt_errors
     def get_policy(self, guest: str) -> dict:
-        assert self.enforcer is not None
         with self.enforcer.lock:
             dom = self.enforcer.lookup(self.conn, guest)
             g = self.enforcer.observe(self.enforcer.read(dom))
@@ -358,21 +340,18 @@ class Agent:
 
     @_libvirt_errors
     def delete_policy(self, guest: str) -> dict:
-        assert self.enforcer is not None
         return self.enforcer.delete_policy(self.conn, guest)
 
     @_libvirt_errors
     def list_policies(self) -> dict:
-        assert self.enforcer is not None
         with self.enforcer.lock:
             guests = sorted(self.inventory.all(), key=lambda g: g.name)
             views = [self.enforcer.view(g) for g in guests if g.policy is not None]
-            if self.enforcer.transient is not None:  # transient guests that do not exist right now
-                views += self.enforcer.transient.absent_views(self.inventory)
+            views += self.enforcer.transient.absent_views(self.inventory)  # type: ignore[union-attr]
             return {"policies": sorted(views, key=lambda v: v["guest"])}
 
     def cpus(self) -> dict:
-        with self.enforcer.lock:  # type: ignore[union-attr]
+        with self.enforcer.lock:
             uses: dict[int, list[str]] = {}  # what each dedicated CPU runs, as enforced
             for g in self.inventory.all():
                 held = self.pools.allocations.get(g.uuid)
@@ -388,7 +367,6 @@ class Agent:
 
     @_libvirt_errors
     def set_pool(self, pool: str | None) -> dict:
-        assert self.enforcer is not None
         wanted = _parse_pool(pool, self.pools.host_cpus)
         with self.enforcer.lock:
             new = self.enforcer.plan_pool(wanted)
@@ -399,7 +377,6 @@ class Agent:
 
     @_libvirt_errors
     def reconcile(self) -> dict:
-        assert self.enforcer is not None
         summary = self.enforcer.sweep(self.conn)
         self._check_checkpoint()
         return summary
@@ -422,23 +399,22 @@ class Agent:
     @_libvirt_errors
     def start_domain(self, guest: str, wait: float = 60.0) -> dict:
         """Start ``guest`` after its requirements (transitively, in order, each until it runs)."""
-        assert self.enforcer is not None
-        with self.enforcer.lock:
-            target = self.enforcer.lookup(self.conn, guest).UUIDString()
-            self.enforcer.process(self.conn, target, "request", None)
-            order = orchestration.start_plan(self.inventory, target)
+        target, order = self._plan(guest, orchestration.start_plan)
         # no lock held from here: the QEMU hook calls back into this agent
         return orchestration.start_in_order(self.inventory, self._domains, order, target, wait)
 
     @_libvirt_errors
     def stop_domain(self, guest: str, wait: float = 60.0, force: bool = False) -> dict:
         """Shut ``guest`` down after every guest that requires it (dependents first)."""
-        assert self.enforcer is not None
+        _, order = self._plan(guest, orchestration.stop_plan)
+        return orchestration.stop_in_order(self.inventory, self._domains, order, wait, force)
+
+    def _plan(self, guest: str, plan: Callable[[Inventory, str], list[str]]) -> tuple[str, list[str]]:
+        """(the guest's UUID, the guests to start or stop, in order), with the guest verified first."""
         with self.enforcer.lock:
             target = self.enforcer.lookup(self.conn, guest).UUIDString()
             self.enforcer.process(self.conn, target, "request", None)
-            order = orchestration.stop_plan(self.inventory, target)
-        return orchestration.stop_in_order(self.inventory, self._domains, order, wait, force)
+            return target, plan(self.inventory, target)
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Wait until every queued event has been handled (tests, benchmarks)."""
