@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from vmsched.agent_contract import OPERATIONS, AgentOp, CheckStartRequest, SetPolicyRequest
 
 from ..errors import PolicyError
+from ..policy.model import describe
 
 
 class Agent(Protocol):
@@ -71,19 +72,9 @@ def parse(op: str, body: Any) -> tuple[AgentOp, BaseModel]:
     try:
         return operation, OPERATIONS[operation].request.model_validate(body)
     except ValidationError as exc:
-        raise PolicyError([describe(err) for err in exc.errors()]) from None
+        raise PolicyError([describe(err, within="policy") for err in exc.errors()]) from None
 
 
 def dispatch(agent: Agent, op: str, body: Any) -> dict:
     operation, request = parse(op, body)
     return HANDLERS[operation](agent, request)
-
-
-def describe(err: Any) -> str:
-    """One pydantic error as ``field: reason`` (a policy's fields without the ``policy.`` prefix)."""
-    loc = [str(p) for p in err.get("loc", ())]
-    if loc[:1] == ["policy"] and len(loc) > 1:
-        loc = loc[1:]
-    where = ".".join(p for p in loc if p not in ("int", "str"))
-    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-    return f"{where}: {msg}" if where else msg
