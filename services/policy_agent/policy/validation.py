@@ -102,12 +102,12 @@ def check_policy(
             within = for_vcpus if for_vcpus is not None else policy.dedicated_set()  # refused set: still check
             if within is not None and not cpus <= within:
                 errors.append(
-                    f"{what} {cpuset.fmt(cpus)}: CPUs {cpuset.fmt(cpus - within)} are outside the guest's"
-                    f" dedicated CPUs {cpuset.fmt(within)}"
+                    f"{what} {cpuset.fmt(cpus)}: {cpuset.named(cpus - within, 'is', 'are')} outside the guest's"
+                    f" dedicated {cpuset.named(within)}"
                 )
         elif cpus & pools.pool:
             errors.append(
-                f"{what} {cpuset.fmt(cpus)}: CPUs {cpuset.fmt(cpus & pools.pool)} are in the dedicated pool;"
+                f"{what} {cpuset.fmt(cpus)}: {cpuset.named(cpus & pools.pool, 'is', 'are')} in the dedicated pool;"
                 f" a guest without dedicated CPUs runs on the shared set {cpuset.fmt(pools.shared)}"
             )
 
@@ -117,7 +117,7 @@ def check_policy(
             allowed = pools.shared | (for_vcpus or frozenset())
             if emu - allowed:
                 errors.append(
-                    f"emulator pin {cpuset.fmt(emu)}: CPUs {cpuset.fmt(emu - allowed)} are in the dedicated pool"
+                    f"emulator pin {cpuset.fmt(emu)}: {cpuset.named(emu - allowed, 'is', 'are')} in the dedicated pool"
                     f" and not dedicated to this guest; allowed: {cpuset.fmt(allowed)}"
                 )
 

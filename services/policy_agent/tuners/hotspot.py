@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from statistics import mean
 
-from vmsched.cpuset import CpuSet, fmt
+from vmsched.cpuset import CpuSet, fmt, named
 
 from ..plural import plural
 from .config import TunerConfig
@@ -78,9 +78,9 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
             occupied |= moves[vcpu]
         if moves:
             after = {**g.pins, **moves}
-            old = sorted({fmt(g.pins[v]) for v in moves})
+            left = frozenset().union(*(g.pins[v] for v in moves))
             hot_text = ", ".join(f"CPU {c} {mean(s.pcpu_pct.get(c, 0.0) for s in host):.0f}%" for c in sorted(hot))
-            why = (f"CPUs {', '.join(old)} saturated for {plural(k, 'interval')} ({hot_text}); vCPU wait "
+            why = (f"{named(left)} saturated for {plural(k, 'interval')} ({hot_text}); vCPU wait "
                    + (f"{min(waits):.0f}% >= target {target:g}%" if reported else "not reported, "  # type: ignore
                       "other busy vCPUs share them")
                    + f"; moved to {', '.join(sorted({fmt(c) for c in moves.values()}))} ({how})")
