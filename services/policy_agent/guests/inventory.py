@@ -8,7 +8,6 @@ while libvirtd waits) is answered from here alone: never a libvirt call.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Callable
@@ -163,14 +162,8 @@ class Inventory:
             return g
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while not predicate():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return True
+            return self._cond.wait_for(predicate, timeout)
 
     # --- the hook's question -------------------------------------------------
     def check_start(self, key: str, policy: GuestPolicy | None = None) -> tuple[bool, str, list[str]]:

@@ -48,10 +48,7 @@ class Pools:
 
     @property
     def allocated(self) -> CpuSet:
-        out: set[int] = set()
-        for cpus in self.allocations.values():
-            out |= cpus
-        return frozenset(out)
+        return frozenset[int]().union(*self.allocations.values())
 
     @property
     def free(self) -> CpuSet:

@@ -124,20 +124,6 @@ def node_of_set(topology: Topology, cpus: CpuSet) -> int | None:
     return nodes.pop() if len(nodes) == 1 else None
 
 
-def free_whole_cores(topology: Topology, pool: CpuSet, free: CpuSet) -> dict[int, int]:
-    """NUMA node -> cores of the pool whose every thread is free."""
-    out = {n: 0 for n in topology.nodes()}
-    for core in topology.cores():
-        if core <= pool and core <= free:
-            out[topology.node_of(min(core))] += 1
-    return out
-
-
-def free_cpus_by_node(topology: Topology, free: CpuSet) -> dict[int, int]:
-    """NUMA node -> free dedicated CPUs."""
-    return {n: len(topology.node_cpus(n) & free) for n in topology.nodes()}
-
-
 # --- internals ---------------------------------------------------------------------------------------
 def _distinct(cores: Iterable[CpuSet]) -> list[CpuSet]:
     return list(dict.fromkeys(c for c in cores if c))
