@@ -326,7 +326,7 @@ class Enforcer:
                 self.tuned.drop(snap.uuid)  # a new static policy: the tuners start again from it
             hint = self._hint(checked.allocation)
             store = self.transient if not snap.persistent else None
-            old_stored = store.get(snap.uuid) if store is not None else None
+            old_stored = store.store.get(snap.uuid) if store is not None else None
             try:
                 if store is not None:
                     store.put(snap.uuid, snap.name, policy)  # on disk first: it must outlive the guest
@@ -373,7 +373,7 @@ class Enforcer:
             try:
                 dom = self.lookup(conn, key)
             except GuestNotFound:
-                stored = self.transient.find(key) if self.transient is not None else None
+                stored = self.transient.store.find(key) if self.transient is not None else None
                 if stored is None:
                     raise
                 self.transient.remove(stored.uuid)
