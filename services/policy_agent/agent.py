@@ -1,6 +1,6 @@
 """The policy agent: one per hypervisor.
 
-Wires the libvirt link (events, reconnect), the enforcer (pools, pins), a
+Wires the libvirt connection (events, reconnect), the enforcer (pools, pins), a
 worker that turns events into verify/repair jobs, a periodic sweep, the
 checkpoint, the local socket and (optionally) the bus.
 """
@@ -36,13 +36,13 @@ from .plural import plural
 from .policy.allocation import Pools
 from .policy.model import GuestPolicy, parse_policy_partial
 from .state import checkpoint, recovery, store
-from .surfaces.bus import BusLink
+from .surfaces.bus import AgentBus
 from .surfaces.socket import SocketServer
 from .tuners.config import TunerConfig
 from .virt import hostlock, metadata
 from .virt.apply import Applier, Caps
 from .virt.collector import Collector
-from .virt.connection import DomainEvent, LibvirtLink
+from .virt.connection import DomainEvent, LibvirtConnection
 from .virt.host import host_identity, read_topology
 from .virt.lifecycle import LibvirtDomains
 
@@ -103,12 +103,12 @@ class Agent:
         self.inventory = Inventory()
         self.jobs = JobQueue()
         self.events: collections.deque[tuple[str, dict]] = collections.deque(maxlen=2000)
-        self.link: LibvirtLink | None = None
+        self.connection: LibvirtConnection | None = None
         self.enforcer: Enforcer = None  # type: ignore[assignment]  # made by start(), before any request is served
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server: SocketServer | None = None
-        self._bus: BusLink | None = None
+        self._bus: AgentBus | None = None
         self._transport = transport  # the bus (None: the local socket only); its opener owns it
         self._domains = LibvirtDomains(lambda: self.conn, self.inventory.name_of)
         self.facts_interval = facts_interval  # seconds between host facts (0: off); published on the bus only
@@ -130,8 +130,8 @@ class Agent:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._server = SocketServer(self.socket_path)  # bound first: the QEMU hook tells "starting" from "none"
         self._server.start()
-        self.link = LibvirtLink(self.uri, self._on_event, self._on_connect, opener=self.opener)
-        conn = self.link.connect(self.connect_timeout)
+        self.connection = LibvirtConnection(self.uri, self._on_event, self._on_connect, opener=self.opener)
+        conn = self.connection.connect(self.connect_timeout)
         self.machine = host_identity(conn)
         self.host_id = self.host_id or self.machine
         self._lock = hostlock.HostLock(self.lock_dir, self.machine, conn.getURI())
@@ -184,7 +184,7 @@ class Agent:
         self._tuner = TunerLoop(self.tuner_config, self.enforcer, lambda: self.conn, self._publish).start()
         self._server.serve(self)
         if self._transport is not None:
-            self._bus = BusLink(self._transport, self.host_id, self)
+            self._bus = AgentBus(self._transport, self.host_id, self)
             self._bus.start()
             if self.facts_interval > 0:  # host facts every interval, on lifecycle events, at once when asked
                 self._facts = FactsReporter(self.host_id, Collector(), lambda: self.conn, self._layout,
@@ -218,8 +218,8 @@ class Agent:
             self._server.stop()
         for t in self._threads:
             t.join(5)
-        if self.link is not None:
-            self.link.close()
+        if self.connection is not None:
+            self.connection.close()
         if self.started:
             self._save()
         if self._lock is not None:
@@ -235,8 +235,8 @@ class Agent:
     # --- state -------------------------------------------------------------------
     @property
     def conn(self) -> "libvirt.virConnect":
-        assert self.link is not None
-        return self.link.conn
+        assert self.connection is not None
+        return self.connection.conn
 
     @property
     def pools(self) -> Pools:
@@ -291,7 +291,7 @@ class Agent:
     def _work_loop(self) -> None:
         while not self._stop.is_set():
             job = self.jobs.get(timeout=1.0)
-            if job is None or self.enforcer is None:
+            if job is None:
                 continue
             try:
                 received = job.first_event if job.trigger in LATENCY_TRIGGERS else None
@@ -301,8 +301,7 @@ class Agent:
             except libvirt.libvirtError as exc:
                 metrics.ERRORS.labels("libvirt").inc()
                 log.warning("%s event for %s: libvirt error %s", job.trigger, job.name, exc.get_error_message())
-                if self.link is not None:
-                    self.link.check_alive()
+                self.connection.check_alive()
             except Exception:  # noqa: BLE001 - the worker must survive
                 log.exception("handling %s of %s failed", job.trigger, job.name)
             finally:
@@ -310,14 +309,13 @@ class Agent:
 
     def _sweep_loop(self) -> None:
         while not self._stop.wait(self.reconcile_interval):
-            if self.link is None or not self.link.connected.is_set() or not self.link.check_alive():
+            if not self.connection.connected.is_set() or not self.connection.check_alive():
                 continue
             try:
                 self.reconcile()
             except (AgentError, libvirt.libvirtError) as exc:
                 log.warning("reconcile sweep failed: %s", exc)
-                if self.link is not None:
-                    self.link.check_alive()
+                self.connection.check_alive()
             except Exception:  # noqa: BLE001
                 log.exception("reconcile sweep failed")
 
@@ -421,7 +419,7 @@ class Agent:
         return self.jobs.wait_idle(timeout)
 
     def status(self) -> dict:
-        connected = self.link is not None and self.link.connected.is_set()
+        connected = self.connection is not None and self.connection.connected.is_set()
         return {"host_id": self.host_id, "uri": self.uri, "connected": connected, "pid": os.getpid()}
 
 

@@ -284,10 +284,10 @@ def test_reconnect_after_loss_reconciles(conn, make_agent):
     reconnects = metric("vmsched_agent_libvirt_reconnects_total")
     assert a.wait_idle()
     dom.pinVcpu(0, (True,) * 8)  # a change the agent gets no event for (as while it is disconnected)
-    a.link.mark_lost("simulated: libvirtd went away")  # what the close callback does on EOF
+    a.connection.mark_lost("simulated: libvirtd went away")  # what the close callback does on EOF
     wait_until(lambda: metric("vmsched_agent_libvirt_reconnects_total") == reconnects + 1)
     wait_until(lambda: live_pins(dom)[0] == "3")
-    assert a.link.connected.is_set()
+    assert a.connection.connected.is_set()
     assert metric("vmsched_agent_libvirt_connected") == 1
 
 

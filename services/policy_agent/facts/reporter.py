@@ -3,7 +3,7 @@
 Every message carries the host summary (with the CPU history and the
 guest counts); the guest list only when it changed (:func:`guests_digest`),
 on a snapshot request, or every ``guests_every`` intervals. Publishing is the
-caller's (the bus link's event queue: best effort, never blocking).
+caller's (the agent bus's event queue: best effort, never blocking).
 """
 
 from __future__ import annotations

@@ -31,7 +31,9 @@ from .ops import Agent, dispatch
 log = logging.getLogger(__name__)
 
 
-class BusLink:
+class AgentBus:
+    """The agent on the bus: it answers its queue's requests and publishes its events."""
+
     def __init__(self, transport: Transport, host_id: str, agent: Agent, consumers: int = 2, backlog: int = 10000):
         self.host_id = host_id
         self.agent = agent

@@ -87,7 +87,7 @@ def backoff_delay(attempt: int, first: float = 0.25, maximum: float = 15.0) -> f
     return min(maximum, first * (2 ** min(attempt, 16)))
 
 
-class LibvirtLink:
+class LibvirtConnection:
     """One libvirt connection that stays open: reopened after a loss.
 
     ``sink(event)`` receives domain events; ``on_connect(conn, reconnected)``
