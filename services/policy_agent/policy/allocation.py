@@ -56,11 +56,8 @@ class Pools:
 
     def owner_of(self, cpus: CpuSet, exclude: str | None = None) -> dict[str, CpuSet]:
         """uuid -> the part of ``cpus`` that guest holds (other than ``exclude``)."""
-        out = {}
-        for uuid, held in self.allocations.items():
-            if uuid != exclude and held & cpus:
-                out[uuid] = frozenset(held & cpus)
-        return out
+        return {uuid: frozenset(held & cpus) for uuid, held in self.allocations.items()
+                if uuid != exclude and held & cpus}
 
     def name(self, uuid: str) -> str:
         return self.names.get(uuid, uuid)

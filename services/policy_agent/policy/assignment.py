@@ -20,6 +20,7 @@ and the threads held idle.
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 from typing import Iterable
@@ -198,10 +199,7 @@ def _refusal(topology: Topology, cap: dict[int, int], request: Request, who: str
 
 def _take_cores(topology: Topology, cores: list[CpuSet], current: CpuSet, request: Request) -> CpuSet:
     """Whole cores: the guest's own first, then whole free sockets, then cores of the fullest socket."""
-    free_in_socket: dict[int, int] = {}
-    for core in cores:
-        s = topology.cpus[min(core)].socket
-        free_in_socket[s] = free_in_socket.get(s, 0) + 1
+    free_in_socket = collections.Counter(topology.cpus[min(core)].socket for core in cores)
     socket_size = {s: len({topology.core_of(c) for c in cpus}) for s, cpus in topology.socket_cpus().items()}
     whole_sockets = {s for s, n in free_in_socket.items() if n == socket_size.get(s)}
 

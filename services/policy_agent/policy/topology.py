@@ -93,18 +93,12 @@ class Topology:
 
     def cores(self) -> list[CpuSet]:
         """Every core (its online threads), ordered by its lowest CPU."""
-        seen: dict[CpuSet, None] = {}
-        for cpu in sorted(self.online):
-            seen.setdefault(self.core_of(cpu), None)
-        return list(seen)
+        return list(dict.fromkeys(self.core_of(cpu) for cpu in sorted(self.online)))
 
     def socket_cpus(self) -> dict[int, CpuSet]:
         """socket ID -> its online CPUs."""
-        out: dict[int, set[int]] = {}
-        for c in self.cpus.values():
-            if c.online:
-                out.setdefault(c.socket, set()).add(c.id)
-        return {s: frozenset(cpus) for s, cpus in sorted(out.items())}
+        online = [c for c in self.cpus.values() if c.online]
+        return {s: frozenset(c.id for c in online if c.socket == s) for s in sorted({c.socket for c in online})}
 
     def threads_per_core(self) -> int:
         return max((len(core) for core in self.cores()), default=1)

@@ -118,5 +118,3 @@ def _describe(pools: Pools) -> str:
     held = {pools.name(u): cpuset.fmt(c) for u, c in sorted(pools.allocations.items())}
     return f"{cpuset.fmt(pools.pool) or '(none)'} and allocations {held}"
 
-
-quarantine = durable.quarantine

@@ -14,7 +14,7 @@ from typing import Iterable
 from vmsched import cpuset
 
 from ..policy.allocation import AllocationHint, Pools
-from . import checkpoint
+from . import checkpoint, durable
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def load_or_rebuild(path: Path, machine: str, host_cpus: frozenset[int]) -> Reco
     loaded, reason = checkpoint.load(path, machine, host_cpus)
     if loaded is not None:
         return Recovered(loaded.pools, rebuild=False, previous_host_id=loaded.host_id)
-    moved = checkpoint.quarantine(path)
+    moved = durable.quarantine(path)
     return Recovered(Pools(host_cpus=host_cpus), rebuild=True, reason=reason, quarantined=moved)
 
 

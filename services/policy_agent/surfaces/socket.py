@@ -128,10 +128,7 @@ class SocketServer:
             return
         self._server.shutdown()
         self._server.server_close()
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        self.path.unlink(missing_ok=True)
         self._server = None
 
 
