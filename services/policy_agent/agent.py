@@ -43,7 +43,7 @@ from .virt import hostlock, metadata
 from .virt.apply import Applier, Caps
 from .virt.collector import Collector
 from .virt.connection import DomainEvent, LibvirtConnection
-from .virt.host import host_identity, read_topology
+from .virt.host import host_uuid, read_topology
 from .virt.lifecycle import LibvirtDomains
 
 log = logging.getLogger("vmsched.agent")
@@ -132,7 +132,7 @@ class Agent:
         self._server.start()
         self.connection = LibvirtConnection(self.uri, self._on_event, self._on_connect, opener=self.opener)
         conn = self.connection.connect(self.connect_timeout)
-        self.machine = host_identity(conn)
+        self.machine = host_uuid(conn) or conn.getHostname()  # libvirt's host UUID, else its hostname
         self.host_id = self.host_id or self.machine
         self._lock = hostlock.HostLock(self.lock_dir, self.machine, conn.getURI())
         self._lock.acquire({"host_id": self.host_id, "state_dir": str(self.state_dir.resolve()), "uri": self.uri,
@@ -190,7 +190,7 @@ class Agent:
                 self._facts = FactsReporter(self.host_id, Collector(), lambda: self.conn, self._layout,
                                             self._bus.publish, self.facts_interval)
                 self._facts.start()
-                self._snapshots = SnapshotListener(self._transport, self.host_id, self._facts.trigger_snapshot)
+                self._snapshots = SnapshotListener(self._transport, self.host_id, functools.partial(self._facts.trigger, "snapshot"))
                 self._snapshots.start()
         self.started = True
         return self

@@ -183,19 +183,13 @@ class TunerLoop:
         log.log(level, "tuner %s", json.dumps(body, sort_keys=True, default=str))
         self._publish("tuned", body)
 
-    # --- explain ---------------------------------------------------------------------
-    def explain(self, g: Guest, view: dict[str, Any]) -> dict[str, Any]:
-        overlay = self.state.get(g.uuid)
-        decisions = [d.view() for d in self.engine.decisions.get(g.uuid, ())]
-        return {"guest": g.name, "uuid": g.uuid, "policy": view.get("policy"), "desired": view.get("desired"),
-                "tuned": overlay.view() if overlay is not None else {}, "decisions": decisions,
-                "tuner": self.config.view()}
 
 
 def explain(loop: TunerLoop | None, g: Guest | None, view: dict[str, Any]) -> dict[str, Any]:
     """``explain_policy``: the static policy and desired state (``view``), the tuned values, the decisions."""
-    if loop is not None and g is not None:
-        return loop.explain(g, view)
+    overlay = loop.state.get(g.uuid) if loop is not None and g is not None else None
+    decisions = loop.engine.decisions.get(g.uuid, ()) if loop is not None and g is not None else ()
     return {"guest": view.get("guest"), "uuid": view.get("uuid"), "policy": view.get("policy"),
-            "desired": view.get("desired"), "tuned": {}, "decisions": [], "tuner": {"interval": 0}}
+            "desired": view.get("desired"), "tuned": overlay.view() if overlay is not None else {},
+            "decisions": [d.view() for d in decisions], "tuner": loop.config.view() if loop else {"interval": 0}}
 

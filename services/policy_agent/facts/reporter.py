@@ -65,9 +65,6 @@ class FactsReporter:
             self._reasons.add(reason)
         self._wake.set()
 
-    def trigger_snapshot(self) -> None:
-        self.trigger("snapshot")
-
     def _loop(self) -> None:
         next_due = time.monotonic()
         while not self._stop.is_set():

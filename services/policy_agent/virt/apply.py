@@ -178,7 +178,9 @@ class Applier:
             self._write_all(dom, cfg_changes, CONFIG)
             result.config = [describe(c, cfg, self.host) for c in cfg_changes]
             after = dom.XMLDesc(INACTIVE)
-            _check_no_duplicates(after)
+            dup = duplicated(after)  # never an element twice: libvirt would keep the first or refuse the definition
+            if dup:
+                raise ApplyError(f"the guest's persistent definition holds duplicated elements: {', '.join(dup)}")
             if base is not None:
                 written = domxml.parse(after)
                 left = diff(written, desired, self.host, self.caps, pins=self.caps.vcpu_pin_flags)
@@ -256,14 +258,6 @@ def duplicated(xml: str) -> list[str]:
     if meta is not None:
         seen.update(f"metadata {c.tag}" for c in meta)
     return sorted(k for k, n in seen.items() if n > 1)
-
-
-def _check_no_duplicates(xml: str) -> None:
-    """The invariant after every config write: never an element twice (libvirt would keep the first or
-    refuse the definition at the next start)."""
-    dup = duplicated(xml)
-    if dup:
-        raise ApplyError(f"the guest's persistent definition holds duplicated elements: {', '.join(dup)}")
 
 
 def _show(value) -> str:
