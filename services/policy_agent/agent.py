@@ -33,6 +33,7 @@ from .facts.reporter import FactsReporter
 from .guests import orchestration
 from .guests.inventory import Inventory
 from .plural import plural
+from .policy import deps
 from .policy.allocation import Pools
 from .policy.model import GuestPolicy, parse_policy_partial
 from .state import checkpoint, recovery, store
@@ -397,22 +398,22 @@ class Agent:
     @_libvirt_errors
     def start_domain(self, guest: str, wait: float = 60.0) -> dict:
         """Start ``guest`` after its requirements (transitively, in order, each until it runs)."""
-        target, order = self._plan(guest, orchestration.start_plan)
+        target, order = self._plan(guest, deps.start_order)
         # no lock held from here: the QEMU hook calls back into this agent
         return orchestration.start_in_order(self.inventory, self._domains, order, target, wait)
 
     @_libvirt_errors
     def stop_domain(self, guest: str, wait: float = 60.0, force: bool = False) -> dict:
         """Shut ``guest`` down after every guest that requires it (dependents first)."""
-        _, order = self._plan(guest, orchestration.stop_plan)
+        _, order = self._plan(guest, deps.stop_order)
         return orchestration.stop_in_order(self.inventory, self._domains, order, wait, force)
 
-    def _plan(self, guest: str, plan: Callable[[Inventory, str], list[str]]) -> tuple[str, list[str]]:
+    def _plan(self, guest: str, plan: Callable[..., list[str]]) -> tuple[str, list[str]]:
         """(the guest's UUID, the guests to start or stop, in order), with the guest verified first."""
         with self.enforcer.lock:
             target = self.enforcer.lookup(self.conn, guest).UUIDString()
             self.enforcer.process(self.conn, target, "request", None)
-            return target, plan(self.inventory, target)
+            return target, plan(self.inventory.graph(), target, self.inventory.name_of)
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Wait until every queued event has been handled (tests, benchmarks)."""

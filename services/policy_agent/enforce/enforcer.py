@@ -13,6 +13,7 @@ decided again from a new read (virt/apply.py says what is left of the race).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -145,9 +146,8 @@ class Enforcer:
         except DefinitionChanged:
             raise
         except (ApplyError, libvirt.libvirtError) as exc:
-            if isinstance(exc, libvirt.libvirtError) and snapshot.gone(exc):
-                return None
-            self._record_error(g, f"applying the policy of {snap.name!r} failed: {exc}", "apply")
+            if not (isinstance(exc, libvirt.libvirtError) and snapshot.gone(exc)):
+                self._record_error(g, f"applying the policy of {snap.name!r} failed: {exc}", "apply")
             return None
         if self.transient is not None:
             self.transient.mirror(snap, g, self._hint(self.pools.allocations.get(g.uuid)))
@@ -209,13 +209,10 @@ class Enforcer:
             return
         trial = self.pools.copy()  # seeded only when the policy's request would keep exactly these CPUs
         trial.assign(g.uuid, g.name, h.cpus)
-        try:
-            if trial.request_for(g.uuid, g.name, g.policy, g.nvcpus) != h.cpus:
-                return
-        except PolicyError:
-            return
-        log.info("recovered dedicated CPUs %s of %r from its metadata", cpuset.fmt(h.cpus), g.name)
-        self.pools.assign(g.uuid, g.name, h.cpus)
+        with contextlib.suppress(PolicyError):
+            if trial.request_for(g.uuid, g.name, g.policy, g.nvcpus) == h.cpus:
+                log.info("recovered dedicated CPUs %s of %r from its metadata", cpuset.fmt(h.cpus), g.name)
+                self.pools.assign(g.uuid, g.name, h.cpus)
 
     def _hint(self, held: CpuSet | None) -> metadata.AllocationHint | None:
         """What the guest's metadata records of the CPUs it holds (None: none)."""
@@ -362,9 +359,8 @@ class Enforcer:
             else:
                 metadata.clear(snap.dom)
             g = self.inv.get(snap.uuid)
-            desired = g.desired if g is not None and g.desired is not None else None
-            if desired is not None:
-                self.applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent)
+            if g is not None and g.desired is not None:
+                self.applier.verify_and_repair(snap.dom, g.desired, snap.active, snap.persistent)
         except (ApplyError, libvirt.libvirtError) as exc:
             log.error("rolling back the policy of %r failed (the next sweep retries): %s", snap.name, exc)
 

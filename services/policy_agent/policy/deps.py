@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping, Sequence
 
+from ..errors import PolicyError
+
 Graph = Mapping[str, Sequence[str]]
 
 
@@ -37,11 +39,12 @@ def find_cycle(graph: Graph, start: str) -> list[str] | None:
     return visit(start)
 
 
-def start_order(graph: Graph, target: str) -> list[str]:
-    """Every guest ``target`` needs, transitively, requirements first; ``target`` last."""
+def start_order(graph: Graph, target: str, name_of: Callable[[str], str] = str) -> list[str]:
+    """Every guest ``target`` needs, transitively, requirements first; ``target`` last (PolicyError on a cycle,
+    its guests named by ``name_of``)."""
     cycle = find_cycle(graph, target)
     if cycle:
-        raise ValueError("dependency cycle: " + " -> ".join(cycle))
+        raise PolicyError(describe_cycle(cycle, name_of))
     return _post_order(lambda node: graph.get(node, ()), target)
 
 
@@ -53,12 +56,13 @@ def dependents(graph: Graph) -> dict[str, list[str]]:
     return rev
 
 
-def stop_order(graph: Graph, target: str) -> list[str]:
-    """Every guest that needs ``target``, transitively, dependents first; ``target`` last."""
+def stop_order(graph: Graph, target: str, name_of: Callable[[str], str] = str) -> list[str]:
+    """Every guest that needs ``target``, transitively, dependents first; ``target`` last (PolicyError on a
+    cycle)."""
     rev = dependents(graph)
     cycle = find_cycle(rev, target)
     if cycle:
-        raise ValueError("dependency cycle: " + " -> ".join(reversed(cycle)))
+        raise PolicyError(describe_cycle(cycle[::-1], name_of))
     return _post_order(lambda node: sorted(rev.get(node, ())), target)
 
 

@@ -128,15 +128,15 @@ def _bus_options(g: Any, dest: str, what: str) -> None:
                    help="amqps: the client certificate's private key (env VMSCHED_AMQP_KEY)")
 
 
-def bus_options(args: argparse.Namespace, dest: str, from_env: bool = True) -> BusOptions | None:
-    """The broker of a command: its flags, else (``from_env``) the environment; None for no bus.
+def bus_options(args: argparse.Namespace, dest: str) -> BusOptions | None:
+    """The broker of a command: its flags, else the environment; None for no bus.
 
     A URL with a password comes from a file or the environment only (``--amqp`` refuses one).
     """
     url, url_file = getattr(args, dest), getattr(args, f"{dest}_file")
     if url and url_file:
         raise ValueError("give the broker URL once: --amqp or --amqp-url-file")
-    if not url and not url_file and from_env:
+    if not url and not url_file:
         url_file = os.environ.get("VMSCHED_AGENT_AMQP_URL_FILE") or os.environ.get("VMSCHED_AMQP_URL_FILE") or None
         url = None if url_file else (os.environ.get("VMSCHED_AGENT_AMQP") or os.environ.get("VMSCHED_AMQP_URL") or None)
     if url_file:
