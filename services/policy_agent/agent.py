@@ -87,7 +87,6 @@ class Agent:
         opener: Callable[[str], "libvirt.virConnect"] = libvirt.open,
     ):
         self.uri = uri
-        self.opener = opener  # how the libvirt connection is opened (tests: a recorded host's capabilities)
         self.host_id = host_id
         self.state_dir = Path(state_dir)
         self.requested_pool = dedicated_pool
@@ -104,11 +103,12 @@ class Agent:
         self.inventory = Inventory()
         self.jobs = JobQueue()
         self.events: collections.deque[tuple[str, dict]] = collections.deque(maxlen=2000)
-        self.connection: LibvirtConnection | None = None
+        # opener: how the connection is opened (tests: a recorded host's capabilities)
+        self.connection = LibvirtConnection(uri, self._on_event, self._on_connect, opener=opener)
         self.enforcer: Enforcer = None  # type: ignore[assignment]  # made by start(), before any request is served
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._server: SocketServer | None = None
+        self._server = SocketServer(self.socket_path)
         self._bus: AgentBus | None = None
         self._transport = transport  # the bus (None: the local socket only); its opener owns it
         self._domains = LibvirtDomains(lambda: self.conn, self.inventory.name_of)
@@ -129,9 +129,7 @@ class Agent:
 
     def _start(self) -> "Agent":
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._server = SocketServer(self.socket_path)  # bound first: the QEMU hook tells "starting" from "none"
-        self._server.start()
-        self.connection = LibvirtConnection(self.uri, self._on_event, self._on_connect, opener=self.opener)
+        self._server.start()  # bound first: the QEMU hook tells "starting" from "none"
         conn = self.connection.connect(self.connect_timeout)
         self.machine = host_uuid(conn) or conn.getHostname()  # libvirt's host UUID, else its hostname
         self.host_id = self.host_id or self.machine
@@ -207,25 +205,16 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
         self.jobs.close()
-        if self._tuner is not None:
-            self._tuner.stop()
-        if self._snapshots is not None:
-            self._snapshots.stop()
-        if self._facts is not None:
-            self._facts.stop()
-        if self._bus is not None:
-            self._bus.stop()
-        if self._server is not None:
-            self._server.stop()
+        for part in (self._tuner, self._snapshots, self._facts, self._bus, self._server):
+            if part is not None:
+                part.stop()
         for t in self._threads:
             t.join(5)
-        if self.connection is not None:
-            self.connection.close()
+        self.connection.close()
         if self.started:
             self._save()
         if self._lock is not None:
             self._lock.release()
-            self._lock = None
         self.started = False
 
     def _spawn(self, target: Any, name: str) -> None:
@@ -236,7 +225,6 @@ class Agent:
     # --- state -------------------------------------------------------------------
     @property
     def conn(self) -> "libvirt.virConnect":
-        assert self.connection is not None
         return self.connection.conn
 
     @property
@@ -420,8 +408,8 @@ class Agent:
         return self.jobs.wait_idle(timeout)
 
     def status(self) -> dict:
-        connected = self.connection is not None and self.connection.connected.is_set()
-        return {"host_id": self.host_id, "uri": self.uri, "connected": connected, "pid": os.getpid()}
+        return {"host_id": self.host_id, "uri": self.uri, "connected": self.connection.connected.is_set(),
+                "pid": os.getpid()}
 
 
 def _parse_pool(text: str | None, host: frozenset[int]) -> frozenset[int]:
