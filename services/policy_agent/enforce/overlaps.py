@@ -143,7 +143,6 @@ class OverlapReporter:
                 metrics.ERRORS.labels("overlap").inc()
             _mark(g, text)
         self._seen = {u: "; ".join(m) for u, m in per_guest.items()}
-        messages = list(found.values())
         metrics.DEDICATED_OVERLAPS.set(len({u for u, _ in found}))
         metrics.FOREIGN_IN_POOL.set(len(foreign_in_pool))
         if foreign_in_pool and sorted(foreign_in_pool) != self._warned:
@@ -151,7 +150,7 @@ class OverlapReporter:
                         " they are left alone, give them a vmsched policy or change their pinning",
                         cpuset.fmt(pools.pool), ", ".join(sorted(foreign_in_pool)))
         self._warned = sorted(foreign_in_pool)
-        return sorted(set(messages))
+        return sorted(set(found.values()))
 
 
 def _mark(g: Guest, overlap: str) -> None:
