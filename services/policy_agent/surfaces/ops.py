@@ -11,7 +11,7 @@ from typing import Any, Callable, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from vmsched.agent_contract import OPERATIONS, AgentOp, CheckStartRequest, SetPolicyRequest
+from vmsched.agent_contract import OPERATIONS, AgentOp, CheckStartRequest
 
 from ..errors import PolicyError
 from ..policy.model import describe
@@ -34,10 +34,6 @@ class Agent(Protocol):
     def explain_policy(self, guest: str) -> dict: ...
 
 
-def _set_policy(agent: Agent, r: SetPolicyRequest) -> dict:
-    return agent.set_policy(r.guest, r.policy.model_dump(mode="json", exclude_unset=True))
-
-
 def _check_start(agent: Agent, r: CheckStartRequest) -> dict:
     ok, message, missing = agent.check_start_detail(r.uuid or r.guest, r.xml)
     return {"allowed": ok, "message": message, "missing": missing}
@@ -45,7 +41,7 @@ def _check_start(agent: Agent, r: CheckStartRequest) -> dict:
 
 HANDLERS: dict[AgentOp, Callable[[Agent, Any], dict]] = {
     AgentOp.PING: lambda a, r: a.status(),
-    AgentOp.SET_POLICY: _set_policy,
+    AgentOp.SET_POLICY: lambda a, r: a.set_policy(r.guest, r.policy.model_dump(mode="json", exclude_unset=True)),
     AgentOp.GET_POLICY: lambda a, r: a.get_policy(r.guest),
     AgentOp.DELETE_POLICY: lambda a, r: a.delete_policy(r.guest),
     AgentOp.LIST_POLICIES: lambda a, r: a.list_policies(),
