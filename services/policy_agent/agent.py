@@ -164,8 +164,7 @@ class Agent:
         if self.requested_pool is not None:
             wanted = _parse_pool(self.requested_pool, cpus)
             if found.rebuild:
-                errors = pools.check_pool(wanted)
-                if errors:
+                if errors := pools.check_pool(wanted):
                     raise PolicyError(errors)
                 pools.pool = wanted
             elif wanted != pools.pool:
@@ -189,7 +188,8 @@ class Agent:
                 self._facts = FactsReporter(self.host_id, Collector(), lambda: self.conn, self._layout,
                                             self._bus.publish, self.facts_interval)
                 self._facts.start()
-                self._snapshots = SnapshotListener(self._transport, self.host_id, functools.partial(self._facts.trigger, "snapshot"))
+                self._snapshots = SnapshotListener(self._transport, self.host_id,
+                                                   functools.partial(self._facts.trigger, "snapshot"))
                 self._snapshots.start()
         self.started = True
         return self

@@ -173,8 +173,7 @@ class Enforcer:
             if policy.dedicated is not None:
                 policy = policy.model_copy(update={"dedicated": None, "vcpu_pins": {}})  # stopped, released
             else:  # pins into the dedicated pool (written by another tool, or before a pool change) are refused
-                problems = pin_conflicts(policy, self.pools, None)
-                if problems:
+                if problems := pin_conflicts(policy, self.pools, None):
                     raise PolicyError(problems)
             return desired_for(policy, info, self.pools, None, confine=confine)
         if g.uuid not in self.pools.allocations:

@@ -155,8 +155,7 @@ class Pools:
         if gone:
             errors.append(f"dedicated set {cpuset.fmt(wanted_set)}: {cpuset.named(gone, 'does', 'do')} not exist on"
                           " this host")
-        outside = wanted_set - self.pool - gone
-        if outside:
+        if outside := wanted_set - self.pool - gone:
             errors.append(
                 f"dedicated set {cpuset.fmt(wanted_set)}: {cpuset.named(outside, 'is', 'are')} not in the host's"
                 f" dedicated pool {cpuset.fmt(self.pool)}"
@@ -216,8 +215,7 @@ class Pools:
         for uuid, cpus in sorted(self.allocations.items()):
             if not cpus:
                 errors.append(f"guest {self.name(uuid)!r} holds an empty allocation")
-            outside = cpus - self.pool
-            if outside:
+            if outside := cpus - self.pool:
                 errors.append(f"guest {self.name(uuid)!r} holds {cpuset.named(outside)} outside the pool")
             for cpu in sorted(cpus):
                 if cpu in seen:
@@ -290,8 +288,7 @@ def pin_conflicts(policy: GuestPolicy, pools: Pools, allocation: CpuSet | None, 
                        f" {cpuset.fmt(pools.pool)}")
     if policy.emulator_pin:
         emu = cpuset.parse(policy.emulator_pin)
-        bad = emu & pools.pool - inside
-        if bad:
+        if bad := emu & pools.pool - inside:
             out.append(f"emulator pin {policy.emulator_pin}: {cpuset.named(bad, 'is', 'are')} in the dedicated pool"
                        f" {cpuset.fmt(pools.pool)} and not dedicated to this guest")
     return out

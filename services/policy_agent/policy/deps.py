@@ -28,8 +28,7 @@ def find_cycle(graph: Graph, start: str) -> list[str] | None:
         on_path.add(node)
         path.append(node)
         for nxt in graph.get(node, ()):
-            found = visit(nxt)
-            if found:
+            if found := visit(nxt):
                 return found
         path.pop()
         on_path.discard(node)
@@ -42,8 +41,7 @@ def find_cycle(graph: Graph, start: str) -> list[str] | None:
 def start_order(graph: Graph, target: str, name_of: Callable[[str], str] = str) -> list[str]:
     """Every guest ``target`` needs, transitively, requirements first; ``target`` last (PolicyError on a cycle,
     its guests named by ``name_of``)."""
-    cycle = find_cycle(graph, target)
-    if cycle:
+    if cycle := find_cycle(graph, target):
         raise PolicyError(describe_cycle(cycle, name_of))
     return _post_order(lambda node: graph.get(node, ()), target)
 
@@ -60,8 +58,7 @@ def stop_order(graph: Graph, target: str, name_of: Callable[[str], str] = str) -
     """Every guest that needs ``target``, transitively, dependents first; ``target`` last (PolicyError on a
     cycle)."""
     rev = dependents(graph)
-    cycle = find_cycle(rev, target)
-    if cycle:
+    if cycle := find_cycle(rev, target):
         raise PolicyError(describe_cycle(cycle[::-1], name_of))
     return _post_order(lambda node: sorted(rev.get(node, ())), target)
 

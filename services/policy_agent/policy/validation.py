@@ -134,8 +134,7 @@ def check_policy(
             key = req
         reqs.append(key)
     new_graph[guest.uuid] = reqs
-    cycle = deps.find_cycle(new_graph, guest.uuid)
-    if cycle:
+    if cycle := deps.find_cycle(new_graph, guest.uuid):
         errors.append(deps.describe_cycle(cycle, name_of))
 
     if errors:

@@ -372,8 +372,7 @@ def load_policy_file(path: str | Path) -> tuple[str | None, GuestPolicy]:
         raise PolicyError(f"policy file {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
     guest = None
     if isinstance(data, dict) and "policy" in data:
-        extra = set(data) - {"guest", "policy"}
-        if extra:
+        if extra := set(data) - {"guest", "policy"}:
             raise PolicyError(f"policy file {p}: unknown top-level keys {sorted(extra)}")
         guest = data.get("guest")
         data = data["policy"]

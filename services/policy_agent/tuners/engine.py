@@ -81,8 +81,7 @@ class Engine:
         if why is None and (p.uuid, p.field) in rnd.fields:
             why = f"{p.field} of this guest already changed in this interval"
         if why is None and g is not None and p.field != "vcpus":
-            on = frozenset().union(*g.pins.values()) & held
-            if on:
+            if on := frozenset().union(*g.pins.values()) & held:
                 why = (f"held back: a move off {named(on)} may relieve {'it' if len(on) == 1 else 'them'} first"
                        " (placement before weight and cap)")
         if why is None and rnd.per_guest[p.uuid] >= self.config.max_guest_changes:

@@ -183,8 +183,7 @@ class Applier:
                 raise ApplyError(f"the guest's persistent definition holds duplicated elements: {', '.join(dup)}")
             if base is not None:
                 written = domxml.parse(after)
-                left = diff(written, desired, self.host, self.caps, pins=self.caps.vcpu_pin_flags)
-                if left:
+                if left := diff(written, desired, self.host, self.caps, pins=self.caps.vcpu_pin_flags):
                     raise DefinitionChanged(f"the definition of {cfg.name!r} changed while it was written (now"
                                             f" {', '.join(describe(c, written, self.host) for c in left)})")
         if cur is not None and live_changes:
