@@ -261,7 +261,7 @@ class Agent:
     def _on_event(self, ev: DomainEvent) -> None:
         """libvirt event thread: update cached state at once, queue the verification."""
         if ev.kind == "lifecycle":
-            self.inventory.on_event(ev.uuid, ev.name, ev.event, ev.detail)
+            self.inventory.on_event(ev.uuid, ev.name, ev.event)
             self._publish("lifecycle", {"guest": ev.name, "uuid": ev.uuid, "event": ev.event,
                                         "detail": ev.detail, "time": time.time()})
             if self._facts is not None:

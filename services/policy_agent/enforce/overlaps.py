@@ -66,15 +66,9 @@ def find_overlaps(pools: Pools, guests: dict[str, dict[str, CpuSet]]) -> list[Ov
     """Every thread group of a guest allowed on a CPU dedicated to another guest.
 
     ``guests``: uuid -> :func:`placement` of the running guests."""
-    out = []
-    for uuid, where in sorted(guests.items()):
-        for holder, held in sorted(pools.allocations.items()):
-            if holder == uuid:
-                continue
-            for what, cpus in where.items():
-                if cpus & held:
-                    out.append(Overlap(uuid, holder, frozenset(cpus & held), what))
-    return out
+    return [Overlap(uuid, holder, frozenset(cpus & held), what) for uuid, where in sorted(guests.items())
+            for holder, held in sorted(pools.allocations.items()) if holder != uuid
+            for what, cpus in where.items() if cpus & held]
 
 
 def describe(overlaps: list[Overlap], name_of: dict[str, str]) -> dict[tuple[str, str], str]:

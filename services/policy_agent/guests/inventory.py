@@ -125,7 +125,7 @@ class Inventory:
             g.name = name
             return g
 
-    def on_event(self, uuid: str, name: str, event: str, detail: int) -> None:
+    def on_event(self, uuid: str, name: str, event: str) -> None:
         """Apply a lifecycle event to the cached state (event-loop thread)."""
         with self._cond:
             g = self._guests.get(uuid)
@@ -135,8 +135,7 @@ class Inventory:
                 elif g is not None:
                     g.persistent = False
             else:
-                if g is None:
-                    g = self._guests[uuid] = Guest(uuid=uuid, name=name)
+                g = self._guests.setdefault(uuid, Guest(uuid=uuid, name=name))
                 if event == "defined":
                     g.persistent = True
                 state = EVENT_STATES.get(event)
