@@ -244,12 +244,10 @@ class Agent:
         """Compare the checkpoint file with the allocations; rewrite it when they differ."""
         assert self.machine
         with self.enforcer.lock:
-            why = checkpoint.mismatch(self.checkpoint_path, self.machine, self.enforcer.pools)
-            if why is None:
-                return
-            metrics.ERRORS.labels("checkpoint").inc()
-            log.warning("checkpoint %s does not hold the allocations (%s); rewriting it", self.checkpoint_path, why)
-            self._save()
+            if why := checkpoint.mismatch(self.checkpoint_path, self.machine, self.enforcer.pools):
+                metrics.ERRORS.labels("checkpoint").inc()
+                log.warning("checkpoint %s does not hold the allocations (%s); rewriting it", self.checkpoint_path, why)
+                self._save()
 
     def _publish(self, event: str, body: dict) -> None:
         body = {"host_id": self.host_id, **body}

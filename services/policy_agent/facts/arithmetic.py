@@ -96,7 +96,6 @@ class History:
     """The last ``HISTORY_SECONDS`` of host CPU samples at the collection interval."""
 
     def __init__(self, interval: float, seconds: float = HISTORY_SECONDS) -> None:
-        self.interval = interval
         self._cpu: collections.deque[float] = collections.deque(maxlen=max(1, int(seconds // interval)))
 
     def add(self, cpu_pct: float) -> None:

@@ -144,8 +144,7 @@ class Applier:
                 " parameters")
 
     def read(self, dom: "libvirt.virDomain", live: bool) -> domxml.DomainXml:
-        flags = 0 if live else libvirt.VIR_DOMAIN_XML_INACTIVE
-        return domxml.parse(dom.XMLDesc(flags))
+        return domxml.parse(dom.XMLDesc(0 if live else INACTIVE))
 
     def verify_and_repair(
         self,

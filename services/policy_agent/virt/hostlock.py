@@ -33,9 +33,7 @@ HOLDER_BYTES = 4096  # the largest holder description read from a lock file (one
 
 
 class HostLocked(AgentError):
-    """Another agent already manages this libvirtd."""
-
-    code = "internal"
+    """Another agent already manages this libvirtd (code internal, as every AgentError)."""
 
 
 class HostLock:
