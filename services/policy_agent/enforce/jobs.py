@@ -58,15 +58,12 @@ class JobQueue:
         with self._cond:
             while not self._closed:
                 now = time.monotonic()
-                if self._jobs:
-                    job = min(self._jobs.values(), key=lambda j: j.due)
-                    if job.due <= now:
-                        del self._jobs[job.key]
-                        self._busy += 1
-                        return job
-                    wait = min(job.due, deadline) - now
-                else:
-                    wait = deadline - now
+                job = min(self._jobs.values(), key=lambda j: j.due, default=None)
+                if job is not None and job.due <= now:
+                    del self._jobs[job.key]
+                    self._busy += 1
+                    return job
+                wait = min(job.due if job is not None else deadline, deadline) - now
                 if wait <= 0:
                     return None
                 self._cond.wait(wait)
