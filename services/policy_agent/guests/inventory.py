@@ -108,13 +108,10 @@ class Inventory:
 
     def graph(self) -> dict[str, list[str]]:
         """uuid -> required guests (UUIDs, or raw names of guests not known here)."""
-        with self._cond:
-            guests = list(self._guests.values())
-        return {g.uuid: [self.resolve(r) or r for r in g.policy.requires] if g.policy else [] for g in guests}
+        return {g.uuid: [self.resolve(r) or r for r in g.policy.requires] if g.policy else [] for g in self.all()}
 
     def managed(self) -> int:
-        with self._cond:
-            return sum(1 for g in self._guests.values() if g.policy is not None)
+        return sum(1 for g in self.all() if g.policy is not None)
 
     # --- writes ----------------------------------------------------------------
     def upsert(self, uuid: str, name: str) -> Guest:

@@ -122,7 +122,6 @@ def check_policy(
                 )
 
     # start dependencies
-    new_graph = dict(graph)
     reqs: list[str] = []
     for req in policy.requires:
         key = resolve(req)
@@ -133,8 +132,7 @@ def check_policy(
             warnings.append(f"required guest {req!r} is not defined on this host (yet)")
             key = req
         reqs.append(key)
-    new_graph[guest.uuid] = reqs
-    if cycle := deps.find_cycle(new_graph, guest.uuid):
+    if cycle := deps.find_cycle({**graph, guest.uuid: reqs}, guest.uuid):
         errors.append(deps.describe_cycle(cycle, name_of))
 
     if errors:

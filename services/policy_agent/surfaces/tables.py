@@ -37,9 +37,7 @@ def policies(reply: dict) -> str:
     for view in reply.get("policies", []):
         rows.append([str(view.get("guest")), summary(view.get("state")), summary(view.get("status")),
                      summary(view.get("policy")), summary(view.get("allocation")), summary(view.get("error"))])
-    if len(rows) == 1:
-        return "no guest has a policy on this host\n"
-    return table(rows)
+    return table(rows) if len(rows) > 1 else "no guest has a policy on this host\n"
 
 
 def policy(view: dict) -> str:

@@ -104,17 +104,13 @@ class Collector:
         return HostFacts(**facts)
 
     def _hugepages(self) -> list[HugePages]:
-        out = []
-        base = self.sys / "kernel/mm/hugepages"
         try:
-            entries = sorted(base.iterdir())
+            entries = sorted((self.sys / "kernel/mm/hugepages").iterdir())
         except OSError:
-            return out
-        for d in entries:
-            if d.name.startswith("hugepages-") and d.name.endswith("kB"):
-                total, free = _read(d / "nr_hugepages").strip(), _read(d / "free_hugepages").strip()
-                out.append(HugePages(size_kib=int(d.name[10:-2]), total=int(total or 0), free=int(free or 0)))
-        return out
+            return []
+        return [HugePages(size_kib=int(d.name[10:-2]), total=int(_read(d / "nr_hugepages").strip() or 0),
+                          free=int(_read(d / "free_hugepages").strip() or 0))
+                for d in entries if d.name.startswith("hugepages-") and d.name.endswith("kB")]
 
     # --- guests -----------------------------------------------------------------
     def guests(self, conn: "libvirt.virConnect") -> list[GuestFacts]:
