@@ -91,11 +91,11 @@ class FactsReporter:
         started = time.process_time()
         conn = self.conn()
         host = self.collector.host(conn)
-        guests = self._annotate(self.collector.guests(conn))
+        pool, shared, allocations, policies = self._layout()
+        guests = self._annotate(self.collector.guests(conn), allocations, policies)
         if "interval" in reasons:
             self.history.add(host.cpu_pct)
         running = [g for g in guests if g.state in ("running", "blocked")]
-        pool, shared, allocations, policies = self._layout()
         host = host.model_copy(update={
             "dedicated_pool": cpuset.fmt(pool), "shared_cpus": cpuset.fmt(shared),
             "allocations": {u: cpuset.fmt(c) for u, c in allocations.items()},
@@ -122,8 +122,8 @@ class FactsReporter:
         pool, shared, allocations, policies = self.layout()
         return pool, shared, allocations, policies if isinstance(policies, dict) else dict.fromkeys(policies)
 
-    def _annotate(self, guests: list[GuestFacts]) -> list[GuestFacts]:
-        _, _, allocations, policies = self._layout()
+    def _annotate(self, guests: list[GuestFacts], allocations: dict[str, frozenset[int]],
+                  policies: dict[str, GuestPolicy | None]) -> list[GuestFacts]:
         running = {g.uuid for g in guests}
         policies = {u: p for u, p in policies.items() if u in running}  # stored ones of absent guests: host-level
         return [g.model_copy(update={"has_policy": g.uuid in policies, "dedicated": bool(allocations.get(g.uuid)),
