@@ -48,7 +48,6 @@ class Caps:
         if driver.upper() == "TEST":
             # the test driver keeps only the CPUs of its fixed 8-CPU map in a pin, whatever its capabilities list
             pinnable = frozenset(range(conn.getCPUMap()[0]))
-            caps = cls(driver, vcpu_pin_flags=False, scheduler=False, pinnable=pinnable)
             log.warning(
                 "libvirt %s driver: vCPU pins are applied live only (pinVcpuFlags accepts flags=0 and"
                 " refuses inactive guests), a pin holds only CPUs %s (the rest of a pin is left out) and"
@@ -56,7 +55,7 @@ class Caps:
                 " as on QEMU",
                 driver, cpuset.fmt(pinnable),
             )
-            return caps
+            return cls(driver, vcpu_pin_flags=False, scheduler=False, pinnable=pinnable)
         return cls(driver)
 
     def storable(self, cpus: CpuSet) -> CpuSet:
@@ -247,14 +246,9 @@ def duplicated(xml: str) -> list[str]:
     """Elements a domain's XML holds more than once where it may hold one: a ``<vcpupin>`` per vCPU,
     ``<emulatorpin>``, a scheduler tunable, one metadata element per namespace."""
     root = ET.fromstring(xml)
-    seen: collections.Counter[str] = collections.Counter()
-    tune = root.find("cputune")
-    if tune is not None:
-        seen.update(f"<vcpupin vcpu='{p.get('vcpu')}'>" for p in tune.findall("vcpupin"))
-        seen.update(f"<{c.tag}>" for c in tune if c.tag != "vcpupin")
-    meta = root.find("metadata")
-    if meta is not None:
-        seen.update(f"metadata {c.tag}" for c in meta)
+    seen = collections.Counter(f"<vcpupin vcpu='{p.get('vcpu')}'>" for p in root.findall("cputune/vcpupin"))
+    seen.update(f"<{c.tag}>" for c in root.findall("cputune/*") if c.tag != "vcpupin")
+    seen.update(f"metadata {c.tag}" for c in root.findall("metadata/*"))
     return sorted(k for k, n in seen.items() if n > 1)
 
 
