@@ -414,8 +414,7 @@ class Enforcer:
     def sweep(self, conn: "libvirt.virConnect", trigger: str = "sweep", snaps: list[Snapshot] | None = None,
               confine: bool = False) -> dict:
         started = time.perf_counter()
-        if snaps is None:
-            snaps = self.scan(conn)
+        snaps = self.scan(conn) if snaps is None else snaps
         present = {s.uuid for s in snaps}
         with self.lock:
             for g in self.inv.all():

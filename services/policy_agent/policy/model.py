@@ -110,8 +110,7 @@ class GuestPolicy(PolicyDocument):
                     f"cap {self.cap_percent}% of a {self.effective_period()} us period is a quota of {quota} us,"
                     f" below libvirt's minimum {QUOTA_MIN} us"
                 )
-        if self.adaptive is not None:
-            problems.extend(adaptive_static_problems(self))
+        problems.extend(adaptive_static_problems(self))
         problems.extend(placement_problems(self))
         return problems
 
