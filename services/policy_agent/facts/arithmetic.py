@@ -41,8 +41,7 @@ def parse_stat(text: str) -> tuple[CpuTimes | None, dict[int, CpuTimes]]:
         if not line.startswith("cpu"):
             continue
         name, *values = line.split()
-        nums = [int(v) for v in values[:8]] + [0] * (8 - len(values[:8]))
-        user, nice, system, idle, iowait, irq, softirq, steal = nums
+        user, nice, system, idle, iowait, irq, softirq, steal = ([int(v) for v in values[:8]] + [0] * 8)[:8]
         times = CpuTimes(user + nice + system + irq + softirq + steal, idle + iowait)
         if name == "cpu":
             total = times
@@ -53,8 +52,7 @@ def parse_stat(text: str) -> tuple[CpuTimes | None, dict[int, CpuTimes]]:
 
 def busy_pct(before: CpuTimes | None, after: CpuTimes) -> float:
     """% busy between two readings (since boot without the first)."""
-    if before is None:
-        before = CpuTimes(0, 0)
+    before = before or CpuTimes(0, 0)
     total = after.total - before.total
     if total <= 0:
         return 0.0

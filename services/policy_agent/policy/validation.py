@@ -93,10 +93,7 @@ def check_policy(
                       f" {plural(guest.nvcpus, 'vCPU')} ({cpuset.fmt(range(guest.nvcpus))})")
     for vcpu, text in policy.vcpu_pins.items():
         what = f"vCPU {vcpu} pin"
-        if vcpu >= guest.nvcpus:
-            continue
-        cpus = on_host(what, text)
-        if cpus is None:
+        if vcpu >= guest.nvcpus or (cpus := on_host(what, text)) is None:  # an absent vCPU is reported above
             continue
         if policy.dedicated is not None:
             within = for_vcpus if for_vcpus is not None else policy.dedicated_set()  # refused set: still check
