@@ -277,8 +277,7 @@ class Agent:
 
     def _work_loop(self) -> None:
         while not self._stop.is_set():
-            job = self.jobs.get(timeout=1.0)
-            if job is None:
+            if (job := self.jobs.get(timeout=1.0)) is None:
                 continue
             try:
                 received = job.first_event if job.trigger in LATENCY_TRIGGERS else None
