@@ -84,7 +84,8 @@ def parse(text: str, host: CpuSet | None = None) -> CpuSet:
         within = frozenset(chain.from_iterable(range(lo, min(hi, top) + 1) for lo, hi in found if lo <= top))
         gone = _merge([(c, c) for c in sorted(within - host)] + [(max(lo, top + 1), hi) for lo, hi in found if hi > top])
         if gone:
-            raise CpuSetError(f"CPUs {format_spans(gone)} do not exist on this host (CPUs {fmt(host)})")
+            raise CpuSetError(f"{_named(format_spans(gone), _size(gone), 'does', 'do')} not exist on this host"
+                              f" (CPUs {fmt(host)})")
         return within
     return frozenset(chain.from_iterable(range(lo, hi + 1) for lo, hi in found))
 
@@ -96,7 +97,7 @@ def normalize(text: str) -> str:
 
 def count(text: str) -> int:
     """How many CPUs ``text`` selects (no set is built)."""
-    return sum(hi - lo + 1 for lo, hi in spans(text))
+    return _size(spans(text))
 
 
 def fmt(cpus: Iterable[int] | None) -> str:
@@ -104,6 +105,22 @@ def fmt(cpus: Iterable[int] | None) -> str:
     if not cpus:
         return ""
     return format_spans(_merge([(c, c) for c in set(cpus)]))
+
+
+def named(cpus: Iterable[int], one: str = "", many: str = "") -> str:
+    """``CPU 5`` or ``CPUs 5-7``, then ``one`` or ``many`` (a verb agreeing with them): ``CPU 5 is``,
+    ``CPUs 5-7 are``."""
+    cpus = set(cpus)
+    return _named(fmt(cpus), len(cpus), one, many)
+
+
+def _named(text: str, n: int, one: str, many: str) -> str:
+    verb = one if n == 1 else many
+    return f"{'CPU' if n == 1 else 'CPUs'} {text}{' ' + verb if verb else ''}"
+
+
+def _size(ranges: Spans) -> int:
+    return sum(hi - lo + 1 for lo, hi in ranges)
 
 
 def format_spans(ranges: Spans) -> str:
@@ -115,7 +132,7 @@ def to_cpumap(cpus: Iterable[int], ncpus: int) -> tuple[bool, ...]:
     s = set(cpus)
     beyond = [c for c in s if c >= ncpus]
     if beyond:
-        raise CpuSetError(f"CPUs {fmt(beyond)} are beyond the host's {ncpus} CPUs")
+        raise CpuSetError(f"{named(beyond, 'is', 'are')} beyond the host's {ncpus} CPUs")
     return tuple(i in s for i in range(ncpus))
 
 

@@ -1,6 +1,6 @@
 """The policy agent: one per hypervisor.
 
-Wires the libvirt link (events, reconnect), the enforcer (pools, pins), a
+Wires the libvirt connection (events, reconnect), the enforcer (pools, pins), a
 worker that turns events into verify/repair jobs, a periodic sweep, the
 checkpoint, the local socket and (optionally) the bus.
 """
@@ -33,17 +33,18 @@ from .facts.reporter import FactsReporter
 from .guests import orchestration
 from .guests.inventory import Inventory
 from .plural import plural
+from .policy import deps
 from .policy.allocation import Pools
 from .policy.model import GuestPolicy, parse_policy_partial
 from .state import checkpoint, recovery, store
-from .surfaces.bus import BusLink
+from .surfaces.bus import AgentBus
 from .surfaces.socket import SocketServer
 from .tuners.config import TunerConfig
 from .virt import hostlock, metadata
 from .virt.apply import Applier, Caps
 from .virt.collector import Collector
-from .virt.connection import DomainEvent, LibvirtLink
-from .virt.host import host_identity, read_topology
+from .virt.connection import DomainEvent, LibvirtConnection
+from .virt.host import host_uuid, read_topology
 from .virt.lifecycle import LibvirtDomains
 
 log = logging.getLogger("vmsched.agent")
@@ -86,7 +87,6 @@ class Agent:
         opener: Callable[[str], "libvirt.virConnect"] = libvirt.open,
     ):
         self.uri = uri
-        self.opener = opener  # how the libvirt connection is opened (tests: a recorded host's capabilities)
         self.host_id = host_id
         self.state_dir = Path(state_dir)
         self.requested_pool = dedicated_pool
@@ -103,12 +103,13 @@ class Agent:
         self.inventory = Inventory()
         self.jobs = JobQueue()
         self.events: collections.deque[tuple[str, dict]] = collections.deque(maxlen=2000)
-        self.link: LibvirtLink | None = None
-        self.enforcer: Enforcer | None = None
+        # opener: how the connection is opened (tests: a recorded host's capabilities)
+        self.connection = LibvirtConnection(uri, self._on_event, self._on_connect, opener=opener)
+        self.enforcer: Enforcer = None  # type: ignore[assignment]  # made by start(), before any request is served
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._server: SocketServer | None = None
-        self._bus: BusLink | None = None
+        self._server = SocketServer(self.socket_path)
+        self._bus: AgentBus | None = None
         self._transport = transport  # the bus (None: the local socket only); its opener owns it
         self._domains = LibvirtDomains(lambda: self.conn, self.inventory.name_of)
         self.facts_interval = facts_interval  # seconds between host facts (0: off); published on the bus only
@@ -128,11 +129,9 @@ class Agent:
 
     def _start(self) -> "Agent":
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._server = SocketServer(self.socket_path)  # bound first: the QEMU hook tells "starting" from "none"
-        self._server.start()
-        self.link = LibvirtLink(self.uri, self._on_event, self._on_connect, opener=self.opener)
-        conn = self.link.connect(self.connect_timeout)
-        self.machine = host_identity(conn)
+        self._server.start()  # bound first: the QEMU hook tells "starting" from "none"
+        conn = self.connection.connect(self.connect_timeout)
+        self.machine = host_uuid(conn) or conn.getHostname()  # libvirt's host UUID, else its hostname
         self.host_id = self.host_id or self.machine
         self._lock = hostlock.HostLock(self.lock_dir, self.machine, conn.getURI())
         self._lock.acquire({"host_id": self.host_id, "state_dir": str(self.state_dir.resolve()), "uri": self.uri,
@@ -142,7 +141,7 @@ class Agent:
         cpus = topology.online
         log.info("host CPUs %s: %s", cpuset.fmt(cpus), topology.describe())
         found = recovery.load_or_rebuild(self.checkpoint_path, self.machine, cpus)
-        pools, rebuild = found.pools, found.rebuild
+        pools = found.pools
         pools.topology = topology
         if found.previous_host_id is not None and found.previous_host_id != self.host_id:
             log.warning("host ID changed from %r to %r: keeping this machine's (%s) pool and allocations; the bus"
@@ -152,25 +151,26 @@ class Agent:
             log.warning("checkpoint %s unusable (%s); moved to %s; rebuilding host state from the guests'"
                         " metadata and live pins", self.checkpoint_path, found.reason, found.quarantined)
             metrics.ERRORS.labels("checkpoint").inc()
-        elif rebuild:
+        elif found.rebuild:
             log.info("no checkpoint at %s; building host state from the guests", self.checkpoint_path)
+        stored = store.PolicyStore(self.state_dir / store.FILENAME).load()
+        if stored.problem is not None:
+            metrics.ERRORS.labels("store").inc()
         self.enforcer = Enforcer(self.machine, pools, self.inventory, Applier(caps, topology.cpumap_length, cpus),
-                                 self._publish, self._save, self.release_on_stop,
-                                 transient=TransientPolicies(self._load_store()))
+                                 self._publish, self._save, self.release_on_stop, transient=TransientPolicies(stored))
         snaps = self.enforcer.scan(conn)
         for snap in snaps:
             self.enforcer.observe(snap)
         if self.requested_pool is not None:
             wanted = _parse_pool(self.requested_pool, cpus)
-            if rebuild:
-                errors = pools.check_pool(wanted)
-                if errors:
+            if found.rebuild:
+                if errors := pools.check_pool(wanted):
                     raise PolicyError(errors)
                 pools.pool = wanted
             elif wanted != pools.pool:
                 log.info("dedicated pool changes from %r to %r", cpuset.fmt(pools.pool), cpuset.fmt(wanted))
                 self.enforcer.adopt_pools(self.enforcer.plan_pool(wanted))
-        elif rebuild:
+        elif found.rebuild:
             pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), self.machine, pools)
         summary = self.enforcer.sweep(conn, trigger="start", snaps=snaps, confine=True)
         self._save()
@@ -182,29 +182,22 @@ class Agent:
         self._tuner = TunerLoop(self.tuner_config, self.enforcer, lambda: self.conn, self._publish).start()
         self._server.serve(self)
         if self._transport is not None:
-            self._bus = BusLink(self._transport, self.host_id, self)
+            self._bus = AgentBus(self._transport, self.host_id, self)
             self._bus.start()
-            self._start_facts()
+            if self.facts_interval > 0:  # host facts every interval, on lifecycle events, at once when asked
+                self._facts = FactsReporter(self.host_id, Collector(), lambda: self.conn, self._layout,
+                                            self._bus.publish, self.facts_interval)
+                self._facts.start()
+                self._snapshots = SnapshotListener(self._transport, self.host_id,
+                                                   functools.partial(self._facts.trigger, "snapshot"))
+                self._snapshots.start()
         self.started = True
         return self
 
-    def _start_facts(self) -> None:
-        """Host facts every facts_interval and on lifecycle events; a snapshot at once when a service asks."""
-        if self.facts_interval <= 0 or self._bus is None:
-            return
-        bus = self._bus
-        self._facts = FactsReporter(self.host_id or "", Collector(), lambda: self.conn, self._layout,
-                                    bus.publish, self.facts_interval)
-        self._facts.start()
-        assert self._transport is not None
-        self._snapshots = SnapshotListener(self._transport, self.host_id or "", self._facts.trigger_snapshot)
-        self._snapshots.start()
-
     def _layout(self) -> tuple[frozenset[int], frozenset[int], dict[str, frozenset[int]], dict[str, Any]]:
-        assert self.enforcer is not None
         with self.enforcer.lock:
             pools = self.enforcer.pools
-            stored = self.enforcer.transient.store.all() if self.enforcer.transient is not None else []
+            stored = self.enforcer.transient.store.all()  # type: ignore[union-attr]  # the agent's enforcer has one
             policies = {**{e.uuid: e.policy for e in stored}, **{g.uuid: g.policy for g in self.inventory.all()
                                                                   if g.policy is not None}}
             return frozenset(pools.pool), frozenset(pools.shared), dict(pools.allocations), policies
@@ -212,25 +205,16 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
         self.jobs.close()
-        if self._tuner is not None:
-            self._tuner.stop()
-        if self._snapshots is not None:
-            self._snapshots.stop()
-        if self._facts is not None:
-            self._facts.stop()
-        if self._bus is not None:
-            self._bus.stop()
-        if self._server is not None:
-            self._server.stop()
+        for part in (self._tuner, self._snapshots, self._facts, self._bus, self._server):
+            if part is not None:
+                part.stop()
         for t in self._threads:
             t.join(5)
-        if self.link is not None:
-            self.link.close()
-        if self.enforcer is not None and self.started:
+        self.connection.close()
+        if self.started:
             self._save()
         if self._lock is not None:
             self._lock.release()
-            self._lock = None
         self.started = False
 
     def _spawn(self, target: Any, name: str) -> None:
@@ -241,16 +225,14 @@ class Agent:
     # --- state -------------------------------------------------------------------
     @property
     def conn(self) -> "libvirt.virConnect":
-        assert self.link is not None
-        return self.link.conn
+        return self.connection.conn
 
     @property
     def pools(self) -> Pools:
-        assert self.enforcer is not None
         return self.enforcer.pools
 
     def _save(self) -> None:
-        assert self.enforcer is not None and self.host_id and self.machine
+        assert self.host_id and self.machine
         try:
             ckpt = checkpoint.Checkpoint.of(self.machine, self.host_id, self.enforcer.pools)
             checkpoint.save(self.checkpoint_path, ckpt)
@@ -260,20 +242,12 @@ class Agent:
 
     def _check_checkpoint(self) -> None:
         """Compare the checkpoint file with the allocations; rewrite it when they differ."""
-        assert self.enforcer is not None and self.machine
+        assert self.machine
         with self.enforcer.lock:
-            why = checkpoint.mismatch(self.checkpoint_path, self.machine, self.enforcer.pools)
-            if why is None:
-                return
-            metrics.ERRORS.labels("checkpoint").inc()
-            log.warning("checkpoint %s does not hold the allocations (%s); rewriting it", self.checkpoint_path, why)
-            self._save()
-
-    def _load_store(self) -> store.PolicyStore:
-        policies = store.PolicyStore(self.state_dir / store.FILENAME).load()
-        if policies.problem is not None:
-            metrics.ERRORS.labels("store").inc()
-        return policies
+            if why := checkpoint.mismatch(self.checkpoint_path, self.machine, self.enforcer.pools):
+                metrics.ERRORS.labels("checkpoint").inc()
+                log.warning("checkpoint %s does not hold the allocations (%s); rewriting it", self.checkpoint_path, why)
+                self._save()
 
     def _publish(self, event: str, body: dict) -> None:
         body = {"host_id": self.host_id, **body}
@@ -285,7 +259,7 @@ class Agent:
     def _on_event(self, ev: DomainEvent) -> None:
         """libvirt event thread: update cached state at once, queue the verification."""
         if ev.kind == "lifecycle":
-            self.inventory.on_event(ev.uuid, ev.name, ev.event, ev.detail)
+            self.inventory.on_event(ev.uuid, ev.name, ev.event)
             self._publish("lifecycle", {"guest": ev.name, "uuid": ev.uuid, "event": ev.event,
                                         "detail": ev.detail, "time": time.time()})
             if self._facts is not None:
@@ -294,10 +268,8 @@ class Agent:
                 self.jobs.put(ev.uuid, ev.event, ev.received, LIFECYCLE_JOBS[ev.event], ev.name)
         elif ev.kind == "reboot":
             self.jobs.put(ev.uuid, "reboot", ev.received, self.reboot_debounce, ev.name)
-        elif ev.kind == "tunable":
-            self.jobs.put(ev.uuid, "tunable", ev.received, self.tunable_debounce, ev.name)
-        elif ev.kind == "metadata" and ev.params.get("nsuri") in (metadata.NS, None):
-            self.jobs.put(ev.uuid, "metadata", ev.received, self.tunable_debounce, ev.name)
+        elif ev.kind == "tunable" or (ev.kind == "metadata" and ev.params.get("nsuri") in (metadata.NS, None)):
+            self.jobs.put(ev.uuid, ev.kind, ev.received, self.tunable_debounce, ev.name)
 
     def _on_connect(self, conn: "libvirt.virConnect", reconnected: bool) -> None:
         if self.enforcer is not None and reconnected:
@@ -305,8 +277,7 @@ class Agent:
 
     def _work_loop(self) -> None:
         while not self._stop.is_set():
-            job = self.jobs.get(timeout=1.0)
-            if job is None or self.enforcer is None:
+            if (job := self.jobs.get(timeout=1.0)) is None:
                 continue
             try:
                 received = job.first_event if job.trigger in LATENCY_TRIGGERS else None
@@ -316,8 +287,7 @@ class Agent:
             except libvirt.libvirtError as exc:
                 metrics.ERRORS.labels("libvirt").inc()
                 log.warning("%s event for %s: libvirt error %s", job.trigger, job.name, exc.get_error_message())
-                if self.link is not None:
-                    self.link.check_alive()
+                self.connection.check_alive()
             except Exception:  # noqa: BLE001 - the worker must survive
                 log.exception("handling %s of %s failed", job.trigger, job.name)
             finally:
@@ -325,27 +295,24 @@ class Agent:
 
     def _sweep_loop(self) -> None:
         while not self._stop.wait(self.reconcile_interval):
-            if self.link is None or not self.link.connected.is_set() or not self.link.check_alive():
+            if not self.connection.connected.is_set() or not self.connection.check_alive():
                 continue
             try:
                 self.reconcile()
             except (AgentError, libvirt.libvirtError) as exc:
                 log.warning("reconcile sweep failed: %s", exc)
-                if self.link is not None:
-                    self.link.check_alive()
+                self.connection.check_alive()
             except Exception:  # noqa: BLE001
                 log.exception("reconcile sweep failed")
 
     # --- API ---------------------------------------------------------------------
     @_libvirt_errors
     def set_policy(self, guest: str, policy: GuestPolicy | dict) -> dict:
-        assert self.enforcer is not None
         policy, problems = parse_policy_partial(policy)
         return self.enforcer.set_policy(self.conn, guest, policy, problems)
 
     @_libvirt_errors
     def get_policy(self, guest: str) -> dict:
-        assert self.enforcer is not None
         with self.enforcer.lock:
             dom = self.enforcer.lookup(self.conn, guest)
             g = self.enforcer.observe(self.enforcer.read(dom))
@@ -357,21 +324,18 @@ class Agent:
 
     @_libvirt_errors
     def delete_policy(self, guest: str) -> dict:
-        assert self.enforcer is not None
         return self.enforcer.delete_policy(self.conn, guest)
 
     @_libvirt_errors
     def list_policies(self) -> dict:
-        assert self.enforcer is not None
         with self.enforcer.lock:
             guests = sorted(self.inventory.all(), key=lambda g: g.name)
             views = [self.enforcer.view(g) for g in guests if g.policy is not None]
-            if self.enforcer.transient is not None:  # transient guests that do not exist right now
-                views += self.enforcer.transient.absent_views(self.inventory)
+            views += self.enforcer.transient.absent_views(self.inventory)  # type: ignore[union-attr]
             return {"policies": sorted(views, key=lambda v: v["guest"])}
 
     def cpus(self) -> dict:
-        with self.enforcer.lock:  # type: ignore[union-attr]
+        with self.enforcer.lock:
             uses: dict[int, list[str]] = {}  # what each dedicated CPU runs, as enforced
             for g in self.inventory.all():
                 held = self.pools.allocations.get(g.uuid)
@@ -387,7 +351,6 @@ class Agent:
 
     @_libvirt_errors
     def set_pool(self, pool: str | None) -> dict:
-        assert self.enforcer is not None
         wanted = _parse_pool(pool, self.pools.host_cpus)
         with self.enforcer.lock:
             new = self.enforcer.plan_pool(wanted)
@@ -398,7 +361,6 @@ class Agent:
 
     @_libvirt_errors
     def reconcile(self) -> dict:
-        assert self.enforcer is not None
         summary = self.enforcer.sweep(self.conn)
         self._check_checkpoint()
         return summary
@@ -421,31 +383,30 @@ class Agent:
     @_libvirt_errors
     def start_domain(self, guest: str, wait: float = 60.0) -> dict:
         """Start ``guest`` after its requirements (transitively, in order, each until it runs)."""
-        assert self.enforcer is not None
-        with self.enforcer.lock:
-            target = self.enforcer.lookup(self.conn, guest).UUIDString()
-            self.enforcer.process(self.conn, target, "request", None)
-            order = orchestration.start_plan(self.inventory, target)
+        target, order = self._plan(guest, deps.start_order)
         # no lock held from here: the QEMU hook calls back into this agent
         return orchestration.start_in_order(self.inventory, self._domains, order, target, wait)
 
     @_libvirt_errors
     def stop_domain(self, guest: str, wait: float = 60.0, force: bool = False) -> dict:
         """Shut ``guest`` down after every guest that requires it (dependents first)."""
-        assert self.enforcer is not None
+        _, order = self._plan(guest, deps.stop_order)
+        return orchestration.stop_in_order(self.inventory, self._domains, order, wait, force)
+
+    def _plan(self, guest: str, plan: Callable[..., list[str]]) -> tuple[str, list[str]]:
+        """(the guest's UUID, the guests to start or stop, in order), with the guest verified first."""
         with self.enforcer.lock:
             target = self.enforcer.lookup(self.conn, guest).UUIDString()
             self.enforcer.process(self.conn, target, "request", None)
-            order = orchestration.stop_plan(self.inventory, target)
-        return orchestration.stop_in_order(self.inventory, self._domains, order, wait, force)
+            return target, plan(self.inventory.graph(), target, self.inventory.name_of)
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Wait until every queued event has been handled (tests, benchmarks)."""
         return self.jobs.wait_idle(timeout)
 
     def status(self) -> dict:
-        connected = self.link is not None and self.link.connected.is_set()
-        return {"host_id": self.host_id, "uri": self.uri, "connected": connected, "pid": os.getpid()}
+        return {"host_id": self.host_id, "uri": self.uri, "connected": self.connection.connected.is_set(),
+                "pid": os.getpid()}
 
 
 def _parse_pool(text: str | None, host: frozenset[int]) -> frozenset[int]:

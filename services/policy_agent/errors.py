@@ -36,9 +36,7 @@ class AgentUnavailable(AgentError):
 
 
 class ApplyError(AgentError):
-    """libvirt refused to apply a valid policy."""
-
-    code: str = ErrorCode.INTERNAL.value
+    """libvirt refused to apply a valid policy (code internal, as every AgentError)."""
 
 
 class DefinitionChanged(ApplyError):

@@ -83,17 +83,10 @@ FACTS_COLLECT_CPU = Histogram(
 )
 
 
-for _outcome in APPLICATION_OUTCOMES:
-    APPLICATIONS.labels(_outcome)
-for _event in EVENT_NAMES:
-    EVENTS.labels(_event)
-    EVENT_TO_APPLIED.labels(_event)
-for _trigger in REPAIR_TRIGGERS:
-    REPAIRS.labels(_trigger)
-for _kind in ERROR_KINDS:
-    ERRORS.labels(_kind)
-for _state in ("allocated", "free"):
-    DEDICATED_CPUS.labels(_state)
+for _metric, _values in ((APPLICATIONS, APPLICATION_OUTCOMES), (EVENTS, EVENT_NAMES), (EVENT_TO_APPLIED, EVENT_NAMES),
+                         (REPAIRS, REPAIR_TRIGGERS), (ERRORS, ERROR_KINDS), (DEDICATED_CPUS, ("allocated", "free"))):
+    for _value in _values:
+        _metric.labels(_value)
 
 
 # --- this host, from the agent's own facts collections (facts/reporter.py) -------------------------------
@@ -128,8 +121,7 @@ def observe_host(host: HostFacts) -> None:
             _host_registered = True
     HOST_CPU.set(host.cpu_pct / 100)
     HOST_CPUS.set(host.cpus)
-    HOST_MEMORY.labels("total").set(host.memory_total_mib * _MIB)
-    HOST_MEMORY.labels("free").set(host.memory_free_mib * _MIB)
-    HOST_MEMORY.labels("available").set(host.memory_available_mib * _MIB)
+    for kind in ("total", "free", "available"):
+        HOST_MEMORY.labels(kind).set(getattr(host, f"memory_{kind}_mib") * _MIB)
     HOST_GUESTS.labels("running").set(host.guests_running)
     HOST_GUESTS.labels("total").set(host.guests_total)

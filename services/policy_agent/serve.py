@@ -29,7 +29,7 @@ def serve(args: argparse.Namespace) -> int:
     agent = Agent(args.libvirt, args.host_id, args.state_dir, transport, dedicated_pool=args.dedicated_pool,
                   socket_path=args.socket, reconcile_interval=args.reconcile_interval,
                   release_on_stop=args.release_on_stop, connect_timeout=args.connect_timeout,
-                  lock_dir=getattr(args, "lock_dir", None), facts_interval=getattr(args, "facts_interval", 5.0),
+                  lock_dir=args.lock_dir, facts_interval=args.facts_interval,
                   tuner=config_from_args(args))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -41,8 +41,8 @@ def serve(args: argparse.Namespace) -> int:
         return EXIT.get(exc.code, 1)
     try:
         tls = server_context(args.metrics_tls_cert, args.metrics_tls_key, what="metrics TLS")
-        tokens_file = getattr(args, "metrics_tokens_file", None)
-        authorize = bearer_authorizer(TokenStore(tokens_file).watch(), Role.READ) if tokens_file else None
+        authorize = (bearer_authorizer(TokenStore(args.metrics_tokens_file).watch(), Role.READ)
+                     if args.metrics_tokens_file else None)
         service_metrics.serve(args.metrics_port, args.metrics_host, tls=tls, authorize=authorize)
     except (OSError, ValueError) as exc:
         agent.stop()
@@ -53,11 +53,9 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 def config_from_args(args: Any) -> TunerConfig:
-    config = TunerConfig(interval=getattr(args, "tune_interval", 10.0), hysteresis=getattr(args, "tune_hysteresis", 3),
-                         max_changes=getattr(args, "tune_max_changes", 4),
-                         max_guest_changes=getattr(args, "tune_max_guest_changes", 1),
-                         dry_run=getattr(args, "tune_dry_run", False),
-                         plugins_dir=getattr(args, "tuner_plugins", None) or None)
+    config = TunerConfig(interval=args.tune_interval, hysteresis=args.tune_hysteresis, max_changes=args.tune_max_changes,
+                         max_guest_changes=args.tune_max_guest_changes, dry_run=args.tune_dry_run,
+                         plugins_dir=args.tuner_plugins or None)
     problems = config.problems()
     if config.plugins_dir and not Path(config.plugins_dir).is_dir():
         problems.append(f"--tuner-plugins {config.plugins_dir}: not a folder")

@@ -55,8 +55,8 @@ def test_cli_reports_field_model_and_host_problems_at_once(conn, make_agent, cap
                          "--socket", str(a.socket_path)], capsys)
     assert code != 0
     assert "weight (cpu_shares) 1 outside" in err, err
-    assert "vCPU 0 pin 99: CPUs 99 do not exist on this host" in err, err
-    assert "dedicated set 1: CPUs 1 are not in the host's dedicated pool" in err, err
+    assert "vCPU 0 pin 99: CPU 99 does not exist on this host" in err, err
+    assert "dedicated set 1: CPU 1 is not in the host's dedicated pool" in err, err
     # and nothing was applied
     assert a.get_policy("t-all")["policy"] is None
 
@@ -70,7 +70,7 @@ def test_agent_reports_all_problems_of_a_request(conn, make_agent):  # noqa: F81
                                 "cap_percent": 50, "quota": 5000})
     text = str(exc.value)
     for fragment in ("weight (cpu_shares) 1 outside", "either as cap_percent or as quota",
-                     "vCPU 0 pin 6: CPUs 6 are outside the guest's dedicated CPUs 4-5",
+                     "vCPU 0 pin 6: CPU 6 is outside the guest's dedicated CPUs 4-5",
                      "vCPU 3 does not exist"):
         assert fragment in text, text
     assert a.get_policy("t-all2")["policy"] == {"dedicated": "4"}

@@ -100,8 +100,9 @@ def test_host_bound(cpus, host):
     else:
         with pytest.raises(cpuset.CpuSetError) as exc:
             cpuset.parse(text, host=host)
-        assert str(exc.value) == (f"CPUs {cpuset.fmt(cpus - host)} do not exist on this host"
-                                  f" (CPUs {cpuset.fmt(host)})")
+        gone = cpus - host  # one CPU: "CPU 5 does not exist"; several: "CPUs 5-6 do not exist"
+        said = f"CPU {cpuset.fmt(gone)} does" if len(gone) == 1 else f"CPUs {cpuset.fmt(gone)} do"
+        assert str(exc.value) == f"{said} not exist on this host (CPUs {cpuset.fmt(host)})"
 
 
 # --- bounded ---------------------------------------------------------------------------------------------

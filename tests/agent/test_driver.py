@@ -86,8 +86,8 @@ def test_invalid_policy_is_refused_whole(conn, make_agent):
     with pytest.raises(PolicyError) as exc:
         a.set_policy("t-b", {"dedicated": "5-6", "weight": 100, "vcpu_pins": {"0": "99"}})
     msgs = exc.value.errors
-    assert "dedicated set 5-6: CPUs 5 are already dedicated to guest 't-a'" in msgs
-    assert "vCPU 0 pin 99: CPUs 99 do not exist on this host (CPUs 0-15)" in msgs
+    assert "dedicated set 5-6: CPU 5 is already dedicated to guest 't-a'" in msgs
+    assert "vCPU 0 pin 99: CPU 99 does not exist on this host (CPUs 0-15)" in msgs
     with pytest.raises(PolicyError, match="asks for 3 dedicated CPUs but only 2 are free"):
         a.set_policy("t-b", {"dedicated": 3})
     with pytest.raises(PolicyError, match="weight"):
@@ -284,10 +284,10 @@ def test_reconnect_after_loss_reconciles(conn, make_agent):
     reconnects = metric("vmsched_agent_libvirt_reconnects_total")
     assert a.wait_idle()
     dom.pinVcpu(0, (True,) * 8)  # a change the agent gets no event for (as while it is disconnected)
-    a.link.mark_lost("simulated: libvirtd went away")  # what the close callback does on EOF
+    a.connection.mark_lost("simulated: libvirtd went away")  # what the close callback does on EOF
     wait_until(lambda: metric("vmsched_agent_libvirt_reconnects_total") == reconnects + 1)
     wait_until(lambda: live_pins(dom)[0] == "3")
-    assert a.link.connected.is_set()
+    assert a.connection.connected.is_set()
     assert metric("vmsched_agent_libvirt_connected") == 1
 
 

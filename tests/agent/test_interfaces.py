@@ -21,7 +21,6 @@ from tests.support.waiting import wait_until
 from tests.support.agent_driver import conn, make_agent, state_dir  # noqa: F401 - fixtures
 from tests.support.agent_driver import guest, live_pins
 from vmsched.bus.inprocess import InProcessTransport
-from vmsched.messages import Envelope
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, dict | None, str]:
@@ -149,9 +148,9 @@ def test_cli_policy_commands(conn, make_agent, capsys, tmp_path):
     assert "--socket PATH or env VMSCHED_AGENT_SOCKET" in err  # what to do about it
     code, _, err = run_cli(["policy", "list", "--amqp", "memory://"], capsys)
     assert code == 2 and "--amqp needs --host" in err
-    code, out, _ = run_cli(["policy", "pool", "6-7", *sock], capsys)
+    code, out, _ = run_cli(["policy", "pool", "6-7", "--json", *sock], capsys)
     assert code == 0 and out["allocations"] == {"t-cli": "6-7"}
-    code, out, _ = run_cli(["policy", "delete", "t-cli", *sock], capsys)
+    code, out, _ = run_cli(["policy", "delete", "t-cli", "--json", *sock], capsys)
     assert code == 0 and out["deleted"] is True
 
 
@@ -184,10 +183,39 @@ def test_cli_domain_start_stop(conn, make_agent, capsys):
     db, web = guest(conn, "t-db", start=False), guest(conn, "t-web", start=False)
     a.set_policy("t-web", {"requires": ["t-db"]})
     sock = ["--socket", str(a.socket_path)]
-    code, out, _ = run_cli(["domain", "start", "t-web", "--wait", "5", *sock], capsys)
+    code, out, _ = run_cli(["domain", "start", "t-web", "--wait", "5", "--json", *sock], capsys)
     assert code == 0 and out["started"] == ["t-db", "t-web"] and db.isActive() and web.isActive()
-    code, out, _ = run_cli(["domain", "stop", "t-db", "--wait", "5", *sock], capsys)
+    code, out, _ = run_cli(["domain", "stop", "t-db", "--wait", "5", "--json", *sock], capsys)
     assert code == 0 and out["stopped"] == ["t-web", "t-db"] and not web.isActive()
+
+
+def test_every_command_prints_text_for_people(conn, make_agent, capsys):
+    """Without --json every client command prints what a person reads, never the reply's JSON."""
+    a = make_agent()
+    guest(conn, "t-db", start=False), guest(conn, "t-web", start=False)
+    a.set_policy("t-web", {"requires": ["t-db"], "dedicated": 2})
+    sock = ["--socket", str(a.socket_path)]
+
+    def text(*argv: str, code: int = 0) -> str:
+        parser = argparse.ArgumentParser(prog="vmsched")
+        register(parser.add_subparsers(dest="command", required=True), serve)
+        args = parser.parse_args([*argv, *sock])
+        assert args.func(args) == code
+        out = capsys.readouterr().out
+        with pytest.raises(ValueError):
+            json.loads(out)  # text, not the reply
+        return out
+
+    assert text("policy", "check-start", "t-db") == "guest 't-db' has no start requirements\n"
+    assert text("domain", "start", "t-web", "--wait", "5") == "started: t-db, t-web\nalready running: -\n"
+    assert text("domain", "stop", "t-db", "--wait", "5") == "stopped: t-web, t-db\nalready stopped: -\n"
+    assert re.fullmatch(r"checked 3 guests in [0-9.]+ s, repaired 0\n", text("policy", "reconcile"))  # and 'test'
+    drawn = text("policy", "pool", "6-7")
+    assert "dedicated pool 6-7, free -" in drawn.splitlines()[0] and "[6 t-web vcpu0]" in drawn
+    shown = dict(line.split(None, 1) for line in text("policy", "explain", "t-web").splitlines())
+    assert shown["policy"] == "dedicated=2 requires=t-db" and shown["decisions:"] == "-"
+    assert text("policy", "delete", "t-web") == "policy of 't-web' deleted: its CPUs released, its pins reset\n"
+    assert text("policy", "delete", "t-web") == "guest 't-web' has no policy: nothing to delete\n"
 
 
 def test_help_documents_every_command():
@@ -227,30 +255,38 @@ def test_bus_rpc_and_events(conn, make_agent):
     wait_until(lambda: any(e == "applied" and b["guest"] == "t-bus" for e, b in a.events))
 
 
-class _DirectBus:
-    """The gateway's bus client, delivering straight to the agent's bus handler."""
-
-    def __init__(self, agent, down: bool = False):
-        self.agent, self.down = agent, down
-
-    async def call(self, queue, op, body, timeout):
-        from vmsched.bus import BusUnavailable
-
-        if self.down:
-            raise BusUnavailable("message bus unavailable: connection refused")
-        assert queue == "vmsched.agent.h1"
-        return self.agent._bus._handle(Envelope(op=op, deadline=0, body=body))
-
-
-def test_gateway_router(conn, make_agent):
+@pytest.fixture
+def gateway():
+    """The gateway's /v1/hosts router on an agent's in-process bus, through the gateway's own client of it."""
     from vmsched.gateway.agent_api import router
 
-    a = make_agent(transport=InProcessTransport())
+    opened: list[TestClient] = []
+
+    def make(bus: InProcessTransport) -> tuple[FastAPI, TestClient]:
+        client = bus.client()
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_app):
+            await client.start()
+            yield
+            await client.close()
+
+        app = FastAPI(lifespan=lifespan)
+        app.include_router(router)
+        app.state.bus = client
+        opened.append(TestClient(app).__enter__())  # the lifespan runs: the client starts in the app's loop
+        return app, opened[-1]
+
+    yield make
+    for http in opened:
+        http.__exit__(None, None, None)
+
+
+def test_gateway_router(conn, make_agent, gateway):
+    bus = InProcessTransport()
+    make_agent(transport=bus)
     guest(conn, "t-gw")
-    app = FastAPI()
-    app.include_router(router)
-    app.state.bus = _DirectBus(a)
-    http = TestClient(app)
+    app, http = gateway(bus)
     r = http.put("/v1/hosts/h1/policies/t-gw", json={"dedicated": 2, "weight": 100})
     assert r.status_code == 200 and r.json()["allocation"] == "4-5"
     assert http.get("/v1/hosts/h1/policies/t-gw").json()["policy"] == {"dedicated": 2, "weight": 100}
@@ -264,20 +300,16 @@ def test_gateway_router(conn, make_agent):
     assert http.delete("/v1/hosts/h1/policies/t-gw").json()["deleted"] is True
     r = http.get("/v1/hosts/bad$host/cpus")
     assert r.status_code == 400 and r.json()["detail"]["code"] == "invalid" and "host" in r.json()["detail"]["error"]
-    app.state.bus = _DirectBus(a, down=True)
+    app.state.bus = bus.client()  # a client that never connected: the bus is down
     assert http.get("/v1/hosts/h1/cpus").status_code == 503
 
 
-def test_gateway_answers_every_invalid_request_with_400_and_every_reason(conn, make_agent):
+def test_gateway_answers_every_invalid_request_with_400_and_every_reason(conn, make_agent, gateway):
     """A malformed body (pydantic) and an agent's refusal are both 400, each reason listed."""
-    from vmsched.gateway.agent_api import router
-
-    a = make_agent(transport=InProcessTransport())
+    bus = InProcessTransport()
+    make_agent(transport=bus)
     guest(conn, "t-gw")
-    app = FastAPI()
-    app.include_router(router)
-    app.state.bus = _DirectBus(a)
-    http = TestClient(app)
+    app, http = gateway(bus)
     # the shape, checked by the gateway: every problem at once, nothing sent to the agent
     r = http.put("/v1/hosts/h1/policies/t-gw", json={"weight": "heavy", "bogus": 1, "requires": ["db\u0000"]})
     assert r.status_code == 400
@@ -301,11 +333,10 @@ def test_gateway_answers_every_invalid_request_with_400_and_every_reason(conn, m
     assert spec["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/PolicyDocument")
 
 
-def test_a_huge_cpu_set_is_refused_before_it_is_parsed(conn, make_agent):
+def test_a_huge_cpu_set_is_refused_before_it_is_parsed(conn, make_agent, gateway):
     """A 1 MB CPU set (every item valid, each spanning every CPU libvirt knows) is refused by its length, with
     one line saying so, on the socket, on the bus, at the gateway and by the model; nothing is applied."""
     from vmsched.bus.topology import agent_queue
-    from vmsched.gateway.agent_api import router
     from vmsched.services.policy_agent.policy.model import parse_policy
 
     huge = ",".join(["0-16383"] * 125000)  # 1 MB
@@ -324,10 +355,8 @@ def test_a_huge_cpu_set_is_refused_before_it_is_parsed(conn, make_agent):
             bus.call(agent_queue("h1"), "set_policy", {"guest": "t-huge", "policy": policy}, timeout=10)
     with pytest.raises(PolicyError, match=said):
         client.call("set_pool", {"dedicated_pool": huge})
-    app = FastAPI()
-    app.include_router(router)
-    app.state.bus = _DirectBus(a)
-    r = TestClient(app).put("/v1/hosts/h1/policies/t-huge", json={"vcpu_pins": {"0": huge}})
+    _, http = gateway(bus)
+    r = http.put("/v1/hosts/h1/policies/t-huge", json={"vcpu_pins": {"0": huge}})
     assert r.status_code == 400 and said in r.json()["detail"]["error"]
     assert a.get_policy("t-huge")["policy"] is None and a.cpus()["dedicated_pool"] == "4-7"
 
@@ -337,15 +366,11 @@ def test_a_huge_cpu_set_is_refused_before_it_is_parsed(conn, make_agent):
     ("/v1/hosts/h1/policies/t%0Agw", "control character U+000A"),
     ("/v1/hosts/h1/policies/" + "x" * 300, "300 characters long"),
 ])
-def test_gateway_refuses_invalid_guest_names(conn, make_agent, caplog, path, reason):
+def test_gateway_refuses_invalid_guest_names(conn, make_agent, gateway, caplog, path, reason):
     """A bad guest name at the gateway: 400 with the reason for every route taking a guest; no traceback anywhere."""
-    from vmsched.gateway.agent_api import router
-
-    a = make_agent(transport=InProcessTransport())
-    app = FastAPI()
-    app.include_router(router)
-    app.state.bus = _DirectBus(a)
-    http = TestClient(app)
+    bus = InProcessTransport()
+    make_agent(transport=bus)
+    _, http = gateway(bus)
     domain = path.replace("/policies/", "/domains/")
     for r in (http.get(path), http.put(path, json={}), http.delete(path), http.post(domain + "/start"),
               http.post(domain + "/stop")):

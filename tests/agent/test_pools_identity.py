@@ -51,14 +51,14 @@ def test_pool_change_conflicting_with_pins_is_refused_naming_every_guest(conn, m
         a.set_pool("1")
     text = str(exc.value)
     assert "dedicated pool 1 refused" in text
-    assert "guest 't-a': vCPU 0 pin 1: CPUs 1 are in the dedicated pool 1" in text
-    assert "guest 't-c': emulator pin 1-2: CPUs 1 are in the dedicated pool 1" in text
+    assert "guest 't-a': vCPU 0 pin 1: CPU 1 is in the dedicated pool 1" in text
+    assert "guest 't-c': emulator pin 1-2: CPU 1 is in the dedicated pool 1" in text
     assert "t-ok" not in text
     assert a.cpus()["dedicated_pool"] == "" and live_pins(ga)[0] == "1"  # nothing changed
     # so a second guest can never be given CPU 1 as its dedicated CPU while t-a runs there
     assert a.set_pool("6-7")["dedicated_pool"] == "6-7"
     # the reverse was already refused: a policy whose pins touch the pool
-    with pytest.raises(PolicyError, match="CPUs 6 are in the dedicated pool"):
+    with pytest.raises(PolicyError, match="CPU 6 is in the dedicated pool"):
         a.set_policy("t-a", {"vcpu_pins": {"0": "6"}})
 
 
@@ -66,7 +66,7 @@ def test_pool_change_moving_an_allocation_away_from_its_explicit_pins_is_refused
     a = make_agent(dedicated_pool="4-7")
     guest(conn, "t-d")
     a.set_policy("t-d", {"dedicated": 2, "vcpu_pins": {"0": "4"}})
-    with pytest.raises(PolicyError, match="guest 't-d': vCPU 0 pin 4: CPUs 4 are outside the guest's dedicated CPUs 6-7"):
+    with pytest.raises(PolicyError, match="guest 't-d': vCPU 0 pin 4: CPU 4 is outside the guest's dedicated CPUs 6-7"):
         a.set_pool("6-7")
     assert a.cpus()["allocations"] == {"t-d": "4-5"}
 
@@ -87,7 +87,7 @@ def test_sweep_reports_a_dedicated_cpu_shared_by_two_guests(conn, make_agent):  
     # the policy written behind the agent's back is not enforced: kept on the shared set, error
     assert live_pins(other) == {0: "0-3", 1: "0-3"}
     tool = a.get_policy("t-tool")
-    assert tool["status"] == "error" and "CPUs 5 are in the dedicated pool" in tool["error"]
+    assert tool["status"] == "error" and "CPU 5 is in the dedicated pool" in tool["error"]
     # the manager's pin onto a dedicated CPU: reported on both guests, a metric, the sweep's errors
     msg = "dedicated CPUs 6 of guest 't-ded' are shared with guest 't-mgr' (vcpu0 on 6)"
     assert msg in summary["errors"]

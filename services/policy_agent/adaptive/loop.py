@@ -26,7 +26,7 @@ from ..tuners.config import TunerConfig
 from ..tuners.engine import Engine
 from ..tuners.samples import HostCounter, VcpuCounters, guest_sample, vcpu_counters
 from ..tuners.state import TunedState
-from ..tuners.types import Decision, GuestSample, GuestView, Proposal
+from ..tuners.types import Decision, GuestView, Proposal
 from ..virt.snapshot import Snapshot
 from . import metrics as tm
 from .plugins import TunerPlugins
@@ -98,11 +98,8 @@ class TunerLoop:
             self._counters.clear()
             return []
         counters = self._read_counters(guests)
-        samples: dict[str, GuestSample] = {}
-        for uuid, c in counters.items():
-            s = guest_sample(self._counters.get(uuid), c, seconds)
-            if s is not None:
-                samples[uuid] = s
+        samples = {uuid: s for uuid, c in counters.items()
+                   if (s := guest_sample(self._counters.get(uuid), c, seconds)) is not None}
         self._counters = counters
         if host is not None:
             self.engine.observe(host, samples)
@@ -148,10 +145,8 @@ class TunerLoop:
         _, live = self.state.split(g.uuid, g.desired, run, g.policy, shared)
         if live.vcpus is None:
             return None
-        cap = None
         quota, period = live.sched.get("vcpu_quota"), live.sched.get("vcpu_period") or 100000
-        if quota is not None and quota > 0:
-            cap = round(quota * 100.0 / period, 3)
+        cap = round(quota * 100.0 / period, 3) if quota is not None and quota > 0 else None
         return GuestView(g.uuid, g.name, g.policy, g.nvcpus, dict(live.vcpus),
                          live.sched.get("cpu_shares", g.policy.base_weight()), cap, period)
 
@@ -183,19 +178,13 @@ class TunerLoop:
         log.log(level, "tuner %s", json.dumps(body, sort_keys=True, default=str))
         self._publish("tuned", body)
 
-    # --- explain ---------------------------------------------------------------------
-    def explain(self, g: Guest, view: dict[str, Any]) -> dict[str, Any]:
-        overlay = self.state.get(g.uuid)
-        decisions = [d.view() for d in self.engine.decisions.get(g.uuid, ())]
-        return {"guest": g.name, "uuid": g.uuid, "policy": view.get("policy"), "desired": view.get("desired"),
-                "tuned": overlay.view() if overlay is not None else {}, "decisions": decisions,
-                "tuner": self.config.view()}
 
 
 def explain(loop: TunerLoop | None, g: Guest | None, view: dict[str, Any]) -> dict[str, Any]:
     """``explain_policy``: the static policy and desired state (``view``), the tuned values, the decisions."""
-    if loop is not None and g is not None:
-        return loop.explain(g, view)
+    overlay = loop.state.get(g.uuid) if loop is not None and g is not None else None
+    decisions = loop.engine.decisions.get(g.uuid, ()) if loop is not None and g is not None else ()
     return {"guest": view.get("guest"), "uuid": view.get("uuid"), "policy": view.get("policy"),
-            "desired": view.get("desired"), "tuned": {}, "decisions": [], "tuner": {"interval": 0}}
+            "desired": view.get("desired"), "tuned": overlay.view() if overlay is not None else {},
+            "decisions": [d.view() for d in decisions], "tuner": loop.config.view() if loop else {"interval": 0}}
 

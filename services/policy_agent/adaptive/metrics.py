@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from prometheus_client import Counter, Histogram
 
 from vmsched.metrics import REGISTRY
@@ -22,7 +24,5 @@ ROUND_SECONDS = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5), registry=REGISTRY,
 )
 
-for _tuner in BUILTIN:
-    for _field in FIELDS:
-        for _outcome in OUTCOMES:
-            CHANGES.labels(_tuner, _field, _outcome)
+for _labels in itertools.product(BUILTIN, FIELDS, OUTCOMES):
+    CHANGES.labels(*_labels)

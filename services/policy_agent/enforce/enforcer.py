@@ -13,6 +13,7 @@ decided again from a new read (virt/apply.py says what is left of the race).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -106,29 +107,24 @@ class Enforcer:
         with self.lock:
             held = self.pools.pool, dict(self.pools.allocations)
             try:
-                return self._sync_tries(snap, trigger, received, confine, drift)
+                for _ in range(CHANGED_RETRIES):
+                    try:
+                        return self._sync_once(snap, trigger, received, confine, drift), snap
+                    except DefinitionChanged as exc:
+                        log.info("%s: %s; deciding again from the definition as it is now", trigger, exc)
+                    try:
+                        snap = self.read(snap.dom)
+                    except libvirt.libvirtError as exc:
+                        if not snapshot.gone(exc):
+                            self._record_error(self.observe(snap), f"reading {snap.name!r} again failed: {exc}",
+                                               "libvirt")
+                        return None, snap
+                self._record_error(self.observe(snap), f"the definition of {snap.name!r} changed under each of"
+                                   f" {CHANGED_RETRIES} repairs; the next event or sweep tries again", "apply")
+                return None, snap
             finally:
                 if (self.pools.pool, self.pools.allocations) != held:
                     self.save()
-
-    def _sync_tries(self, snap: Snapshot, trigger: str, received: float | None, confine: bool,
-                    drift: bool) -> tuple[Result | None, Snapshot]:
-        for _ in range(CHANGED_RETRIES):
-            try:
-                return self._sync_once(snap, trigger, received, confine, drift), snap
-            except DefinitionChanged as exc:
-                log.info("%s: %s; deciding again from the definition as it is now", trigger, exc)
-            try:
-                snap = self.read(snap.dom)
-            except libvirt.libvirtError as exc:
-                if not snapshot.gone(exc):
-                    self._record_error(self.observe(snap), f"reading {snap.name!r} again failed: {exc}",
-                                       "libvirt")
-                return None, snap
-        g = self.observe(snap)
-        self._record_error(g, f"the definition of {snap.name!r} changed under each of {CHANGED_RETRIES}"
-                              " repairs; the next event or sweep tries again", "apply")
-        return None, snap
 
     def _sync_once(self, snap: Snapshot, trigger: str, received: float | None, confine: bool,
                    drift: bool) -> Result | None:
@@ -150,14 +146,11 @@ class Enforcer:
         except DefinitionChanged:
             raise
         except (ApplyError, libvirt.libvirtError) as exc:
-            if isinstance(exc, libvirt.libvirtError) and snapshot.gone(exc):
-                return None
-            self._record_error(g, f"applying the policy of {snap.name!r} failed: {exc}", "apply")
+            if not (isinstance(exc, libvirt.libvirtError) and snapshot.gone(exc)):
+                self._record_error(g, f"applying the policy of {snap.name!r} failed: {exc}", "apply")
             return None
         if self.transient is not None:
-            held = self.pools.allocations.get(g.uuid)
-            self.transient.mirror(snap, g, metadata.AllocationHint(self.machine, held, self.pools.pool)
-                                  if held else None)
+            self.transient.mirror(snap, g, self._hint(self.pools.allocations.get(g.uuid)))
         self._sync_hint(snap, g)
         g.desired = desired
         g.warnings = [*g.warnings, *(w for w in result.deferred if w not in g.warnings)]
@@ -180,8 +173,7 @@ class Enforcer:
             if policy.dedicated is not None:
                 policy = policy.model_copy(update={"dedicated": None, "vcpu_pins": {}})  # stopped, released
             else:  # pins into the dedicated pool (written by another tool, or before a pool change) are refused
-                problems = pin_conflicts(policy, self.pools, None)
-                if problems:
+                if problems := pin_conflicts(policy, self.pools, None):
                     raise PolicyError(problems)
             return desired_for(policy, info, self.pools, None, confine=confine)
         if g.uuid not in self.pools.allocations:
@@ -216,19 +208,19 @@ class Enforcer:
             return
         trial = self.pools.copy()  # seeded only when the policy's request would keep exactly these CPUs
         trial.assign(g.uuid, g.name, h.cpus)
-        try:
-            if trial.request_for(g.uuid, g.name, g.policy, g.nvcpus) != h.cpus:
-                return
-        except PolicyError:
-            return
-        log.info("recovered dedicated CPUs %s of %r from its metadata", cpuset.fmt(h.cpus), g.name)
-        self.pools.assign(g.uuid, g.name, h.cpus)
+        with contextlib.suppress(PolicyError):
+            if trial.request_for(g.uuid, g.name, g.policy, g.nvcpus) == h.cpus:
+                log.info("recovered dedicated CPUs %s of %r from its metadata", cpuset.fmt(h.cpus), g.name)
+                self.pools.assign(g.uuid, g.name, h.cpus)
+
+    def _hint(self, held: CpuSet | None) -> metadata.AllocationHint | None:
+        """What the guest's metadata records of the CPUs it holds (None: none)."""
+        return metadata.AllocationHint(self.machine, held, self.pools.pool) if held else None
 
     def _sync_hint(self, snap: Snapshot, g: Guest) -> None:
         if g.policy is None:
             return
-        held = self.pools.allocations.get(g.uuid)
-        hint = metadata.AllocationHint(self.machine, held, self.pools.pool) if held else None
+        hint = self._hint(self.pools.allocations.get(g.uuid))
         if hint == g.hint or (hint is None and g.hint is not None and g.hint.host != self.machine):
             return
         try:
@@ -313,11 +305,11 @@ class Enforcer:
             src = self.source(snap)
             info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
             self.inv.upsert(snap.uuid, snap.name)  # known by name before its define event is handled: cycles close
+            problems = list(problems or [])
             try:
                 checked = check_policy(policy, info, self.pools, self.inv.graph(), self.inv.resolve, self.inv.name_of)
             except PolicyError as exc:
-                metrics.APPLICATIONS.labels("refused").inc()
-                raise PolicyError([*(problems or []), *exc.errors]) from None
+                problems += exc.errors
             if problems:
                 metrics.APPLICATIONS.labels("refused").inc()
                 raise PolicyError(problems)
@@ -328,9 +320,9 @@ class Enforcer:
                 checked.desired = desired_for(stopped, info, self.pools, None)
             if self.tuned is not None:
                 self.tuned.drop(snap.uuid)  # a new static policy: the tuners start again from it
-            hint = metadata.AllocationHint(self.machine, checked.allocation, self.pools.pool) if checked.allocation else None
+            hint = self._hint(checked.allocation)
             store = self.transient if not snap.persistent else None
-            old_stored = store.get(snap.uuid) if store is not None else None
+            old_stored = store.store.get(snap.uuid) if store is not None else None
             try:
                 if store is not None:
                     store.put(snap.uuid, snap.name, policy)  # on disk first: it must outlive the guest
@@ -366,9 +358,8 @@ class Enforcer:
             else:
                 metadata.clear(snap.dom)
             g = self.inv.get(snap.uuid)
-            desired = g.desired if g is not None and g.desired is not None else None
-            if desired is not None:
-                self.applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent)
+            if g is not None and g.desired is not None:
+                self.applier.verify_and_repair(snap.dom, g.desired, snap.active, snap.persistent)
         except (ApplyError, libvirt.libvirtError) as exc:
             log.error("rolling back the policy of %r failed (the next sweep retries): %s", snap.name, exc)
 
@@ -377,14 +368,15 @@ class Enforcer:
             try:
                 dom = self.lookup(conn, key)
             except GuestNotFound:
-                stored = self.transient.find(key) if self.transient is not None else None
+                stored = self.transient.store.find(key) if self.transient is not None else None
                 if stored is None:
                     raise
                 self.transient.remove(stored.uuid)
                 log.info("stored policy of transient guest %r (%s, not running) deleted", stored.name, stored.uuid)
                 return {"guest": stored.name, "uuid": stored.uuid, "deleted": True}
             snap = self.read(dom)
-            old = self.source(snap).policy
+            src = self.source(snap)
+            old = src.policy
             if old is None and self.pools.allocations.get(snap.uuid) is None:
                 return {"guest": snap.name, "uuid": snap.uuid, "deleted": False}
             if self.transient is not None:
@@ -392,7 +384,7 @@ class Enforcer:
             metadata.clear(dom)
             self.pools.release(snap.uuid)
             self.save()
-            info = GuestInfo(snap.uuid, snap.name, self.source(snap).nvcpus)
+            info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
             base = desired_for(None, info, self.pools, None, confine=True)
             resets: dict[str, int] = {}
             if old is not None and old.weight is not None:
@@ -422,8 +414,7 @@ class Enforcer:
     def sweep(self, conn: "libvirt.virConnect", trigger: str = "sweep", snaps: list[Snapshot] | None = None,
               confine: bool = False) -> dict:
         started = time.perf_counter()
-        if snaps is None:
-            snaps = self.scan(conn)
+        snaps = self.scan(conn) if snaps is None else snaps
         present = {s.uuid for s in snaps}
         with self.lock:
             for g in self.inv.all():
@@ -449,15 +440,12 @@ class Enforcer:
                 repaired += 1
             if g is not None and g.error:
                 errors.append(g.error)
-        errors += self._report_overlaps(used)
+        with self.lock:
+            errors += self.overlaps.report(used, self.inv, self.pools, self.applier.host, self._foreign)
         duration = time.perf_counter() - started
         metrics.RECONCILE_DURATION.observe(duration)
         self.update_gauges()
         return {"checked": len(snaps), "repaired": repaired, "errors": errors, "duration": duration}
-
-    def _report_overlaps(self, snaps: list[Snapshot]) -> list[str]:
-        with self.lock:
-            return self.overlaps.report(snaps, self.inv, self.pools, self.applier.host, self._foreign)
 
     def update_gauges(self) -> None:
         metrics.GUESTS_MANAGED.set(self.inv.managed())

@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass, field
 
 
+SIGNIFICANCE = ("undefined", "started", "reboot", "defined", "stopped", "metadata", "tunable")  # most first
+
+
 @dataclass
 class Job:
     key: str
@@ -24,10 +27,8 @@ class Job:
     @property
     def trigger(self) -> str:
         """The most significant trigger, for metrics."""
-        for t in ("undefined", "started", "reboot", "defined", "stopped", "metadata", "tunable"):
-            if t in self.triggers:
-                return t
-        return self.triggers[0] if self.triggers else "event"
+        ranked = [t for t in SIGNIFICANCE if t in self.triggers]
+        return (ranked or self.triggers or ["event"])[0]
 
 
 class JobQueue:
@@ -49,7 +50,7 @@ class JobQueue:
                 if trigger not in job.triggers:
                     job.triggers.append(trigger)
                 job.name = name or job.name
-            self._cond.notify()
+            self._cond.notify_all()  # the worker, and whoever waits for the queue to be idle
 
     def get(self, timeout: float) -> Job | None:
         """The next due job, waiting up to ``timeout`` seconds (None on timeout or close)."""
@@ -57,15 +58,12 @@ class JobQueue:
         with self._cond:
             while not self._closed:
                 now = time.monotonic()
-                if self._jobs:
-                    job = min(self._jobs.values(), key=lambda j: j.due)
-                    if job.due <= now:
-                        del self._jobs[job.key]
-                        self._busy += 1
-                        return job
-                    wait = min(job.due, deadline) - now
-                else:
-                    wait = deadline - now
+                job = min(self._jobs.values(), key=lambda j: j.due, default=None)
+                if job is not None and job.due <= now:
+                    del self._jobs[job.key]
+                    self._busy += 1
+                    return job
+                wait = min(job.due if job is not None else deadline, deadline) - now
                 if wait <= 0:
                     return None
                 self._cond.wait(wait)
@@ -79,14 +77,8 @@ class JobQueue:
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no job is queued or running (tests, benchmarks)."""
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while self._jobs or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.05))
-            return True
+            return self._cond.wait_for(lambda: not self._jobs and not self._busy, timeout)
 
     def pending(self) -> int:
         with self._cond:

@@ -66,15 +66,9 @@ def find_overlaps(pools: Pools, guests: dict[str, dict[str, CpuSet]]) -> list[Ov
     """Every thread group of a guest allowed on a CPU dedicated to another guest.
 
     ``guests``: uuid -> :func:`placement` of the running guests."""
-    out = []
-    for uuid, where in sorted(guests.items()):
-        for holder, held in sorted(pools.allocations.items()):
-            if holder == uuid:
-                continue
-            for what, cpus in where.items():
-                if cpus & held:
-                    out.append(Overlap(uuid, holder, frozenset(cpus & held), what))
-    return out
+    return [Overlap(uuid, holder, frozenset(cpus & held), what) for uuid, where in sorted(guests.items())
+            for holder, held in sorted(pools.allocations.items()) if holder != uuid
+            for what, cpus in where.items() if cpus & held]
 
 
 def describe(overlaps: list[Overlap], name_of: dict[str, str]) -> dict[tuple[str, str], str]:
@@ -143,7 +137,6 @@ class OverlapReporter:
                 metrics.ERRORS.labels("overlap").inc()
             _mark(g, text)
         self._seen = {u: "; ".join(m) for u, m in per_guest.items()}
-        messages = list(found.values())
         metrics.DEDICATED_OVERLAPS.set(len({u for u, _ in found}))
         metrics.FOREIGN_IN_POOL.set(len(foreign_in_pool))
         if foreign_in_pool and sorted(foreign_in_pool) != self._warned:
@@ -151,7 +144,7 @@ class OverlapReporter:
                         " they are left alone, give them a vmsched policy or change their pinning",
                         cpuset.fmt(pools.pool), ", ".join(sorted(foreign_in_pool)))
         self._warned = sorted(foreign_in_pool)
-        return sorted(set(messages))
+        return sorted(set(found.values()))
 
 
 def _mark(g: Guest, overlap: str) -> None:

@@ -10,9 +10,10 @@ metadata. Persistent guests never use the store.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from typing import Callable
+from typing import Iterator
 
 import libvirt
 
@@ -78,23 +79,13 @@ class TransientPolicies:
                         exc.get_error_message())
 
     # --- requests: errors become ApplyError --------------------------------------
-    def get(self, uuid: str) -> Stored | None:
-        return self.store.get(uuid)
-
-    def find(self, key: str) -> Stored | None:
-        return self.store.find(key)
-
     def put(self, uuid: str, name: str, policy: GuestPolicy) -> None:
-        self._write(lambda: self.store.put(uuid, name, policy))
+        with self._writing():
+            self.store.put(uuid, name, policy)
 
-    def remove(self, uuid: str) -> bool:
-        removed = [False]
-
-        def go() -> None:
-            removed[0] = self.store.remove(uuid)
-
-        self._write(go)
-        return removed[0]
+    def remove(self, uuid: str) -> None:
+        with self._writing():
+            self.store.remove(uuid)
 
     def restore(self, uuid: str, old: Stored | None) -> None:
         """Undo a ``put`` (rollback of a failed set); logs instead of raising."""
@@ -106,9 +97,10 @@ class TransientPolicies:
         except OSError as exc:
             log.error("restoring the transient policy store %s failed: %s", self.store.path, exc)
 
-    def _write(self, fn: Callable[[], None]) -> None:
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
         try:
-            fn()
+            yield
         except OSError as exc:
             metrics.ERRORS.labels("store").inc()
             raise ApplyError(f"cannot write the transient policy store {self.store.path}: {exc}") from exc

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from vmsched import cpuset
 from vmsched.facts.model import DedicatedGuest, DedicatedNode, GuestFacts
 
-from ..policy.assignment import free_cpus_by_node, free_whole_cores
 from ..policy.model import GuestPolicy
 from ..policy.topology import Topology, flat
 
@@ -42,8 +41,7 @@ def parse_stat(text: str) -> tuple[CpuTimes | None, dict[int, CpuTimes]]:
         if not line.startswith("cpu"):
             continue
         name, *values = line.split()
-        nums = [int(v) for v in values[:8]] + [0] * (8 - len(values[:8]))
-        user, nice, system, idle, iowait, irq, softirq, steal = nums
+        user, nice, system, idle, iowait, irq, softirq, steal = ([int(v) for v in values[:8]] + [0] * 8)[:8]
         times = CpuTimes(user + nice + system + irq + softirq + steal, idle + iowait)
         if name == "cpu":
             total = times
@@ -54,8 +52,7 @@ def parse_stat(text: str) -> tuple[CpuTimes | None, dict[int, CpuTimes]]:
 
 def busy_pct(before: CpuTimes | None, after: CpuTimes) -> float:
     """% busy between two readings (since boot without the first)."""
-    if before is None:
-        before = CpuTimes(0, 0)
+    before = before or CpuTimes(0, 0)
     total = after.total - before.total
     if total <= 0:
         return 0.0
@@ -97,7 +94,6 @@ class History:
     """The last ``HISTORY_SECONDS`` of host CPU samples at the collection interval."""
 
     def __init__(self, interval: float, seconds: float = HISTORY_SECONDS) -> None:
-        self.interval = interval
         self._cpu: collections.deque[float] = collections.deque(maxlen=max(1, int(seconds // interval)))
 
     def add(self, cpu_pct: float) -> None:
@@ -134,9 +130,7 @@ def dedicated_summary(pool: frozenset[int], allocations: dict[str, frozenset[int
                       policies: dict[str, GuestPolicy | None], topology: Topology | None = None) -> dict:
     """The host's dedicated-CPU fields: pool size, free CPUs, per NUMA node its free CPUs and free whole cores,
     and per known guest what it wants (with its thread, NUMA and emulator policies) and holds."""
-    allocated: set[int] = set()
-    for cpus in allocations.values():
-        allocated |= cpus
+    allocated = frozenset[int]().union(*allocations.values())
     guests = {u: DedicatedGuest(wanted=wanted_cpus(p), held=len(allocations.get(u, ())), thread_policy=p.thread_policy,
                                 numa=p.numa, emulator=p.emulator)
               for u, p in policies.items() if p is not None and wanted_cpus(p)}
@@ -144,13 +138,11 @@ def dedicated_summary(pool: frozenset[int], allocations: dict[str, frozenset[int
         guests.setdefault(uuid, DedicatedGuest(wanted=len(cpus), held=len(cpus)))
     free = frozenset(pool - allocated)
     topology = topology if topology is not None else flat(pool | allocated)
-    cores = free_whole_cores(topology, pool, free)
-    core_cpus = {n: 0 for n in topology.nodes()}
-    for core in topology.cores():
-        if core <= pool and core <= free:
-            core_cpus[topology.node_of(min(core))] += len(core)
-    nodes = [DedicatedNode(node=n, free_cpus=c, free_cores=cores[n], free_core_cpus=core_cpus[n])
-             for n, c in free_cpus_by_node(topology, free).items() if topology.node_cpus(n) & pool]
+    whole = {n: [c for c in topology.cores() if c <= pool and c <= free and topology.node_of(min(c)) == n]
+             for n in topology.nodes()}  # per NUMA node, the cores of the pool whose every thread is free
+    nodes = [DedicatedNode(node=n, free_cpus=len(topology.node_cpus(n) & free), free_cores=len(whole[n]),
+                           free_core_cpus=sum(map(len, whole[n])))
+             for n in topology.nodes() if topology.node_cpus(n) & pool]
     return {"dedicated_pool_cpus": len(pool), "dedicated_free_cpus": len(free), "dedicated_nodes": nodes,
             "dedicated_guests": guests}
 

@@ -3,7 +3,7 @@
 Every message carries the host summary (with the CPU history and the
 guest counts); the guest list only when it changed (:func:`guests_digest`),
 on a snapshot request, or every ``guests_every`` intervals. Publishing is the
-caller's (the bus link's event queue: best effort, never blocking).
+caller's (the agent bus's event queue: best effort, never blocking).
 """
 
 from __future__ import annotations
@@ -65,9 +65,6 @@ class FactsReporter:
             self._reasons.add(reason)
         self._wake.set()
 
-    def trigger_snapshot(self) -> None:
-        self.trigger("snapshot")
-
     def _loop(self) -> None:
         next_due = time.monotonic()
         while not self._stop.is_set():
@@ -94,11 +91,11 @@ class FactsReporter:
         started = time.process_time()
         conn = self.conn()
         host = self.collector.host(conn)
-        guests = self._annotate(self.collector.guests(conn))
+        pool, shared, allocations, policies = self._layout()
+        guests = self._annotate(self.collector.guests(conn), allocations, policies)
         if "interval" in reasons:
             self.history.add(host.cpu_pct)
         running = [g for g in guests if g.state in ("running", "blocked")]
-        pool, shared, allocations, policies = self._layout()
         host = host.model_copy(update={
             "dedicated_pool": cpuset.fmt(pool), "shared_cpus": cpuset.fmt(shared),
             "allocations": {u: cpuset.fmt(c) for u, c in allocations.items()},
@@ -125,8 +122,8 @@ class FactsReporter:
         pool, shared, allocations, policies = self.layout()
         return pool, shared, allocations, policies if isinstance(policies, dict) else dict.fromkeys(policies)
 
-    def _annotate(self, guests: list[GuestFacts]) -> list[GuestFacts]:
-        _, _, allocations, policies = self._layout()
+    def _annotate(self, guests: list[GuestFacts], allocations: dict[str, frozenset[int]],
+                  policies: dict[str, GuestPolicy | None]) -> list[GuestFacts]:
         running = {g.uuid for g in guests}
         policies = {u: p for u, p in policies.items() if u in running}  # stored ones of absent guests: host-level
         return [g.model_copy(update={"has_policy": g.uuid in policies, "dedicated": bool(allocations.get(g.uuid)),

@@ -8,7 +8,6 @@ while libvirtd waits) is answered from here alone: never a libvirt call.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Callable
@@ -33,16 +32,7 @@ class State(IntEnum):
     PMSUSPENDED = 7
 
 
-STATE_NAMES = {
-    State.NOSTATE: "nostate",
-    State.RUNNING: "running",
-    State.BLOCKED: "blocked",
-    State.PAUSED: "paused",
-    State.SHUTDOWN: "shutdown",
-    State.SHUTOFF: "shutoff",
-    State.CRASHED: "crashed",
-    State.PMSUSPENDED: "pmsuspended",
-}
+STATE_NAMES = {s: s.name.lower() for s in State}
 RUNNING_STATES = (State.RUNNING, State.BLOCKED)
 INACTIVE_STATES = (State.SHUTOFF, State.NOSTATE)
 
@@ -104,11 +94,9 @@ class Inventory:
     def resolve(self, key: str) -> str | None:
         """UUID of the guest named ``key`` (or whose UUID is ``key``)."""
         with self._cond:
-            if key in self._guests:
-                return key
-            low = key.lower()
-            if low in self._guests:
-                return low
+            for k in (key, key.lower()):
+                if k in self._guests:
+                    return k
             for g in self._guests.values():
                 if g.name == key:
                     return g.uuid
@@ -120,13 +108,10 @@ class Inventory:
 
     def graph(self) -> dict[str, list[str]]:
         """uuid -> required guests (UUIDs, or raw names of guests not known here)."""
-        with self._cond:
-            guests = list(self._guests.values())
-        return {g.uuid: [self.resolve(r) or r for r in g.policy.requires] if g.policy else [] for g in guests}
+        return {g.uuid: [self.resolve(r) or r for r in g.policy.requires] if g.policy else [] for g in self.all()}
 
     def managed(self) -> int:
-        with self._cond:
-            return sum(1 for g in self._guests.values() if g.policy is not None)
+        return sum(1 for g in self.all() if g.policy is not None)
 
     # --- writes ----------------------------------------------------------------
     def upsert(self, uuid: str, name: str) -> Guest:
@@ -137,7 +122,7 @@ class Inventory:
             g.name = name
             return g
 
-    def on_event(self, uuid: str, name: str, event: str, detail: int) -> None:
+    def on_event(self, uuid: str, name: str, event: str) -> None:
         """Apply a lifecycle event to the cached state (event-loop thread)."""
         with self._cond:
             g = self._guests.get(uuid)
@@ -147,8 +132,7 @@ class Inventory:
                 elif g is not None:
                     g.persistent = False
             else:
-                if g is None:
-                    g = self._guests[uuid] = Guest(uuid=uuid, name=name)
+                g = self._guests.setdefault(uuid, Guest(uuid=uuid, name=name))
                 if event == "defined":
                     g.persistent = True
                 state = EVENT_STATES.get(event)
@@ -174,14 +158,8 @@ class Inventory:
             return g
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while not predicate():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return True
+            return self._cond.wait_for(predicate, timeout)
 
     # --- the hook's question -------------------------------------------------
     def check_start(self, key: str, policy: GuestPolicy | None = None) -> tuple[bool, str, list[str]]:

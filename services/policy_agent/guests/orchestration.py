@@ -13,7 +13,6 @@ import time
 from typing import Protocol
 
 from ..errors import ApplyError, PolicyError
-from ..policy import deps
 from .inventory import Inventory, State
 
 log = logging.getLogger(__name__)
@@ -27,22 +26,6 @@ class Domains(Protocol):
     def shutdown(self, uuid: str) -> None: ...
 
     def destroy(self, uuid: str) -> None: ...
-
-
-def start_plan(inv: Inventory, target: str) -> list[str]:
-    """Keys to start for ``target``, requirements first (PolicyError on a cycle)."""
-    try:
-        return deps.start_order(inv.graph(), target)
-    except ValueError as exc:
-        raise PolicyError(str(exc).replace(target, inv.name_of(target))) from None
-
-
-def stop_plan(inv: Inventory, target: str) -> list[str]:
-    """Keys to stop for ``target``, dependents first (PolicyError on a cycle)."""
-    try:
-        return deps.stop_order(inv.graph(), target)
-    except ValueError as exc:
-        raise PolicyError(str(exc)) from None
 
 
 def start_in_order(inv: Inventory, domains: Domains, order: list[str], target: str, wait: float) -> dict:

@@ -48,10 +48,7 @@ class Pools:
 
     @property
     def allocated(self) -> CpuSet:
-        out: set[int] = set()
-        for cpus in self.allocations.values():
-            out |= cpus
-        return frozenset(out)
+        return frozenset[int]().union(*self.allocations.values())
 
     @property
     def free(self) -> CpuSet:
@@ -59,11 +56,8 @@ class Pools:
 
     def owner_of(self, cpus: CpuSet, exclude: str | None = None) -> dict[str, CpuSet]:
         """uuid -> the part of ``cpus`` that guest holds (other than ``exclude``)."""
-        out = {}
-        for uuid, held in self.allocations.items():
-            if uuid != exclude and held & cpus:
-                out[uuid] = frozenset(held & cpus)
-        return out
+        return {uuid: frozenset(held & cpus) for uuid, held in self.allocations.items()
+                if uuid != exclude and held & cpus}
 
     def name(self, uuid: str) -> str:
         return self.names.get(uuid, uuid)
@@ -110,7 +104,7 @@ class Pools:
         gone = self.missing(pool)
         if gone:
             errors.append(
-                f"dedicated pool {cpuset.fmt(pool)}: CPUs {cpuset.fmt(gone)} do not exist on this host"
+                f"dedicated pool {cpuset.fmt(pool)}: {cpuset.named(gone, 'does', 'do')} not exist on this host"
                 f" (CPUs {cpuset.fmt(self.host_cpus)})"
             )
         elif pool and not (self.host_cpus - pool):
@@ -159,16 +153,16 @@ class Pools:
         wanted_set = frozenset(dedicated)
         gone = self.missing(wanted_set)
         if gone:
-            errors.append(f"dedicated set {cpuset.fmt(wanted_set)}: CPUs {cpuset.fmt(gone)} do not exist on this host")
-        outside = wanted_set - self.pool - gone
-        if outside:
+            errors.append(f"dedicated set {cpuset.fmt(wanted_set)}: {cpuset.named(gone, 'does', 'do')} not exist on"
+                          " this host")
+        if outside := wanted_set - self.pool - gone:
             errors.append(
-                f"dedicated set {cpuset.fmt(wanted_set)}: CPUs {cpuset.fmt(outside)} are not in the host's"
+                f"dedicated set {cpuset.fmt(wanted_set)}: {cpuset.named(outside, 'is', 'are')} not in the host's"
                 f" dedicated pool {cpuset.fmt(self.pool)}"
             )
         for other, cpus in sorted(self.owner_of(wanted_set, exclude=uuid).items()):
             errors.append(
-                f"dedicated set {cpuset.fmt(wanted_set)}: CPUs {cpuset.fmt(cpus)} are already dedicated"
+                f"dedicated set {cpuset.fmt(wanted_set)}: {cpuset.named(cpus, 'is', 'are')} already dedicated"
                 f" to guest {self.name(other)!r}"
             )
         if len(wanted_set) < nvcpus:
@@ -221,9 +215,8 @@ class Pools:
         for uuid, cpus in sorted(self.allocations.items()):
             if not cpus:
                 errors.append(f"guest {self.name(uuid)!r} holds an empty allocation")
-            outside = cpus - self.pool
-            if outside:
-                errors.append(f"guest {self.name(uuid)!r} holds CPUs {cpuset.fmt(outside)} outside the pool")
+            if outside := cpus - self.pool:
+                errors.append(f"guest {self.name(uuid)!r} holds {cpuset.named(outside)} outside the pool")
             for cpu in sorted(cpus):
                 if cpu in seen:
                     errors.append(f"CPU {cpu} is allocated to both {self.name(seen[cpu])!r} and {self.name(uuid)!r}")
@@ -288,15 +281,14 @@ def pin_conflicts(policy: GuestPolicy, pools: Pools, allocation: CpuSet | None, 
     for vcpu, text in sorted(policy.vcpu_pins.items()):
         cpus = cpuset.parse(text)
         if allocation is not None and cpus - inside:
-            out.append(f"vCPU {vcpu} pin {text}: CPUs {cpuset.fmt(cpus - inside)} are outside the guest's"
-                       f" dedicated CPUs {cpuset.fmt(inside)}")
+            out.append(f"vCPU {vcpu} pin {text}: {cpuset.named(cpus - inside, 'is', 'are')} outside the guest's"
+                       f" dedicated {cpuset.named(inside)}")
         elif allocation is None and cpus & pools.pool:
-            out.append(f"vCPU {vcpu} pin {text}: CPUs {cpuset.fmt(cpus & pools.pool)} are in the dedicated pool"
+            out.append(f"vCPU {vcpu} pin {text}: {cpuset.named(cpus & pools.pool, 'is', 'are')} in the dedicated pool"
                        f" {cpuset.fmt(pools.pool)}")
     if policy.emulator_pin:
         emu = cpuset.parse(policy.emulator_pin)
-        bad = emu & pools.pool - inside
-        if bad:
-            out.append(f"emulator pin {policy.emulator_pin}: CPUs {cpuset.fmt(bad)} are in the dedicated pool"
+        if bad := emu & pools.pool - inside:
+            out.append(f"emulator pin {policy.emulator_pin}: {cpuset.named(bad, 'is', 'are')} in the dedicated pool"
                        f" {cpuset.fmt(pools.pool)} and not dedicated to this guest")
     return out

@@ -20,6 +20,7 @@ and the threads held idle.
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 from typing import Iterable
@@ -124,20 +125,6 @@ def node_of_set(topology: Topology, cpus: CpuSet) -> int | None:
     return nodes.pop() if len(nodes) == 1 else None
 
 
-def free_whole_cores(topology: Topology, pool: CpuSet, free: CpuSet) -> dict[int, int]:
-    """NUMA node -> cores of the pool whose every thread is free."""
-    out = {n: 0 for n in topology.nodes()}
-    for core in topology.cores():
-        if core <= pool and core <= free:
-            out[topology.node_of(min(core))] += 1
-    return out
-
-
-def free_cpus_by_node(topology: Topology, free: CpuSet) -> dict[int, int]:
-    """NUMA node -> free dedicated CPUs."""
-    return {n: len(topology.node_cpus(n) & free) for n in topology.nodes()}
-
-
 # --- internals ---------------------------------------------------------------------------------------
 def _distinct(cores: Iterable[CpuSet]) -> list[CpuSet]:
     return list(dict.fromkeys(c for c in cores if c))
@@ -212,10 +199,7 @@ def _refusal(topology: Topology, cap: dict[int, int], request: Request, who: str
 
 def _take_cores(topology: Topology, cores: list[CpuSet], current: CpuSet, request: Request) -> CpuSet:
     """Whole cores: the guest's own first, then whole free sockets, then cores of the fullest socket."""
-    free_in_socket: dict[int, int] = {}
-    for core in cores:
-        s = topology.cpus[min(core)].socket
-        free_in_socket[s] = free_in_socket.get(s, 0) + 1
+    free_in_socket = collections.Counter(topology.cpus[min(core)].socket for core in cores)
     socket_size = {s: len({topology.core_of(c) for c in cpus}) for s, cpus in topology.socket_cpus().items()}
     whole_sockets = {s for s, n in free_in_socket.items() if n == socket_size.get(s)}
 

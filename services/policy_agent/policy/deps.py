@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping, Sequence
 
+from ..errors import PolicyError
+
 Graph = Mapping[str, Sequence[str]]
 
 
@@ -26,8 +28,7 @@ def find_cycle(graph: Graph, start: str) -> list[str] | None:
         on_path.add(node)
         path.append(node)
         for nxt in graph.get(node, ()):
-            found = visit(nxt)
-            if found:
+            if found := visit(nxt):
                 return found
         path.pop()
         on_path.discard(node)
@@ -37,11 +38,11 @@ def find_cycle(graph: Graph, start: str) -> list[str] | None:
     return visit(start)
 
 
-def start_order(graph: Graph, target: str) -> list[str]:
-    """Every guest ``target`` needs, transitively, requirements first; ``target`` last."""
-    cycle = find_cycle(graph, target)
-    if cycle:
-        raise ValueError("dependency cycle: " + " -> ".join(cycle))
+def start_order(graph: Graph, target: str, name_of: Callable[[str], str] = str) -> list[str]:
+    """Every guest ``target`` needs, transitively, requirements first; ``target`` last (PolicyError on a cycle,
+    its guests named by ``name_of``)."""
+    if cycle := find_cycle(graph, target):
+        raise PolicyError(describe_cycle(cycle, name_of))
     return _post_order(lambda node: graph.get(node, ()), target)
 
 
@@ -53,12 +54,12 @@ def dependents(graph: Graph) -> dict[str, list[str]]:
     return rev
 
 
-def stop_order(graph: Graph, target: str) -> list[str]:
-    """Every guest that needs ``target``, transitively, dependents first; ``target`` last."""
+def stop_order(graph: Graph, target: str, name_of: Callable[[str], str] = str) -> list[str]:
+    """Every guest that needs ``target``, transitively, dependents first; ``target`` last (PolicyError on a
+    cycle)."""
     rev = dependents(graph)
-    cycle = find_cycle(rev, target)
-    if cycle:
-        raise ValueError("dependency cycle: " + " -> ".join(reversed(cycle)))
+    if cycle := find_cycle(rev, target):
+        raise PolicyError(describe_cycle(cycle[::-1], name_of))
     return _post_order(lambda node: sorted(rev.get(node, ())), target)
 
 

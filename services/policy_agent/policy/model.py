@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError, field_validator, model_validator
+from pydantic import ValidationError, ValidationInfo, field_validator, model_validator
 
 from vmsched import cpuset
 from vmsched.agent_contract import AdaptiveDocument, PolicyDocument
@@ -48,72 +48,51 @@ class GuestPolicy(PolicyDocument):
     @field_validator("dedicated", mode="before")
     @classmethod
     def _dedicated(cls, value: Any) -> int | str | None:
-        if value is None:
-            return None
-        if isinstance(value, bool):
-            raise ValueError("expected a CPU count or a CPU set")
-        if isinstance(value, int):
+        if isinstance(value, int) and not isinstance(value, bool):
             if value < 1:
                 raise ValueError(f"dedicated CPU count must be at least 1, got {value}")
             return value
         if isinstance(value, str):
             return cpuset.normalize(value)
-        raise ValueError("expected a CPU count or a CPU set")
+        if value is not None:
+            raise ValueError("expected a CPU count or a CPU set")
+        return None
 
-    @field_validator("weight")
+    @field_validator("weight", "cap_percent", "quota", "period")
     @classmethod
-    def _weight(cls, value: int | None) -> int | None:
-        if value is not None and not SHARES_MIN <= value <= SHARES_MAX:
+    def _libvirt_range(cls, value: float | None, info: ValidationInfo) -> float | None:
+        """libvirt's range of each scheduler parameter (a cap is a percent of one CPU per vCPU)."""
+        field = info.field_name
+        if value is None:
+            return None
+        if field == "weight" and not SHARES_MIN <= value <= SHARES_MAX:
             raise ValueError(f"weight (cpu_shares) {value} outside libvirt's range {SHARES_MIN}-{SHARES_MAX}")
-        return value
-
-    @field_validator("cap_percent")
-    @classmethod
-    def _cap(cls, value: float | None) -> float | None:
-        if value is not None and not 0 < value <= 100:
+        if field == "cap_percent" and not 0 < value <= 100:
             raise ValueError(f"cap {value}% outside (0, 100]: it is a percent of one CPU per vCPU")
-        return value
-
-    @field_validator("quota")
-    @classmethod
-    def _quota(cls, value: int | None) -> int | None:
-        if value is not None and value != -1 and not QUOTA_MIN <= value <= QUOTA_MAX:
+        if field == "quota" and value != -1 and not QUOTA_MIN <= value <= QUOTA_MAX:
             raise ValueError(f"quota {value} us outside libvirt's range: -1 (unlimited) or {QUOTA_MIN}-{QUOTA_MAX}")
-        return value
-
-    @field_validator("period")
-    @classmethod
-    def _period(cls, value: int | None) -> int | None:
-        if value is not None and not PERIOD_MIN <= value <= PERIOD_MAX:
+        if field == "period" and not PERIOD_MIN <= value <= PERIOD_MAX:
             raise ValueError(f"period {value} us outside libvirt's range {PERIOD_MIN}-{PERIOD_MAX}")
         return value
 
     @field_validator("requires")
     @classmethod
     def _requires(cls, value: list[str]) -> list[str]:
-        out: list[str] = []
-        for name in value:
-            name = str(name).strip()
-            if not name:
-                raise ValueError("empty guest name in requires")
-            if name not in out:
-                out.append(name)
-        return out
+        names = [str(name).strip() for name in value]
+        if "" in names:
+            raise ValueError("empty guest name in requires")
+        return list(dict.fromkeys(names))
 
     @field_validator("adaptive")
     @classmethod
     def _adaptive(cls, value: AdaptiveDocument | None) -> AdaptiveDocument | None:
-        if value is None:
-            return None
-        problems = adaptive_range_problems(value)
-        if problems:
+        if value is not None and (problems := adaptive_range_problems(value)):
             raise ValueError("; ".join(problems))
         return value
 
     @model_validator(mode="after")
     def _cap_forms(self) -> "GuestPolicy":
-        problems = self.form_problems()
-        if problems:
+        if problems := self.form_problems():
             raise ValueError("; ".join(problems))
         return self
 
@@ -131,8 +110,7 @@ class GuestPolicy(PolicyDocument):
                     f"cap {self.cap_percent}% of a {self.effective_period()} us period is a quota of {quota} us,"
                     f" below libvirt's minimum {QUOTA_MIN} us"
                 )
-        if self.adaptive is not None:
-            problems.extend(adaptive_static_problems(self))
+        problems.extend(adaptive_static_problems(self))
         problems.extend(placement_problems(self))
         return problems
 
@@ -185,8 +163,7 @@ class GuestPolicy(PolicyDocument):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, without unset fields."""
-        data = self.model_dump(mode="json", exclude_defaults=True)
-        return data
+        return self.model_dump(mode="json", exclude_defaults=True)
 
 
 def adaptive_range_problems(a: AdaptiveDocument) -> list[str]:
@@ -283,7 +260,7 @@ def parse_policy_partial(data: Any) -> tuple[GuestPolicy, list[str]]:
         except ValidationError as exc:
             bad: set[Any] = set()
             for err in exc.errors():
-                text = _describe(err)
+                text = describe(err)
                 problems.extend(text.split("; ") if not err.get("loc") else [text])
                 bad.add(err["loc"][0] if err.get("loc") else None)
             drop = {k for k in bad if k is not None}
@@ -303,8 +280,11 @@ def policy_document(data: dict[str, Any]) -> dict[str, Any]:
     return data if problems else policy.to_dict()
 
 
-def _describe(err: dict[str, Any]) -> str:
-    loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("int", "str"))
-    msg = str(err.get("msg", "invalid"))
-    msg = msg.removeprefix("Value error, ")
-    return f"{loc}: {msg}" if loc else msg
+def describe(err: Any, within: str = "") -> str:
+    """One pydantic error as ``field: reason``; the fields of the model at ``within`` without that prefix."""
+    loc = [str(p) for p in err.get("loc", ())]
+    if within and loc[:1] == [within] and len(loc) > 1:
+        loc = loc[1:]
+    where = ".".join(p for p in loc if p not in ("int", "str"))
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg

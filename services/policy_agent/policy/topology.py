@@ -93,18 +93,12 @@ class Topology:
 
     def cores(self) -> list[CpuSet]:
         """Every core (its online threads), ordered by its lowest CPU."""
-        seen: dict[CpuSet, None] = {}
-        for cpu in sorted(self.online):
-            seen.setdefault(self.core_of(cpu), None)
-        return list(seen)
+        return list(dict.fromkeys(self.core_of(cpu) for cpu in sorted(self.online)))
 
     def socket_cpus(self) -> dict[int, CpuSet]:
         """socket ID -> its online CPUs."""
-        out: dict[int, set[int]] = {}
-        for c in self.cpus.values():
-            if c.online:
-                out.setdefault(c.socket, set()).add(c.id)
-        return {s: frozenset(cpus) for s, cpus in sorted(out.items())}
+        online = [c for c in self.cpus.values() if c.online]
+        return {s: frozenset(c.id for c in online if c.socket == s) for s in sorted({c.socket for c in online})}
 
     def threads_per_core(self) -> int:
         return max((len(core) for core in self.cores()), default=1)
@@ -135,16 +129,14 @@ def parse_capabilities(text: str) -> Topology | None:
     cells: list[Cell] = []
     for cell in host.iterfind("topology/cells/cell"):
         node = _int(cell.get("id"), "cell id")
-        ids = []
         for elem in cell.iterfind("cpus/cpu"):
             cpu = _cpu(elem, node)
             if cpu.id in cpus:
                 raise TopologyError(f"CPU {cpu.id} is listed twice")
             cpus[cpu.id] = cpu
-            ids.append(cpu.id)
         memory = cell.find("memory")
         kib = _kib(memory) if memory is not None else 0
-        cells.append(Cell(node, frozenset(ids), kib))
+        cells.append(Cell(node, frozenset(c.id for c in cpus.values() if c.node == node), kib))
     if not cpus:
         return None
     caches = tuple(Cache(_int(b.get("level"), "cache level"), b.get("type", "both"), _kib(b, "size"),
@@ -165,15 +157,13 @@ def from_counts(cpus: int, nodes: int, sockets: int, cores: int, threads: int, m
     cells = []
     cpu = 0
     for node in range(nodes):
-        ids = []
         for socket in range(sockets):
             for core in range(cores):
                 group = frozenset(range(cpu, min(cpu + threads, cpus)))
                 for t in sorted(group):
                     out[t] = Cpu(t, node, node * sockets + socket, 0, core, group)
-                    ids.append(t)
                 cpu += threads
-        cells.append(Cell(node, frozenset(ids), memory_kib // nodes))
+        cells.append(Cell(node, frozenset(c.id for c in out.values() if c.node == node), memory_kib // nodes))
     return Topology(out, tuple(cells), (), {"sockets": sockets, "cores": cores, "threads": threads})
 
 

@@ -93,21 +93,18 @@ def check_policy(
                       f" {plural(guest.nvcpus, 'vCPU')} ({cpuset.fmt(range(guest.nvcpus))})")
     for vcpu, text in policy.vcpu_pins.items():
         what = f"vCPU {vcpu} pin"
-        if vcpu >= guest.nvcpus:
-            continue
-        cpus = on_host(what, text)
-        if cpus is None:
+        if vcpu >= guest.nvcpus or (cpus := on_host(what, text)) is None:  # an absent vCPU is reported above
             continue
         if policy.dedicated is not None:
             within = for_vcpus if for_vcpus is not None else policy.dedicated_set()  # refused set: still check
             if within is not None and not cpus <= within:
                 errors.append(
-                    f"{what} {cpuset.fmt(cpus)}: CPUs {cpuset.fmt(cpus - within)} are outside the guest's"
-                    f" dedicated CPUs {cpuset.fmt(within)}"
+                    f"{what} {cpuset.fmt(cpus)}: {cpuset.named(cpus - within, 'is', 'are')} outside the guest's"
+                    f" dedicated {cpuset.named(within)}"
                 )
         elif cpus & pools.pool:
             errors.append(
-                f"{what} {cpuset.fmt(cpus)}: CPUs {cpuset.fmt(cpus & pools.pool)} are in the dedicated pool;"
+                f"{what} {cpuset.fmt(cpus)}: {cpuset.named(cpus & pools.pool, 'is', 'are')} in the dedicated pool;"
                 f" a guest without dedicated CPUs runs on the shared set {cpuset.fmt(pools.shared)}"
             )
 
@@ -117,12 +114,11 @@ def check_policy(
             allowed = pools.shared | (for_vcpus or frozenset())
             if emu - allowed:
                 errors.append(
-                    f"emulator pin {cpuset.fmt(emu)}: CPUs {cpuset.fmt(emu - allowed)} are in the dedicated pool"
+                    f"emulator pin {cpuset.fmt(emu)}: {cpuset.named(emu - allowed, 'is', 'are')} in the dedicated pool"
                     f" and not dedicated to this guest; allowed: {cpuset.fmt(allowed)}"
                 )
 
     # start dependencies
-    new_graph = dict(graph)
     reqs: list[str] = []
     for req in policy.requires:
         key = resolve(req)
@@ -133,9 +129,7 @@ def check_policy(
             warnings.append(f"required guest {req!r} is not defined on this host (yet)")
             key = req
         reqs.append(key)
-    new_graph[guest.uuid] = reqs
-    cycle = deps.find_cycle(new_graph, guest.uuid)
-    if cycle:
+    if cycle := deps.find_cycle({**graph, guest.uuid: reqs}, guest.uuid):
         errors.append(deps.describe_cycle(cycle, name_of))
 
     if errors:

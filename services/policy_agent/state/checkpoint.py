@@ -96,8 +96,7 @@ def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Loaded | 
         pools = ckpt.to_pools(host_cpus)
     except ValueError as exc:
         return None, f"invalid CPU set: {exc}"
-    problems = pools.consistency_errors()
-    if problems:
+    if problems := pools.consistency_errors():
         more = f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
         return None, "inconsistent: " + "; ".join(problems[:SHOWN]) + more
     return Loaded(pools, ckpt.host_id), None
@@ -118,5 +117,3 @@ def _describe(pools: Pools) -> str:
     held = {pools.name(u): cpuset.fmt(c) for u, c in sorted(pools.allocations.items())}
     return f"{cpuset.fmt(pools.pool) or '(none)'} and allocations {held}"
 
-
-quarantine = durable.quarantine

@@ -14,7 +14,7 @@ from typing import Iterable
 from vmsched import cpuset
 
 from ..policy.allocation import AllocationHint, Pools
-from . import checkpoint
+from . import checkpoint, durable
 
 log = logging.getLogger(__name__)
 
@@ -33,22 +33,18 @@ def load_or_rebuild(path: Path, machine: str, host_cpus: frozenset[int]) -> Reco
     loaded, reason = checkpoint.load(path, machine, host_cpus)
     if loaded is not None:
         return Recovered(loaded.pools, rebuild=False, previous_host_id=loaded.host_id)
-    moved = checkpoint.quarantine(path)
+    moved = durable.quarantine(path)
     return Recovered(Pools(host_cpus=host_cpus), rebuild=True, reason=reason, quarantined=moved)
 
 
 def pool_from_hints(hints: Iterable[AllocationHint | None], machine: str, pools: Pools) -> frozenset[int]:
     """The dedicated pool the guests' allocation records give for this machine (empty if unusable)."""
-    pool: set[int] = set()
-    for hint in hints:
-        if hint is not None and hint.host == machine:
-            pool |= hint.pool
-    pool &= pools.host_cpus
-    if pool and pools.check_pool(frozenset(pool)):
+    pool = frozenset[int]().union(*(h.pool for h in hints if h is not None and h.host == machine)) & pools.host_cpus
+    if pool and pools.check_pool(pool):
         log.warning("the guests' allocation records give the unusable pool %s: starting without a pool"
                     " (pass --dedicated-pool)", cpuset.fmt(pool))
         return frozenset()
     if pool:
         log.warning("dedicated pool %s recovered from the guests' allocation records"
                     " (pass --dedicated-pool to set it explicitly)", cpuset.fmt(pool))
-    return frozenset(pool)
+    return pool

@@ -100,10 +100,8 @@ def _write(path: Path, entries: dict[str, Stored]) -> None:
 
 def _read(path: Path) -> tuple[dict[str, Stored], str | None]:
     payload, problem = durable.read(path, "store")
-    if problem == "missing":
-        return {}, None
     if problem is not None:
-        return {}, problem
+        return {}, None if problem == "missing" else problem
     try:
         if payload.get("version") != VERSION:
             return {}, f"unsupported version {payload.get('version')!r}"

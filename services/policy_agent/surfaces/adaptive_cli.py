@@ -36,20 +36,13 @@ def _range(text: str, option: str, kind: type) -> list[Any]:
 
 def merge_adaptive(args: argparse.Namespace, data: dict[str, Any]) -> None:
     """Apply the adaptive options to the policy document ``data`` (in place)."""
-    if getattr(args, "no_adaptive", False):
+    if args.no_adaptive:
         data.pop("adaptive", None)
         return
-    given = {}
-    if getattr(args, "adaptive_weight", None):
-        given["weight"] = _range(args.adaptive_weight, "--adaptive-weight", int)
-    if getattr(args, "adaptive_cap", None):
-        given["cap_percent"] = _range(args.adaptive_cap, "--adaptive-cap", float)
-    if getattr(args, "may_move", None):
-        given["may_move"] = True
-    if getattr(args, "target_wait", None) is not None:
-        given["target_wait_percent"] = args.target_wait
-    if getattr(args, "keep_tuned", None):
-        given["keep_on_restart"] = True
+    given = {"weight": _range(args.adaptive_weight, "--adaptive-weight", int) if args.adaptive_weight else None,
+             "cap_percent": _range(args.adaptive_cap, "--adaptive-cap", float) if args.adaptive_cap else None,
+             "may_move": args.may_move, "target_wait_percent": args.target_wait, "keep_on_restart": args.keep_tuned}
+    given = {key: value for key, value in given.items() if value is not None}  # flags: True or not given
     if given:
         data["adaptive"] = {**(data.get("adaptive") or {}), **given}
 

@@ -31,12 +31,13 @@ from .ops import Agent, dispatch
 log = logging.getLogger(__name__)
 
 
-class BusLink:
+class AgentBus:
+    """The agent on the bus: it answers its queue's requests and publishes its events."""
+
     def __init__(self, transport: Transport, host_id: str, agent: Agent, consumers: int = 2, backlog: int = 10000):
         self.host_id = host_id
         self.agent = agent
         self.queue_name = agent_queue(host_id)
-        self._key = lambda event: event_key(host_id, event)
         self.worker = transport.worker("agent", {self.queue_name: self._handle}, consumers=consumers, prefetch=4)
         self.publisher = transport.events("agent")
         self._events: queue.Queue[tuple[str, dict] | None] = queue.Queue(maxsize=backlog)
@@ -76,6 +77,6 @@ class BusLink:
                 return
             event, body = item
             try:
-                self.publisher.publish(self._key(event), {"v": CONTRACT_VERSION, **body})
+                self.publisher.publish(event_key(self.host_id, event), {"v": CONTRACT_VERSION, **body})
             except Exception:  # noqa: BLE001 - events are best effort
                 log.exception("publishing %s event failed", event)

@@ -1,14 +1,15 @@
 """Command line of the policy agent: ``vmsched agent``, ``vmsched policy ...``, ``vmsched domain ...``.
 
 ``register(subparsers)`` adds the commands to the main ``vmsched`` parser.
-Client commands print the reply as JSON on stdout (``policy set``, ``get``,
-``list`` and ``cpus``: a table or a drawing, JSON with ``--json``); exit codes: 0 ok,
+Client commands print what a person reads (a table, a drawing or a few lines:
+:mod:`tables`), the reply as JSON with ``--json``; exit codes: 0 ok,
 1 refused or invalid, 2 usage, 3 agent or bus unreachable, 4 guest not found.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -19,18 +20,15 @@ import yaml
 
 from vmsched import cpuset
 from vmsched.agent_contract import AgentOp
-from vmsched.bus.options import BusOptions
-from vmsched.bus.options import read_url_file, url_argument
+from vmsched.bus.options import BusOptions, read_url_file, url_argument
 from vmsched.messages import ErrorCode
 
-from ..errors import AgentError, GuestNotFound, PolicyError
+from ..errors import AgentError, PolicyError
 from ..policy.model import GuestPolicy, parse_policy, policy_document
 from . import adaptive_cli, tables
 from .client import SocketClient, call_bus
 
 DEFAULT_SOCKET = "/run/vmsched/agent.sock"
-DEFAULT_STATE_DIR = "/var/lib/vmsched/agent"
-DEFAULT_URI = "qemu:///system"
 SOCKET_HINT = "is 'vmsched agent' running? Give its socket with --socket PATH or env VMSCHED_AGENT_SOCKET"
 EXIT = {"ok": 0, ErrorCode.INVALID.value: 1, ErrorCode.INTERNAL.value: 1, ErrorCode.UNSUPPORTED_VERSION.value: 1,
         "usage": 2, ErrorCode.UNAVAILABLE.value: 3, ErrorCode.NOT_FOUND.value: 4}
@@ -69,14 +67,14 @@ def _agent_parser(sub: Any, serve: Callable[[argparse.Namespace], int]) -> Any:
                     "repairs drift, keeps every other guest off dedicated CPUs, and answers policy requests on a "
                     "local UNIX socket and, with --amqp, on the bus queue vmsched.agent.<host-id>.\n\n" + CPUSET_HELP,
     )
-    p.add_argument("--libvirt", metavar="URI", default=os.environ.get("VMSCHED_AGENT_LIBVIRT", DEFAULT_URI),
+    p.add_argument("--libvirt", metavar="URI", default=os.environ.get("VMSCHED_AGENT_LIBVIRT", "qemu:///system"),
                    help="libvirt connection URI (env VMSCHED_AGENT_LIBVIRT)")
     p.add_argument("--host-id", metavar="ID", default=os.environ.get("VMSCHED_AGENT_HOST_ID"),
                    help="this host's ID on the bus (env VMSCHED_AGENT_HOST_ID; default: libvirt's host UUID, "
                         "else its hostname)")
     _bus_options(p.add_argument_group("the bus (default: none, local socket only)"), "agent_amqp",
                  "serve policy requests and publish events on the bus")
-    p.add_argument("--state-dir", metavar="DIR", type=Path, default=Path(DEFAULT_STATE_DIR),
+    p.add_argument("--state-dir", metavar="DIR", type=Path, default=Path("/var/lib/vmsched/agent"),
                    help="folder of the agent's checkpoint (dedicated-pool allocations)")
     p.add_argument("--lock-dir", metavar="DIR", type=Path,
                    default=Path(os.environ.get("VMSCHED_AGENT_LOCK_DIR", "/run/libvirt/vmsched")),
@@ -130,15 +128,15 @@ def _bus_options(g: Any, dest: str, what: str) -> None:
                    help="amqps: the client certificate's private key (env VMSCHED_AMQP_KEY)")
 
 
-def bus_options(args: argparse.Namespace, dest: str, from_env: bool = True) -> BusOptions | None:
-    """The broker of a command: its flags, else (``from_env``) the environment; None for no bus.
+def bus_options(args: argparse.Namespace, dest: str) -> BusOptions | None:
+    """The broker of a command: its flags, else the environment; None for no bus.
 
     A URL with a password comes from a file or the environment only (``--amqp`` refuses one).
     """
     url, url_file = getattr(args, dest), getattr(args, f"{dest}_file")
     if url and url_file:
         raise ValueError("give the broker URL once: --amqp or --amqp-url-file")
-    if not url and not url_file and from_env:
+    if not url and not url_file:
         url_file = os.environ.get("VMSCHED_AGENT_AMQP_URL_FILE") or os.environ.get("VMSCHED_AMQP_URL_FILE") or None
         url = None if url_file else (os.environ.get("VMSCHED_AGENT_AMQP") or os.environ.get("VMSCHED_AMQP_URL") or None)
     if url_file:
@@ -163,6 +161,7 @@ def _serve_with_bus(serve: Callable[[argparse.Namespace], int], args: argparse.N
 
 # --- client commands -------------------------------------------------------------------
 def _client_options(p: argparse.ArgumentParser, timeout: float = 10.0) -> None:
+    p.add_argument("--json", action="store_true", help="print the agent's reply as JSON instead of text for people")
     g = p.add_argument_group("where the agent is")
     g.add_argument("--socket", metavar="PATH", default=os.environ.get("VMSCHED_AGENT_SOCKET", DEFAULT_SOCKET),
                    help="UNIX socket of the local agent (env VMSCHED_AGENT_SOCKET)")
@@ -217,35 +216,24 @@ def _policy_parser(sub: Any) -> Any:
                    help="read the policy from a YAML or JSON file (options given here override its fields)")
     s.add_argument("--merge", action="store_true", help="start from the guest's stored policy instead of an empty one")
     adaptive_cli.add_policy_options(s)
-    s.add_argument("--json", action="store_true", help="print the agent's reply as JSON instead of a table")
     _client_options(s)
-    s.set_defaults(func=cmd_policy_set)
+    s.set_defaults(func=functools.partial(_run, op=AgentOp.SET_POLICY, body=_set_body))
 
     for name, op, text in (("get", AgentOp.GET_POLICY, "show a guest's policy, allocation, desired pins and status"),
                            ("delete", AgentOp.DELETE_POLICY, "remove a guest's policy, release its CPUs, unpin it"),
                            ("check-start", AgentOp.CHECK_START, "ask whether a guest may start now (what the QEMU "
                                                           "hook asks); exit 1 when it may not"),
                            ("explain", AgentOp.EXPLAIN_POLICY, "show a guest's static policy, the values the tuners "
-                                                               "set and their last decisions with reasons")):
-        c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=argparse.RawDescriptionHelpFormatter)
-        c.add_argument("guest", metavar="GUEST", help="guest name or UUID")
-        if op is AgentOp.GET_POLICY:
-            c.add_argument("--json", action="store_true", help="print the agent's reply as JSON instead of a table")
-        _client_options(c)
-        c.set_defaults(func=_simple(op))
-
-    for name, op, text in (("list", AgentOp.LIST_POLICIES, "list the guests that have a policy on the host"),
+                                                               "set and their last decisions with reasons"),
+                           ("list", AgentOp.LIST_POLICIES, "list the guests that have a policy on the host"),
                            ("cpus", AgentOp.CPUS, "draw the host's sockets, NUMA nodes, cores and threads, and who "
                                                   "holds each CPU (the dedicated pool, shared set and allocations)"),
                            ("reconcile", AgentOp.RECONCILE, "run one reconcile sweep now and show what it repaired")):
         c = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=argparse.RawDescriptionHelpFormatter)
-        if op is AgentOp.LIST_POLICIES:
-            c.add_argument("--json", action="store_true", help="print the agent's reply as JSON instead of a table")
-        if op is AgentOp.CPUS:
-            c.add_argument("--json", action="store_true",
-                           help="print the agent's reply as JSON instead of the drawing of sockets, cores and threads")
+        if name not in ("list", "cpus", "reconcile"):
+            c.add_argument("guest", metavar="GUEST", help="guest name or UUID")
         _client_options(c)
-        c.set_defaults(func=_simple(op))
+        c.set_defaults(func=functools.partial(_run, op=op))
 
     c = ps.add_parser("pool", help="set the host's dedicated pool (re-pins affected guests)",
                       formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -254,7 +242,7 @@ def _policy_parser(sub: Any) -> Any:
                                   "Running guests are re-pinned.\n\n" + CPUSET_HELP)
     c.add_argument("pool", metavar="CPUSET|none", help="the new dedicated pool, or 'none'")
     _client_options(c, timeout=60.0)
-    c.set_defaults(func=cmd_policy_pool)
+    c.set_defaults(func=functools.partial(_run, op=AgentOp.SET_POOL, body=_pool_body))
     return p
 
 
@@ -271,7 +259,7 @@ def _domain_parser(sub: Any) -> Any:
     s.add_argument("guest", metavar="GUEST", help="guest name or UUID")
     s.add_argument("--wait", metavar="S", type=float, default=60.0, help="seconds to wait for the guests to run")
     _client_options(s)
-    s.set_defaults(func=cmd_domain_start)
+    s.set_defaults(func=lambda args: _run(args, AgentOp.START_DOMAIN, _domain_body, timeout=args.timeout + args.wait))
     t = ds.add_parser("stop", help="stop the guests that require a guest (dependents first), then the guest",
                       formatter_class=argparse.RawDescriptionHelpFormatter,
                       description="Shut down every guest that requires GUEST, transitively (dependents first), "
@@ -280,7 +268,8 @@ def _domain_parser(sub: Any) -> Any:
     t.add_argument("--wait", metavar="S", type=float, default=60.0, help="seconds to wait for each shutdown")
     t.add_argument("--force", action="store_true", help="destroy a guest that has not shut down within --wait")
     _client_options(t)
-    t.set_defaults(func=cmd_domain_stop)
+    t.set_defaults(func=lambda args: _run(args, AgentOp.STOP_DOMAIN, _domain_body,
+                                          timeout=args.timeout + 2 * args.wait + 30))
     return p
 
 
@@ -300,40 +289,39 @@ def call(args: argparse.Namespace, op: AgentOp, body: dict, timeout: float | Non
     return SocketClient(args.socket, timeout=timeout, hint=SOCKET_HINT).call(op, body)
 
 
-#: Replies printed as a table unless --json.
-TABLES = {AgentOp.LIST_POLICIES: tables.policies, AgentOp.GET_POLICY: tables.policy, AgentOp.SET_POLICY: tables.policy,
-          AgentOp.CPUS: tables.cpus}
+#: How a reply is shown to a person (without --json).
+SHOW = {AgentOp.LIST_POLICIES: tables.policies, AgentOp.GET_POLICY: tables.policy, AgentOp.SET_POLICY: tables.policy,
+        AgentOp.CPUS: tables.cpus, AgentOp.SET_POOL: tables.cpus, AgentOp.DELETE_POLICY: tables.deleted,
+        AgentOp.RECONCILE: tables.reconciled, AgentOp.START_DOMAIN: tables.domains,
+        AgentOp.STOP_DOMAIN: tables.domains, AgentOp.CHECK_START: tables.check_start,
+        AgentOp.EXPLAIN_POLICY: tables.explain}
 
 
-class _Usage(Exception):
-    pass
+class _Usage(AgentError):
+    code = "usage"
 
 
-def _run(args: argparse.Namespace, op: AgentOp, body: dict, timeout: float | None = None) -> int:
+def _guest(args: argparse.Namespace) -> dict:
+    return {"guest": args.guest} if "guest" in args else {}
+
+
+def _run(args: argparse.Namespace, op: AgentOp, body: Callable[[argparse.Namespace], dict] = _guest,
+         timeout: float | None = None) -> int:
+    """Ask the agent (the request: ``body(args)``) and show its reply; the exit code."""
     try:
-        result = call(args, op, body, timeout)
-    except _Usage as exc:
-        print(f"vmsched: error: {exc}", file=sys.stderr)
-        return EXIT["usage"]
+        result = call(args, op, body(args), timeout)
     except AgentError as exc:
         print(f"vmsched: error: {exc}", file=sys.stderr)
         return EXIT.get(exc.code, 1)
-    if op in TABLES and not getattr(args, "json", False):
-        sys.stdout.write(TABLES[op](result))
-    else:
+    if args.json:
         json.dump(result, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
+    else:
+        sys.stdout.write(SHOW[op](result))
     if op is AgentOp.CHECK_START and not result.get("allowed", True):
         print(f"vmsched: {result.get('message')}", file=sys.stderr)
         return 1
     return 0
-
-
-def _simple(op: AgentOp):
-    def command(args: argparse.Namespace) -> int:
-        return _run(args, op, {"guest": args.guest} if hasattr(args, "guest") else {})
-
-    return command
 
 
 def build_policy(args: argparse.Namespace, stored: dict | None = None) -> dict:
@@ -352,24 +340,18 @@ def build_policy(args: argparse.Namespace, stored: dict | None = None) -> dict:
                 raise PolicyError(f"--pin {item!r}: expected VCPU=CPUSET, e.g. 0=2-3")
             pins[str(int(vcpu))] = cpus
         data["vcpu_pins"] = pins
-    if args.emulator_pin is not None:
-        data["emulator_pin"] = args.emulator_pin
     if args.dedicated is not None:
         d = args.dedicated.strip()
         data["dedicated"] = int(d) if d.isdigit() else d
-    for key in ("thread_policy", "numa", "emulator"):
-        if getattr(args, key, None) is not None:
+    for key in ("emulator_pin", "thread_policy", "numa", "emulator", "weight", "period"):
+        if getattr(args, key) is not None:
             data[key] = getattr(args, key)
-    if args.weight is not None:
-        data["weight"] = args.weight
     if args.cap is not None:
         data.pop("quota", None)
         data["cap_percent"] = args.cap
     if args.quota is not None:
         data.pop("cap_percent", None)
         data["quota"] = args.quota
-    if args.period is not None:
-        data["period"] = args.period
     if args.requires:
         data["requires"] = list(dict.fromkeys([*data.get("requires", []), *args.requires]))
     adaptive_cli.merge_adaptive(args, data)
@@ -390,8 +372,7 @@ def load_policy_file(path: str | Path) -> tuple[str | None, GuestPolicy]:
         raise PolicyError(f"policy file {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
     guest = None
     if isinstance(data, dict) and "policy" in data:
-        extra = set(data) - {"guest", "policy"}
-        if extra:
+        if extra := set(data) - {"guest", "policy"}:
             raise PolicyError(f"policy file {p}: unknown top-level keys {sorted(extra)}")
         guest = data.get("guest")
         data = data["policy"]
@@ -401,39 +382,19 @@ def load_policy_file(path: str | Path) -> tuple[str | None, GuestPolicy]:
         raise PolicyError([f"{p}: {e}" for e in exc.errors]) from None
 
 
-def cmd_policy_set(args: argparse.Namespace) -> int:
+def _set_body(args: argparse.Namespace) -> dict:
+    stored = call(args, AgentOp.GET_POLICY, {"guest": args.guest}).get("policy") or {} if args.merge else None
+    return {"guest": args.guest, "policy": build_policy(args, stored)}
+
+
+def _pool_body(args: argparse.Namespace) -> dict:
+    if args.pool.strip().lower() == "none":
+        return {"dedicated_pool": ""}
     try:
-        stored = None
-        if args.merge:
-            stored = call(args, AgentOp.GET_POLICY, {"guest": args.guest}).get("policy") or {}
-        policy = build_policy(args, stored)
-    except _Usage as exc:
-        print(f"vmsched: error: {exc}", file=sys.stderr)
-        return EXIT["usage"]
-    except AgentError as exc:
-        print(f"vmsched: error: {exc}", file=sys.stderr)
-        return EXIT.get(exc.code, 1)
-    return _run(args, AgentOp.SET_POLICY, {"guest": args.guest, "policy": policy})
+        return {"dedicated_pool": cpuset.normalize(args.pool)}
+    except cpuset.CpuSetError as exc:
+        raise PolicyError(f"dedicated pool: {exc}") from None
 
 
-def cmd_policy_pool(args: argparse.Namespace) -> int:
-    pool = args.pool
-    if pool.strip().lower() != "none":
-        try:
-            pool = cpuset.normalize(pool)
-        except cpuset.CpuSetError as exc:
-            print(f"vmsched: error: dedicated pool: {exc}", file=sys.stderr)
-            return EXIT["invalid"]
-    return _run(args, AgentOp.SET_POOL, {"dedicated_pool": "" if pool.lower() == "none" else pool})
-
-
-def cmd_domain_start(args: argparse.Namespace) -> int:
-    return _run(args, AgentOp.START_DOMAIN, {"guest": args.guest, "wait": args.wait}, timeout=args.timeout + args.wait)
-
-
-def cmd_domain_stop(args: argparse.Namespace) -> int:
-    body = {"guest": args.guest, "wait": args.wait, "force": args.force}
-    return _run(args, AgentOp.STOP_DOMAIN, body, timeout=args.timeout + 2 * args.wait + 30)
-
-
-__all__ = ["register", "build_policy", "call", "GuestNotFound"]
+def _domain_body(args: argparse.Namespace) -> dict:
+    return {"guest": args.guest, "wait": args.wait, **({"force": args.force} if "force" in args else {})}

@@ -53,8 +53,7 @@ class SocketClient:
         return reply.body
 
     def _exchange(self, op: AgentOp | str, body: dict | None, deadline: float, timeout: float) -> ReplyEnvelope:
-        s = self._connect(deadline)
-        try:
+        with self._connect(deadline) as s:
             request = {"v": CONTRACT_VERSION, "op": _name(op), "body": body or {}}
             s.sendall((json.dumps(request) + "\n").encode())
             buf = b""
@@ -67,8 +66,6 @@ class SocketClient:
                 if not chunk:
                     raise AgentUnavailable(f"agent at {self.path} closed the connection without answering")
                 buf += chunk
-        finally:
-            s.close()
         try:
             return ReplyEnvelope.model_validate_json(buf)
         except ValidationError as exc:

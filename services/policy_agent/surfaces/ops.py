@@ -11,9 +11,10 @@ from typing import Any, Callable, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from vmsched.agent_contract import OPERATIONS, AgentOp, CheckStartRequest, SetPolicyRequest
+from vmsched.agent_contract import OPERATIONS, AgentOp, CheckStartRequest
 
 from ..errors import PolicyError
+from ..policy.model import describe
 
 
 class Agent(Protocol):
@@ -33,10 +34,6 @@ class Agent(Protocol):
     def explain_policy(self, guest: str) -> dict: ...
 
 
-def _set_policy(agent: Agent, r: SetPolicyRequest) -> dict:
-    return agent.set_policy(r.guest, r.policy.model_dump(mode="json", exclude_unset=True))
-
-
 def _check_start(agent: Agent, r: CheckStartRequest) -> dict:
     ok, message, missing = agent.check_start_detail(r.uuid or r.guest, r.xml)
     return {"allowed": ok, "message": message, "missing": missing}
@@ -44,7 +41,7 @@ def _check_start(agent: Agent, r: CheckStartRequest) -> dict:
 
 HANDLERS: dict[AgentOp, Callable[[Agent, Any], dict]] = {
     AgentOp.PING: lambda a, r: a.status(),
-    AgentOp.SET_POLICY: _set_policy,
+    AgentOp.SET_POLICY: lambda a, r: a.set_policy(r.guest, r.policy.model_dump(mode="json", exclude_unset=True)),
     AgentOp.GET_POLICY: lambda a, r: a.get_policy(r.guest),
     AgentOp.DELETE_POLICY: lambda a, r: a.delete_policy(r.guest),
     AgentOp.LIST_POLICIES: lambda a, r: a.list_policies(),
@@ -71,19 +68,9 @@ def parse(op: str, body: Any) -> tuple[AgentOp, BaseModel]:
     try:
         return operation, OPERATIONS[operation].request.model_validate(body)
     except ValidationError as exc:
-        raise PolicyError([describe(err) for err in exc.errors()]) from None
+        raise PolicyError([describe(err, within="policy") for err in exc.errors()]) from None
 
 
 def dispatch(agent: Agent, op: str, body: Any) -> dict:
     operation, request = parse(op, body)
     return HANDLERS[operation](agent, request)
-
-
-def describe(err: Any) -> str:
-    """One pydantic error as ``field: reason`` (a policy's fields without the ``policy.`` prefix)."""
-    loc = [str(p) for p in err.get("loc", ())]
-    if loc[:1] == ["policy"] and len(loc) > 1:
-        loc = loc[1:]
-    where = ".".join(p for p in loc if p not in ("int", "str"))
-    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-    return f"{where}: {msg}" if where else msg

@@ -68,10 +68,7 @@ def _error(message: str, code: str, details: Any = ()) -> dict:
 class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         owner: SocketServer = self.server.owner  # type: ignore[attr-defined]
-        while True:
-            line = self.rfile.readline(MAX_LINE)
-            if not line:
-                return
+        for line in iter(lambda: self.rfile.readline(MAX_LINE), b""):
             if not line.strip():
                 continue
             try:
@@ -97,10 +94,9 @@ class SocketServer:
     """The agent's socket: :meth:`start` binds it (requests get the starting reply), :meth:`serve` hands it the
     agent, which answers from then on."""
 
-    def __init__(self, path: Path, mode: int = 0o660):
+    def __init__(self, path: Path):
         self.path = Path(path)
         self.agent: Agent | None = None  # None while the agent starts
-        self.mode = mode
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -112,7 +108,7 @@ class SocketServer:
             self.path.unlink()  # stale socket of a previous run
         self._server = _Server(str(self.path), _Handler)
         self._server.owner = self  # type: ignore[attr-defined]
-        os.chmod(self.path, self.mode)
+        os.chmod(self.path, 0o660)  # the agent's group (the CLI, the QEMU hook) may connect
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="agent-socket",
                                         daemon=True)
         self._thread.start()
@@ -128,10 +124,7 @@ class SocketServer:
             return
         self._server.shutdown()
         self._server.server_close()
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        self.path.unlink(missing_ok=True)
         self._server = None
 
 

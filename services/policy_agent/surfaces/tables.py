@@ -1,9 +1,13 @@
-"""Tables for people: ``vmsched policy list``, ``policy get`` and ``policy set`` (``--json`` prints the reply as it
-is), and the drawing of ``policy cpus``."""
+"""What a person reads of the agent's replies (``--json`` prints the reply as it is): the tables of ``vmsched
+policy list``, ``get``, ``set`` and ``explain``, the drawing of ``policy cpus`` and ``pool``, and the few lines
+of the other commands."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+from ..plural import plural
 
 
 def summary(value: Any) -> str:
@@ -33,9 +37,7 @@ def policies(reply: dict) -> str:
     for view in reply.get("policies", []):
         rows.append([str(view.get("guest")), summary(view.get("state")), summary(view.get("status")),
                      summary(view.get("policy")), summary(view.get("allocation")), summary(view.get("error"))])
-    if len(rows) == 1:
-        return "no guest has a policy on this host\n"
-    return table(rows)
+    return table(rows) if len(rows) > 1 else "no guest has a policy on this host\n"
 
 
 def policy(view: dict) -> str:
@@ -78,3 +80,37 @@ def _thread(t: dict) -> str:
 def _mib(value: Any) -> str:
     mib = int(value or 0)
     return f"{mib / 1024:.0f} GiB" if mib >= 1024 else f"{mib} MiB"
+
+
+def deleted(reply: dict) -> str:
+    """``policy delete``."""
+    if reply.get("deleted"):
+        return f"policy of {reply.get('guest')!r} deleted: its CPUs released, its pins reset\n"
+    return f"guest {reply.get('guest')!r} has no policy: nothing to delete\n"
+
+
+def reconciled(reply: dict) -> str:
+    """``policy reconcile``: what the sweep checked and repaired, then every error on a line of its own."""
+    lines = [f"checked {plural(reply.get('checked', 0), 'guest')} in {reply.get('duration', 0):.3f} s,"
+             f" repaired {reply.get('repaired', 0)}"]
+    return "\n".join([*lines, *(f"error: {e}" for e in reply.get("errors", []))]) + "\n"
+
+
+def domains(reply: dict) -> str:
+    """``domain start`` and ``domain stop``: the guests started (stopped) in order, and those that already were."""
+    return "".join(f"{key.replace('_', ' ')}: {', '.join(names) or '-'}\n" for key, names in reply.items())
+
+
+def check_start(reply: dict) -> str:
+    """``policy check-start``: the agent's answer when the guest may start (a refusal goes to stderr)."""
+    return f"{reply.get('message')}\n" if reply.get("allowed") else ""
+
+
+def explain(reply: dict) -> str:
+    """``policy explain``: the static policy, what is in force and tuned, then the tuners' last decisions."""
+    rows = [["guest", f"{reply.get('guest')} ({reply.get('uuid')})"]]
+    rows += [[key, summary(reply.get(key))] for key in ("policy", "desired", "tuned", "tuner")]
+    decisions = [f"  {time.strftime('%H:%M:%S', time.localtime(d.get('time', 0)))} {d.get('tuner')} {d.get('field')}"
+                 f" {summary(d.get('before'))} -> {summary(d.get('after'))} ({d.get('outcome')}): {d.get('reason')}\n"
+                 for d in reply.get("decisions", [])]
+    return table(rows) + ("decisions:\n" + "".join(decisions) if decisions else "decisions: -\n")

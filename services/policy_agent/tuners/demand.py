@@ -19,10 +19,7 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
     k = cfg.hysteresis
     for g in inp.guests.values():
         a = g.policy.adaptive
-        if a is None or a.weight is None:
-            continue
-        recent = g.settled(k)
-        if recent is None:
+        if a is None or a.weight is None or (recent := g.settled(k)) is None:
             continue
         lo, hi = a.weight
         base = g.policy.base_weight()

@@ -27,10 +27,7 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
     out: list[Proposal] = []
     for g in inp.guests.values():
         a = g.policy.adaptive
-        if a is None or a.cap_percent is None:
-            continue
-        recent = g.settled(k)
-        if recent is None:
+        if a is None or a.cap_percent is None or (recent := g.settled(k)) is None:
             continue
         lo, hi = a.cap_percent
         now = g.cap_percent if g.cap_percent is not None else hi

@@ -13,7 +13,7 @@ import dataclasses
 import time
 from typing import Callable, Iterable
 
-from vmsched.cpuset import fmt
+from vmsched.cpuset import named
 
 from ..plural import plural
 from . import demand, elastic, hotspot
@@ -81,10 +81,9 @@ class Engine:
         if why is None and (p.uuid, p.field) in rnd.fields:
             why = f"{p.field} of this guest already changed in this interval"
         if why is None and g is not None and p.field != "vcpus":
-            on = frozenset().union(*g.pins.values()) & held
-            if on:
-                why = (f"held back: a move off CPUs {fmt(frozenset(on))} may relieve them first (placement before"
-                       " weight and cap)")
+            if on := frozenset().union(*g.pins.values()) & held:
+                why = (f"held back: a move off {named(on)} may relieve {'it' if len(on) == 1 else 'them'} first"
+                       " (placement before weight and cap)")
         if why is None and rnd.per_guest[p.uuid] >= self.config.max_guest_changes:
             why = f"rate limit: at most {plural(self.config.max_guest_changes, 'change')} per guest per interval"
         if why is None and rnd.changes >= self.config.max_changes:

@@ -65,6 +65,6 @@ def _pins(value: Any, g: GuestView, shared: cpuset.CpuSet) -> str | None:
         if not isinstance(cpus, frozenset) or not cpus:
             return f"vCPU {vcpu}: empty or malformed CPU set"
         if not cpus <= shared:
-            return (f"vCPU {vcpu} to {cpuset.fmt(cpus)}: CPUs {cpuset.fmt(cpus - shared)} are outside the shared"
+            return (f"vCPU {vcpu} to {cpuset.fmt(cpus)}: {cpuset.named(cpus - shared, 'is', 'are')} outside the shared"
                     f" set {cpuset.fmt(shared)} (the dedicated pool is never overcommitted)")
     return None

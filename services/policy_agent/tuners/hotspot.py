@@ -14,13 +14,15 @@ back weight and cap changes there (placement first).
 
 from __future__ import annotations
 
+import collections
 from statistics import mean
+from typing import Callable
 
-from vmsched.cpuset import CpuSet, fmt
+from vmsched.cpuset import CpuSet, fmt, named
 
 from ..plural import plural
 from .config import TunerConfig
-from .types import GuestView, Proposal, TuneInput
+from .types import GuestSample, GuestView, Proposal, TuneInput
 
 NAME = "hotspot"
 
@@ -35,15 +37,7 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
     hot = {c for c, u in util.items() if u >= cfg.hot_percent}
     if not hot:
         return []
-    busy_confined: dict[CpuSet, int] = {}
-    occupied: set[int] = set()  # CPUs a busy vCPU of a tuned guest is confined to
-    for g in inp.guests.values():
-        recent = g.recent(k)
-        if recent and min(s.cpu_pct for s in recent) >= cfg.idle_percent / 2:
-            for cpus in g.pins.values():
-                busy_confined[cpus] = busy_confined.get(cpus, 0) + 1
-                if cpus < inp.shared:
-                    occupied |= cpus
+    busy_confined, occupied = _busy(inp, cfg, lambda g: g.recent(k))
     out: list[Proposal] = []
     taken: set[CpuSet] = set()
     for g in sorted(inp.guests.values(), key=lambda g: -_wait(g, k)):
@@ -78,15 +72,29 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
             occupied |= moves[vcpu]
         if moves:
             after = {**g.pins, **moves}
-            old = sorted({fmt(g.pins[v]) for v in moves})
+            left = frozenset().union(*(g.pins[v] for v in moves))
             hot_text = ", ".join(f"CPU {c} {mean(s.pcpu_pct.get(c, 0.0) for s in host):.0f}%" for c in sorted(hot))
-            why = (f"CPUs {', '.join(old)} saturated for {plural(k, 'interval')} ({hot_text}); vCPU wait "
+            why = (f"{named(left)} saturated for {plural(k, 'interval')} ({hot_text}); vCPU wait "
                    + (f"{min(waits):.0f}% >= target {target:g}%" if reported else "not reported, "  # type: ignore
                       "other busy vCPUs share them")
                    + f"; moved to {', '.join(sorted({fmt(c) for c in moves.values()}))} ({how})")
             out.append(Proposal(g.uuid, NAME, "vcpus", after, why))
             taken |= {g.pins[v] for v in moves}
     return out
+
+
+def _busy(inp: TuneInput, cfg: TunerConfig, samples: Callable[[GuestView], list[GuestSample] | None],
+          ) -> tuple[collections.Counter[CpuSet], set[int]]:
+    """How many busy vCPUs of tuned guests are confined to each CPU set, and the shared CPUs they are confined to;
+    busy: at least half ``idle_percent`` in each of ``samples(guest)``."""
+    busy: collections.Counter[CpuSet] = collections.Counter()
+    occupied: set[int] = set()
+    for g in inp.guests.values():
+        recent = samples(g)
+        if recent and min(s.cpu_pct for s in recent) >= cfg.idle_percent / 2:
+            busy.update(g.pins.values())
+            occupied.update(*(cpus for cpus in g.pins.values() if cpus < inp.shared))
+    return busy, occupied
 
 
 def _wait(g: GuestView, k: int) -> float:
@@ -106,14 +114,7 @@ def pending(inp: TuneInput, cfg: TunerConfig) -> CpuSet:
     hot = {c for c in inp.shared if last.get(c, 0.0) >= cfg.hot_percent}
     if not hot:
         return frozenset()
-    busy: dict[CpuSet, int] = {}
-    occupied: set[int] = set()
-    for g in inp.guests.values():
-        if g.samples and g.samples[-1].cpu_pct >= cfg.idle_percent / 2:
-            for cpus in g.pins.values():
-                busy[cpus] = busy.get(cpus, 0) + 1
-                if cpus < inp.shared:
-                    occupied |= cpus
+    busy, occupied = _busy(inp, cfg, lambda g: g.samples[-1:])
     out: set[int] = set()
     for g in inp.guests.values():
         a = g.policy.adaptive

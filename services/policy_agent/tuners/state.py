@@ -99,7 +99,5 @@ def _merge(d: Desired, o: Overlay) -> Desired:
     if o.cap_percent is not None:
         sched["vcpu_quota"] = quota(o.cap_percent, o.period)
         sched["vcpu_period"] = o.period or 100000
-    vcpus = d.vcpus
-    if o.vcpus and vcpus is not None:
-        vcpus = {i: o.vcpus.get(i, c) for i, c in vcpus.items()}
+    vcpus = {i: o.vcpus.get(i, c) for i, c in d.vcpus.items()} if o.vcpus and d.vcpus is not None else d.vcpus
     return dataclasses.replace(d, vcpus=vcpus, sched=sched)

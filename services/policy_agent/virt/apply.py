@@ -48,7 +48,6 @@ class Caps:
         if driver.upper() == "TEST":
             # the test driver keeps only the CPUs of its fixed 8-CPU map in a pin, whatever its capabilities list
             pinnable = frozenset(range(conn.getCPUMap()[0]))
-            caps = cls(driver, vcpu_pin_flags=False, scheduler=False, pinnable=pinnable)
             log.warning(
                 "libvirt %s driver: vCPU pins are applied live only (pinVcpuFlags accepts flags=0 and"
                 " refuses inactive guests), a pin holds only CPUs %s (the rest of a pin is left out) and"
@@ -56,7 +55,7 @@ class Caps:
                 " as on QEMU",
                 driver, cpuset.fmt(pinnable),
             )
-            return caps
+            return cls(driver, vcpu_pin_flags=False, scheduler=False, pinnable=pinnable)
         return cls(driver)
 
     def storable(self, cpus: CpuSet) -> CpuSet:
@@ -144,8 +143,7 @@ class Applier:
                 " parameters")
 
     def read(self, dom: "libvirt.virDomain", live: bool) -> domxml.DomainXml:
-        flags = 0 if live else libvirt.VIR_DOMAIN_XML_INACTIVE
-        return domxml.parse(dom.XMLDesc(flags))
+        return domxml.parse(dom.XMLDesc(0 if live else INACTIVE))
 
     def verify_and_repair(
         self,
@@ -178,11 +176,12 @@ class Applier:
             self._write_all(dom, cfg_changes, CONFIG)
             result.config = [describe(c, cfg, self.host) for c in cfg_changes]
             after = dom.XMLDesc(INACTIVE)
-            _check_no_duplicates(after)
+            dup = duplicated(after)  # never an element twice: libvirt would keep the first or refuse the definition
+            if dup:
+                raise ApplyError(f"the guest's persistent definition holds duplicated elements: {', '.join(dup)}")
             if base is not None:
                 written = domxml.parse(after)
-                left = diff(written, desired, self.host, self.caps, pins=self.caps.vcpu_pin_flags)
-                if left:
+                if left := diff(written, desired, self.host, self.caps, pins=self.caps.vcpu_pin_flags):
                     raise DefinitionChanged(f"the definition of {cfg.name!r} changed while it was written (now"
                                             f" {', '.join(describe(c, written, self.host) for c in left)})")
         if cur is not None and live_changes:
@@ -247,23 +246,10 @@ def duplicated(xml: str) -> list[str]:
     """Elements a domain's XML holds more than once where it may hold one: a ``<vcpupin>`` per vCPU,
     ``<emulatorpin>``, a scheduler tunable, one metadata element per namespace."""
     root = ET.fromstring(xml)
-    seen: collections.Counter[str] = collections.Counter()
-    tune = root.find("cputune")
-    if tune is not None:
-        seen.update(f"<vcpupin vcpu='{p.get('vcpu')}'>" for p in tune.findall("vcpupin"))
-        seen.update(f"<{c.tag}>" for c in tune if c.tag != "vcpupin")
-    meta = root.find("metadata")
-    if meta is not None:
-        seen.update(f"metadata {c.tag}" for c in meta)
+    seen = collections.Counter(f"<vcpupin vcpu='{p.get('vcpu')}'>" for p in root.findall("cputune/vcpupin"))
+    seen.update(f"<{c.tag}>" for c in root.findall("cputune/*") if c.tag != "vcpupin")
+    seen.update(f"metadata {c.tag}" for c in root.findall("metadata/*"))
     return sorted(k for k, n in seen.items() if n > 1)
-
-
-def _check_no_duplicates(xml: str) -> None:
-    """The invariant after every config write: never an element twice (libvirt would keep the first or
-    refuse the definition at the next start)."""
-    dup = duplicated(xml)
-    if dup:
-        raise ApplyError(f"the guest's persistent definition holds duplicated elements: {', '.join(dup)}")
 
 
 def _show(value) -> str:

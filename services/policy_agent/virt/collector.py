@@ -104,17 +104,13 @@ class Collector:
         return HostFacts(**facts)
 
     def _hugepages(self) -> list[HugePages]:
-        out = []
-        base = self.sys / "kernel/mm/hugepages"
         try:
-            entries = sorted(base.iterdir())
+            entries = sorted((self.sys / "kernel/mm/hugepages").iterdir())
         except OSError:
-            return out
-        for d in entries:
-            if d.name.startswith("hugepages-") and d.name.endswith("kB"):
-                total, free = _read(d / "nr_hugepages").strip(), _read(d / "free_hugepages").strip()
-                out.append(HugePages(size_kib=int(d.name[10:-2]), total=int(total or 0), free=int(free or 0)))
-        return out
+            return []
+        return [HugePages(size_kib=int(d.name[10:-2]), total=int(_read(d / "nr_hugepages").strip() or 0),
+                          free=int(_read(d / "free_hugepages").strip() or 0))
+                for d in entries if d.name.startswith("hugepages-") and d.name.endswith("kB")]
 
     # --- guests -----------------------------------------------------------------
     def guests(self, conn: "libvirt.virConnect") -> list[GuestFacts]:
@@ -122,28 +118,22 @@ class Collector:
         seconds = now - self._when if self._when is not None else 0.0
         self._when = now
         stats = self._bulk(conn)
-        seen: set[str] = set()
-        out: list[GuestFacts] = []
-        cpu_now: dict[str, int] = {}
-        for dom, record in stats:
-            try:
-                uuid = dom.UUIDString()
-                seen.add(uuid)
-                out.append(self._from_stats(dom, uuid, record, seconds, cpu_now))
-            except libvirt.libvirtError:
-                continue  # gone meanwhile
         try:
             domains = conn.listAllDomains(0)
         except libvirt.libvirtError as exc:
             log.warning("listing guests failed: %s", exc)
             domains = []
-        for dom in domains:
+        seen: set[str] = set()
+        out: list[GuestFacts] = []
+        cpu_now: dict[str, int] = {}
+        for dom, record in [*stats, *((dom, {}) for dom in domains)]:  # the guests the bulk call left out: no stats
             try:
                 uuid = dom.UUIDString()
                 if uuid not in seen:
-                    out.append(self._from_info(dom, uuid, seconds, cpu_now))
+                    seen.add(uuid)
+                    out.append(self._from_stats(dom, uuid, record, seconds, cpu_now))
             except libvirt.libvirtError:
-                continue
+                continue  # gone meanwhile
         self._guest_before = cpu_now
         return out
 
@@ -163,23 +153,15 @@ class Collector:
         return []
 
     def _from_stats(self, dom: Any, uuid: str, r: dict, seconds: float, cpu_now: dict[str, int]) -> GuestFacts:
-        state = int(r.get("state.state", 0))
+        """A guest from its bulk stats ``r``; what they lack from ``virDomainGetInfo`` (no monitor call)."""
         if "balloon.current" not in r or "vcpu.current" not in r or "cpu.time" not in r:
-            info = dom.info()  # [state, max KiB, current KiB, vcpus, cpu ns]: no monitor call
-            r = {"balloon.maximum": info[1], "balloon.current": info[2], "vcpu.current": info[3],
-                 "cpu.time": info[4], **r}
-        return self._guest(dom, uuid, state, int(r.get("vcpu.current", 0)), int(r.get("balloon.current", 0)),
-                           int(r.get("balloon.maximum", 0)), int(r.get("cpu.time", 0)), seconds, cpu_now)
-
-    def _from_info(self, dom: Any, uuid: str, seconds: float, cpu_now: dict[str, int]) -> GuestFacts:
-        state, max_kib, cur_kib, vcpus, cpu_ns = dom.info()
-        return self._guest(dom, uuid, state, vcpus, cur_kib, max_kib, cpu_ns, seconds, cpu_now)
-
-    def _guest(self, dom: Any, uuid: str, state: int, vcpus: int, cur_kib: int, max_kib: int, cpu_ns: int,
-               seconds: float, cpu_now: dict[str, int]) -> GuestFacts:
+            state, max_kib, cur_kib, vcpus, cpu_ns = dom.info()
+            r = {"state.state": state, "balloon.maximum": max_kib, "balloon.current": cur_kib, "vcpu.current": vcpus,
+                 "cpu.time": cpu_ns, **r}
+        state, vcpus, cpu_ns = (int(r.get(k, 0)) for k in ("state.state", "vcpu.current", "cpu.time"))
         cpu_now[uuid] = cpu_ns
-        running = state in (1, 2)
         return GuestFacts(uuid=uuid, name=dom.name(), state=STATE_NAMES.get(state, str(state)), vcpus=vcpus,
-                          memory_mib=cur_kib // 1024, max_memory_mib=max_kib // 1024,
+                          memory_mib=int(r.get("balloon.current", 0)) // 1024,
+                          max_memory_mib=int(r.get("balloon.maximum", 0)) // 1024,
                           cpu_pct=calc.guest_cpu_pct(self._guest_before.get(uuid), cpu_ns, seconds, vcpus)
-                          if running else 0.0)
+                          if state in (1, 2) else 0.0)

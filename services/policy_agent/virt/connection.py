@@ -10,6 +10,8 @@ libvirt themselves.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import threading
 import time
@@ -77,12 +79,15 @@ class DomainEvent:
     received: float = field(default_factory=time.monotonic)
 
 
+KEEPALIVE = (5, 3)  # libvirt keepalive: a probe every 5 s, the connection dead after 3 unanswered
+
+
 def backoff_delay(attempt: int, first: float = 0.25, maximum: float = 15.0) -> float:
     """0.25, 0.5, 1, 2 ... bounded by ``maximum`` seconds."""
     return min(maximum, first * (2 ** min(attempt, 16)))
 
 
-class LibvirtLink:
+class LibvirtConnection:
     """One libvirt connection that stays open: reopened after a loss.
 
     ``sink(event)`` receives domain events; ``on_connect(conn, reconnected)``
@@ -97,16 +102,12 @@ class LibvirtLink:
         uri: str,
         sink: Callable[[DomainEvent], None],
         on_connect: Callable[["libvirt.virConnect", bool], None],
-        max_backoff: float = 15.0,
-        keepalive: tuple[int, int] = (5, 3),
         opener: Callable[[str], "libvirt.virConnect"] = libvirt.open,
     ):
         self.uri = uri
         self.opener = opener
         self.sink = sink
         self.on_connect = on_connect
-        self.max_backoff = max_backoff
-        self.keepalive = keepalive
         self._conn: libvirt.virConnect | None = None
         self._callbacks: list[int] = []
         self._lock = threading.Lock()
@@ -129,18 +130,9 @@ class LibvirtLink:
         ensure_event_loop()
         deadline = time.monotonic() + timeout
         attempt = 0
-        while True:
-            try:
-                conn = self._open()
-                break
-            except libvirt.libvirtError as exc:
-                self.last_error = exc.get_error_message()
-                delay = backoff_delay(attempt, maximum=self.max_backoff)
-                if time.monotonic() + delay > deadline:
-                    raise AgentUnavailable(f"cannot connect to libvirt at {self.uri}: {self.last_error}") from None
-                log.warning("cannot connect to libvirt at %s (%s); retrying in %.2f s", self.uri, self.last_error, delay)
-                time.sleep(delay)
-                attempt += 1
+        while (conn := self._try_open(attempt, "cannot connect to libvirt at %s (%s); retrying in %.2f s",
+                                      deadline)) is None:
+            attempt += 1
         self._thread = threading.Thread(target=self._reconnect_loop, name="libvirt-reconnect", daemon=True)
         self._thread.start()
         return conn
@@ -177,10 +169,24 @@ class LibvirtLink:
         metrics.CONNECTED.set(0)
 
     # --- internals -------------------------------------------------------------
+    def _try_open(self, attempt: int, retry: str, deadline: float | None = None) -> "libvirt.virConnect | None":
+        """A new connection, or None after waiting the backoff of ``attempt`` (logged with ``retry``); raises
+        AgentUnavailable when the wait would pass ``deadline``."""
+        try:
+            return self._open()
+        except libvirt.libvirtError as exc:
+            self.last_error = exc.get_error_message()
+        delay = backoff_delay(attempt)
+        if deadline is not None and time.monotonic() + delay > deadline:
+            raise AgentUnavailable(f"cannot connect to libvirt at {self.uri}: {self.last_error}") from None
+        log.warning(retry, self.uri, self.last_error, delay)
+        self._stopping.wait(delay)
+        return None
+
     def _open(self) -> "libvirt.virConnect":
         conn = self.opener(self.uri)
         try:
-            conn.setKeepAlive(*self.keepalive)
+            conn.setKeepAlive(*KEEPALIVE)
         except libvirt.libvirtError as exc:  # the test driver has no keepalive
             log.info("libvirt keepalive not available on %s: %s", self.uri, exc.get_error_message())
         try:
@@ -207,19 +213,10 @@ class LibvirtLink:
         ids, self._callbacks = self._callbacks, []
         if conn is None:
             return
-        for cid in ids:
-            try:
-                conn.domainEventDeregisterAny(cid)
-            except libvirt.libvirtError:
-                pass
-        try:
-            conn.unregisterCloseCallback()
-        except libvirt.libvirtError:
-            pass
-        try:
-            conn.close()
-        except libvirt.libvirtError:
-            pass
+        deregister = [functools.partial(conn.domainEventDeregisterAny, cid) for cid in ids]
+        for undo in [*deregister, conn.unregisterCloseCallback, conn.close]:
+            with contextlib.suppress(libvirt.libvirtError):
+                undo()
 
     def _reconnect_loop(self) -> None:
         while not self._stopping.is_set():
@@ -230,15 +227,9 @@ class LibvirtLink:
                 self._teardown()
             attempt = 0
             while not self._stopping.is_set():
-                try:
-                    conn = self._open()
-                except libvirt.libvirtError as exc:
-                    self.last_error = exc.get_error_message()
-                    delay = backoff_delay(attempt, maximum=self.max_backoff)
-                    log.warning("reconnecting to libvirt at %s failed (%s); next try in %.2f s",
-                                self.uri, self.last_error, delay)
+                conn = self._try_open(attempt, "reconnecting to libvirt at %s failed (%s); next try in %.2f s")
+                if conn is None:
                     attempt += 1
-                    self._stopping.wait(delay)
                     continue
                 metrics.RECONNECTS.inc()
                 log.info("reconnected to libvirt at %s after %s; reconciling", self.uri,
@@ -255,7 +246,6 @@ class LibvirtLink:
             libvirt.VIR_CONNECT_CLOSE_REASON_ERROR: "I/O error",
             libvirt.VIR_CONNECT_CLOSE_REASON_EOF: "libvirtd closed the connection (EOF)",
             libvirt.VIR_CONNECT_CLOSE_REASON_KEEPALIVE: "keepalive timeout",
-            libvirt.VIR_CONNECT_CLOSE_REASON_CLIENT: "closed by client",
         }
         if reason == libvirt.VIR_CONNECT_CLOSE_REASON_CLIENT:
             return

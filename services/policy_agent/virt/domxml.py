@@ -45,15 +45,17 @@ class DomainXml:
 _SCHED = {"shares": "cpu_shares", "period": "vcpu_period", "quota": "vcpu_quota"}
 
 
+def _cpus(elem: ET.Element | None, attr: str = "cpuset") -> CpuSet | None:
+    """The CPU set (or NUMA nodes) an element's attribute holds; None without the element or the attribute."""
+    return cpuset.parse(elem.get(attr, "")) if elem is not None and elem.get(attr) else None
+
+
 def parse(text: str) -> DomainXml:
     root = ET.fromstring(text)
     vcpu = root.find("vcpu")
     nvcpus = int((vcpu.text or "1").strip()) if vcpu is not None else 1
-    vcpu_cpuset = None
-    if vcpu is not None and vcpu.get("cpuset"):
-        vcpu_cpuset = cpuset.parse(vcpu.get("cpuset"))
     dom = DomainXml(name=root.findtext("name", ""), uuid=root.findtext("uuid", ""), nvcpus=nvcpus,
-                    vcpu_cpuset=vcpu_cpuset, raw=text)
+                    vcpu_cpuset=_cpus(vcpu), raw=text)
     vcpus = root.find("vcpus")
     if vcpus is not None:
         dom.online = frozenset(int(v.get("id", "0")) for v in vcpus.findall("vcpu") if v.get("enabled", "yes") == "yes")
@@ -63,9 +65,7 @@ def parse(text: str) -> DomainXml:
     if tune is not None:
         for pin in tune.findall("vcpupin"):
             dom.vcpupins[int(pin.get("vcpu", "0"))] = cpuset.parse(pin.get("cpuset", ""))
-        emu = tune.find("emulatorpin")
-        if emu is not None and emu.get("cpuset"):
-            dom.emulatorpin = cpuset.parse(emu.get("cpuset"))
+        dom.emulatorpin = _cpus(tune.find("emulatorpin"))
         for tag, key in _SCHED.items():
             value = tune.findtext(tag)
             if value is not None and value.strip():
@@ -73,8 +73,7 @@ def parse(text: str) -> DomainXml:
     memory = root.find("numatune/memory")
     if memory is not None:
         dom.memory_mode = memory.get("mode", "strict")
-        if memory.get("nodeset"):
-            dom.memory_nodes = cpuset.parse(memory.get("nodeset"))
+        dom.memory_nodes = _cpus(memory, "nodeset")
     elem = metadata.find(root)
     if elem is not None:
         try:

@@ -17,11 +17,6 @@ def host_uuid(conn: "libvirt.virConnect") -> str | None:
         return None
 
 
-def host_identity(conn: "libvirt.virConnect") -> str:
-    """libvirt's host UUID, else its hostname."""
-    return host_uuid(conn) or conn.getHostname()
-
-
 def read_topology(conn: "libvirt.virConnect") -> Topology:
     """The host's CPUs, cores, sockets and NUMA nodes from its capabilities: the host's CPUs for the whole
     agent. A driver whose capabilities list no NUMA cell (the test driver with a node XML file) is described

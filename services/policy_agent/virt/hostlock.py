@@ -33,19 +33,13 @@ HOLDER_BYTES = 4096  # the largest holder description read from a lock file (one
 
 
 class HostLocked(AgentError):
-    """Another agent already manages this libvirtd."""
-
-    code = "internal"
-
-
-def in_process(uri: str) -> bool:
-    """True for a libvirt driver that lives inside the calling process (the test driver, without a transport)."""
-    return uri.partition(":")[0].lower() == "test"
+    """Another agent already manages this libvirtd (code internal, as every AgentError)."""
 
 
 class HostLock:
     def __init__(self, lock_dir: Path, machine: str, uri: str = ""):
-        self.private = in_process(uri)  # keyed to this process: removed again on release
+        # a driver inside the calling process (the test driver): keyed to this process, removed again on release
+        self.private = uri.partition(":")[0].lower() == "test"
         key = f"{machine}-pid{os.getpid()}" if self.private else machine
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:200] or "unknown"
         self.path = Path(lock_dir) / f"agent-{safe}.lock"

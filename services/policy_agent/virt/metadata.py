@@ -39,13 +39,9 @@ def to_xml(policy: GuestPolicy, hint: AllocationHint | None = None) -> str:
         ET.SubElement(root, "dedicated", attrs)
     if policy.weight is not None:
         ET.SubElement(root, "weight").text = str(policy.weight)
-    if policy.cap_percent is not None:
-        attrs = {"percent": _num(policy.cap_percent)}
-        if policy.period is not None:
-            attrs["period"] = str(policy.period)
-        ET.SubElement(root, "cap", attrs)
-    elif policy.quota is not None:
-        attrs = {"quota": str(policy.quota)}
+    if policy.cap_percent is not None or policy.quota is not None:
+        cap = policy.cap_percent
+        attrs = {"percent": _num(cap)} if cap is not None else {"quota": str(policy.quota)}
         if policy.period is not None:
             attrs["period"] = str(policy.period)
         ET.SubElement(root, "cap", attrs)
@@ -112,12 +108,10 @@ def from_element(root: ET.Element) -> tuple[GuestPolicy, AllocationHint | None]:
             elif tag == "weight":
                 data["weight"] = int((child.text or "").strip())
             elif tag == "cap":
-                if "percent" in a:
-                    data["cap_percent"] = float(a["percent"])
-                if "quota" in a:
-                    data["quota"] = int(a["quota"])
-                if "period" in a:
-                    data["period"] = int(a["period"])
+                for attr, key, kind in (("percent", "cap_percent", float), ("quota", "quota", int),
+                                        ("period", "period", int)):
+                    if attr in a:
+                        data[key] = kind(a[attr])
             elif tag == "requires":
                 data.setdefault("requires", []).append((child.text or "").strip())
             elif tag == "adaptive":
@@ -135,10 +129,7 @@ def from_element(root: ET.Element) -> tuple[GuestPolicy, AllocationHint | None]:
 
 def find(domain_root: ET.Element) -> ET.Element | None:
     """The ``<vmsched:policy>`` element of a parsed domain XML, if any."""
-    meta = domain_root.find("metadata")
-    if meta is None:
-        return None
-    return meta.find(_Q + KEY)
+    return domain_root.find(f"metadata/{_Q}{KEY}")
 
 
 def write(dom: "libvirt.virDomain", policy: GuestPolicy, hint: AllocationHint | None) -> None:
@@ -150,9 +141,6 @@ def clear(dom: "libvirt.virDomain") -> None:
 
 
 def _flags(dom: "libvirt.virDomain") -> int:
-    flags = 0
-    if dom.isPersistent():
-        flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
-    if dom.isActive():
-        flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
-    return flags
+    """Where the metadata goes: the persistent definition and the running guest, whichever there is."""
+    return ((libvirt.VIR_DOMAIN_AFFECT_CONFIG if dom.isPersistent() else 0)
+            | (libvirt.VIR_DOMAIN_AFFECT_LIVE if dom.isActive() else 0))

@@ -92,7 +92,7 @@ def test_a_tuned_move_is_applied_live_kept_by_sweeps_and_explained(conn, make_ag
     assert events and events[-1]["after"] == {"0": "0", "1": "0"} and events[-1]["before"] == {"0": "1", "1": "1"}
     explained = agent.explain_policy(mover.name())
     assert explained["tuned"] == {"vcpus": {"0": "0", "1": "0"}}
-    assert explained["decisions"][-1]["reason"].startswith("CPUs 1 saturated for 2 intervals")
+    assert explained["decisions"][-1]["reason"].startswith("CPU 1 saturated for 2 intervals")
     assert explained["policy"]["vcpu_pins"] == {"0": "1", "1": "1"}
 
     mover.destroy()  # a restart: the tuned values end with the run, the static policy is back

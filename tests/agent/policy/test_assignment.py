@@ -124,7 +124,7 @@ def test_emulator_isolate_gets_a_cpu_of_its_own() -> None:
     checked = check_policy(policy, GuestInfo("uuid-e", "e", 2), p, {}, lambda _: None, str)
     assert checked.allocation == S("1-3,49-51")  # 3 whole cores: 2 vCPUs and the emulator, siblings held
     assert checked.desired.vcpus == {0: S("1"), 1: S("2")} and checked.desired.emulator == S("3")
-    with pytest.raises(PolicyError, match="CPUs 49 are outside the guest's dedicated CPUs 1-2"):
+    with pytest.raises(PolicyError, match="CPU 49 is outside the guest's dedicated CPUs 1-2"):
         check_policy(policy.model_copy(update={"vcpu_pins": {0: "49"}}), GuestInfo("uuid-e", "e", 2), p, {},
                      lambda _: None, str)
 

@@ -106,9 +106,9 @@ def test_explicit_allocation_errors_are_all_reported():
     with pytest.raises(PolicyError) as exc:
         p.request("uuid-b", "b", S("2,5,9"), 4)
     msgs = exc.value.errors
-    assert "dedicated set 2,5,9: CPUs 9 do not exist on this host" in msgs
-    assert "dedicated set 2,5,9: CPUs 2 are not in the host's dedicated pool 4-7" in msgs
-    assert "dedicated set 2,5,9: CPUs 5 are already dedicated to guest 'a'" in msgs
+    assert "dedicated set 2,5,9: CPU 9 does not exist on this host" in msgs
+    assert "dedicated set 2,5,9: CPU 2 is not in the host's dedicated pool 4-7" in msgs
+    assert "dedicated set 2,5,9: CPU 5 is already dedicated to guest 'a'" in msgs
     assert any("fewer than the guest's 4 vCPUs" in m for m in msgs)
     with pytest.raises(PolicyError, match="this host has no dedicated pool"):
         pools(pool="").request("u", "x", 1, 1)
@@ -119,7 +119,7 @@ def test_consistency_errors():
     p.allocations["uuid-c"] = S("1")
     errs = p.consistency_errors()
     assert "CPU 5 is allocated to both 'a' and 'b'" in errs
-    assert "guest 'c' holds CPUs 1 outside the pool" in "\n".join(errs) or any("outside the pool" in e for e in errs)
+    assert "guest 'c' holds CPU 1 outside the pool" in "\n".join(errs) or any("outside the pool" in e for e in errs)
 
 
 # --- validation --------------------------------------------------------------
@@ -154,15 +154,15 @@ def test_validation_reports_every_error_at_once():
     with pytest.raises(PolicyError) as exc:
         check({"vcpu_pins": {"0": "5", "1": "9", "3": "0"}, "emulator_pin": "6", "requires": ["g"]})
     msgs = exc.value.errors
-    assert "vCPU 0 pin 5: CPUs 5 are in the dedicated pool; a guest without dedicated CPUs runs on the shared set 0-3" in msgs
-    assert "vCPU 1 pin 9: CPUs 9 do not exist on this host (CPUs 0-7)" in msgs
+    assert "vCPU 0 pin 5: CPU 5 is in the dedicated pool; a guest without dedicated CPUs runs on the shared set 0-3" in msgs
+    assert "vCPU 1 pin 9: CPU 9 does not exist on this host (CPUs 0-7)" in msgs
     assert "vCPU 3 does not exist: guest 'g' has 2 vCPUs (0-1)" in msgs
-    assert any(m.startswith("emulator pin 6: CPUs 6 are in the dedicated pool") for m in msgs)
+    assert any(m.startswith("emulator pin 6: CPU 6 is in the dedicated pool") for m in msgs)
     assert "guest 'g' cannot require itself" in msgs
 
 
 def test_dedicated_pins_must_stay_inside_allocation():
-    with pytest.raises(PolicyError, match=r"vCPU 0 pin 0: CPUs 0 are outside the guest's dedicated CPUs 4-5"):
+    with pytest.raises(PolicyError, match=r"vCPU 0 pin 0: CPU 0 is outside the guest's dedicated CPUs 4-5"):
         check({"dedicated": 2, "vcpu_pins": {"0": "0"}})
     c = check({"dedicated": "6-7", "vcpu_pins": {"0": "7", "1": "6"}, "emulator_pin": "6"})
     assert c.desired.vcpus == {0: S("7"), 1: S("6")} and c.desired.emulator == S("6")

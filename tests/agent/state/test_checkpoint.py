@@ -72,5 +72,5 @@ def test_unusable_checkpoints_say_why(tmp_path):
     bad.allocations["u2"] = S("5-6")
     checkpoint.save(path, checkpoint.Checkpoint.of(M1, "h1", bad))
     assert "CPU 5 is allocated to both" in checkpoint.load(path, M1, S("0-7"))[1]
-    moved = checkpoint.quarantine(path)
+    moved = durable.quarantine(path)
     assert moved is not None and moved.exists() and not path.exists()

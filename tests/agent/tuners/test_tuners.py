@@ -206,7 +206,7 @@ def test_applied_decisions_never_leave_the_bounds(w, c, may_move, dedicated, hos
     for d in e.step(e.input(SHARED, [g]), extra=extra):
         if d.outcome != "applied":
             assert (d.outcome == "refused" and d.reason.startswith("refused: ")) or \
-                (d.outcome == "deferred" and d.reason.startswith("deferred: held back: a move off CPUs 1"))
+                (d.outcome == "deferred" and d.reason.startswith("deferred: held back: a move off CPU 1"))
             continue
         if d.field == "cpu_shares":
             assert w_lo <= d.after <= w_hi

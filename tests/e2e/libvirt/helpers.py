@@ -611,7 +611,7 @@ class AgentProcess:
         return proc
 
     def cli_json(self, *args: str) -> Any:
-        return json.loads(self.cli(*args).stdout)
+        return json.loads(self.cli(*args, "--json").stdout)
 
 
 def virsh(*args: str, check: bool = False, timeout: float = 120.0) -> subprocess.CompletedProcess:
