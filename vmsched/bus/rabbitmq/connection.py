@@ -250,12 +250,14 @@ class Wakeup:
             return True
         readable = select.select([self._r] if sock is None else [sock, self._r], [], [], timeout)[0]
         if self._r in readable:
-            self._pending = False  # before reading: a hand-over after this writes again
             try:
                 while os.read(self._r, 4096):
                     pass
             except BlockingIOError:
                 pass
+            # after reading: a hand-over from now on writes again; one made while reading was handed over before
+            # its wake-up, and the caller runs the work it finds after this wait
+            self._pending = False
         return sock is not None and sock in readable
 
     def close(self) -> None:
