@@ -16,6 +16,9 @@ the same work per request as vmsched's quorum queues) beside vmsched's deploymen
 and prints the speed to hold (:data:`TARGETS`): the embedded all-in-one against the classic floor,
 vmsched on RabbitMQ against the quorum floor, runCostFunctions / runFilters on both.
 
+``--record`` adds, per deployment, a side running this tree that records its calls (``VMSCHED_RECORD``, a
+temporary folder: ``embedded-record``) and the control (``embedded-again``), and prints the change each makes.
+
 ``--before DIR/src`` (a ``bench/snapshot.sh`` tree) adds, per deployment, a side running that tree's
 code (``embedded-before``) and a second side running this tree (``embedded-again``: the control, whose
 difference from ``embedded`` is the noise alone), and prints this tree's change against the before
@@ -25,7 +28,7 @@ shared load), so that the machine's moods fall on all sides alike. Blocks of one
 spread too much on a shared machine to resolve a change of a few percent.
 
     .venv/bin/python bench/bench_gateway.py --floor [--mixed] [--rounds 5] [--calls 500] [--seconds 4]
-        [--deployments embedded,rabbitmq] [--before DIR/src] [--keep]
+        [--deployments embedded,rabbitmq] [--before DIR/src] [--record] [--keep]
 """
 from __future__ import annotations
 
@@ -284,6 +287,7 @@ class Side:
     tree: Path | None = None
     port: int = 0
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # its own environment (--record: VMSCHED_RECORD)
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -306,7 +310,12 @@ def floor_sides(opts: argparse.Namespace) -> list[Side]:
     for deployment in opts.deployments.split(","):
         sides.append(Side(deployment, deployment))
         if opts.before is not None:
-            sides += [Side(f"{deployment}-before", deployment, opts.before), Side(f"{deployment}-again", deployment)]
+            sides.append(Side(f"{deployment}-before", deployment, opts.before))
+        if opts.record:
+            folder = Path(tempfile.mkdtemp(prefix=f"vmsched-bench-record-{deployment}-"))
+            sides.append(Side(f"{deployment}-record", deployment, env={"VMSCHED_RECORD": str(folder)}))
+        if opts.before is not None or opts.record:
+            sides.append(Side(f"{deployment}-again", deployment))
     return sides
 
 
@@ -317,8 +326,8 @@ def _start_sides(sides: list[Side], urls: dict[str, str], plugins: Path, tmp: Pa
             side.procs = floor.start_floor(side.port, urls[side.name], tmp,
                                            "quorum" if side.name == "floor-quorum" else "classic")
         else:
-            side.procs = launch(side.deployment, plugins, tmp, side.port, urls.get(side.name, ""), side.tree, env,
-                                tag=f"-{side.name}")
+            side.procs = launch(side.deployment, plugins, tmp, side.port, urls.get(side.name, ""), side.tree,
+                                {**env, **side.env}, tag=f"-{side.name}")
     for side in sides:
         if side.deployment == "floor":
             payload = side.payload("filter")
@@ -493,11 +502,14 @@ def _report(sides: list[Side], rounds: list[dict[str, float]], opts: argparse.Na
         mix = [f[f"{deployment} score rate"] / f[f"{deployment} filter rate"] for f in rounds]
         print(_ratio_line(f"{deployment}: runCostFunctions / runFilters rate", mix,
                           f"  target >= {SCORE_MIX_TARGET:.2f}x: {_met(statistics.median(mix) >= SCORE_MIX_TARGET)}"))
-    if opts.before is not None:
-        print(f"\nthis tree against the before tree ({opts.before}), and again against this tree (the control: "
-              "the noise), per-round changes, median (spread):")
+    if opts.before is not None or opts.record:
+        against = [("before tree", "{d}", "{d}-before")] if opts.before is not None else []
+        against += [("recording", "{d}-record", "{d}")] if opts.record else []
+        print(f"\nthis tree against: {', '.join(a for a, _, _ in against)}; and again against this tree (the "
+              "control: the noise), per-round changes, median (spread):")
         for deployment in opts.deployments.split(","):
-            for other, base in ((deployment, f"{deployment}-before"), (f"{deployment}-again", deployment)):
+            pairs = [(o.format(d=deployment), b.format(d=deployment)) for _, o, b in against]
+            for other, base in (*pairs, (f"{deployment}-again", deployment)):
                 for op in ("filter", "score"):
                     p50 = [100 * (f[f"{other} {op} p50"] / f[f"{base} {op} p50"] - 1) for f in rounds]
                     rate = [100 * (f[f"{other} {op} rate"] / f[f"{base} {op} rate"] - 1) for f in rounds]
@@ -541,6 +553,9 @@ def main() -> None:
     ap.add_argument("--before", type=Path,
                     help="--floor: a bench/snapshot.sh tree (DIR/src); each deployment also runs its code, and this "
                          "tree a second time (the control)")
+    ap.add_argument("--record", action="store_true",
+                    help="--floor: each deployment also runs this tree recording its calls (VMSCHED_RECORD) and this "
+                         "tree again without (the control)")
     ap.add_argument("--mixed", action="store_true",
                     help="--floor: serve every side call by call in turn instead of one after the other")
     ap.add_argument("--keep", action="store_true", help="--floor: start the sides once, not afresh every round")

@@ -70,7 +70,7 @@ class Canned(BusClient):
     def last_error(self) -> str:
         return ""
 
-    async def roundtrip(self, queue: str, op: str, body: dict, timeout: float) -> bytes:
+    async def roundtrip(self, queue: str, op: str, body: dict, timeout: float, mark: tuple = ("", False)) -> bytes:
         return self.reply
 
 

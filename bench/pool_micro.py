@@ -30,8 +30,7 @@ from bench_gateway import HOSTS, PLUGINS  # noqa: E402
 
 from vmsched.runtime.pool.pool import PluginPool  # noqa: E402
 from vmsched.runtime.types import Call, Confinement  # noqa: E402
-from vmsched.service import UnitRun  # noqa: E402
-from vmsched.services.scoring.service import _filter_outcome, _score_outcome  # noqa: E402
+from vmsched.runtime.units import UnitRun, filter_outcome, score_outcome  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -84,8 +83,8 @@ def main() -> int:
             assert all((r.scores is not None) == (options.aligned and options.op == "score") for r in results)
             if options.read:
                 hosts = args[0]
-                outcomes = [_filter_outcome(UnitRun(n, r), hosts) if options.op == "filter" else
-                            _score_outcome(UnitRun(n, r), 1, hosts) for n, r in zip(names, results)]
+                outcomes = [filter_outcome(UnitRun(n, r), hosts) if options.op == "filter" else
+                            score_outcome(UnitRun(n, r), 1, hosts) for n, r in zip(names, results)]
                 assert all(o.ok for o in outcomes), outcomes
             counts[i] += 1
 

@@ -35,11 +35,17 @@ from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.config import Settings
 from vmsched.engine_link import facts_cache
 from vmsched.tokens import TokenStore
+from vmsched.whatif.format import CallRecording
+from vmsched.whatif.writer import RecordWriter, record_writer
 
 log = logging.getLogger("vmsched.gateway")
 
 
 ENGINE_PATHS = frozenset({"/", "/RPC2"})
+
+
+def _items(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
 
 
 class TooLarge(BaseException):
@@ -153,10 +159,11 @@ def metrics_elsewhere(url: str | None) -> dict[str, str | None]:
 
 
 def create_app(settings: Settings, transport: Transport, tokens: TokenStore | None = None,
-               metrics_url: Callable[[], str | None] = lambda: None) -> BodyLimit:
+               metrics_url: Callable[[], str | None] = lambda: None, recording: RecordWriter | None = None) -> BodyLimit:
     """The gateway's ASGI app on ``transport``, the process's bus (the runner's, shared with the services of an
     all-in-one); ``/metrics`` is served on its own listener (runner), at ``metrics_url()`` (known once that
-    listener is up)."""
+    listener is up). ``recording``: the process's recording (the runner's); else, with ``--record``, one of its
+    own."""
     tokens = tokens or TokenStore(settings.tokens_file).watch()
     bus = transport.client("gateway", declare=tuple(REQUEST_QUEUES.values()))
 
@@ -166,6 +173,8 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
         if facts_sub is not None:
             facts_sub.start()
         decision_log.start()
+        if own_writer is not None:
+            own_writer.start()
         if logouts is not None:
             logouts.start()
             if not sessions.shared:
@@ -175,6 +184,10 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
         if logouts is not None:
             logouts.stop()
         decision_log.stop()
+        if own_writer is not None:
+            own_writer.stop()
+        elif recording is not None:  # the process's (the all-in-one), which may end at once on SIGTERM (uvicorn)
+            recording.flush()
         if facts_sub is not None:
             facts_sub.stop()
         if facts is not None and facts.link is not None:
@@ -190,9 +203,13 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
     decision_log = DecisionLog(settings.decisions_size, gateway_label(settings.gateway_id), facts,
                                transport if settings.decisions_share else None,
                                settings.decisions_log)
+    own_writer = record_writer(settings, "gateway") if recording is None else None
+    writer = recording or own_writer
     scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings),
                           decision_log.submit if settings.decisions_size else None,
-                          RenderOptions(score_per_unit=settings.score_per_unit))
+                          RenderOptions(score_per_unit=settings.score_per_unit),
+                          CallRecording(writer, gateway_label(settings.gateway_id), _items(settings.record_omit))
+                          if writer is not None else None)
     sessions = Sessions.from_settings(settings.console_secret_file, tokens, settings.console_session_ttl)
     logouts = (LogoutLink(transport, gateway_label(settings.gateway_id), sessions.logouts)
                if transport.spans_processes else None)  # the in-process bus: one process, one gateway

@@ -149,6 +149,13 @@ class Settings(BaseSettings):
     engine_link_wait: float = Field(0.5, ge=0, le=10, description="how long a plugin call waits for the engine link's "
                                     "first answer about a VM, seconds (0: never; the call then says 'not known yet')")
 
+    # recording of the engine's calls (docs/testing-policies.md)
+    record: Path | None = Field(None, description="folder to record the engine's calls and what their units could "
+                                "read in (gateway and services); unset: no recording")
+    record_max_mb: int = Field(1024, ge=4, description="most MiB of recordings in the --record folder (the oldest "
+                               "files go first)")
+    record_omit: str = Field("", description="property keys left out of the recording, KEY,...")
+
     # observability
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port of a worker service")
     metrics_host: str = Field("127.0.0.1", description="metrics listener address")

@@ -62,6 +62,9 @@ class Envelope(Versioned):
     op: str
     deadline: float = Field(description="absolute UNIX time after which nobody waits for the answer")
     body: dict[str, Any] = Field(default_factory=dict)
+    call: str = Field("", description="the gateway's ID of the call (its decision ID); empty: not a scheduling call")
+    record: bool = Field(False, description="the gateway records this call: the service records what its units "
+                                            "could read, keyed by ``call`` (vmsched.whatif)")
 
     def remaining(self, now: float | None = None) -> float:
         return self.deadline - (time.time() if now is None else now)

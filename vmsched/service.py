@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import pwd
-import time
-from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from vmsched import metrics
@@ -24,18 +22,13 @@ from vmsched.words import counted
 from vmsched.engine_link import facts_cache
 from vmsched.facts.cache import NO_CACHE, FactsCache, cause
 from vmsched.messages import Kind, MissingFacts
-from vmsched.runtime import Call, CallResult, Catalog, Limits, PluginPool
-from vmsched.runtime.contract import KIND
+from vmsched.runtime import CallResult, Catalog, Limits, PluginPool
 from vmsched.runtime.types import Confinement
+from vmsched.runtime.units import UnitRun, UnitRunner
+from vmsched.whatif.format import InputsItem
+from vmsched.whatif.writer import RecordWriter, record_writer
 
 log = logging.getLogger("vmsched.service")
-
-#: Time kept back from the caller's deadline to send the reply.
-REPLY_MARGIN = 0.05
-
-
-_UNBUILT = object()
-
 
 def _items(value: str) -> tuple[str, ...]:
     return tuple(filter(None, (item.strip() for item in value.split(","))))
@@ -70,16 +63,6 @@ def plugin_sandbox(settings: Settings) -> tuple[Limits, Confinement]:
     return limits, confinement
 
 
-@dataclass
-class UnitRun:
-    """One unit of a request: its name and what happened when it ran."""
-
-    name: str
-    result: CallResult
-    read_facts: bool = False  # its plugin reads host facts: the call carried them (those the service has)
-    facts: Any = None  # then the call's facts (a vmsched.facts.wire.PreparedFacts; None without a facts cache)
-
-
 def missing_facts(runs: list[UnitRun], hosts: list[str], vm: str = "") -> MissingFacts | None:
     """What the request's units that read host facts lacked (the call's facts know which hosts had none, and
     why), or None when they lacked nothing."""
@@ -111,10 +94,12 @@ class PluginService:
     uses_facts: ClassVar[bool] = False
 
     def __init__(self, settings: Settings, transport: Transport, pool_size: int | None = None,
-                 pool_bounds: tuple[int, int] | None = None, log_plugins: bool = True) -> None:
+                 pool_bounds: tuple[int, int] | None = None, log_plugins: bool = True,
+                 recording: RecordWriter | None = None) -> None:
         """A service on ``transport``, the process's bus (the runner's). ``pool_size`` fixes the plugin pool's size,
         ``pool_bounds`` sets (fewest, most); else the settings'. ``log_plugins``: log plugin loads and load errors
-        (one service of a process does)."""
+        (one service of a process does). ``recording``: the process's recording (the runner's); else, with
+        ``--record``, one of its own."""
         self.settings = settings
         self.transport = transport
         limits, confinement = plugin_sandbox(settings)
@@ -129,6 +114,10 @@ class PluginService:
         metrics.init_requests(self.name, [op.value for op, queue in REQUEST_QUEUES.items() if queue in self.QUEUES],
                               worker=True)
         self.facts: FactsCache | None = facts_cache(settings, self.name) if self.uses_facts else None
+        self.runner = UnitRunner(self.catalog, self.pool, settings.timeout_for, self._observe)
+        #: with --record: the process's recording (the runner's, shared), else one of its own
+        self.recording = recording or (record_writer(settings, self.name) if self.runs_units else None)
+        self._own_recording = recording is None and self.recording is not None
         self._facts_sub: FactsSubscriber | None = None
 
     # --- lifecycle ---------------------------------------------------------
@@ -150,6 +139,8 @@ class PluginService:
             journal_dir=(self.settings.runtime_dir or default_dir()) / "journal",
         )
         self.worker.start()
+        if self._own_recording:
+            self.recording.start()  # type: ignore[union-attr]
         if self.facts is not None:
             self._facts_sub = FactsSubscriber(self.transport, self.name, self.facts.ingest)
             self._facts_sub.start()
@@ -165,58 +156,28 @@ class PluginService:
             self.facts.link.stop()
         self.catalog.stop()
         self.pool.close()
+        if self._own_recording:
+            self.recording.stop()  # type: ignore[union-attr]
 
     # --- running units -----------------------------------------------------
     def run_units(
         self, kind: Kind, names: list[str], args: tuple[Any, ...], deadline: float, timeout: float | None,
-        facts: Callable[[], Any] | None = None,
+        facts: Callable[[], Any] | None = None, record: str = "",
     ) -> list[UnitRun]:
-        """Run every named unit of ``kind`` in parallel; unknown names fail alone.
+        """Run every named unit of ``kind`` in parallel (:meth:`UnitRunner.run`).
 
-        ``args`` are the method's arguments (``KIND[kind].args(...)`` builds them); ``facts``
-        builds the call's host facts (:meth:`facts_for`), once, and only when a unit's plugin reads
-        them: the others skip building, encoding and decoding them.
+        ``record``: the call ID its gateway records it under (``Envelope.call`` when ``Envelope.record``): with
+        ``--record``, what the units could read is recorded, whether or not they read it (vmsched.whatif).
         """
-        calls: list[Call] = []
-        slots: list[int] = []
-        built: object = _UNBUILT
-        runs = [UnitRun(name, CallResult(ok=False)) for name in names]
-        for i, name in enumerate(names):
-            unit = self._lookup(name, kind)
-            if unit is None:
-                runs[i].result = CallResult(ok=False, error=self._unknown(name, kind))
-                continue
-            budget = min(timeout or self.settings.timeout_for(name), deadline - time.time() - REPLY_MARGIN)
-            unit_facts = None
-            if facts is not None and self.catalog.uses_facts(unit.plugin):
-                if built is _UNBUILT:
-                    built = facts()
-                unit_facts = built  # type: ignore[assignment]
-                runs[i].read_facts, runs[i].facts = True, built
-            calls.append(Call(unit.plugin, unit.name, KIND[kind].method, args, max(budget, 0.001), unit_facts))
-            slots.append(i)
-        if calls:
-            for i, result in zip(slots, self.pool.run(calls, deadline=deadline - REPLY_MARGIN)):
-                runs[i].result = result
-                self._observe(names[i], result)
-        return runs
+        if record and self.recording is not None:
+            built = facts() if facts is not None else None
+            self.recording.submit(InputsItem(record, self.name, built))
+            facts = (lambda: built) if facts is not None else None
+        return self.runner.run(kind, names, args, deadline, timeout, facts)
 
     def facts_for(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> Any:
         """The host facts of one request's plugin calls (None without a cache): a vmsched.facts.wire.PreparedFacts."""
         return None if self.facts is None else self.facts.prepared(hosts, vm, with_guests)
-
-    def _unknown(self, name: str, kind: Kind) -> str:
-        """Why unit ``name`` cannot run: the load error of its file when that file failed to load."""
-        failed = self.catalog.load_error_of(name)
-        if failed is not None:
-            return f"{kind.value} unit {name!r} is in {failed.plugin}.py, which failed to load: {failed.error}"
-        return f"unknown {kind.value} unit {name!r}"
-
-    def _lookup(self, name: str, kind: Kind):  # type: ignore[no-untyped-def]
-        unit = self.catalog.unit(name, kind)
-        if unit is None and self.catalog.refresh():  # a plugin may have just been added
-            unit = self.catalog.unit(name, kind)
-        return unit
 
     @staticmethod
     def _observe(unit: str, result: CallResult) -> None:

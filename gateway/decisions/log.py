@@ -70,15 +70,17 @@ class DecisionLog:
         self.peers = PeerLink(bus, gateway, self.answer) if bus is not None else None
 
     # --- the request path -------------------------------------------------------------------------
-    def submit(self, op: str, req: Any, decision: Any, outcomes: Any, bus_failed: bool, duration: float) -> None:
-        """Keep the decision in the ring, as one bytes object (the request's objects die with it)."""
+    def submit(self, op: str, req: Any, decision: Any, outcomes: Any, bus_failed: bool, duration: float,
+               record_id: str = "") -> None:
+        """Keep the decision in the ring, as one bytes object (the request's objects die with it); ``record_id``:
+        its ID (the call's, vmsched.gateway.engine.scheduler), else a new one."""
         try:
             data = keep(op, req, decision, outcomes, bus_failed, duration, self._ages(req.hosts)).dumps()
         except Exception:  # noqa: BLE001 - the log must never fail a scheduling request
             log.exception("keeping a %s decision failed", op)
             self.skipped += 1
             return
-        record_id, at = new_id(), time.time()
+        record_id, at = record_id or new_id(), time.time()
         self.ring.put(op, record_id, at, data)
         if self._thread is not None:
             if len(self._out) >= MAX_PENDING:  # never let the backlog grow unbounded

@@ -38,7 +38,7 @@ def _operation_method(operation: Operation) -> Method:
         except ValidationError as exc:
             raise xmlrpc.Fault(xmlrpc.INVALID_PARAMS, f"{name}: {invalid_params(exc)}") from None
         try:
-            decision, _ = await s.run(operation, request)
+            decision, _ = await s.run(operation, request, engine=True)
         except OverLimit as exc:
             raise xmlrpc.Fault(xmlrpc.INVALID_PARAMS, f"{name}: {exc}") from None
         return decision.envelope()

@@ -19,27 +19,33 @@ from pydantic import BaseModel
 
 from vmsched import metrics
 from vmsched.bus import BusError
-from vmsched.bus.interface import BusClient
+from vmsched.bus.interface import BusClient, Mark
 from vmsched.bus.topology import REQUEST_QUEUES
 from vmsched.gateway.limits import Limits
+from vmsched.gateway.decisions.record import new_id
 from vmsched.gateway.engine.operations import Operation
 from vmsched.decide.rules import Decision, RenderOptions
 from vmsched.messages import DiscoverReply, Op
+from vmsched.whatif.format import CallRecording
 
 log = logging.getLogger("vmsched.gateway")
 
-#: (op, request, decision, outcomes, bus failed, seconds) -> None; must return at once (the decision log queues it)
-Recorder = Callable[[str, BaseModel, Decision, Any, bool, float], None]
+#: (op, request, decision, outcomes, bus failed, seconds, call ID) -> None; must return at once (the decision log
+#: queues it)
+Recorder = Callable[[str, BaseModel, Decision, Any, bool, float, str], None]
 
 
 class Scheduler:
     def __init__(self, bus: BusClient, request_timeout: float, limits: Limits | None = None,
-                 recorder: Recorder | None = None, render: RenderOptions | None = None) -> None:
+                 recorder: Recorder | None = None, render: RenderOptions | None = None,
+                 recording: CallRecording | None = None) -> None:
+        """``recorder``: the decision log's; ``recording``: with ``--record``, where the engine's calls go."""
         self.bus = bus
         self.render = render or RenderOptions()
         self.request_timeout = request_timeout
         self.limits = limits or Limits()
         self.recorder = recorder
+        self.recording = recording
 
     def _deadline(self, plugin_timeout: float | None) -> float:
         # A per-request plugin timeout may lengthen the wait, never past the engine's patience.
@@ -54,19 +60,27 @@ class Scheduler:
             outcome.append("ok")
             return reply
 
-    async def run(self, operation: Operation, req: BaseModel) -> tuple[Decision, Any]:
+    async def run(self, operation: Operation, req: BaseModel, engine: bool = False) -> tuple[Decision, Any]:
         """One scheduling operation (a row of the table): its decision and the units' outcomes.
 
-        Raises :class:`~vmsched.gateway.limits.OverLimit` for a request over the limits.
+        ``engine``: the engine's call (XML-RPC), recorded with ``--record``. Raises
+        :class:`~vmsched.gateway.limits.OverLimit` for a request over the limits.
         """
         self.limits.check(req)
+        call_id = new_id()  # the decision's ID, and the call's in a recording
+        record = engine and self.recording is not None
+        at = time.time() if record else 0.0
         started = time.perf_counter()
-        decision, outcomes, bus_failed = await self._run(operation, req)
+        decision, outcomes, bus_failed = await self._run(operation, req, (call_id, record))
+        elapsed = time.perf_counter() - started
+        op = operation.op.value
         if self.recorder is not None:
-            self.recorder(operation.op.value, req, decision, outcomes, bus_failed, time.perf_counter() - started)
+            self.recorder(op, req, decision, outcomes, bus_failed, elapsed, call_id)
+        if record:
+            self.recording.call(call_id, at, op, req, decision, outcomes, bus_failed, elapsed)  # type: ignore[union-attr]
         return decision, outcomes
 
-    async def _run(self, operation: Operation, req: BaseModel) -> tuple[Decision, Any, bool]:
+    async def _run(self, operation: Operation, req: BaseModel, mark: Mark) -> tuple[Decision, Any, bool]:
         op = operation.op
         with _observed(op) as outcome:
             if operation.nothing_to_run(req):
@@ -74,7 +88,7 @@ class Scheduler:
                 return operation.fallback(req), operation.no_outcomes(), False
             try:
                 reply = await self.bus.call(REQUEST_QUEUES[op], op.value, req.model_dump(),
-                                            self._deadline(req.timeout), operation.reply)  # type: ignore[attr-defined]
+                                            self._deadline(req.timeout), operation.reply, mark)  # type: ignore[attr-defined]
             except BusError as exc:
                 return _failed(operation.fallback(req), exc, outcome), operation.no_outcomes(), True
             reply = operation.complete(req, reply)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from vmsched.bus.topology import REQUEST_QUEUES
-from vmsched.messages import BalanceOutcome, BalanceReply, BalanceRequest, Envelope, Kind, Op
-from vmsched.runtime.contract import KIND, BadResult
+from vmsched.messages import BalanceReply, BalanceRequest, Envelope, Kind, Op
+from vmsched.runtime.contract import KIND
+from vmsched.runtime.units import balance_outcome
 from vmsched.service import PluginService, missing_facts
 
 _BALANCE = KIND[Kind.BALANCE]
@@ -21,15 +22,6 @@ class BalancerService(PluginService):
         req = BalanceRequest.model_validate(env.body)
         args = _BALANCE.args(req.hosts, "", req.properties)
         facts = lambda: self.facts_for(req.hosts, with_guests=True)  # noqa: E731 - a balancer picks a guest to move
-        (run,) = self.run_units(Kind.BALANCE, [req.unit], args, env.deadline, req.timeout, facts)
-        r = run.result
-        outcome = BalanceOutcome(unit=req.unit, ok=r.ok, error=r.error, timed_out=r.timed_out,
-                                 duration=r.duration, stderr=r.stderr)
-        if r.ok:
-            try:
-                verdict = _BALANCE.read(r.value, req.hosts)
-                outcome.vm, outcome.hosts = verdict.value
-                outcome.reasons, outcome.reason = verdict.reasons, verdict.reason
-            except BadResult as exc:
-                outcome.ok, outcome.error = False, str(exc)
-        return BalanceReply(outcome=outcome, missing_facts=missing_facts([run], req.hosts))
+        (run,) = self.run_units(Kind.BALANCE, [req.unit], args, env.deadline, req.timeout, facts,
+                                env.call if env.record else "")
+        return BalanceReply(outcome=balance_outcome(run, req.hosts), missing_facts=missing_facts([run], req.hosts))

@@ -7,20 +7,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from vmsched.bus.topology import REQUEST_QUEUES
-from vmsched.messages import (
-    Envelope,
-    FilterOutcome,
-    FilterReply,
-    FilterRequest,
-    Kind,
-    Op,
-    ScoreOutcomeOnBus,
-    ScoreReply,
-    ScoreRequest,
-)
+from vmsched.messages import Envelope, FilterReply, FilterRequest, Kind, Op, ScoreOutcomeOnBus, ScoreReply, ScoreRequest
 from vmsched.facts.pending import PendingBook, attach
-from vmsched.runtime.contract import KIND, BadResult, checked_aligned
-from vmsched.service import PluginService, UnitRun, missing_facts
+from vmsched.runtime.contract import KIND
+from vmsched.runtime.units import filter_outcome, score_outcome
+from vmsched.service import PluginService, missing_facts
 
 _FILTER, _SCORE = KIND[Kind.FILTER], KIND[Kind.SCORE]
 
@@ -44,8 +35,8 @@ class ScoringService(PluginService):
         req = FilterRequest.model_validate(env.body)
         args = _FILTER.args(req.hosts, req.vm, req.properties)
         runs = self.run_units(Kind.FILTER, req.units, args, env.deadline, req.timeout,
-                              lambda: self._call_facts(req.hosts, req.vm))
-        return FilterReply(outcomes=[_filter_outcome(run, req.hosts) for run in runs],
+                              lambda: self._call_facts(req.hosts, req.vm), env.call if env.record else "")
+        return FilterReply(outcomes=[filter_outcome(run, req.hosts) for run in runs],
                            missing_facts=missing_facts(runs, req.hosts, req.vm))
 
     def score(self, env: Envelope) -> BaseModel:
@@ -53,45 +44,14 @@ class ScoringService(PluginService):
         names = [u.name for u in req.units]
         args = _SCORE.args(req.hosts, req.vm, req.properties)
         runs = self.run_units(Kind.SCORE, names, args, env.deadline, req.timeout,
-                              lambda: self._call_facts(req.hosts, req.vm))
-        outcomes = [_score_outcome(run, unit.factor, req.hosts) for run, unit in zip(runs, req.units)]
+                              lambda: self._call_facts(req.hosts, req.vm), env.call if env.record else "")
+        outcomes = [score_outcome(run, unit.factor, req.hosts) for run, unit in zip(runs, req.units)]
         if self.facts is not None:
             self.pending.placed(self.facts, req.vm, req.hosts, ((o.factor, _pairs(o, req.hosts)) for o in outcomes
                                                                  if o.ok))  # paired only if the VM's memory is known
         for o in outcomes:
             _align(o, req.hosts)
         return ScoreReply(outcomes=outcomes, missing_facts=missing_facts(runs, req.hosts, req.vm))
-
-
-def _common(run: UnitRun) -> dict[str, Any]:
-    r = run.result
-    return {"unit": run.name, "ok": r.ok, "error": r.error, "timed_out": r.timed_out,
-            "duration": r.duration, "stderr": r.stderr}
-
-
-def _filter_outcome(run: UnitRun, hosts: list[str]) -> FilterOutcome:
-    outcome = FilterOutcome(**_common(run))
-    if run.result.ok:
-        try:
-            verdict = _FILTER.read(run.result.value, hosts)
-            outcome.hosts, outcome.reasons = verdict.value, verdict.reasons
-        except BadResult as exc:
-            outcome.ok, outcome.error = False, str(exc)
-    return outcome
-
-
-def _score_outcome(run: UnitRun, factor: int, hosts: list[str]) -> ScoreOutcomeOnBus:
-    outcome = ScoreOutcomeOnBus(**_common(run), factor=factor)
-    if run.result.ok:
-        try:
-            if run.result.scores is not None:  # its worker found them aligned (contract.aligned_scores)
-                outcome.values = checked_aligned(run.result.scores, hosts)
-            else:
-                verdict = _SCORE.read(run.result.value, hosts)
-                outcome.scores, outcome.reasons = verdict.value, verdict.reasons
-        except BadResult as exc:
-            outcome.ok, outcome.error = False, str(exc)
-    return outcome
 
 
 def _pairs(outcome: ScoreOutcomeOnBus, hosts: list[str]) -> list[tuple[str, float]]:

@@ -15,7 +15,7 @@ from vmsched.config import MEMORY_URL
 
 #: What each command needs on its command line besides options (None: nothing).
 POSITIONALS = {("policy", "pool"): ["none"], ("policy", "list"): [], ("policy", "cpus"): [],
-               ("policy", "reconcile"): [], ("plugin", "check"): ["p.py"], ("plugin", "run"): ["Unit"],
+               ("policy", "reconcile"): [], ("plugin", "check"): ["p.py"], ("plugin", "run"): ["Unit"], ("replay",): ["rec"],
                ("token", "revoke"): ["me"]}
 #: Variables a command needs to parse at all (its required options), when they are not the one under test.
 BASE_ENV = {("token", "new"): {"VMSCHED_TOKEN_NAME": "me", "VMSCHED_TOKEN_ROLE": "read"},

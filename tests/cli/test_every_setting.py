@@ -19,16 +19,20 @@ SERVICES = frozenset({"run", "discovery", "scoring", "balancer"})
 GATEWAY_ONLY = {"host", "port", "request_timeout", "max_body_bytes", "decisions_size", "decisions_share",
                 "decisions_log", "gateway_id", "score_per_unit", "max_hosts", "max_units", "max_string",
                 "header_timeout", "body_timeout", "tls_cert", "tls_key", "tls_client_ca", "engine_allow",
-                "console_secret_file", "console_session_ttl"}
+                "console_secret_file", "console_session_ttl", "record_omit"}
 #: Settings only the plugin services read (their consumers, their plugin workers).
 SERVICES_ONLY = {"prefetch", "consumers", "runtime_dir", "plugins_dir", "stock_plugins", "rescan_interval",
                  "allow_root_plugins"}
+#: Settings of the processes that record (the gateway's and those of services running units: not discovery).
+RECORDING = {"record", "record_max_mb"}
 
 
 def commands_of(field: str) -> frozenset[str]:
     """The commands that use ``field``: the gateway's, the services', or both (bus, facts, metrics, logs)."""
     if field in GATEWAY_ONLY:
         return GATEWAY
+    if field in RECORDING:
+        return (GATEWAY | SERVICES) - {"discovery"}
     if field in SERVICES_ONLY or field.startswith(("pool_", "plugin_")):
         return SERVICES
     return GATEWAY | SERVICES

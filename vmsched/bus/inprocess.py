@@ -35,7 +35,7 @@ from kombu import Exchange
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, reply_body
 from vmsched.bus.options import BusOptions
-from vmsched.bus.interface import BusClient, OnMessage, Publish, Subscription, Topic, Transport, event_bytes, \
+from vmsched.bus.interface import BusClient, Mark, OnMessage, Publish, Subscription, Topic, Transport, event_bytes, \
     request_bytes, wait_reply
 from vmsched.bus.replies import Handler, Replier
 from vmsched.bus.topology import EVENTS_EXCHANGE
@@ -213,7 +213,8 @@ class InProcessClient(BusClient):
     def last_error(self) -> str:
         return "" if self.connected else "not started" if self._loop is None else "closed"
 
-    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> bytes:
+    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float, mark: Mark = ("", False),
+                        ) -> bytes:
         loop = self._loop
         if loop is None or self._closed:
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
@@ -221,7 +222,7 @@ class InProcessClient(BusClient):
         future: asyncio.Future[bytes] = loop.create_future()
         self._pending[cid] = future
         try:
-            self._inboxes.put(Request(queue, request_bytes(op, time.time() + timeout, body), cid,
+            self._inboxes.put(Request(queue, request_bytes(op, time.time() + timeout, body, mark), cid,
                                       lambda raw: _settle_threadsafe(loop, future, raw)))
             return await wait_reply(future, op, queue, timeout)
         finally:

@@ -35,6 +35,8 @@ log = logging.getLogger("vmsched.bus")
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 
+#: A request's call ID and "record this call" (:class:`vmsched.messages.Envelope` ``call``, ``record``).
+Mark = tuple[str, bool]
 #: Called with a message's body and its routing key (on the subscription's own thread).
 OnMessage = Callable[[bytes, str], object]
 #: Publishes ``body`` on ``exchange`` with a routing key: what a subscription may send once it is subscribed.
@@ -147,17 +149,20 @@ class BusClient(ABC):
     def last_error(self) -> str: ...
 
     @abstractmethod
-    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> bytes:
-        """Send one request and return its reply's bytes, within ``timeout`` seconds."""
+    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float, mark: Mark = ("", False),
+                        ) -> bytes:
+        """Send one request and return its reply's bytes, within ``timeout`` seconds (``mark``: :func:`request_bytes`)."""
 
     @overload
     async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> dict[str, Any]: ...
 
     @overload
-    async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M]) -> M: ...
+    async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M],
+                   mark: Mark = ...) -> M: ...
 
     async def call(
         self, queue: str, op: str, body: dict[str, Any], timeout: float, model: type[M] | None = None,
+        mark: Mark = ("", False),
     ) -> dict[str, Any] | M:
         """Send a request and wait for its reply body, at most ``timeout`` seconds.
 
@@ -165,7 +170,7 @@ class BusClient(ABC):
         reply raises :class:`RequestError` carrying the reply's ``code``.
         """
         reply_type = TypedReply[model] if model else ReplyEnvelope  # type: ignore[valid-type]
-        reply = await self.request(queue, op, body, timeout, reply_type)
+        reply = await self.request(queue, op, body, timeout, reply_type, mark)
         error = reply_error(reply, queue)
         if error is not None:
             raise error
@@ -173,9 +178,10 @@ class BusClient(ABC):
 
     async def request(
         self, queue: str, op: str, body: dict[str, Any], timeout: float, reply_type: type[R] = ReplyEnvelope,
+        mark: Mark = ("", False),
     ) -> R:
         """Send a request and return its whole reply (ok or not), parsed as ``reply_type``."""
-        raw = await self.roundtrip(queue, op, body, timeout)
+        raw = await self.roundtrip(queue, op, body, timeout, mark)
         try:
             return reply_type.model_validate_json(raw)
         except ValidationError as exc:
@@ -188,9 +194,9 @@ class BusClient(ABC):
             return False
 
 
-def request_bytes(op: str, deadline: float, body: dict[str, Any]) -> bytes:
-    """A request envelope as it goes on the bus."""
-    return Envelope(op=op, deadline=deadline, body=body).model_dump_json().encode()
+def request_bytes(op: str, deadline: float, body: dict[str, Any], mark: Mark = ("", False)) -> bytes:
+    """A request envelope as it goes on the bus; ``mark``: the call's ID and whether its gateway records it."""
+    return Envelope(op=op, deadline=deadline, body=body, call=mark[0], record=mark[1]).model_dump_json().encode()
 
 
 async def wait_reply(future: asyncio.Future[bytes], op: str, queue: str, timeout: float) -> bytes:

@@ -22,6 +22,7 @@ from vmsched.services.discovery import DiscoveryService
 from vmsched.services.policy_agent.surfaces.cli import register as register_agent_commands
 from vmsched.services.scoring import ScoringService
 from vmsched.cli.plugin import register as register_plugin_commands
+from vmsched.cli.replay import register as register_replay_command
 from vmsched.cli.secret import register as register_secret_command
 from vmsched.cli.token import register as register_token_commands
 
@@ -160,6 +161,15 @@ def _facts(p: argparse.ArgumentParser) -> None:
                    help="how long a call waits for the link's first answer about a VM (default 0.5; 0: never)")
 
 
+def _record(p: argparse.ArgumentParser, gateway: bool = True) -> None:
+    p.add_argument("--record", type=Path, metavar="DIR",
+                   help="record the engine's calls and what their units could read in DIR, for `vmsched replay` "
+                        "(default: off; docs/testing-policies.md)")
+    p.add_argument("--record-max-mb", metavar="MIB", help="most MiB of recordings in DIR (default 1024)")
+    if gateway:
+        p.add_argument("--record-omit", metavar="KEY,...", help="property keys left out of the recording (secrets)")
+
+
 def _metrics(p: argparse.ArgumentParser, default: str = "off") -> None:
     p.add_argument("--metrics-port", metavar="PORT",
                    help=f"serve Prometheus /metrics, /healthz, /readyz on this port (env VMSCHED_METRICS_PORT; default {default})")
@@ -234,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     _facts(p)
     _metrics(p, "9100")
     _plugins(p)
+    _record(p)
     _common(p)
     p.set_defaults(func=cmd_run)
 
@@ -245,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tokens(p)
     _facts(p)
     _metrics(p, "9100")
+    _record(p)
     _common(p)
     p.set_defaults(func=cmd_gateway)
 
@@ -259,12 +271,15 @@ def build_parser() -> argparse.ArgumentParser:
         _metrics(p)
         _tokens(p)
         _facts(p)
+        if service.runs_units:
+            _record(p, gateway=False)
         _common(p)
         p.set_defaults(func=_service_cmd(name))
 
     _register_agent(sub)
     register_token_commands(sub)
     register_plugin_commands(sub)
+    register_replay_command(sub)
     register_secret_command(sub)
     parser.name_variables()
     return parser

@@ -89,7 +89,7 @@ def load(path: Path, settings: Settings) -> tuple[list[UnitInfo], list[PluginLoa
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    units, errors = load(args.path, _from(args))
+    units, errors = load(args.path, settings_of(args))
     if not units and not errors:  # a folder without plugin files
         errors = [PluginLoadError(plugin=str(args.path), error="no plugin file (NAME.py) here")]
     failed = bool(errors) or any(u.validation_error for u in units)
@@ -136,7 +136,7 @@ def read_facts(path: Path | None) -> dict[str, Any] | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    settings = _from(args)
+    settings = settings_of(args)
     facts = read_facts(args.facts)
     hosts = [h.strip() for h in (args.hosts or "").split(",") if h.strip()] or list((facts or {}).get("hosts", {}))
     folder = args.plugins.absolute() if args.plugins else settings.plugins_dir
@@ -173,7 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sandbox_options(p: argparse.ArgumentParser) -> None:
+def sandbox_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin-user", metavar="USER", help="as root: the user plugins run as (as the services)")
     p.add_argument("--allow-root-plugins", action="store_true", default=None,
                    help="as root: if the switch to --plugin-user is impossible, run plugins as root without "
@@ -184,7 +184,7 @@ def _sandbox_options(p: argparse.ArgumentParser) -> None:
                         "a module or unit name in both is an error (default off)")
 
 
-def _from(args: argparse.Namespace) -> Settings:
+def settings_of(args: argparse.Namespace) -> Settings:
     return _settings(plugin_timeout=args.timeout, plugin_user=args.plugin_user,
                      allow_root_plugins=args.allow_root_plugins, stock_plugins=args.stock_plugins)
 
@@ -201,7 +201,7 @@ def register(sub: Any) -> None:  # sub: what argparse's add_subparsers() returne
                                      "so it can run in CI or as a Helm test hook.")
     c.add_argument("path", type=Path, metavar="PATH", help="a plugin *.py file or a plugins folder")
     c.add_argument("--json", action="store_true", help="print the result as JSON")
-    _sandbox_options(c)
+    sandbox_options(c)
     c.set_defaults(func=cmd_check)
     r = verbs.add_parser("run", help="run one unit locally with the given hosts, VM, properties and facts",
                          description="Run one unit in the sandbox, as a service would, and print what it returned "
@@ -215,5 +215,5 @@ def register(sub: Any) -> None:  # sub: what argparse's add_subparsers() returne
     r.add_argument("--prop", action="append", default=[], metavar="K=V", help="a cluster policy property; repeat")
     r.add_argument("--facts", type=Path, metavar="FILE",
                    help="host facts, YAML or JSON: {hosts: {ID: {memory_free_mib: ..., ...}}, vm: {...}}")
-    _sandbox_options(r)
+    sandbox_options(r)
     r.set_defaults(func=cmd_run)

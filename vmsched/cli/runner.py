@@ -26,6 +26,7 @@ from vmsched.services.discovery import DiscoveryService
 from vmsched.services.scoring import ScoringService
 from vmsched.tls import server_context
 from vmsched.tokens import Role, TokenStore, bearer_authorizer
+from vmsched.whatif.writer import RecordWriter, record_writer
 
 log = logging.getLogger("vmsched")
 
@@ -43,16 +44,21 @@ def service_queues() -> dict[str, tuple[str, ...]]:
     return {name: tuple(cls.QUEUES) for name, cls in SERVICES.items()}
 
 
-def make_service(name: str, settings: Settings, transport: Transport, log_plugins: bool = True) -> PluginService:
-    """Service ``name`` on ``transport``, the process's bus."""
+def make_service(name: str, settings: Settings, transport: Transport, log_plugins: bool = True,
+                 recording: RecordWriter | None = None) -> PluginService:
+    """Service ``name`` on ``transport``, the process's bus, recording to ``recording`` (the process's; default:
+    with ``--record``, one of its own)."""
     cls = SERVICES.get(name)
     if cls is None:
         raise ValueError(f"unknown service {name!r}")
     if cls is BalancerService:
         fewest, most = settings.pool_bounds()
         half = max(1, most // 2)  # balance requests are rarer: half the workers
-        return BalancerService(settings, transport, pool_bounds=(min(fewest, half), half), log_plugins=log_plugins)
-    return cls(settings, transport, log_plugins=log_plugins)
+        return BalancerService(settings, transport, pool_bounds=(min(fewest, half), half), log_plugins=log_plugins,
+                               recording=recording)
+    if cls is DiscoveryService:  # it runs no unit: nothing to record
+        return DiscoveryService(settings, transport, log_plugins=log_plugins)
+    return cls(settings, transport, log_plugins=log_plugins, recording=recording)
 
 
 #: The gateway's /metrics port when --metrics-port is not given (services: no listener).
@@ -75,13 +81,15 @@ def serve_metrics(settings: Settings, ready: Callable[[], bool] | None = None, d
         raise cannot_listen("the metrics listener", settings.metrics_host, port, exc, "--metrics-port") from None
 
 
-def _prepare_http(settings: Settings, transport: Transport) -> tuple[uvicorn.Server, socket.socket]:
+def _prepare_http(settings: Settings, transport: Transport,
+                  recording: RecordWriter | None = None) -> tuple[uvicorn.Server, socket.socket]:
     """The gateway's HTTP server and its bound socket (the metrics listener too): nothing served yet."""
     check_tokens(settings)
     tls = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca, what="gateway TLS")
     tokens = TokenStore(settings.tokens_file).watch()
     metrics_url: list[str] = []  # known once the metrics listener is up, below
-    app = create_app(settings, transport, tokens=tokens, metrics_url=lambda: next(iter(metrics_url), None))
+    app = create_app(settings, transport, tokens=tokens, metrics_url=lambda: next(iter(metrics_url), None),
+                     recording=recording)
     metrics.init_requests("gateway", [op.value for op in Op])  # every series at 0 from start-up
     sock = bind(settings.host, settings.port)
     try:
@@ -135,9 +143,12 @@ def run_all_in_one(settings: Settings, broker_from: str = "the settings") -> int
     """Gateway + discovery + scoring + balancer in this process (embedded bus by default)."""
     check_plugins(settings)
     transport = _transport(settings, broker_from)  # memory://: the one in-process bus of the gateway and the services
-    server, sock = _prepare_http(settings, transport)  # a busy port fails here, before any service starts
+    recording = record_writer(settings, "run")  # one recording of the process (--record)
+    server, sock = _prepare_http(settings, transport, recording)  # a busy port fails here, before any service starts
     services = [make_service(name, settings, log_plugins=name == "discovery",  # each plugin load logged once
-                             transport=transport) for name in ("discovery", "scoring", "balancer")]
+                             transport=transport, recording=recording) for name in ("discovery", "scoring", "balancer")]
+    if recording is not None:
+        recording.start()
     for service in services:
         service.start()
     log.info("vmsched all-in-one on %s://%s:%d/ (plugins %s, bus %s)", "https" if settings.tls_cert else "http",
@@ -148,4 +159,6 @@ def run_all_in_one(settings: Settings, broker_from: str = "the settings") -> int
     finally:
         for service in services:
             service.stop()
+        if recording is not None:
+            recording.stop()
     return 0

@@ -17,6 +17,7 @@ are older than ``max_age`` (default: 3 of the agent's intervals).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -61,6 +62,13 @@ def cause(reason: str) -> str:
     if _NO_AGENT in reason:
         return NOT_LINKED if _NOT_LINKED in reason else NO_AGENT
     return reason
+
+
+@functools.lru_cache(maxsize=4096)
+def _unknown_host(host_id: str) -> str:
+    """Why a host no agent reports has no facts (made once per host: a call may name thousands)."""
+    return (f"no facts: {_NO_AGENT} {host_id!r} (set the agent's --host-id to the engine's host ID, or map it in "
+            "--facts-host-map)")
 
 
 #: Generation numbers of stored host messages and guest lists, unique in the process (vmsched.facts.wire).
@@ -218,8 +226,7 @@ class FactsCache:
             if entry is not None:
                 return entry, agent  # type: ignore[return-value]
             return None, f"no facts: {_NO_AGENT} {host_id!r}, {_NOT_LINKED}, and {why}"
-        return None, (f"no facts: {_NO_AGENT} {host_id!r} (set the agent's --host-id to the engine's "
-                      "host ID, or map it in --facts-host-map)")
+        return None, _unknown_host(host_id)
 
     def age(self, entry: Entry, now: float | None = None) -> float:
         age = (time.time() if now is None else now) - entry.time
@@ -274,7 +281,9 @@ class FactsCache:
             epoch = self._epoch  # read with refs: the same epoch means the same entries
         agents: dict[str, str] = {}
         missing: dict[str, str] = {}
-        if len(refs) < len(hosts):
+        if len(refs) < len(hosts) and not self.host_map and self.link is None:  # nothing to resolve them by
+            missing = {h: _unknown_host(h) for h in hosts if h not in refs}
+        elif len(refs) < len(hosts):
             for host_id in dict.fromkeys(hosts):
                 if host_id in refs:
                     continue

@@ -16,7 +16,7 @@ from typing import Any
 
 from vmsched.bus import BusUnavailable
 from vmsched.bus.options import BusOptions
-from vmsched.bus.interface import BusClient, request_bytes, wait_reply
+from vmsched.bus.interface import BusClient, Mark, request_bytes, wait_reply
 from vmsched.bus.rabbitmq.link import Link, Outcome
 from vmsched.bus.rabbitmq.link import Outgoing
 from vmsched.bus.tokens import Unguessable
@@ -63,7 +63,8 @@ class AsyncBusClient(BusClient):
         return self._link.last_error if self._link is not None else "not started"
 
     # --- calls ---------------------------------------------------------------
-    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> bytes:
+    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float, mark: Mark = ("", False),
+                        ) -> bytes:
         link = self._link
         if link is None or not link.accepting:
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
@@ -73,7 +74,7 @@ class AsyncBusClient(BusClient):
         deadline = time.time() + timeout
         exchange, key = route(queue)
         self._pending[cid] = future
-        link.submit(cid, Outgoing(queue, exchange, key, request_bytes(op, deadline, body), deadline,
+        link.submit(cid, Outgoing(queue, exchange, key, request_bytes(op, deadline, body, mark), deadline,
                                   resend=exchange is not AGENT_EXCHANGE))
         try:
             return await wait_reply(future, op, queue, timeout)
