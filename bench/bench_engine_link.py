@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from tests.support.fake_engine import FakeEngine  # noqa: E402
 from tests.support.tls_certs import make_certs  # noqa: E402
 from vmsched.engine_link import EngineLink  # noqa: E402
-from vmsched.engine_link_client import LinkConfig  # noqa: E402
+from vmsched.engine_link.client import LinkConfig  # noqa: E402
 from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts  # noqa: E402
 from vmsched.facts.cache import FactsCache  # noqa: E402
 

@@ -22,7 +22,7 @@ from tests.deploy.test_chart import (BASE, CHART, K8S_VERSIONS, by_name, chart, 
                                      render, workloads)
 from tests.deploy.test_compose import (COMPOSE, DEPLOY, SCHEMA, SYSTEMD, example_env, interpolate, read_unit)
 from vmsched.config import Settings
-from vmsched.engine_link_client import load_config
+from vmsched.engine_link.client import load_config
 from vmsched.facts.host_map import load_host_map
 
 LINK = {"facts": {"hostMap": {"0d3f2c10-engine-guid": "hv1.example.com"},

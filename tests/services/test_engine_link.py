@@ -24,7 +24,7 @@ from tests.support.fake_engine import API, FakeEngine
 from tests.support.tls_certs import CertSet, make_certs
 from vmsched.config import Settings
 from vmsched.engine_link import EngineLink, calls, facts_cache
-from vmsched.engine_link_client import LinkConfig, load_config
+from vmsched.engine_link.client import LinkConfig, load_config
 from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts
 from vmsched.facts.cache import FactsCache
 from vmsched.metrics import REGISTRY

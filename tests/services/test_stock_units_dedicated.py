@@ -138,7 +138,7 @@ def test_the_engines_pinning_policies_map_onto_thread_and_numa_policies(pool: Pl
     assert run(pool, [A, B], payload(hosts, {**vm, "cpu_pinning_policy": "dedicated"})).value == [A, B]
     assert run(pool, [A, B], payload(hosts, {**vm, "cpu_pinning_policy": "isolate_threads"})).value == [B]
     assert run(pool, [A, B], payload(hosts, {**vm, "cpu_pinning_policy": "resize_and_pin_numa"})).value == [A, B]
-    from vmsched.engine_link_client import vm_requirements
+    from vmsched.engine_link.client import vm_requirements
 
     mapped = vm_requirements({"id": VM, "memory": str(1 << 30), "cpu_pinning_policy": "isolate_threads",
                               "cpu": {"topology": {"sockets": "1", "cores": "4", "threads": "1"}}})

@@ -1,7 +1,7 @@
 """The optional, read-only engine link (docs/facts.md, "The engine link").
 
 It answers two questions a facts cache cannot answer by itself, from the
-oVirt engine's REST API (:mod:`vmsched.engine_link_client`):
+oVirt engine's REST API (:mod:`vmsched.engine_link.client`):
 
 - **Which agent is engine host X?** For every agent in the cache, the link
   searches the engine's hosts by that agent's vdsm ID (``hw_id=``; without a
@@ -33,7 +33,7 @@ from typing import Any, Callable
 from prometheus_client import Counter
 
 from vmsched.config import Settings
-from vmsched.engine_link_client import ENGINE_ID, EngineClient, EngineError, LinkConfig, load_config, vm_requirements
+from vmsched.engine_link.client import ENGINE_ID, EngineClient, EngineError, LinkConfig, load_config, vm_requirements
 from vmsched.facts.cache import FactsCache
 from vmsched.facts.host_map import load_host_map
 from vmsched.metrics import REGISTRY
