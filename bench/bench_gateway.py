@@ -271,8 +271,8 @@ def run_mode(mode: str, opts: argparse.Namespace) -> dict[str, float]:
 #: The speed to hold (the lowest throughput ratio, the highest p50 ratio), each deployment against the floor whose
 #: broker does the same work per request: the embedded all-in-one against the classic floor, vmsched on RabbitMQ
 #: (quorum request queues) against the quorum floor; and runCostFunctions / runFilters throughput on both.
-TARGETS = {"embedded": ("floor", 0.85, 1.10), "rabbitmq": ("floor-quorum", 0.75, 1.40)}
-SCORE_MIX_TARGET = 0.70
+TARGETS = {"embedded": ("floor", 0.95, 1.00), "rabbitmq": ("floor-quorum", 0.80, 1.25)}
+SCORE_MIX_TARGET = 0.80
 FLOORS = ("floor", "floor-quorum")
 
 
