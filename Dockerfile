@@ -7,8 +7,10 @@
 #
 # One image runs every service: the command picks it (`vmsched gateway`,
 # `vmsched discovery`, `vmsched scoring`, `vmsched balancer`, `vmsched run`).
-# Python dependencies are pinned by constraints.txt; the base image by its full
-# version tag (override PYTHON_IMAGE with a `@sha256:` digest to pin harder).
+# The images install vmsched's wheel, built in the `wheel` stage, not the
+# source tree. Python dependencies are pinned by constraints.txt; the base
+# image by its full version tag (override PYTHON_IMAGE with a `@sha256:`
+# digest to pin harder).
 
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
@@ -29,7 +31,17 @@ RUN apt-get update \
         --home-dir /nonexistent --shell /usr/sbin/nologin vmsched
 WORKDIR /opt/vmsched
 
-# --- build: a virtualenv with the pinned dependencies and vmsched ---------
+# --- wheel: vmsched's wheel, built from the sources -------------------------
+FROM base AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY vmsched ./vmsched
+COPY gateway ./gateway
+COPY services ./services
+COPY plugins ./plugins
+RUN python -m pip wheel --no-deps --wheel-dir /dist .
+
+# --- build: a virtualenv with the pinned dependencies and that wheel -------
 FROM base AS build
 WORKDIR /src
 RUN python -m venv /opt/vmsched
@@ -38,12 +50,8 @@ COPY constraints.txt pyproject.toml ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt \
     && /opt/vmsched/bin/pip install -c constraints.txt -r /tmp/requirements.txt
-COPY README.md ./
-COPY vmsched ./vmsched
-COPY gateway ./gateway
-COPY services ./services
-COPY plugins ./plugins
-RUN /opt/vmsched/bin/pip install -c constraints.txt --no-deps . \
+COPY --from=wheel /dist /dist
+RUN /opt/vmsched/bin/pip install -c constraints.txt /dist/vmsched-*.whl \
     && /opt/vmsched/bin/vmsched --help >/dev/null
 
 # --- build-agent: adds libvirt-python (compiled against libvirt-dev) ------

@@ -3,7 +3,8 @@
 No Docker engine runs here, so the Dockerfile is parsed and its properties
 asserted: pinned base image, non-root user, an entry point that exists,
 sources present in the build context, pip installs bound to the constraints
-file. constraints.txt is checked against vmsched's real dependency closure.
+file, the images holding vmsched's wheel (built in a stage of its own) and
+never the source tree. constraints.txt is checked against vmsched's real dependency closure.
 
 Run ``python tests/deploy/test_dockerfile.py --write-constraints`` to
 regenerate constraints.txt from the installed environment.
@@ -269,6 +270,107 @@ def test_every_pip_install_is_constrained(stages: dict[str, Stage]) -> None:
         assert "-c constraints.txt" in cmd, f"unconstrained pip install: {cmd.strip()}"
     copied = " ".join(c.args for s in stages.values() for c in s.all("COPY"))
     assert "constraints.txt" in copied
+
+
+# --- the wheel -----------------------------------------------------------------
+#: pip options that take a value (the value is not a thing to install).
+_PIP_VALUE_OPTIONS = {"-c", "--constraint", "-r", "--requirement", "-w", "--wheel-dir", "-t", "--target",
+                      "-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--prefix", "--root"}
+
+
+def _pip_commands(stage: Stage, verb: str) -> list[list[str]]:
+    """The words after ``pip VERB`` of each such command in the stage's RUN instructions."""
+    out = []
+    for run in stage.all("RUN"):
+        lexer = shlex.shlex(run.args, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+        # simple commands, cut at control operators; a redirection ends a command's words
+        commands: list[list[str]] = [[]]
+        for token in tokens:
+            if token in ("&&", "||", ";", "|", "&"):
+                commands.append([])
+            else:
+                commands[-1].append(token)
+        for words in commands:
+            words = words[:next((i for i, w in enumerate(words) if w[0] in "<>"), len(words))]
+            for i, word in enumerate(words[:-1]):
+                if re.fullmatch(r"(\S*/)?pip3?", word) and words[i + 1] == verb:
+                    out.append(words[i + 2:])
+    return out
+
+
+def _operands(words: list[str]) -> list[str]:
+    """What a pip command installs or builds: its words that are neither options nor their values."""
+    out, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in _PIP_VALUE_OPTIONS:
+            skip = True
+        elif not word.startswith("-"):
+            out.append(word)
+    return out
+
+
+def _wheel_dirs(stage: Stage) -> list[str]:
+    """The folders the stage builds wheels into (``pip wheel --wheel-dir DIR``)."""
+    dirs = []
+    for words in _pip_commands(stage, "wheel"):
+        for i, word in enumerate(words[:-1]):
+            if word in ("-w", "--wheel-dir"):
+                dirs.append(words[i + 1].rstrip("/"))
+    return dirs
+
+
+def _copies_from(stage: Stage) -> list[tuple[str, str, str]]:
+    """(stage, source, destination) of each ``COPY --from=stage``."""
+    out = []
+    for copy in stage.all("COPY"):
+        m = re.search(r"--from=(\S+)", copy.args)
+        if m:
+            src, dest = [w for w in shlex.split(copy.args) if not w.startswith("--")]
+            out.append((m.group(1), src.rstrip("/"), dest.rstrip("/")))
+    return out
+
+
+@pytest.mark.parametrize("target", ["service", "agent"])
+def test_images_install_the_built_wheel_not_the_source_tree(stages: dict[str, Stage], target: str) -> None:
+    # the image holds only the virtualenv its builder made: no sources, no wheel folder
+    copies = _copies_from(stages[target])
+    assert [(src, dest) for _, src, dest in copies] == [("/opt/vmsched", "/opt/vmsched")], copies
+    builder = _lineage(stages[copies[0][0]], stages)
+    installs = [words for s in builder for words in _pip_commands(s, "install")]
+    assert installs, f"{target}: its builder installs nothing"
+    for words in installs:
+        assert "-e" not in words and "--editable" not in words, words
+        for operand in _operands(words):
+            # a requirement by name, or a wheel: never a folder (".", "/src") of sources
+            assert operand.endswith(".whl") or re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?(\[[\w,-]+\])?", operand), (
+                f"{target}: pip install {operand}: install the built wheel, not a source tree")
+    wheels = [(words, op) for words in installs for op in _operands(words) if op.endswith(".whl")]
+    assert len(wheels) == 1, f"{target}: vmsched's wheel should be installed once: {wheels}"
+    words, wheel = wheels[0]
+    assert re.fullmatch(r"\S+/vmsched-[^/]*\.whl", wheel), wheel
+    assert "-c" in words and words[words.index("-c") + 1] == "constraints.txt", words
+    # ... a wheel that another stage built and this builder copied in
+    folder = wheel.rsplit("/", 1)[0]
+    made = [(name, src) for s in builder for name, src, dest in _copies_from(s) if dest == folder]
+    assert len(made) == 1, f"{target}: nothing copies a wheel into {folder}"
+    name, src = made[0]
+    assert name in stages and src in _wheel_dirs(stages[name]), f"stage {name} builds no wheel into {src}"
+
+
+def test_only_the_wheel_stage_holds_the_sources(stages: dict[str, Stage]) -> None:
+    sources = {"vmsched", "gateway", "services", "plugins"}
+    holders = set()
+    for stage in stages.values():
+        for copy in stage.all("COPY"):
+            words = [w for w in shlex.split(copy.args) if not w.startswith("--")]
+            if "--from=" not in copy.args and sources & {w.strip("./") for w in words[:-1]}:
+                holders.add(stage.name)
+    assert holders and all(_wheel_dirs(stages[h]) for h in holders), holders
+    assert not holders & {s.name for t in ("service", "agent") for s in _lineage(stages[t], stages)}
 
 
 # --- constraints.txt -----------------------------------------------------------

@@ -14,33 +14,17 @@ import os
 import subprocess
 import sys
 import uuid
-import xmlrpc.client
 from pathlib import Path
 from typing import Iterator
 
-import httpx
 import pytest
 
-from tests.support.net import free_port
+from tests.support.installed import engine_call, serving
 from tests.support.paths import ROOT
-from tests.support.waiting import wait_until
-from tests.support.engine_wire import call
 
 pytestmark = pytest.mark.slow
 
 HOSTS = [str(uuid.UUID(int=i + 1)) for i in range(3)]
-
-# A filter that keeps every host only when the plugin worker runs vmsched from the wheel.
-WHERE_PLUGIN = '''
-import sys
-
-
-class FromWheel:
-    def do_filter(self, hosts, vm, args):
-        """Keeps the hosts if this worker's vmsched came from the wheel's target folder."""
-        worker = sys.modules["__main__"].__file__
-        return hosts if worker.startswith(args["target"]) else []
-'''
 
 
 def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -107,45 +91,11 @@ def test_agent_help_from_the_wheel(target: Path, neutral: Path) -> None:
 
 @pytest.fixture
 def wheel_run(target: Path, neutral: Path, tmp_path: Path) -> Iterator[str]:
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / "where.py").write_text(WHERE_PLUGIN)
-    port = free_port()
-    log = tmp_path / "run.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "vmsched.cli", "run", "--plugins", str(plugins), "--port", str(port),
-         "--pool-size", "1", "--metrics-port", str(free_port())],
-        cwd=neutral, env=_env(target), stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/"
-
-    def ready() -> bool:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            return httpx.get(url + "readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(ready, 60, 0.1, "vmsched run from the wheel")
+    with serving([sys.executable, "-P", "-m", "vmsched.cli"], tmp_path, cwd=neutral, env=_env(target)) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
-def _xmlrpc(url: str, method: str, *params: object) -> object:
-    r = httpx.post(url, content=call(method, *params), headers={"Content-Type": "text/xml"}, timeout=30)
-    r.raise_for_status()
-    (value,), _ = xmlrpc.client.loads(r.content)
-    return value
 
 
 def test_vmsched_run_from_the_wheel_serves_the_engine(wheel_run: str, target: Path) -> None:
-    assert _xmlrpc(wheel_run, "discover")["filters"]["FromWheel"][0].startswith("Keeps the hosts")
-    answer = _xmlrpc(wheel_run, "runFilters", ["FromWheel"], HOSTS, "", {"target": str(target)})
+    assert engine_call(wheel_run, "discover")["filters"]["FromInstalled"][0].startswith("Keeps the hosts")
+    answer = engine_call(wheel_run, "runFilters", ["FromInstalled"], HOSTS, "", {"target": str(target)})
     assert answer == {"result_code": 0, "result": HOSTS, "plugin_errors": {}, "errors": []}
