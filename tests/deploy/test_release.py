@@ -36,7 +36,7 @@ HOSTS = [str(uuid.UUID(int=i + 1)) for i in range(3)]
 INSTALLED_AS = {"vmsched/": "vmsched/", "gateway/": "vmsched/gateway/", "services/": "vmsched/services/",
                 "plugins/": f"vmsched-{VERSION}.data/data/share/vmsched/plugins/"}
 #: What the sdist holds besides the source folders (MANIFEST.in; setuptools adds README.md and pyproject.toml).
-SDIST_EXTRAS = {"README.md", "pyproject.toml", "MANIFEST.in", "CHANGELOG.md", "constraints.txt"}
+SDIST_EXTRAS = {"LICENSE", "README.md", "pyproject.toml", "MANIFEST.in", "CHANGELOG.md", "constraints.txt"}
 
 
 def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
