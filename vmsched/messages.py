@@ -258,3 +258,44 @@ class ScoreReply(BaseModel):
 class BalanceReply(BaseModel):
     outcome: BalanceOutcome
     missing_facts: MissingFacts | None = _MISSING_FACTS
+
+
+# --- shadow comparisons (vmsched.whatif.shadow) ---------------------------------------------------------------
+
+#: Routing key prefix of shadow comparisons on ``vmsched.events``: ``shadow.<service>``.
+SHADOW_KEY = "shadow."
+#: Hosts a comparison explains at most (those whose result differs).
+SHADOW_ROWS = 20
+ShadowStatus = Literal["same", "changed", "unknown", "error"]
+
+
+class ShadowHost(BaseModel):
+    """One host of a changed call: each unit's verdict with its reason, and the result, on either side."""
+
+    host: str = Field(max_length=512)
+    live: dict[str, str]
+    candidate: dict[str, str]
+
+
+class ShadowComparison(Versioned):
+    """A shadow candidate's run of one live call compared with the live decision: an event on
+    ``vmsched.events`` (key ``shadow.<service>``), kept by every gateway beside its decisions."""
+
+    service: str = Field("", max_length=64, description="who ran the candidate (set by the event's sender)")
+    time: float = Field(0.0, description="when it was published, Unix seconds")
+    id: str = Field(max_length=64, description="the call's ID: its decision's ID at the gateway")
+    op: Literal["filter", "score", "balance"]
+    vm: str = Field("", max_length=512)
+    hosts: int = Field(ge=0, description="hosts in the call")
+    status: ShadowStatus = Field(description="same, changed, unknown (the candidate lacks a unit) or error (a "
+                                             "candidate unit failed or timed out)")
+    what: str = Field(max_length=2000, description="one line: what changed, or why unknown or error")
+    tie: bool = False
+    rank: int | None = Field(None, description="score: the candidate's rank of the host ranked first live")
+    unknown: list[str] = Field(default_factory=list, description="units the candidate lacks")
+    errors: dict[str, str] = Field(default_factory=dict, description="candidate unit -> its error or timeout")
+    candidate: str = Field(max_length=512, description="the candidate: its plugins folder's name")
+    change: list[str] = Field(default_factory=list, description="what the candidate changes: factors, units left out")
+    seconds: float = Field(ge=0, description="the candidate's run of the call")
+    rows: list[ShadowHost] = Field(default_factory=list, max_length=SHADOW_ROWS,
+                                   description="changed calls: the hosts whose result differs, explained")
