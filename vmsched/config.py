@@ -17,6 +17,7 @@ from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from vmsched.bus.options import read_url_file
+from vmsched.messages import INT32_MAX, INT32_MIN
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 MEMORY_URL = "memory://"
@@ -54,6 +55,23 @@ def parse_timeouts(value: str | dict[str, float] | None) -> dict[str, float]:
         except ValueError:
             raise ValueError(f"bad timeout entry {item!r}: expected NAME=SECONDS,...") from None
     return out
+
+
+def parse_factor(item: str) -> tuple[str, int]:
+    """``"Unit=5"`` -> ``("Unit", 5)``: a score unit's factor (the engine's int32); ValueError naming the item."""
+    unit, sep, value = item.strip().partition("=")
+    try:
+        factor = int(value)
+    except ValueError:
+        factor = None
+    if not sep or not unit.strip() or factor is None or not INT32_MIN <= factor <= INT32_MAX:
+        raise ValueError(f"{item.strip()!r}: expected UNIT=N, N an integer (the engine's int32)")
+    return unit.strip(), factor
+
+
+def parse_factors(value: str) -> dict[str, int]:
+    """``"UnitA=5,UnitB=2"`` -> ``{"UnitA": 5, "UnitB": 2}``."""
+    return dict(parse_factor(item) for item in value.split(",") if item.strip())
 
 
 class Settings(BaseSettings):
@@ -156,6 +174,16 @@ class Settings(BaseSettings):
                                "files go first)")
     record_omit: str = Field("", description="property keys left out of the recording, KEY,...")
 
+    # a shadow candidate on live calls (docs/testing-policies.md)
+    shadow: Path | None = Field(None, description="plugins folder of a candidate policy run beside the live one "
+                                "on live calls (scoring, balancer), compared, never answered; unset: no shadow")
+    shadow_rate: float = Field(1.0, gt=0, le=1, description="share of live calls the shadow candidate runs, 0-1")
+    shadow_factors: str = Field("", description="score units whose factor the candidate changes, UNIT=N,...")
+    shadow_drop: str = Field("", description="units the candidate leaves out, UNIT,...")
+    shadow_queue: int = Field(16, ge=1, le=10000, description="calls waiting for the shadow at most; more are shed")
+    shadow_workers: int = Field(1, ge=1, le=64, description="plugin workers of the shadow candidate (and calls it "
+                                "runs at once)")
+
     # observability
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port of a worker service")
     metrics_host: str = Field("127.0.0.1", description="metrics listener address")
@@ -183,6 +211,12 @@ class Settings(BaseSettings):
     @property
     def engine_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
         return [ipaddress.ip_network(v.strip(), strict=False) for v in self.engine_allow.split(",") if v.strip()]
+
+    @field_validator("shadow_factors")
+    @classmethod
+    def _factors(cls, value: str) -> str:
+        parse_factors(value)
+        return value
 
     @field_validator("amqp_url_file")
     @classmethod

@@ -17,15 +17,17 @@ from vmsched.bus.interface import Transport, Worker
 from vmsched.bus.rabbitmq.journal import default_dir
 from vmsched.bus.replies import Handler
 from vmsched.bus.topology import REQUEST_QUEUES
-from vmsched.config import Settings
+from vmsched.config import Settings, parse_factors, stock_plugins_dir
 from vmsched.words import counted
 from vmsched.engine_link import facts_cache
 from vmsched.facts.cache import NO_CACHE, FactsCache, cause
-from vmsched.messages import Kind, MissingFacts
+from vmsched.messages import Envelope, Kind, MissingFacts
 from vmsched.runtime import CallResult, Catalog, Limits, PluginPool
 from vmsched.runtime.types import Confinement
 from vmsched.runtime.units import UnitRun, UnitRunner
 from vmsched.whatif.format import InputsItem
+from vmsched.whatif.replay import Change, Policy
+from vmsched.whatif.shadow import Shadow, ShadowCall
 from vmsched.whatif.writer import RecordWriter, record_writer
 
 log = logging.getLogger("vmsched.service")
@@ -61,6 +63,21 @@ def plugin_sandbox(settings: Settings) -> tuple[Limits, Confinement]:
         write_dirs=_items(settings.plugin_write_dirs),
     )
     return limits, confinement
+
+
+def shadow_for(settings: Settings, service: str, transport: Transport) -> Shadow | None:
+    """With ``--shadow``: the service's shadow candidate (its folder, then the stock plugins as the live policy
+    has them), in the services' sandbox; not started."""
+    if settings.shadow is None:
+        return None
+    limits, confinement = plugin_sandbox(settings)
+    stock = stock_plugins_dir()
+    also = [stock] if settings.stock_plugins and settings.shadow.resolve() != stock.resolve() else []
+    policy = Policy(settings.shadow, limits, confinement, settings.shadow_workers, settings.timeout_for,
+                    name=f"{service}-shadow", bundle_seconds=settings.plugin_bundle_ms / 1000, also=also)
+    change = Change(parse_factors(settings.shadow_factors), drop=frozenset(_items(settings.shadow_drop)))
+    return Shadow(policy, service, transport.events(service), change, rate=settings.shadow_rate,
+                  depth=settings.shadow_queue, threads=settings.shadow_workers, rescan=settings.rescan_interval)
 
 
 def missing_facts(runs: list[UnitRun], hosts: list[str], vm: str = "") -> MissingFacts | None:
@@ -118,6 +135,8 @@ class PluginService:
         #: with --record: the process's recording (the runner's, shared), else one of its own
         self.recording = recording or (record_writer(settings, self.name) if self.runs_units else None)
         self._own_recording = recording is None and self.recording is not None
+        #: with --shadow: a candidate policy run beside the live one (vmsched.whatif.shadow)
+        self.shadow = shadow_for(settings, self.name, transport) if self.runs_units else None
         self._facts_sub: FactsSubscriber | None = None
 
     # --- lifecycle ---------------------------------------------------------
@@ -141,6 +160,8 @@ class PluginService:
         self.worker.start()
         if self._own_recording:
             self.recording.start()  # type: ignore[union-attr]
+        if self.shadow is not None:
+            self.shadow.start()
         if self.facts is not None:
             self._facts_sub = FactsSubscriber(self.transport, self.name, self.facts.ingest)
             self._facts_sub.start()
@@ -156,24 +177,38 @@ class PluginService:
             self.facts.link.stop()
         self.catalog.stop()
         self.pool.close()
+        if self.shadow is not None:
+            self.shadow.stop()
         if self._own_recording:
             self.recording.stop()  # type: ignore[union-attr]
 
     # --- running units -----------------------------------------------------
+    def call_facts(self, env: Envelope, facts: Callable[[], Any] | None) -> tuple[Callable[[], Any] | None, bool]:
+        """The builder of a call's facts, and whether the shadow takes the call. A call that is recorded
+        (``Envelope.record``, with ``--record``) or shadowed has its facts built now, once: the recording and the
+        candidate get what the live units could read, whether or not they read it (vmsched.whatif)."""
+        shadowed = self.shadow is not None and self.shadow.sampled()
+        recorded = env.record and self.recording is not None
+        if facts is None or not (shadowed or recorded):
+            return facts, shadowed
+        built = facts()
+        if recorded:
+            self.recording.submit(InputsItem(env.call, self.name, built))  # type: ignore[union-attr]
+        return (lambda: built), shadowed
+
     def run_units(
         self, kind: Kind, names: list[str], args: tuple[Any, ...], deadline: float, timeout: float | None,
-        facts: Callable[[], Any] | None = None, record: str = "",
+        facts: Callable[[], Any] | None = None,
     ) -> list[UnitRun]:
-        """Run every named unit of ``kind`` in parallel (:meth:`UnitRunner.run`).
-
-        ``record``: the call ID its gateway records it under (``Envelope.call`` when ``Envelope.record``): with
-        ``--record``, what the units could read is recorded, whether or not they read it (vmsched.whatif).
-        """
-        if record and self.recording is not None:
-            built = facts() if facts is not None else None
-            self.recording.submit(InputsItem(record, self.name, built))
-            facts = (lambda: built) if facts is not None else None
+        """Run every named unit of ``kind`` in parallel (:meth:`UnitRunner.run`)."""
         return self.runner.run(kind, names, args, deadline, timeout, facts)
+
+    def shadowed(self, env: Envelope, kind: Kind, hosts: list[str], vm: str, properties: dict[str, str],
+                 units: list[tuple[str, int]], facts: Callable[[], Any] | None, live: list[Any]) -> None:
+        """Give an answered call to the shadow candidate (:meth:`call_facts` said it takes it); returns at once."""
+        self.shadow.offer(ShadowCall(  # type: ignore[union-attr]
+            env.call, kind.value, hosts, vm, properties, units, facts() if facts is not None else None,
+            [o.model_copy() for o in live]))
 
     def facts_for(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> Any:
         """The host facts of one request's plugin calls (None without a cache): a vmsched.facts.wire.PreparedFacts."""

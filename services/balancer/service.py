@@ -21,7 +21,9 @@ class BalancerService(PluginService):
     def balance(self, env: Envelope) -> BaseModel:
         req = BalanceRequest.model_validate(env.body)
         args = _BALANCE.args(req.hosts, "", req.properties)
-        facts = lambda: self.facts_for(req.hosts, with_guests=True)  # noqa: E731 - a balancer picks a guest to move
-        (run,) = self.run_units(Kind.BALANCE, [req.unit], args, env.deadline, req.timeout, facts,
-                                env.call if env.record else "")
-        return BalanceReply(outcome=balance_outcome(run, req.hosts), missing_facts=missing_facts([run], req.hosts))
+        facts, shadowed = self.call_facts(env, lambda: self.facts_for(req.hosts, with_guests=True))  # a guest to move
+        (run,) = self.run_units(Kind.BALANCE, [req.unit], args, env.deadline, req.timeout, facts)
+        outcome = balance_outcome(run, req.hosts)
+        if shadowed:
+            self.shadowed(env, Kind.BALANCE, req.hosts, "", req.properties, [(req.unit, 1)], facts, [outcome])
+        return BalanceReply(outcome=outcome, missing_facts=missing_facts([run], req.hosts))

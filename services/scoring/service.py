@@ -34,21 +34,27 @@ class ScoringService(PluginService):
     def filter(self, env: Envelope) -> BaseModel:
         req = FilterRequest.model_validate(env.body)
         args = _FILTER.args(req.hosts, req.vm, req.properties)
-        runs = self.run_units(Kind.FILTER, req.units, args, env.deadline, req.timeout,
-                              lambda: self._call_facts(req.hosts, req.vm), env.call if env.record else "")
-        return FilterReply(outcomes=[filter_outcome(run, req.hosts) for run in runs],
-                           missing_facts=missing_facts(runs, req.hosts, req.vm))
+        facts, shadowed = self.call_facts(env, lambda: self._call_facts(req.hosts, req.vm))
+        runs = self.run_units(Kind.FILTER, req.units, args, env.deadline, req.timeout, facts)
+        outcomes = [filter_outcome(run, req.hosts) for run in runs]
+        if shadowed:
+            self.shadowed(env, Kind.FILTER, req.hosts, req.vm, req.properties, [(u, 1) for u in req.units], facts,
+                          outcomes)
+        return FilterReply(outcomes=outcomes, missing_facts=missing_facts(runs, req.hosts, req.vm))
 
     def score(self, env: Envelope) -> BaseModel:
         req = ScoreRequest.model_validate(env.body)
         names = [u.name for u in req.units]
         args = _SCORE.args(req.hosts, req.vm, req.properties)
-        runs = self.run_units(Kind.SCORE, names, args, env.deadline, req.timeout,
-                              lambda: self._call_facts(req.hosts, req.vm), env.call if env.record else "")
+        facts, shadowed = self.call_facts(env, lambda: self._call_facts(req.hosts, req.vm))
+        runs = self.run_units(Kind.SCORE, names, args, env.deadline, req.timeout, facts)
         outcomes = [score_outcome(run, unit.factor, req.hosts) for run, unit in zip(runs, req.units)]
         if self.facts is not None:
             self.pending.placed(self.facts, req.vm, req.hosts, ((o.factor, _pairs(o, req.hosts)) for o in outcomes
                                                                  if o.ok))  # paired only if the VM's memory is known
+        if shadowed:
+            self.shadowed(env, Kind.SCORE, req.hosts, req.vm, req.properties,
+                          [(u.name, u.factor) for u in req.units], facts, outcomes)
         for o in outcomes:
             _align(o, req.hosts)
         return ScoreReply(outcomes=outcomes, missing_facts=missing_facts(runs, req.hosts, req.vm))

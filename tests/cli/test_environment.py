@@ -37,7 +37,7 @@ def argv(path: tuple[str, ...]) -> list[str]:
 def candidates(tmp_path: Path) -> list[str]:
     url_file = tmp_path / "amqp.url"
     url_file.write_text("amqp://someone:secret@broker.example:5672/vh\n")
-    return ["7", "2", "100", "4096", "json", "true", "false", "filter", "read", "schedule", "0.0.0.0", "DEBUG", "A=2", "amqp://broker.example//",
+    return ["7", "2", "0.5", "100", "4096", "json", "true", "false", "filter", "read", "schedule", "0.0.0.0", "DEBUG", "A=2", "amqp://broker.example//",
             "10.0.0.0/8", "0=1", str(url_file), str(tmp_path)]
 
 

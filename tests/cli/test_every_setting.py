@@ -25,6 +25,8 @@ SERVICES_ONLY = {"prefetch", "consumers", "runtime_dir", "plugins_dir", "stock_p
                  "allow_root_plugins"}
 #: Settings of the processes that record (the gateway's and those of services running units: not discovery).
 RECORDING = {"record", "record_max_mb"}
+#: Settings of the services running units (and the all-in-one): the shadow candidate.
+SHADOW = {"shadow", "shadow_rate", "shadow_factors", "shadow_drop", "shadow_queue", "shadow_workers"}
 
 
 def commands_of(field: str) -> frozenset[str]:
@@ -33,6 +35,8 @@ def commands_of(field: str) -> frozenset[str]:
         return GATEWAY
     if field in RECORDING:
         return (GATEWAY | SERVICES) - {"discovery"}
+    if field in SHADOW:
+        return SERVICES - {"discovery"}
     if field in SERVICES_ONLY or field.startswith(("pool_", "plugin_")):
         return SERVICES
     return GATEWAY | SERVICES

@@ -26,6 +26,9 @@ class _Stub:
     def _call_facts(self, hosts: list[str], vm: str) -> None:
         return None
 
+    def call_facts(self, env: Envelope, facts: Any) -> tuple[Any, bool]:
+        return facts, False  # neither recorded nor shadowed
+
     def run_units(self, kind: Kind, names: list[str], *args: Any, **kwargs: Any) -> list[UnitRun]:
         return [UnitRun(n, CallResult(ok=True, value=self.values[n], duration=0.001)) for n in names]
 

@@ -170,6 +170,18 @@ def _record(p: argparse.ArgumentParser, gateway: bool = True) -> None:
         p.add_argument("--record-omit", metavar="KEY,...", help="property keys left out of the recording (secrets)")
 
 
+def _shadow(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shadow", type=Path, metavar="DIR",
+                   help="run the candidate plugins folder DIR beside the live policy on live calls, after each "
+                        "reply, and compare (never answered; default: off; docs/testing-policies.md)")
+    p.add_argument("--shadow-rate", metavar="SHARE", help="share of live calls the candidate runs, 0-1 (default 1)")
+    p.add_argument("--shadow-factors", metavar="UNIT=N,...", help="score units whose factor the candidate changes")
+    p.add_argument("--shadow-drop", metavar="UNIT,...", help="units the candidate leaves out")
+    p.add_argument("--shadow-queue", metavar="N", help="calls waiting for the candidate at most; more are shed "
+                                                       "(default 16)")
+    p.add_argument("--shadow-workers", metavar="N", help="the candidate's plugin workers (default 1)")
+
+
 def _metrics(p: argparse.ArgumentParser, default: str = "off") -> None:
     p.add_argument("--metrics-port", metavar="PORT",
                    help=f"serve Prometheus /metrics, /healthz, /readyz on this port (env VMSCHED_METRICS_PORT; default {default})")
@@ -245,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics(p, "9100")
     _plugins(p)
     _record(p)
+    _shadow(p)
     _common(p)
     p.set_defaults(func=cmd_run)
 
@@ -273,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
         _facts(p)
         if service.runs_units:
             _record(p, gateway=False)
+            _shadow(p)
         _common(p)
         p.set_defaults(func=_service_cmd(name))
 

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vmsched.cli.plugin import sandbox_options, settings_of
-from vmsched.config import parse_timeouts, stock_plugins_dir
-from vmsched.decide.rules import INT32_MAX, INT32_MIN
+from vmsched.config import parse_factor, parse_timeouts, stock_plugins_dir
 from vmsched.messages import Kind
 from vmsched.service import plugin_sandbox
 from vmsched.whatif.html import render
@@ -49,17 +48,10 @@ def _time(text: str | None, option: str) -> float | None:
 
 
 def _factors(items: list[str]) -> dict[str, int]:
-    out = {}
-    for item in items:
-        unit, sep, value = item.partition("=")
-        try:
-            factor = int(value)
-        except ValueError:
-            factor = None
-        if not sep or not unit or factor is None or not INT32_MIN <= factor <= INT32_MAX:
-            raise BadInput(f"--factor {item!r}: expected UNIT=N, N an integer (the engine's int32)")
-        out[unit] = factor
-    return out
+    try:
+        return dict(parse_factor(item) for item in items)
+    except ValueError as exc:
+        raise BadInput(f"--factor {exc}") from None
 
 
 def _added(items: list[str]) -> tuple[tuple[str, str, int], ...]:

@@ -11,7 +11,7 @@ run side by side, call by call, in turn first) and the candidate, compared (:mod
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,11 +36,11 @@ class Change:
     add: tuple[tuple[str, str, int], ...] = ()  # (op, unit, factor): run in every call of that op too
     drop: frozenset[str] = frozenset()  # units left out of every call
 
-    def units(self, call: RecordedCall) -> list[tuple[str, int]]:
-        """The candidate's units of ``call``, with their factors."""
-        units = [(n, self.factors.get(n, f)) for n, f in call.units if n not in self.drop]
-        added = [(n, f) for op, n, f in self.add if op == call.op]
-        if call.op == "balance":  # one balancer a call: an added one runs instead
+    def units(self, op: str, live: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The candidate's units of a call of ``op`` whose units were ``live``, with their factors."""
+        units = [(n, self.factors.get(n, f)) for n, f in live if n not in self.drop]
+        added = [(n, f) for o, n, f in self.add if o == op]
+        if op == "balance":  # one balancer a call: an added one runs instead
             return added[-1:] or units
         return units + [(n, f) for n, f in added if all(n != u for u, _ in units)]
 
@@ -55,13 +55,15 @@ class Policy:
 
     def __init__(self, folder: Path, limits: Limits, confinement: Confinement, workers: int,
                  timeout_for: Callable[[str], float], name: str = "replay",
-                 bundle_seconds: float = BUNDLE_SECONDS) -> None:
+                 bundle_seconds: float = BUNDLE_SECONDS, also: Sequence[Path] = ()) -> None:
+        """``also``: folders whose units the candidate has too, after ``folder``'s (the stock plugins)."""
         self.folder = Path(folder).absolute()
         self.timeout_for = timeout_for
-        self.pool = PluginPool(self.folder, size=workers, limits=limits, name=name, confinement=confinement,
+        folders = [self.folder, *(Path(d).absolute() for d in also)]
+        self.pool = PluginPool(folders, size=workers, limits=limits, name=name, confinement=confinement,
                                bundle_seconds=bundle_seconds)
         self.pool.aligned_scores = True  # as the scoring service
-        self.catalog = Catalog(self.folder, self.pool, analyze_timeout=timeout_for(""), log_changes=False)
+        self.catalog = Catalog(folders, self.pool, analyze_timeout=timeout_for(""), log_changes=False)
         self.runner = UnitRunner(self.catalog, self.pool, timeout_for)
 
     def start(self) -> Policy:
@@ -125,7 +127,7 @@ def replay(calls: Iterable[RecordedCall], candidate: Policy, change: Change = Ch
 
     def one(item: tuple[int, RecordedCall]) -> Result:
         i, call = item
-        units = change.units(call)
+        units = change.units(call.op, call.units)
         if baseline is None:
             base, cand = recorded(call), run(candidate, call, units)
         elif i % 2:  # side by side: each in turn first, so that neither always runs on a warmer machine

@@ -88,6 +88,9 @@ class _Service:
     def _call_facts(self, hosts: list[str], vm: str) -> None:
         return None
 
+    def call_facts(self, env: Envelope, facts: Any) -> tuple[Any, bool]:
+        return facts, False  # neither recorded nor shadowed
+
     def run_units(self, kind: Kind, names: list[str], args: tuple[Any, ...], *rest: Any) -> list[UnitRun]:
         calls = [Call("s", n, "do_score", args, 10.0) for n in names]
         return [UnitRun(n, r) for n, r in zip(names, self.pool.run(calls, deadline=time.time() + 20))]
