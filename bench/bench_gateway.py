@@ -18,6 +18,8 @@ vmsched on RabbitMQ against the quorum floor, runCostFunctions / runFilters on b
 
 ``--record`` adds, per deployment, a side running this tree that records its calls (``VMSCHED_RECORD``, a
 temporary folder: ``embedded-record``) and the control (``embedded-again``), and prints the change each makes.
+``--shadow`` does the same with a side shadowing every call (``VMSCHED_SHADOW``: the same plugins as the
+candidate, ``embedded-shadow``), and prints the share of calls shed, sequential and under load.
 
 ``--before DIR/src`` (a ``bench/snapshot.sh`` tree) adds, per deployment, a side running that tree's
 code (``embedded-before``) and a second side running this tree (``embedded-again``: the control, whose
@@ -28,7 +30,7 @@ shared load), so that the machine's moods fall on all sides alike. Blocks of one
 spread too much on a shared machine to resolve a change of a few percent.
 
     .venv/bin/python bench/bench_gateway.py --floor [--mixed] [--rounds 5] [--calls 500] [--seconds 4]
-        [--deployments embedded,rabbitmq] [--before DIR/src] [--record] [--keep]
+        [--deployments embedded,rabbitmq] [--before DIR/src] [--record] [--shadow] [--keep]
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 import xmlrpc.client
 from collections.abc import Callable
@@ -54,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import floor  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from tests.support.engine_wire import call  # noqa: E402
 
 HOSTS = [str(uuid.UUID(int=i + 1)) for i in range(100)]
@@ -201,15 +205,18 @@ def start(args: list[str], log: Path, amqp: str | None = None, tree: Path | None
 
 
 def launch(mode: str, plugins: Path, tmp: Path, port: int, amqp: str, tree: Path | None = None,
-           env: dict[str, str] | None = None, tag: str = "") -> list[subprocess.Popen[bytes]]:
+           env: dict[str, str] | None = None, tag: str = "", metrics_port: int = 0) -> list[subprocess.Popen[bytes]]:
+    """``metrics_port``: where the process running the filters and scores serves /metrics (0: any port)."""
     common = ["--plugins", str(plugins), "--log-level", "WARNING"]
     if mode == "embedded":
-        return [start(["run", "--amqp", "memory://", "--port", str(port), "--metrics-port", "0", *common],
-                      tmp / f"run{tag}.log", tree=tree, env=env)]
+        return [start(["run", "--amqp", "memory://", "--port", str(port), "--metrics-port", str(metrics_port),
+                       *common], tmp / f"run{tag}.log", tree=tree, env=env)]
+    scoring = ["--metrics-port", str(metrics_port)] if metrics_port else []
     return [
         start(["gateway", "--port", str(port), "--metrics-port", "0", "--log-level", "WARNING"],
               tmp / f"gateway{tag}.log", amqp, tree=tree, env=env),
-        *(start([service, *common], tmp / f"{service}{tag}.log", amqp, tree=tree, env=env)
+        *(start([service, *common, *(scoring if service == "scoring" else [])], tmp / f"{service}{tag}.log", amqp,
+                tree=tree, env=env)
           for service in ("scoring", "discovery", "balancer")),
     ]
 
@@ -288,6 +295,14 @@ class Side:
     port: int = 0
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # its own environment (--record: VMSCHED_RECORD)
+    shadow: bool = False  # --shadow: every call shadowed by the same plugins
+    metrics_port: int = 0  # --shadow: where its filters and scores are counted
+
+    def shadow_counts(self) -> dict[str, float]:
+        """vmsched_shadow_total by outcome, from the metrics of the process running the filters and scores."""
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
+        return {s.labels["outcome"]: s.value for f in text_string_to_metric_families(text)
+                if f.name == "vmsched_shadow" for s in f.samples if s.name == "vmsched_shadow_total"}
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -314,7 +329,9 @@ def floor_sides(opts: argparse.Namespace) -> list[Side]:
         if opts.record:
             folder = Path(tempfile.mkdtemp(prefix=f"vmsched-bench-record-{deployment}-"))
             sides.append(Side(f"{deployment}-record", deployment, env={"VMSCHED_RECORD": str(folder)}))
-        if opts.before is not None or opts.record:
+        if opts.shadow:
+            sides.append(Side(f"{deployment}-shadow", deployment, shadow=True))
+        if opts.before is not None or opts.record or opts.shadow:
             sides.append(Side(f"{deployment}-again", deployment))
     return sides
 
@@ -326,8 +343,10 @@ def _start_sides(sides: list[Side], urls: dict[str, str], plugins: Path, tmp: Pa
             side.procs = floor.start_floor(side.port, urls[side.name], tmp,
                                            "quorum" if side.name == "floor-quorum" else "classic")
         else:
+            shadow = {"VMSCHED_SHADOW": str(plugins), "VMSCHED_SHADOW_RATE": "1"} if side.shadow else {}
+            side.metrics_port = free_port() if side.shadow else 0
             side.procs = launch(side.deployment, plugins, tmp, side.port, urls.get(side.name, ""), side.tree,
-                                {**env, **side.env}, tag=f"-{side.name}")
+                                {**env, **side.env, **shadow}, tag=f"-{side.name}", metrics_port=side.metrics_port)
     for side in sides:
         if side.deployment == "floor":
             payload = side.payload("filter")
@@ -383,24 +402,46 @@ def _measure_mixed(targets: list[Target], opts: argparse.Namespace) -> dict[str,
     """Every target served in the same seconds, call by call, so that the machine's moods fall on all alike. The
     rate under load is read as 1 / a client's p50 (clients that wait longer make fewer calls)."""
     fig: dict[str, float] = {}
+    shadows = _Shed(targets)
     for (side, op), lat in zip(targets, arun(_mixed_sequential(targets, opts.calls))):
         fig[f"{side.name} {op} p50"] = pct(lat, .5)
         fig[f"{side.name} {op} p99"] = pct(lat, .99)
+    shadows.read(fig, "seq")
     for (side, op), lat in zip(targets, arun(_mixed_concurrent(targets, opts.clients, opts.seconds * len(targets)))):
         fig[f"{side.name} {op} rate"] = 1000 / pct(lat, .5)
+    shadows.read(fig, "load")
     return fig
+
+
+class _Shed:
+    """The shadowing sides' share of shed calls in each phase of a round (``--shadow``)."""
+
+    def __init__(self, targets: list[Target]) -> None:
+        self.sides = list({side.name: side for side, _ in targets if side.shadow}.values())
+        self.last = {side.name: side.shadow_counts() for side in self.sides}
+
+    def read(self, fig: dict[str, float], phase: str) -> None:
+        for side in self.sides:
+            time.sleep(0.5)  # the shadow's last calls of the phase
+            now = side.shadow_counts()
+            done = {k: now[k] - self.last[side.name].get(k, 0.0) for k in now}
+            fig[f"{side.name} {phase} shed"] = 100 * done.get("shed", 0.0) / max(1.0, sum(done.values()))
+            self.last[side.name] = now
 
 
 def _measure_blocks(targets: list[Target], opts: argparse.Namespace) -> dict[str, float]:
     """Each target in turn: its sequential calls, then its clients' req/s."""
     fig: dict[str, float] = {}
+    shadows = _Shed(targets)
     for side, op in targets:
         lat = arun(sequential(side.port, side.body(op), opts.calls, side.check))
         fig[f"{side.name} {op} p50"] = pct(lat, .5)
         fig[f"{side.name} {op} p99"] = pct(lat, .99)
+    shadows.read(fig, "seq")
     for side, op in targets:
         done = arun(concurrent(side.port, [side.body(op)], opts.clients, opts.seconds, side.check))
         fig[f"{side.name} {op} rate"] = _rate(done)
+    shadows.read(fig, "load")
     return fig
 
 
@@ -502,9 +543,10 @@ def _report(sides: list[Side], rounds: list[dict[str, float]], opts: argparse.Na
         mix = [f[f"{deployment} score rate"] / f[f"{deployment} filter rate"] for f in rounds]
         print(_ratio_line(f"{deployment}: runCostFunctions / runFilters rate", mix,
                           f"  target >= {SCORE_MIX_TARGET:.2f}x: {_met(statistics.median(mix) >= SCORE_MIX_TARGET)}"))
-    if opts.before is not None or opts.record:
+    if opts.before is not None or opts.record or opts.shadow:
         against = [("before tree", "{d}", "{d}-before")] if opts.before is not None else []
         against += [("recording", "{d}-record", "{d}")] if opts.record else []
+        against += [("shadowing", "{d}-shadow", "{d}")] if opts.shadow else []
         print(f"\nthis tree against: {', '.join(a for a, _, _ in against)}; and again against this tree (the "
               "control: the noise), per-round changes, median (spread):")
         for deployment in opts.deployments.split(","):
@@ -516,6 +558,11 @@ def _report(sides: list[Side], rounds: list[dict[str, float]], opts: argparse.Na
                     print(f"  {other:16} vs {base:16} {op:6} seq p50 {statistics.median(p50):+6.1f} % "
                           f"({min(p50):+.1f} .. {max(p50):+.1f}); rate {statistics.median(rate):+6.1f} % "
                           f"({min(rate):+.1f} .. {max(rate):+.1f})")
+            if opts.shadow:
+                seq, load = ([f[f"{deployment}-shadow {phase} shed"] for f in rounds] for phase in ("seq", "load"))
+                print(f"  {deployment}-shadow: calls shed, sequential {statistics.median(seq):.1f} % "
+                      f"({min(seq):.1f} .. {max(seq):.1f}); {opts.clients} clients {statistics.median(load):.1f} % "
+                      f"({min(load):.1f} .. {max(load):.1f})")
 
 
 def _met(ok: bool) -> str:
@@ -556,6 +603,9 @@ def main() -> None:
     ap.add_argument("--record", action="store_true",
                     help="--floor: each deployment also runs this tree recording its calls (VMSCHED_RECORD) and this "
                          "tree again without (the control)")
+    ap.add_argument("--shadow", action="store_true",
+                    help="--floor: each deployment also runs this tree shadowing every call with the same plugins "
+                         "(VMSCHED_SHADOW) and this tree again without (the control)")
     ap.add_argument("--mixed", action="store_true",
                     help="--floor: serve every side call by call in turn instead of one after the other")
     ap.add_argument("--keep", action="store_true", help="--floor: start the sides once, not afresh every round")

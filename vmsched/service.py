@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import pwd
+from dataclasses import replace
 from typing import Any, Callable, ClassVar
 
 from vmsched import metrics
@@ -31,6 +32,9 @@ from vmsched.whatif.shadow import Shadow, ShadowCall
 from vmsched.whatif.writer import RecordWriter, record_writer
 
 log = logging.getLogger("vmsched.service")
+
+#: Niceness added to a shadow candidate's plugin workers: they run on what CPU the live calls leave.
+SHADOW_NICE = 10
 
 def _items(value: str) -> tuple[str, ...]:
     return tuple(filter(None, (item.strip() for item in value.split(","))))
@@ -71,6 +75,7 @@ def shadow_for(settings: Settings, service: str, transport: Transport) -> Shadow
     if settings.shadow is None:
         return None
     limits, confinement = plugin_sandbox(settings)
+    limits = replace(limits, nice=SHADOW_NICE)  # the candidate's workers yield the CPU to the live ones
     stock = stock_plugins_dir()
     also = [stock] if settings.stock_plugins and settings.shadow.resolve() != stock.resolve() else []
     policy = Policy(settings.shadow, limits, confinement, settings.shadow_workers, settings.timeout_for,

@@ -16,6 +16,7 @@ class Limits:
     max_procs: int = 256  # RLIMIT_NPROC: processes and threads of the plugin user
     max_files: int = 256  # RLIMIT_NOFILE
     max_file_mb: int = 64  # RLIMIT_FSIZE: largest file a plugin may write, MiB
+    nice: int = 0  # added to the worker's niceness (a shadow candidate's: it yields the CPU to live calls)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import queue
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import Counter
@@ -43,6 +43,9 @@ for _outcome in OUTCOMES:
 
 #: seconds between two log lines about the shadow's own failures
 _LOG_EVERY = 60.0
+#: seconds the shadow lets pass after a call is offered before running it: the live reply leaves the process
+#: (in the all-in-one, the gateway's answer to the engine too) without sharing the interpreter with the candidate
+SETTLE = 0.005
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class ShadowCall:
     units: list[tuple[str, int]]  # the live units and their factors
     facts: PreparedFacts | None  # what the live units could read
     live: list[Any]  # the live outcomes (copies: deciding pairs a score unit's values with the hosts)
+    at: float = field(default_factory=time.monotonic)  # when it was offered
 
 
 class Shadow:
@@ -118,6 +122,9 @@ class Shadow:
     # --- the shadow's threads ------------------------------------------------------------------------------
     def _serve(self) -> None:
         while (call := self._queue.get()) is not None:
+            wait = call.at + SETTLE - time.monotonic()
+            if wait > 0:  # a backlog waited already
+                time.sleep(wait)
             try:
                 found = self.run(call)
             except Exception as exc:  # noqa: BLE001 - the shadow's own failure is counted, never raised

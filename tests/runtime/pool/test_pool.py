@@ -570,3 +570,19 @@ def test_analyze_does_not_import_into_the_caller(plugins: Path, make_pool: Calla
 
     assert make_pool().analyze(path).units
     assert "sideeffect_mod_xyz" not in sys.modules
+
+
+def test_a_pool_with_a_niceness_runs_its_workers_that_much_nicer(plugins: Path, make_pool: Callable[..., PluginPool]):
+    write_plugin(plugins, "niceness", """
+        import os
+
+        class P:
+            def do_filter(self, hosts, vm, args):
+                return hosts[:os.nice(0) + 1]
+    """)
+    hosts = [f"h{i}" for i in range(30)]
+    (plain,) = make_pool(size=1).run([call("niceness", args=(hosts, "vm", {}))])
+    (nicer,) = make_pool(size=1, limits=Limits(memory_mb=512, cpu_seconds=10, nice=7)).run(
+        [call("niceness", args=(hosts, "vm", {}))])
+    assert plain.ok and nicer.ok, (plain.error, nicer.error)
+    assert len(nicer.value) - len(plain.value) == 7  # type: ignore[arg-type]

@@ -75,6 +75,7 @@ def command(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confineme
                 "max_procs": limits.max_procs,
                 "max_files": limits.max_files,
                 "max_file_mb": limits.max_file_mb,
+                "nice": limits.nice,
                 "tmp_parent": tempfile.gettempdir(),
             }
         ),

@@ -54,6 +54,7 @@ class Options:
     max_procs: int = 256
     max_files: int = 256
     max_file_mb: int = 64
+    nice: int = 0
     tmp_parent: str = "/tmp"
     extra_read: list[str] = field(default_factory=list)
     extra_write: list[str] = field(default_factory=list)
@@ -123,6 +124,8 @@ def _limits(options: Options) -> None:
         _lower(resource.RLIMIT_AS, options.memory_mb << 20)
     _lower(resource.RLIMIT_NOFILE, options.max_files)
     _lower(resource.RLIMIT_FSIZE, options.max_file_mb << 20)
+    if options.nice > 0:
+        os.nice(options.nice)
 
 
 def _lower(which: int, value: int) -> None:
