@@ -249,7 +249,8 @@ async def decision_page(request: Request, decision_id: str) -> HTMLResponse:
         note = _replicas_note(found.missing) if found is not None else ""
         return page("decision not found", f"<h1>Decision not found</h1><p>It may have left the ring.</p>{note}", 404,
                     _logout_token(request))
-    shadow = whatif.shadow_section(request.app.state.shadow.get(decision_id))
+    store = getattr(request.app.state, "shadow", None)  # an app of the console alone has none
+    shadow = whatif.shadow_section(store.get(decision_id) if store is not None else None)
     return page(f"vmsched decision {decision_id}", decision.body(found.records[0], shadow),
                 logout_token=_logout_token(request))
 

@@ -71,7 +71,7 @@ def page(store: ShadowStore, reports: Path | None, status: str, op: str) -> str:
 
 def _row(c: ShadowComparison) -> str:
     change = "".join(f"<li>{e(x)}</li>" for x in c.change)
-    return (f'<tr class="{c.status}"><td>{when(c.time)}</td><td>{e(c.op)}</td><td>{e(c.vm) or "-"}</td>'
+    return (f'<tr class="shadow-{c.status}"><td>{when(c.time)}</td><td>{e(c.op)}</td><td>{e(c.vm) or "-"}</td>'
             f'<td><span class="status {c.status}">{c.status}</span></td><td class="what">{e(c.what)}</td>'
             f'<td>{e(c.candidate)}' + (f'<ul class="change">{change}</ul>' if change else "") + "</td>"
             f'<td><a href="/console/decisions/{e(c.id)}">{e(c.id)}</a></td></tr>')

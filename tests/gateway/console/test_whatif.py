@@ -78,7 +78,7 @@ def test_the_page_counts_and_lists_recent_changes_escaped(gateway: InProcess) ->
     r = gateway.client.get("/console/whatif")
     assert r.status_code == 200 and "default-src 'none'" in r.headers["content-security-policy"]
     assert HOSTILE not in r.text and r.text.count(ESCAPED) >= 4  # VM, what, candidate, change
-    rows = re.findall(r"<tr class=\"(\w+)\">(.*?)</tr>", r.text.split('id="shadow-table"')[1], re.S)
+    rows = re.findall(r"<tr class=\"shadow-(\w+)\">(.*?)</tr>", r.text.split('id="shadow-table"')[1], re.S)
     assert [cls for cls, _ in rows][0] == "changed" and record_id in rows[0][1]
     assert f'href="/console/decisions/{record_id}"' in rows[0][1]
     assert quiet not in r.text  # a "same" call is counted, not listed
