@@ -22,6 +22,7 @@ from vmsched.gateway.console.logouts import LogoutLink
 from vmsched.gateway.console.sessions import Sessions
 from vmsched.gateway.decisions.log import DecisionLog
 from vmsched.gateway.decisions.record import gateway_label
+from vmsched.gateway.decisions.shadow import ShadowStore
 from vmsched.gateway.docs_ui import mount_docs
 from vmsched.gateway.auth import Guard, add_security_scheme
 from vmsched.gateway.limits import Limits
@@ -173,6 +174,7 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
         if facts_sub is not None:
             facts_sub.start()
         decision_log.start()
+        shadow.start()
         if own_writer is not None:
             own_writer.start()
         if logouts is not None:
@@ -184,6 +186,7 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
         if logouts is not None:
             logouts.stop()
         decision_log.stop()
+        shadow.stop()
         if own_writer is not None:
             own_writer.stop()
         elif recording is not None:  # the process's (the all-in-one), which may end at once on SIGTERM (uvicorn)
@@ -203,6 +206,7 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
     decision_log = DecisionLog(settings.decisions_size, gateway_label(settings.gateway_id), facts,
                                transport if settings.decisions_share else None,
                                settings.decisions_log)
+    shadow = ShadowStore(transport)  # the shadow candidates' comparisons, joined to decisions by ID
     own_writer = record_writer(settings, "gateway") if recording is None else None
     writer = recording or own_writer
     scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings),
@@ -216,6 +220,8 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
     app.state.console_sessions = sessions
     app.state.console_logouts = logouts
     app.state.decisions = decision_log
+    app.state.shadow = shadow
+    app.state.whatif_reports = settings.whatif_reports
     app.state.bus = bus
     app.state.scheduler = scheduler
     app.state.facts = facts

@@ -36,7 +36,7 @@ OPEN_PREFIXES = ("/docs/assets/", "/static/")
 #: The console's pages (:mod:`vmsched.gateway.console.pages`): GET only, the read role, from the bearer header or
 #: the console's session cookie. They are the only requests where a cookie counts; a cookie never authorises
 #: anything else.
-CONSOLE_PAGES = re.compile(r"^/(console/decisions/[0-9a-f]{32})?$")
+CONSOLE_PAGES = re.compile(r"^/(console/decisions/[0-9a-f]{32}|console/whatif|console/whatif/reports/[^/]{1,255})?$")
 #: The console's login form and logout: open (the token is in the form, with a CSRF token; logout checks the
 #: session and the form's CSRF token itself).
 CONSOLE_OPEN = frozenset({("GET", "/login"), ("POST", "/login"), ("POST", "/logout")})
@@ -55,6 +55,8 @@ ROUTE_ROLES: dict[tuple[str, str], Role] = {
     ("GET", "/v1/hosts/{host}/facts"): Role.READ,
     ("GET", "/v1/decisions"): Role.READ,
     ("GET", "/v1/decisions/{decision_id}"): Role.READ,
+    ("GET", "/v1/shadow"): Role.READ,
+    ("GET", "/v1/shadow/{comparison_id}"): Role.READ,
     ("PUT", "/v1/hosts/{host}/policies/{guest}"): Role.OPERATE,
     ("DELETE", "/v1/hosts/{host}/policies/{guest}"): Role.OPERATE,
     ("PUT", "/v1/hosts/{host}/cpus"): Role.OPERATE,

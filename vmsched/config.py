@@ -173,6 +173,8 @@ class Settings(BaseSettings):
     record_max_mb: int = Field(1024, ge=4, description="most MiB of recordings in the --record folder (the oldest "
                                "files go first)")
     record_omit: str = Field("", description="property keys left out of the recording, KEY,...")
+    whatif_reports: Path | None = Field(None, description="folder of `vmsched replay --json` reports the console's "
+                                        "what-if view lists (gateway); unset: none")
 
     # a shadow candidate on live calls (docs/testing-policies.md)
     shadow: Path | None = Field(None, description="plugins folder of a candidate policy run beside the live one "

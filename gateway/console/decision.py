@@ -19,8 +19,8 @@ from vmsched.gateway.decisions import ranking
 BAR_WIDTH, BAR_HEIGHT = 120, 10
 
 
-def body(d: dict[str, Any]) -> str:
-    """The page's HTML (inside ``<main>``) of a decision record."""
+def body(d: dict[str, Any], shadow: str = "") -> str:
+    """The page's HTML (inside ``<main>``) of a decision record; ``shadow``: its "Shadow" section, if any."""
     errors = "".join(f"<li>{e(x)}</li>" for x in d["errors"])
     unit_rows = "".join(
         f'<tr class="{"" if u["ok"] else "problem"}"><td>{e(u["unit"])}</td><td>{"ok" if u["ok"] else "failed"}'
@@ -31,7 +31,7 @@ def body(d: dict[str, Any]) -> str:
     return (f'<h1>{e(d["op"])} decision</h1><p class="summary" id="summary">{e(d["summary"])}</p>'
             f'<dl><dt>time</dt><dd>{when(d["time"])}</dd><dt>VM</dt><dd>{e(d["vm"]) or "-"}</dd>'
             f'<dt>gateway</dt><dd>{e(d["gateway"])}</dd><dt>fallback</dt><dd>{"yes" if d["fallback"] else "no"}</dd>'
-            f'<dt>duration</dt><dd>{d["duration"] * 1000:.1f} ms</dd></dl>'
+            f'<dt>duration</dt><dd>{d["duration"] * 1000:.1f} ms</dd></dl>{shadow}'
             f'<h2>Per unit, per host</h2>{table}'
             + (f'<h2>Errors</h2><ul>{errors}</ul>' if errors else "") + _missing_facts(d)
             + f'<h2>Units</h2><table id="units-detail"><thead><tr><th>unit</th><th>outcome</th><th>duration</th>'

@@ -2,8 +2,9 @@
 
 Pages: ``/`` (recent decisions searchable by VM or host, units with load
 errors, the agents' pools and policies (:mod:`console_agents`), host facts
-and their age) and ``/console/decisions/{id}`` (every unit's
-verdict on every host: :mod:`decision`). ``/login`` takes a token and gives the browser a
+and their age), ``/console/decisions/{id}`` (every unit's
+verdict on every host: :mod:`decision`) and ``/console/whatif`` (shadow
+comparisons and replay reports: :mod:`whatif`). ``/login`` takes a token and gives the browser a
 session of the console's own (:mod:`vmsched.gateway.console.sessions`), in an
 HttpOnly, SameSite=Strict cookie that authorises these GET pages only
 (:mod:`vmsched.gateway.auth`); the login and logout forms carry CSRF tokens.
@@ -25,7 +26,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from vmsched.bus import BusError
 from vmsched.gateway.console import agents as console_agents
-from vmsched.gateway.console import decision
+from vmsched.gateway.console import decision, whatif
 from vmsched.gateway.console.markup import age, e, when
 from vmsched.gateway.console.sessions import COOKIE as CONSOLE_COOKIE
 from vmsched.gateway.console.sessions import LOGIN_COOKIE, LOGIN_TTL, Session, Sessions, cookie
@@ -51,7 +52,9 @@ def page(title: str, body: str, status: int = 200, logout_token: str = "") -> HT
     html = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f'<link rel="icon" href="/static/favicon.svg" type="image/svg+xml"><link rel="stylesheet" href="/static/console.css"><script src="/static/console.js" defer></script>'
-            f'</head><body><header><a href="/" class="brand">vmsched console</a>{logout}</header>'
+            f'</head><body><header><a href="/" class="brand">vmsched console</a>'
+            '<nav><a href="/">Decisions</a><a href="/console/whatif">What if</a></nav>'
+            f'{logout}</header>'
             f'<main>{body}</main></body></html>')
     return HTMLResponse(html, status_code=status, headers=HEADERS)
 
@@ -246,5 +249,31 @@ async def decision_page(request: Request, decision_id: str) -> HTMLResponse:
         note = _replicas_note(found.missing) if found is not None else ""
         return page("decision not found", f"<h1>Decision not found</h1><p>It may have left the ring.</p>{note}", 404,
                     _logout_token(request))
-    return page(f"vmsched decision {decision_id}", decision.body(found.records[0]),
+    store = getattr(request.app.state, "shadow", None)  # an app of the console alone has none
+    shadow = whatif.shadow_section(store.get(decision_id) if store is not None else None)
+    return page(f"vmsched decision {decision_id}", decision.body(found.records[0], shadow),
                 logout_token=_logout_token(request))
+
+
+# --- what if: shadow comparisons and replay reports -----------------------------------------------------
+@router.get("/console/whatif")
+async def whatif_page(request: Request) -> HTMLResponse:
+    q = request.query_params
+    body = await asyncio.to_thread(whatif.page, request.app.state.shadow, request.app.state.whatif_reports,
+                                   q.get("status", ""), q.get("op", ""))
+    return page("vmsched what if", body, logout_token=_logout_token(request))
+
+
+@router.get("/console/whatif/reports/{name}")
+async def report_page(request: Request, name: str) -> HTMLResponse:
+    folder = request.app.state.whatif_reports
+    back = '<p><a href="/console/whatif">Back to the what-if view</a></p>'
+    if folder is None:
+        return page("no reports folder", "<h1>No reports folder</h1><p>Start the gateway with "
+                    f"<code>--whatif-reports DIR</code>.</p>{back}", 404, _logout_token(request))
+    try:
+        report = await asyncio.to_thread(whatif.read_report, folder, name)
+    except whatif.ReportError as exc:
+        return page("report not shown", f'<h1>Report not shown</h1><p class="error" id="report-error">{e(exc)}</p>'
+                    f"{back}", 404, _logout_token(request))
+    return page(f"vmsched replay report {name}", whatif.report_page(name, report), logout_token=_logout_token(request))

@@ -19,7 +19,7 @@ SERVICES = frozenset({"run", "discovery", "scoring", "balancer"})
 GATEWAY_ONLY = {"host", "port", "request_timeout", "max_body_bytes", "decisions_size", "decisions_share",
                 "decisions_log", "gateway_id", "score_per_unit", "max_hosts", "max_units", "max_string",
                 "header_timeout", "body_timeout", "tls_cert", "tls_key", "tls_client_ca", "engine_allow",
-                "console_secret_file", "console_session_ttl", "record_omit"}
+                "console_secret_file", "console_session_ttl", "record_omit", "whatif_reports"}
 #: Settings only the plugin services read (their consumers, their plugin workers).
 SERVICES_ONLY = {"prefetch", "consumers", "runtime_dir", "plugins_dir", "stock_plugins", "rescan_interval",
                  "allow_root_plugins"}

@@ -53,6 +53,8 @@ EXAMPLES: dict[tuple[str, str], tuple[str, Any]] = {
     ("GET", "/v1/hosts/{host}/facts"): ("/v1/hosts/hv1/facts", None),
     ("GET", "/v1/decisions"): ("/v1/decisions?op=filter", None),
     ("GET", "/v1/decisions/{decision_id}"): ("/v1/decisions/" + "0" * 32, None),
+    ("GET", "/v1/shadow"): ("/v1/shadow?status=changed", None),
+    ("GET", "/v1/shadow/{comparison_id}"): ("/v1/shadow/" + "0" * 32, None),
 }
 
 
@@ -161,8 +163,8 @@ def _expected_ok(route: tuple[str, str]) -> int:
     """The status once authorised: 200 for scheduling on the all-in-one, 503 for agents behind a down bus."""
     if route[1] == "/v1/hosts/{host}/facts":
         return 404  # authorised, but no agent has sent facts for hv1
-    if route[1] == "/v1/decisions/{decision_id}":
-        return 404  # authorised, but no such decision
+    if route[1] in ("/v1/decisions/{decision_id}", "/v1/shadow/{comparison_id}"):
+        return 404  # authorised, but no such decision or comparison
     return 503 if route[1].startswith("/v1/hosts/") else 200
 
 

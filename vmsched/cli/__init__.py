@@ -134,6 +134,9 @@ def _gateway(p: argparse.ArgumentParser) -> None:
                    help="this gateway's label in decision records (default: the host name)")
     p.add_argument("--console-session-ttl", metavar="S",
                    help="how long a console session lasts (env VMSCHED_CONSOLE_SESSION_TTL; default 28800 s, 8 h)")
+    p.add_argument("--whatif-reports", type=Path, metavar="DIR",
+                   help="a folder of `vmsched replay --json` reports (*.json) the console's what-if view lists "
+                        "(default: none; docs/console.md)")
 
 
 def _tokens(p: argparse.ArgumentParser) -> None:
