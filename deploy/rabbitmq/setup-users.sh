@@ -111,23 +111,29 @@ DECISIONS_KEYS='gateway\.decisions\.(query|presence|answer\.[0-9a-f]{12})'
 # vmsched.console.gateway.<token>
 CONSOLE_QUEUE='vmsched\.console\.gateway\.[0-9a-f]{12}'
 CONSOLE_KEYS='gateway\.console\.(logout|hello)'
-GATEWAY_QUEUES="$DECISIONS_QUEUE|$CONSOLE_QUEUE"
+# shadow comparisons (docs/testing-policies.md): scoring and balancer, run with --shadow, publish each under
+# shadow.<service>; every gateway binds shadow.* to its own exclusive queue vmsched.shadow.gateway.<token>
+SHADOW_QUEUE='vmsched\.shadow\.gateway\.[0-9a-f]{12}'
+SHADOW_BINDING='shadow\.\*'
+GATEWAY_QUEUES="$DECISIONS_QUEUE|$CONSOLE_QUEUE|$SHADOW_QUEUE"
 add vmsched-gateway \
   "^(vmsched\.(requests|agent|reply|events|facts|dead)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+|$GATEWAY_QUEUES)\$" \
   "^(vmsched\.(requests|agent|facts|dead|events)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+|$GATEWAY_QUEUES)\$" \
   "^(vmsched\.(requests|reply|events)|$SERVICE_QUEUES|vmsched\.reply\..+|vmsched\.facts\.gateway\..+|$GATEWAY_QUEUES)\$"
 topic vmsched-gateway vmsched.requests "^$SERVICE_QUEUES\$" "^$SERVICE_QUEUES\$"
 topic vmsched-gateway vmsched.agent '.*' '^$'
-topic vmsched-gateway vmsched.events "^($DECISIONS_KEYS|$CONSOLE_KEYS)\$" "^($FACTS_BINDING|$DECISIONS_KEYS|$CONSOLE_KEYS)\$"
+topic vmsched-gateway vmsched.events "^($DECISIONS_KEYS|$CONSOLE_KEYS)\$" "^($FACTS_BINDING|$DECISIONS_KEYS|$CONSOLE_KEYS|$SHADOW_BINDING)\$"
 topic vmsched-gateway vmsched.facts '^snapshot$' '^$'
 
 service() {  # name op-regex [facts]
   local q="$2\.v2" dead="$2\.v2\.dlq"  # its request queues; their dead letters (bound to vmsched.dead)
   if [ "${3:-}" = facts ]; then
     local own="vmsched\.facts\.$1\..+"
-    add "vmsched-$1" "^($q|$dead|$own)\$" "^($q|$dead|vmsched\.reply|vmsched\.dead|vmsched\.facts|$own)\$" \
+    # and, with --shadow, its comparisons on vmsched.events under shadow.<name>
+    add "vmsched-$1" "^($q|$dead|$own)\$" \
+        "^($q|$dead|vmsched\.reply|vmsched\.dead|vmsched\.facts|vmsched\.events|$own)\$" \
         "^($q|$dead|vmsched\.requests|vmsched\.dead|vmsched\.events|$own)\$"
-    topic "vmsched-$1" vmsched.events '^$' "^$FACTS_BINDING\$"
+    topic "vmsched-$1" vmsched.events "^shadow\.$1\$" "^$FACTS_BINDING\$"
     topic "vmsched-$1" vmsched.facts '^snapshot$' '^$'
   else
     add "vmsched-$1" "^($q|$dead)\$" "^($q|$dead|vmsched\.reply|vmsched\.dead)\$" "^($q|$dead|vmsched\.requests|vmsched\.dead)\$"

@@ -163,6 +163,39 @@ def test_a_raising_hanging_or_slow_candidate_never_changes_or_holds_up_a_live_re
     assert shadow_counts(shadowed) == expected
 
 
+def test_the_gateway_keeps_each_comparison_with_its_decision(shadowed: Stack):
+    vm = "22222222-3333-4444-5555-666666666666"
+    ids: list[str] = []
+
+    def newest() -> str:
+        return shadowed.get("/v1/decisions", params={"limit": 1}).json()["decisions"][0]["id"]
+
+    for method, params, result in CALLS:
+        params = tuple(vm if p == VM else ({"vm": vm} if p == {"vm": VM} else p) for p in params)
+        before = newest()
+        reply = shadowed.xmlrpc(method, *params)
+        assert reply["result"] == ([vm, ["h1"]] if method == "runLoadBalancing" else result)
+        ids.append(wait_until(lambda: (found := newest()) != before and found, 10, 0.05, "the call's decision"))
+
+    def shown() -> list[dict] | None:
+        found = [shadowed.get(f"/v1/shadow/{i}") for i in ids]
+        return [r.json() for r in found] if all(r.status_code == 200 for r in found) else None
+
+    keep, score, calm, patient, quick, only_live, move = wait_until(shown, 30, 0.2, "every comparison")
+    assert keep["status"] == "changed" and "drops h2" in keep["what"]
+    assert keep["rows"] == [{"host": "h2", "live": {"Keep": "kept", "result": "kept"},
+                             "candidate": {"Keep": "dropped: h2 is full", "result": "dropped"}}]
+    assert score["status"] == "changed" and score["what"].startswith("ranks h4 first instead of h1")
+    assert score["change"] == ["Reverse factor 5"] and score["rank"] == 4
+    assert calm["status"] == "error" and "the candidate broke" in calm["errors"]["Calm"]
+    assert patient["status"] == "error" and patient["errors"] == {"Patient": "timed out"}
+    assert quick["status"] == "same" and quick["seconds"] >= 0.3
+    assert only_live["status"] == "unknown" and only_live["unknown"] == ["OnlyLive"]
+    assert move["status"] == "changed" and f"migrating {vm} to h4 instead of migrating {vm} to h1" in move["what"]
+    record = shadowed.get(f"/v1/decisions/{ids[0]}").json()
+    assert record["shadow"]["status"] == "changed" and record["result"] == HOSTS  # the live decision stands
+
+
 def test_a_shadow_that_is_behind_sheds_calls_and_counts_them(tmp_path: Path):
     live = _folder(tmp_path, "live", LIVE)
     candidate = _folder(tmp_path, "candidate", CANDIDATE)
