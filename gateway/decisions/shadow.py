@@ -122,12 +122,11 @@ class ShadowStore:
         problem = comparison.version_problem()
         if problem is not None:
             return self._refuse(routing_key, problem)
-        updates: dict[str, object] = {}
-        if not comparison.service:
-            updates["service"] = routing_key.removeprefix(SHADOW_KEY)[:64]
+        # the sender is the routing key's: the broker lets each service publish under its own key only
+        updates: dict[str, object] = {"service": routing_key.removeprefix(SHADOW_KEY)[:64]}
         if comparison.time <= 0:
             updates["time"] = time.time()
-        self.keep(comparison.model_copy(update=updates) if updates else comparison)
+        self.keep(comparison.model_copy(update=updates))
 
     def _refuse(self, routing_key: str, why: str) -> None:
         """Count an invalid message; log it at most once every LOG_EVERY seconds (with how many since)."""

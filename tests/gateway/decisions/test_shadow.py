@@ -57,6 +57,16 @@ def test_a_published_comparison_is_kept_by_its_id_with_its_sender_and_time(memor
     assert store.recent(10, vm="another").comparisons == []
 
 
+def test_the_sender_is_the_routing_keys_whatever_the_body_claims(memory) -> None:
+    transport, store = memory
+    events = transport.events("balancer")  # the body says balancer, the key scoring (the broker checks keys)
+    try:
+        assert events.publish("shadow.scoring", comparison(IDS[2]))
+    finally:
+        events.close()
+    assert wait_until(lambda: store.get(IDS[2]), 10, 0.02, "the comparison").service == "scoring"
+
+
 def test_a_comparison_sent_again_replaces_the_first(memory) -> None:
     transport, store = memory
     publish(transport, comparison(IDS[0], status="unknown", what="the candidate lacks KeepEven", rows=[]))
