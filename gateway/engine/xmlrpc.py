@@ -23,7 +23,6 @@ import math
 import re
 import reprlib
 import xmlrpc.client
-from dataclasses import dataclass, field
 from typing import Any
 from xml.parsers.expat import ExpatError
 from xml.sax.saxutils import escape
@@ -97,11 +96,12 @@ _TEXT = frozenset(_SCALARS) | {"value", "methodName", "name"}
 _TYPE_NAMES = ", ".join(sorted(_SCALARS, key=str.lower)) + ", array, struct"
 
 
-@dataclass
-class _Element:
-    name: str
-    children: list[str] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
+#: (parent, child) elements that need no check but their being open: most of a call's elements
+_PLAIN = frozenset((parent, child) for parent, children in _HOLDS.items() if parent not in (None, "value")
+                   for child in children if child not in _ONCE.get(parent, ()) and (parent, child) != ("member", "value"))
+
+#: An open element: its name, the names of its children so far, its text so far.
+_Open = tuple[str, list[str], list[str]]
 
 
 class _Reader:
@@ -110,59 +110,66 @@ class _Reader:
 
     def __init__(self) -> None:
         self.values = xmlrpc.client.Unmarshaller(use_builtin_types=True)
-        self._open: list[_Element] = []
+        self._open: list[_Open] = []
+        self._start, self._data, self._end = self.values.start, self.values.data, self.values.end
 
     def xml(self, encoding: str | None, standalone: Any) -> None:
         self.values.xml(encoding, standalone)
 
     def start(self, tag: str, attrs: Any) -> None:
-        name = tag.rpartition(":")[2]  # Apache's ex:nil, ex:i8, ...
-        parent = self._open[-1] if self._open else None
-        self._check_child(parent, name)
-        if parent is not None:
-            parent.children.append(name)
-        self._open.append(_Element(name))
-        self.values.start(tag, attrs)
+        name = tag.rpartition(":")[2] if ":" in tag else tag  # Apache's ex:nil, ex:i8, ...
+        if self._open:
+            parent = self._open[-1]
+            holder, children, text = parent
+            if (holder, name) not in _PLAIN and not (  # a value's one typed element, the other common case
+                    holder == "value" and name in _TYPES and not children and not "".join(text).strip()):
+                self._check_child(parent, name)
+            children.append(name)
+        else:
+            self._check_child(None, name)
+        self._open.append((name, [], []))
+        self._start(tag, attrs)
 
-    def _check_child(self, parent: _Element | None, name: str) -> None:
+    def _check_child(self, parent: _Open | None, name: str) -> None:
         if parent is None:
             if name != "methodCall":
                 raise _invalid(f"the document is a <{shown_tag(name)}>, not a <methodCall>")
             return
-        if parent.name not in _HOLDS:
-            raise _invalid(f"<{parent.name}> holds text only, not a <{shown_tag(name)}> element")
-        if name not in _HOLDS[parent.name]:
-            if parent.name == "value":
+        holder, children, text = parent
+        if holder not in _HOLDS:
+            raise _invalid(f"<{holder}> holds text only, not a <{shown_tag(name)}> element")
+        if name not in _HOLDS[holder]:
+            if holder == "value":
                 raise _invalid(f"<{shown_tag(name)}> is not a value type (value types: {_TYPE_NAMES})")
-            raise _invalid(f"<{shown_tag(name)}> does not belong in <{parent.name}>, which holds "
-                           + " and ".join(f"<{child}>" for child in sorted(_HOLDS[parent.name])))
-        if parent.name == "value" and (parent.children or "".join(parent.text).strip()):
+            raise _invalid(f"<{shown_tag(name)}> does not belong in <{holder}>, which holds "
+                           + " and ".join(f"<{child}>" for child in sorted(_HOLDS[holder])))
+        if holder == "value" and (children or "".join(text).strip()):
             raise _invalid("a <value> holds one typed element or text, not more")
-        if name in _ONCE.get(parent.name, ()) and name in parent.children:
-            raise _invalid(f"<{parent.name}> holds one <{name}>, not more")
-        if parent.name == "member" and name == "value" and "name" not in parent.children:
+        if name in _ONCE.get(holder, ()) and name in children:
+            raise _invalid(f"<{holder}> holds one <{name}>, not more")
+        if holder == "member" and name == "value" and "name" not in children:
             raise _invalid("a struct <member> holds its <name> first, then its <value>")
 
     def data(self, text: str) -> None:
-        element = self._open[-1]
-        if element.name in _TEXT:
-            if element.name == "value" and element.children and text.strip():
+        name, children, held = self._open[-1]
+        if name in _TEXT:
+            if children and name == "value" and text.strip():
                 raise _invalid("a <value> holds one typed element or text, not more")
-            element.text.append(text)
+            held.append(text)
         elif text.strip():
-            raise _invalid(f"text {shown(text.strip())} in <{element.name}>, which holds elements only")
-        self.values.data(text)
+            raise _invalid(f"text {shown(text.strip())} in <{name}>, which holds elements only")
+        self._data(text)
 
     def end(self, tag: str) -> None:
-        element = self._open.pop()
-        for needed in _NEEDS.get(element.name, ()):
-            if needed not in element.children:
-                raise _invalid(f"<{element.name}> has no <{needed}>")
+        name, children, text = self._open.pop()
+        for needed in _NEEDS.get(name, ()):
+            if needed not in children:
+                raise _invalid(f"<{name}> has no <{needed}>")
         try:
-            self.values.end(tag)
+            self._end(tag)
         except Exception:  # noqa: BLE001 - the unmarshaller could not read the element's text
-            raise _invalid(f"<{element.name}> must hold {_SCALARS.get(element.name, 'a value')}, "
-                           f"got {shown(''.join(element.text))}") from None
+            raise _invalid(f"<{name}> must hold {_SCALARS.get(name, 'a value')}, "
+                           f"got {shown(''.join(text))}") from None
 
     def close(self) -> tuple[str, tuple[Any, ...]]:
         try:
