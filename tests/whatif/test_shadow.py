@@ -140,7 +140,8 @@ def shadow_counts(stack: Stack) -> dict[str, float]:
 def shadowed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     bus = "memory://" if request.param == "memory" else request.getfixturevalue("rabbit_vhost")
     tmp = tmp_path_factory.mktemp(f"shadow-{request.param}")
-    live, candidate = _folder(tmp, "live", LIVE), _folder(tmp, "candidate", CANDIDATE)
+    live = _folder(tmp, "live", LIVE)
+    candidate = _folder(live, "candidate", CANDIDATE)  # a subfolder of the live plugins (no __init__.py): not loaded
     stack = start_all_in_one(tmp, bus, "--shadow", str(candidate), "--shadow-factors",
                              "Reverse=5", "--shadow-queue", "100", "--plugin-timeouts", "Patient=2",
                              plugins=live)
