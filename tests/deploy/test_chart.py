@@ -30,7 +30,9 @@ from kubernetes_validate import utils as kv_utils
 
 from tests.support.deploy import AGENT_ENV, parse_cli, settings_env_names
 from tests.support.paths import ROOT
+from vmsched.cli import settings_from
 from vmsched.cli.runner import service_queues
+from vmsched.config import parse_factors
 
 CHART = ROOT / "charts" / "vmsched"
 RELEASE, NAMESPACE = "sched", "ovirt"
@@ -56,6 +58,10 @@ COMBOS: dict[str, dict[str, Any]] = {
     "hpa": {"autoscaling": {"hpa": {"enabled": True}}},
     "servicemonitor": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}},
     "agent": {"agent": {"enabled": True, "supplementalGroups": [107], "dedicatedPool": "4-7"}},
+    "shadow": {"shadow": {"enabled": True, "files": {"my_score.py": "class MyScore:\n    def do_score(self, *a):\n"
+                                                                    "        return []\n"},
+                          "rate": 0.25, "factors": {"vmsched_MemoryEvenDistribution": 5, "MyScore": -2},
+                          "drop": ["vmsched_CpuPinning", "MyFilter"], "queue": 64, "workers": 2}},
     "everything": {
         "autoscaling": {"keda": {"enabled": True}},
         "serviceMonitor": {"enabled": True},
@@ -64,6 +70,7 @@ COMBOS: dict[str, dict[str, Any]] = {
         "agent": {"enabled": True, "hostIdFrom": "libvirt", "initChown": False},
         "grafanaDashboard": {"enabled": True},
         "plugins": {"files": {"my_filter.py": "class MyFilter:\n    def do_filter(self, *a):\n        pass\n"}},
+        "shadow": {"enabled": True, "existingVolume": {"persistentVolumeClaim": {"claimName": "candidate"}}},
         "gateway": {
             "service": {"type": "LoadBalancer", "nodePort": 31878},
             "topologySpreadConstraints": [
@@ -438,6 +445,82 @@ def test_stock_plugins_by_default(chart: helm.Chart) -> None:
         assert _plugin_setup(docs, comp) == (None, None, None)
 
 
+# --- a shadow candidate ------------------------------------------------------------------------------
+def _shadow_setup(docs: list[dict[str, Any]], comp: str) -> tuple[dict | None, dict | None, list[str]]:
+    dep = next(d for d in workloads(docs) if component(d) == comp)
+    pod = dep["spec"]["template"]["spec"]
+    volume = next((v for v in pod["volumes"] if v["name"] == "candidate"), None)
+    (c,) = pod["containers"]
+    mount = next((m for m in c["volumeMounts"] if m["name"] == "candidate"), None)
+    return volume, mount, [a for a in c["args"] if a.startswith("--shadow")]
+
+
+@pytest.mark.parametrize("values", [{}, {"shadow": {"files": {"a.py": "x = 1\n"}, "existingConfigMap": "cand"}}],
+                         ids=["default", "sources-but-disabled"])
+def test_no_shadow_unless_enabled(chart: helm.Chart, values: dict[str, Any]) -> None:
+    docs = render(chart, merge(values, COMBOS["agent"]))
+    assert not objects(docs, "ConfigMap")
+    for wl in workloads(docs):
+        assert _shadow_setup(docs, component(wl)) == (None, None, []), component(wl)
+        assert not any(e["name"].startswith("VMSCHED_SHADOW") for e in containers(wl)[0]["env"])
+        assert not any("candidate" in str(m) for m in containers(wl)[0]["volumeMounts"])
+
+
+def test_shadow_candidate_from_inline_files(chart: helm.Chart) -> None:
+    values = COMBOS["shadow"]
+    docs = render(chart, merge(values, COMBOS["agent"]))
+    (cm,) = objects(docs, "ConfigMap")
+    assert cm["metadata"]["name"] == f"{RELEASE}-vmsched-candidate"
+    assert cm["data"] == values["shadow"]["files"]
+    for wl in workloads(docs):
+        comp = component(wl)
+        volume, mount, args = _shadow_setup(docs, comp)
+        if comp not in ("scoring", "balancer"):  # the gateway, discovery and the agent run no live units
+            assert (volume, mount, args) == (None, None, []), comp
+            continue
+        assert volume == {"name": "candidate", "configMap": {"name": cm["metadata"]["name"]}}
+        assert mount == {"name": "candidate", "mountPath": "/etc/vmsched/candidate", "readOnly": True}
+        # what the service makes of its command line: the settings the shadow runs with
+        settings = settings_from(parse_cli(containers(wl)[0]["args"]))
+        assert settings.shadow == Path("/etc/vmsched/candidate")
+        assert settings.shadow_rate == 0.25
+        assert parse_factors(settings.shadow_factors) == {"vmsched_MemoryEvenDistribution": 5, "MyScore": -2}
+        assert settings.shadow_drop.split(",") == ["vmsched_CpuPinning", "MyFilter"]
+        assert (settings.shadow_queue, settings.shadow_workers) == (64, 2)
+        # the live plugins folder stays what it was
+        assert _plugin_setup(docs, comp) == (None, None, None)
+
+
+def test_shadow_defaults_reach_the_command_line(chart: helm.Chart) -> None:
+    docs = render(chart, {"shadow": {"enabled": True, "existingConfigMap": "cand", "mountPath": "/cand"}})
+    for comp in ("scoring", "balancer"):
+        args = _shadow_setup(docs, comp)[2]
+        assert args == ["--shadow=/cand", "--shadow-rate=1", "--shadow-queue=16", "--shadow-workers=1"], comp
+
+
+def test_shadow_candidate_from_existing_configmap_or_volume(chart: helm.Chart) -> None:
+    files = {"ignored.py": "x = 1\n"}
+    docs = render(chart, {"shadow": {"enabled": True, "existingConfigMap": "site-candidate", "files": files}})
+    assert not objects(docs, "ConfigMap")
+    for comp in ("scoring", "balancer"):
+        assert _shadow_setup(docs, comp)[0] == {"name": "candidate", "configMap": {"name": "site-candidate"}}
+
+    pvc = {"persistentVolumeClaim": {"claimName": "candidate", "readOnly": True}}
+    docs = render(chart, {"shadow": {"enabled": True, "existingVolume": pvc, "existingConfigMap": "site-candidate",
+                                     "files": files}})
+    assert not objects(docs, "ConfigMap")
+    for comp in ("scoring", "balancer"):
+        volume, mount, args = _shadow_setup(docs, comp)
+        assert volume == {"name": "candidate", **pvc}
+        assert mount["readOnly"] is True and f"--shadow={mount['mountPath']}" in args
+
+
+def test_shadow_without_a_candidate_fails_the_render(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"shadow\.enabled needs the candidate's plugins folder: set "
+                                                   r"shadow\.files, shadow\.existingConfigMap or shadow\.existingVolume"):
+        render(chart, {"shadow": {"enabled": True}})
+
+
 # --- autoscaling ------------------------------------------------------------------------------
 def test_keda_scaled_objects_watch_the_queues_the_services_consume(chart: helm.Chart) -> None:
     docs = render(chart, COMBOS["keda"])
@@ -659,6 +742,13 @@ def test_schema_describes_only_keys_that_exist(chart: helm.Chart) -> None:
         {"networkPolicy": {"gateway": {"allowedCIDRs": ["engine.example.com"]}}},
         {"networkPolicy": {"enabled": "no"}},
         {"gateway": {"auth": {"existingSecret": "Not_A_Name"}}},
+        {"shadow": {"rate": 0}},
+        {"shadow": {"rate": 1.5}},
+        {"shadow": {"factors": {"MyScore": 1.5}}},
+        {"shadow": {"factors": {"A=1,B": 2}}},
+        {"shadow": {"drop": ["A,B"]}},
+        {"shadow": {"workers": 0}},
+        {"shadow": {"enabled": "yes"}},
     ],
 )
 def test_schema_rejects_bad_values(chart: helm.Chart, bad: dict[str, Any]) -> None:

@@ -275,6 +275,22 @@ def test_plugins_folder_is_mounted_from_the_host(services: dict[str, dict[str, A
         assert (ROOT / source).is_dir(), f"{source} does not exist"
 
 
+def test_the_documented_shadow_override_names_a_mounted_candidate(services: dict[str, dict[str, Any]]) -> None:
+    """docs/deploy/compose.md's compose.override.yaml: scoring and balancer mount the candidate they are given."""
+    text = (ROOT / "docs" / "deploy" / "compose.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "VMSCHED_SHADOW" in b]
+    override = yaml.safe_load(block)["services"]
+    assert set(override) == {"scoring", "balancer"}, "the services that run live units"
+    for name, extra in override.items():
+        env = {**services[name]["environment"], **extra["environment"]}
+        assert set(extra["environment"]) <= settings_env_names()
+        # compose merges volumes by target: the live plugins folder stays, the candidate is another one
+        targets = {v.split(":")[1]: v.split(":") for v in [*services[name]["volumes"], *extra["volumes"]]}
+        assert targets[env["VMSCHED_SHADOW"]][2] == "ro" and env["VMSCHED_SHADOW"] != env["VMSCHED_PLUGINS"]
+        settings = Settings(**{k.removeprefix("VMSCHED_").lower(): v for k, v in extra["environment"].items()})
+        assert settings.shadow == Path(env["VMSCHED_SHADOW"]) and 0 < settings.shadow_rate <= 1
+
+
 def test_ports_and_health_checks_match_the_commands(services: dict[str, dict[str, Any]]) -> None:
     gw = services["gateway"]
     port = option(gw["command"], "--port")

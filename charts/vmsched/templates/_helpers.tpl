@@ -136,6 +136,72 @@ The plugins volume (a list item), when one is configured.
 {{- end }}
 
 {{/*
+Whether the shadow candidate runs ("true" or ""): enabled, with a candidate folder.
+*/}}
+{{- define "vmsched.shadow.enabled" -}}
+{{- with .Values.shadow }}
+{{- if and .enabled (or .existingVolume .existingConfigMap .files) }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The candidate's volume (a list item), when the shadow runs.
+*/}}
+{{- define "vmsched.shadow.volume" -}}
+{{- if include "vmsched.shadow.enabled" . }}
+{{- with .Values.shadow }}
+{{- if .existingVolume }}
+- name: candidate
+  {{- toYaml .existingVolume | nindent 2 }}
+{{- else if .existingConfigMap }}
+- name: candidate
+  configMap:
+    name: {{ .existingConfigMap }}
+{{- else }}
+- name: candidate
+  configMap:
+    name: {{ include "vmsched.componentName" (list $ "candidate") }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The candidate's mount (a list item), when the shadow runs.
+*/}}
+{{- define "vmsched.shadow.mount" -}}
+{{- if include "vmsched.shadow.enabled" . }}
+- name: candidate
+  mountPath: {{ .Values.shadow.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/*
+The shadow's command-line arguments (list items), when it runs.
+*/}}
+{{- define "vmsched.shadow.args" -}}
+{{- if include "vmsched.shadow.enabled" . }}
+{{- with .Values.shadow }}
+- --shadow={{ .mountPath }}
+- --shadow-rate={{ .rate }}
+- --shadow-queue={{ .queue }}
+- --shadow-workers={{ .workers }}
+{{- with .factors }}
+{{- $items := list }}
+{{- range $unit, $factor := . }}
+{{- $items = append $items (printf "%s=%d" $unit (int64 $factor)) }}
+{{- end }}
+- {{ printf "--shadow-factors=%s" (join "," $items) | quote }}
+{{- end }}
+{{- with .drop }}
+- {{ printf "--shadow-drop=%s" (join "," .) | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 Environment of every vmsched container: the file with the component's own broker URL, the log level.
 Usage: include "vmsched.env" (list . "scoring")
 */}}
@@ -280,6 +346,11 @@ Fail early on contradicting values.
 {{- end }}
 {{- range $c := list "gateway" "discovery" "scoring" "balancer" }}
 {{- $_ := include "vmsched.amqpSecret" (list $ $c) }}
+{{- end }}
+{{- with .Values.shadow }}
+{{- if and .enabled (not (or .existingVolume .existingConfigMap .files)) }}
+{{- fail "shadow.enabled needs the candidate's plugins folder: set shadow.files, shadow.existingConfigMap or shadow.existingVolume" }}
+{{- end }}
 {{- end }}
 {{- if and .Values.agent.enabled .Values.agent.bus }}
 {{- $_ := include "vmsched.amqpSecret" (list $ "agent") }}
