@@ -90,7 +90,8 @@ class UnitRunner:
 
     def lookup(self, name: str, kind: Kind):  # type: ignore[no-untyped-def]
         unit = self.catalog.unit(name, kind)
-        if unit is None and self.catalog.refresh():  # a plugin may have just been added
+        if unit is None:  # a plugin may have just been added: look again after a rescan, which waits for the
+            self.catalog.refresh()  # watcher's own rescan if one is under way, so its result counts too
             unit = self.catalog.unit(name, kind)
         return unit
 
