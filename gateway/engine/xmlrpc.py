@@ -2,9 +2,9 @@
 
 Requests may carry bare ``<value>`` strings, ``<i4>`` and ``<ex:nil/>``; every
 body is read by one parser, defusedxml's expat parser (no entity expansion, no
-external references) feeding the stdlib's unmarshaller through a check of
-XML-RPC's grammar (:class:`_Reader`), with arrays and structs nested at most
-:data:`MAX_DEPTH` deep. Nothing is patched process-wide. Replies never
+external references) whose events one reader (:class:`_Reader`) checks against
+XML-RPC's grammar and turns into values as the stdlib's unmarshaller would, with
+arrays and structs nested at most :data:`MAX_DEPTH` deep. Nothing is patched process-wide. Replies never
 contain nil, doubles or integers outside int32: :func:`dump_response` enforces
 that on every reply, whatever a bug upstream did.
 
@@ -18,12 +18,15 @@ XML-RPC call (an element where none belongs, a struct member with two values,
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import re
 import reprlib
 import xmlrpc.client
-from typing import Any
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Callable
 from xml.parsers.expat import ExpatError
 from xml.sax.saxutils import escape
 
@@ -61,20 +64,6 @@ def shown(value: Any) -> str:
     return _repr.repr(value)
 
 
-def _nesting_exceeds(params: tuple[Any, ...]) -> bool:
-    """Whether a parameter nests arrays and structs (lists and dicts once read) deeper than :data:`MAX_DEPTH`:
-    a count of its own, without recursion (the unmarshaller builds any depth without recursing either)."""
-    open_ = [(value, 1) for value in params if isinstance(value, (list, dict))]
-    while open_:
-        value, depth = open_.pop()
-        if depth > MAX_DEPTH:
-            return True
-        for item in value.values() if isinstance(value, dict) else value:
-            if isinstance(item, (list, dict)):
-                open_.append((item, depth + 1))
-    return False
-
-
 #: The value types read (Apache's extensions included), and what the text of each must be.
 _SCALARS: dict[str, str] = {
     "string": "text", "nil": "nothing", "boolean": "0 or 1", "base64": "base64 data",
@@ -104,17 +93,37 @@ _PLAIN = frozenset((parent, child) for parent, children in _HOLDS.items() if par
 _Open = tuple[str, list[str], list[str]]
 
 
+def _boolean(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError(text)
+    return text == "1"
+
+
+def _datetime(text: str) -> datetime:
+    return datetime.strptime(text, "%Y%m%dT%H:%M:%S")
+
+
+#: How the text of each scalar becomes its value (as the stdlib's unmarshaller reads it, builtin types on).
+_READ: dict[str, Callable[[str], Any]] = {
+    "string": str, "nil": lambda text: None, "boolean": _boolean, "double": float, "float": float,
+    "bigdecimal": Decimal, "base64": lambda text: base64.decodebytes(text.encode("ascii")),
+    "dateTime.iso8601": _datetime, **dict.fromkeys(("int", "i1", "i2", "i4", "i8", "biginteger"), int),
+}
+
+
 class _Reader:
-    """The stdlib's unmarshaller behind a check of XML-RPC's grammar: what breaks the grammar, or a value
-    the unmarshaller cannot read, is an :data:`INVALID_REQUEST` fault with a sentence naming the element."""
+    """Expat's events read into the call's values, checked against XML-RPC's grammar: what breaks the grammar,
+    or a value whose text is not of its type, is an :data:`INVALID_REQUEST` fault with a sentence naming the
+    element."""
 
     def __init__(self) -> None:
-        self.values = xmlrpc.client.Unmarshaller(use_builtin_types=True)
+        self.method: str | None = None
         self._open: list[_Open] = []
-        self._start, self._data, self._end = self.values.start, self.values.data, self.values.end
+        self._values: list[Any] = []  # the values read, the open arrays' and structs' items at the end
+        self._marks: list[int] = []  # where each open array's or struct's items begin in _values
 
     def xml(self, encoding: str | None, standalone: Any) -> None:
-        self.values.xml(encoding, standalone)
+        """The XML declaration (the parser reports it): nothing to do."""
 
     def start(self, tag: str, attrs: Any) -> None:
         name = tag.rpartition(":")[2] if ":" in tag else tag  # Apache's ex:nil, ex:i8, ...
@@ -127,8 +136,11 @@ class _Reader:
             children.append(name)
         else:
             self._check_child(None, name)
+        if name == "array" or name == "struct":
+            if len(self._marks) == MAX_DEPTH:
+                raise Fault(INVALID_PARAMS, f"a parameter nests arrays or structs deeper than {MAX_DEPTH} levels")
+            self._marks.append(len(self._values))
         self._open.append((name, [], []))
-        self._start(tag, attrs)
 
     def _check_child(self, parent: _Open | None, name: str) -> None:
         if parent is None:
@@ -158,27 +170,34 @@ class _Reader:
             held.append(text)
         elif text.strip():
             raise _invalid(f"text {shown(text.strip())} in <{name}>, which holds elements only")
-        self._data(text)
 
     def end(self, tag: str) -> None:
         name, children, text = self._open.pop()
         for needed in _NEEDS.get(name, ()):
             if needed not in children:
                 raise _invalid(f"<{name}> has no <{needed}>")
-        try:
-            self._end(tag)
-        except Exception:  # noqa: BLE001 - the unmarshaller could not read the element's text
-            raise _invalid(f"<{name}> must hold {_SCALARS.get(name, 'a value')}, "
-                           f"got {shown(''.join(text))}") from None
+        read = _READ.get(name)
+        if read is not None:
+            try:
+                self._values.append(read("".join(text)))
+            except Exception:  # noqa: BLE001 - the text is not of the element's type
+                raise _invalid(f"<{name}> must hold {_SCALARS[name]}, got {shown(''.join(text))}") from None
+        elif name == "value":
+            if not children:  # a bare value: a string
+                self._values.append("".join(text))
+        elif name == "name":
+            self._values.append("".join(text))
+        elif name == "array" or name == "struct":
+            mark = self._marks.pop()
+            items = self._values[mark:]
+            self._values[mark:] = [items if name == "array" else dict(zip(items[::2], items[1::2]))]
+        elif name == "methodName":
+            self.method = "".join(text)
 
     def close(self) -> tuple[str, tuple[Any, ...]]:
-        try:
-            params, method = self.values.close(), self.values.getmethodname()
-        except Exception:  # noqa: BLE001 - an incomplete call (the grammar's checks catch it first)
-            raise _invalid("the body is not a complete XML-RPC methodCall") from None
-        if not method:
+        if not self.method:
             raise _invalid("the call's <methodName> is empty")
-        return method, tuple(params)
+        return self.method, tuple(self._values)
 
 
 def shown_tag(name: str) -> str:
@@ -199,7 +218,7 @@ def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
         parser = DefusedExpatParser(reader)
         parser.feed(body)
         parser.close()
-        method, params = reader.close()
+        return reader.close()
     except Fault:
         raise
     except ExpatError as exc:
@@ -210,9 +229,6 @@ def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
     except Exception as exc:  # noqa: BLE001 - whatever else, the engine gets a sentence, not the exception
         log.warning("XML-RPC request refused: %s: %s", type(exc).__name__, shown(str(exc)))
         raise _invalid("the body could not be read as a methodCall") from None
-    if _nesting_exceeds(params):
-        raise Fault(INVALID_PARAMS, f"a parameter nests arrays or structs deeper than {MAX_DEPTH} levels")
-    return method, params
 
 
 #: Characters XML 1.0 cannot carry (control characters, lone surrogates): a plugin's
