@@ -7,7 +7,8 @@ The services running a shadow candidate publish one :class:`~vmsched.messages.Sh
 A comparison's ID is its call's, which is the decision's ID at the gateway that answered the call.
 
 Every message is validated (:meth:`ShadowComparison.model_validate_json`); one that is not a comparison of this
-contract version is counted in :attr:`ShadowStore.invalid` and logged at most once a minute, never raised.
+contract version is counted in :attr:`ShadowStore.invalid` and ``vmsched_shadow_refused_total``, and logged at most
+once a minute, never raised.
 A subscription of the process's transport: the embedded bus and RabbitMQ alike, reconnecting with backoff.
 """
 
@@ -20,12 +21,14 @@ from collections import Counter, OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
 
+import prometheus_client
 from pydantic import ValidationError
 
 from vmsched.bus.interface import Topic, Transport
 from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.gateway import replica_messages
 from vmsched.messages import SHADOW_KEY, ShadowComparison
+from vmsched.metrics import REGISTRY
 
 log = logging.getLogger("vmsched.gateway.shadow")
 
@@ -38,6 +41,10 @@ MAX_MESSAGE = 1 << 20
 #: seconds between two log lines about invalid messages
 LOG_EVERY = 60.0
 STATUSES = ("same", "changed", "unknown", "error")
+
+REFUSED = prometheus_client.Counter(
+    "vmsched_shadow_refused_total", "Messages on the shadow comparison keys a gateway refused (not a comparison of "
+    "its contract version, or too large); each refusal is logged at most once a minute", registry=REGISTRY)
 
 
 @dataclass
@@ -131,6 +138,7 @@ class ShadowStore:
     def _refuse(self, routing_key: str, why: str) -> None:
         """Count an invalid message; log it at most once every LOG_EVERY seconds (with how many since)."""
         self.invalid += 1
+        REFUSED.inc()
         self._unlogged += 1
         now = time.monotonic()
         if now - self._logged_at >= LOG_EVERY:

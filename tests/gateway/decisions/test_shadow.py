@@ -18,6 +18,7 @@ from vmsched.bus.topology import EVENTS_EXCHANGE
 from vmsched.bus.transport import open_transport
 from vmsched.gateway.decisions import shadow as shadow_module
 from vmsched.gateway.decisions.shadow import ShadowStore
+from vmsched.metrics import REGISTRY
 
 IDS = [f"{i:032x}" for i in range(1, 40)]
 
@@ -76,9 +77,14 @@ def test_a_comparison_sent_again_replaces_the_first(memory) -> None:
     assert store.counts() == {"same": 0, "changed": 0, "unknown": 0, "error": 1}
 
 
+def _refused() -> float:
+    return REGISTRY.get_sample_value("vmsched_shadow_refused_total") or 0.0
+
+
 def test_invalid_messages_are_counted_and_logged_once_never_raised(memory, caplog) -> None:
     transport, store = memory
     caplog.set_level(logging.WARNING, logger="vmsched.gateway.shadow")
+    refused_before = _refused()
     events = transport.events("scoring")
     bad = [
         comparison(IDS[0], status="maybe"),  # not a status
@@ -94,6 +100,7 @@ def test_invalid_messages_are_counted_and_logged_once_never_raised(memory, caplo
     wait_until(lambda: store.get(IDS[4]), 10, 0.02, "the good comparison after the bad ones")
     events.close()
     assert store.invalid == 6 and store.received == 1
+    assert _refused() - refused_before == 6  # the metric counts them too
     assert all(store.get(i) is None for i in IDS[:4])
     lines = [r.getMessage() for r in caplog.records if r.name == "vmsched.gateway.shadow"]
     assert len(lines) == 1 and "status" in lines[0] and "refused" in lines[0], lines  # once a minute at most
