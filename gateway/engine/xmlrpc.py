@@ -85,10 +85,6 @@ _TEXT = frozenset(_SCALARS) | {"value", "methodName", "name"}
 _TYPE_NAMES = ", ".join(sorted(_SCALARS, key=str.lower)) + ", array, struct"
 
 
-#: (parent, child) elements that need no check but their being open: most of a call's elements
-_PLAIN = frozenset((parent, child) for parent, children in _HOLDS.items() if parent not in (None, "value")
-                   for child in children if child not in _ONCE.get(parent, ()) and (parent, child) != ("member", "value"))
-
 #: An open element: its name, the names of its children so far, its text so far.
 _Open = tuple[str, list[str], list[str]]
 
@@ -126,16 +122,11 @@ class _Reader:
         """The XML declaration (the parser reports it): nothing to do."""
 
     def start(self, tag: str, attrs: Any) -> None:
-        name = tag.rpartition(":")[2] if ":" in tag else tag  # Apache's ex:nil, ex:i8, ...
-        if self._open:
-            parent = self._open[-1]
-            holder, children, text = parent
-            if (holder, name) not in _PLAIN and not (  # a value's one typed element, the other common case
-                    holder == "value" and name in _TYPES and not children and not "".join(text).strip()):
-                self._check_child(parent, name)
-            children.append(name)
-        else:
-            self._check_child(None, name)
+        name = tag.rpartition(":")[2]  # Apache's ex:nil, ex:i8, ...
+        parent = self._open[-1] if self._open else None
+        self._check_child(parent, name)
+        if parent is not None:
+            parent[1].append(name)
         if name == "array" or name == "struct":
             if len(self._marks) == MAX_DEPTH:
                 raise Fault(INVALID_PARAMS, f"a parameter nests arrays or structs deeper than {MAX_DEPTH} levels")
