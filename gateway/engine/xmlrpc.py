@@ -242,20 +242,17 @@ def _text(value: str) -> str:
 
 def _marshal(value: Any, out: list[str]) -> None:
     """Append ``value`` as an XML-RPC <value>: None as "", numbers as clamped int32, tuples as arrays."""
-    kind = type(value)  # the exact types a reply is made of are told apart without isinstance
-    if kind is str or isinstance(value, str):
+    if isinstance(value, str):
         out.append("<value><string>" + _text(value) + "</string></value>")
-    elif kind is int and INT32_MIN <= value <= INT32_MAX:
-        out.append("<value><int>%d</int></value>" % value)
-    elif kind is list or isinstance(value, (list, tuple)):
-        out.append("<value><array><data>")
-        for item in value:
-            _marshal(item, out)
-        out.append("</data></array></value>")
     elif isinstance(value, bool):
         out.append("<value><boolean>1</boolean></value>" if value else "<value><boolean>0</boolean></value>")
     elif isinstance(value, (int, float)):
         out.append("<value><int>%d</int></value>" % clamp_int32(value))
+    elif isinstance(value, (list, tuple)):
+        out.append("<value><array><data>")
+        for item in value:
+            _marshal(item, out)
+        out.append("</data></array></value>")
     elif isinstance(value, dict):
         out.append("<value><struct>")
         for key, item in value.items():
