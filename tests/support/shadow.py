@@ -15,8 +15,9 @@ from typing import Any, Iterator
 
 from fastapi.testclient import TestClient
 
+from tests.gateway.console.test_sessions import OTHER, TOKEN, write_tokens
 from tests.support.paths import TEST_PLUGINS
-from tests.support.stack import AUTH
+from tests.support.stack import AUTH, TEST_TOKEN
 from tests.support.waiting import wait_until
 from vmsched.bus.inprocess import InProcessTransport
 from vmsched.bus.interface import Transport
@@ -75,6 +76,14 @@ class InProcess:
         """The comparison of ``record_id`` once the gateway has it."""
         return wait_until(lambda: (r := self.get(f"/v1/shadow/{record_id}")).status_code == 200 and r.json(),
                           10, 0.05, f"the comparison of {record_id}")
+
+
+def three_users(tmp: Path, tests_roles: str) -> Path:
+    """A tokens file: ``tests`` (AUTH's token) with ``tests_roles``, ``reader`` (``TOKEN``, read) and ``ci``
+    (``OTHER``, schedule)."""
+    tokens = tmp / "tokens.yaml"
+    write_tokens(tokens, ("tests", TEST_TOKEN, tests_roles), ("reader", TOKEN, "read"), ("ci", OTHER, "schedule"))
+    return tokens
 
 
 @contextmanager

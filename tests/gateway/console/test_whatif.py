@@ -15,7 +15,7 @@ import pytest
 
 from tests.gateway.console.test_routes import log_in
 from tests.gateway.console.test_sessions import OTHER, TOKEN, write_tokens
-from tests.support.shadow import HOSTS, InProcess, comparison, gateway_in_process, publish
+from tests.support.shadow import HOSTS, InProcess, comparison, gateway_in_process, publish, three_users
 from tests.support.stack import TEST_TOKEN
 from vmsched.gateway.console import whatif
 
@@ -53,9 +53,7 @@ def report(**fields: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcess]:
     tmp = tmp_path_factory.mktemp("whatif")
-    tokens = tmp / "tokens.yaml"
-    write_tokens(tokens, ("tests", TEST_TOKEN, "read, schedule"), ("reader", TOKEN, "read"),
-                 ("ci", OTHER, "schedule"))
+    tokens = three_users(tmp, "read, schedule")
     reports = tmp / "reports"
     reports.mkdir()
     (reports / "monday.json").write_text(json.dumps(report()))

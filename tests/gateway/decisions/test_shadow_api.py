@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 
 from tests.gateway.console.test_sessions import OTHER, TOKEN, write_tokens
-from tests.support.shadow import InProcess, comparison, gateway_in_process, publish
+from tests.support.shadow import InProcess, comparison, gateway_in_process, publish, three_users
 from tests.support.stack import TEST_TOKEN
 from tests.support.waiting import wait_until
 from vmsched.gateway.auth import ROUTE_ROLES
@@ -19,10 +19,7 @@ from vmsched.tokens import Role
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcess]:
     tmp = tmp_path_factory.mktemp("shadow-api")
-    tokens = tmp / "tokens.yaml"
-    write_tokens(tokens, ("tests", TEST_TOKEN, "read, schedule, operate"), ("reader", TOKEN, "read"),
-                 ("ci", OTHER, "schedule"))
-    with gateway_in_process(tmp, tokens) as g:
+    with gateway_in_process(tmp, three_users(tmp, "read, schedule, operate")) as g:
         yield g
 
 
