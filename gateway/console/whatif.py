@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from vmsched.gateway.console.markup import e, number, when
+from vmsched.gateway.decisions.record import OPS
 from vmsched.gateway.decisions.shadow import STATUSES, ShadowStore
 from vmsched.messages import SHADOW_ROWS, ShadowComparison
 
@@ -29,7 +30,6 @@ MAX_REPORT = 32 << 20
 #: changed calls a report's page shows at most, and hosts per call
 SHOWN_CHANGES = 200
 SHOWN_HOSTS = 50
-OPS = ("filter", "score", "balance")
 #: a report's name: a plain file name ending in .json
 REPORT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,250}\.json$")
 
@@ -193,11 +193,11 @@ def read_report(folder: Path, name: str) -> ReplayReport:
         raise ReportError(f"{name}: larger than {MAX_REPORT >> 20} MiB: not read")
     try:
         return ReplayReport.model_validate(json.loads(data))
-    except (ValueError, UnicodeDecodeError) as exc:
-        if isinstance(exc, ValidationError):
-            first = exc.errors(include_url=False, include_input=False)[0]
-            where = ".".join(str(p) for p in first["loc"]) or "the report"
-            raise ReportError(f"{name}: not a `vmsched replay --json` report: {where}: {first['msg']}") from None
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the report"
+        raise ReportError(f"{name}: not a `vmsched replay --json` report: {where}: {first['msg']}") from None
+    except ValueError as exc:  # not JSON, or not UTF-8
         raise ReportError(f"{name}: not JSON ({str(exc).splitlines()[0][:200]})") from None
 
 
@@ -219,9 +219,8 @@ def reports_section(folder: Path | None) -> str:
         except ReportError as exc:
             rows.append(f'<tr class="problem"><td>{link}</td><td colspan="4" class="error">{e(exc)}</td></tr>')
             continue
-        span = f"{when(r.first)} to {when(r.last)}" if r.first is not None and r.last is not None else "-"
         per_op = ", ".join(f"{op} {f.changed} of {f.calls}" for op, f in r.ops.items() if op in OPS)
-        rows.append(f"<tr><td>{link}</td><td>{e(r.candidate)}</td><td>{span}</td><td>{r.calls}</td>"
+        rows.append(f"<tr><td>{link}</td><td>{e(r.candidate)}</td><td>{_span(r)}</td><td>{r.calls}</td>"
                     f"<td>{r.changed} ({e(per_op)})</td></tr>")
     table = ('<table id="reports-table"><thead><tr><th>report</th><th>candidate</th><th>calls recorded</th>'
              f'<th>calls</th><th>changed</th></tr></thead><tbody>{"".join(rows)}</tbody></table>' if rows
@@ -234,10 +233,9 @@ def report_page(name: str, r: ReplayReport) -> str:
     """One report's page (inside ``<main>``): per operation, the changed calls explained, the per-unit figures."""
     ops = "".join(f"<tr><td>{e(op)}</td><td>{f.calls}</td><td>{f.changed}</td><td>{f.unknown}</td><td>{f.ties}</td></tr>"
                   for op, f in r.ops.items())
-    span = f"{when(r.first)} to {when(r.last)}" if r.first is not None and r.last is not None else "-"
     facts = (f"<dl><dt>candidate</dt><dd>{e(r.candidate)}</dd><dt>against</dt><dd>{e(r.baseline)}</dd>"
              + (f'<dt>changes</dt><dd>{e("; ".join(r.change))}</dd>' if r.change else "")
-             + f"<dt>calls</dt><dd>{r.calls}, {span}</dd><dt>changed</dt><dd>{r.changed}</dd>"
+             + f"<dt>calls</dt><dd>{r.calls}, {_span(r)}</dd><dt>changed</dt><dd>{r.changed}</dd>"
                f"<dt>unknown</dt><dd>{r.unknown}</dd></dl>")
     notes = "".join(f"<li>{e(n)}</li>" for n in r.notes)
     changes = "".join(_change(c) for c in r.changes[:SHOWN_CHANGES])
@@ -250,6 +248,11 @@ def report_page(name: str, r: ReplayReport) -> str:
             + f'<h2>Changed and unknown calls ({len(r.changes)})</h2>{cut}<div id="report-changes">'
             + (changes or "<p>No call changed.</p>") + '</div><p class="note"><a href="/console/whatif">'
               "Back to the what-if view</a></p>")
+
+
+def _span(r: ReplayReport) -> str:
+    """When the report's calls were recorded: from the first to the last."""
+    return f"{when(r.first)} to {when(r.last)}" if r.first is not None and r.last is not None else "-"
 
 
 def _units(r: ReplayReport) -> str:
