@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from vmsched.gateway.console.markup import e, number, when
 from vmsched.gateway.decisions.record import OPS
-from vmsched.gateway.decisions.shadow import STATUSES, ShadowStore
+from vmsched.gateway.decisions.shadow import STATUSES, ShadowStore, first_problem
 from vmsched.messages import SHADOW_ROWS, ShadowComparison
 
 #: comparisons the page lists at most
@@ -194,9 +194,8 @@ def read_report(folder: Path, name: str) -> ReplayReport:
     try:
         return ReplayReport.model_validate(json.loads(data))
     except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "the report"
-        raise ReportError(f"{name}: not a `vmsched replay --json` report: {where}: {first['msg']}") from None
+        raise ReportError(f"{name}: not a `vmsched replay --json` report: {first_problem(exc, 'the report')}") \
+            from None
     except ValueError as exc:  # not JSON, or not UTF-8
         raise ReportError(f"{name}: not JSON ({str(exc).splitlines()[0][:200]})") from None
 

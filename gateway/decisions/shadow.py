@@ -47,6 +47,12 @@ REFUSED = prometheus_client.Counter(
     "its contract version, or too large); each refusal is logged at most once a minute", registry=REGISTRY)
 
 
+def first_problem(exc: ValidationError, whole: str) -> str:
+    """The first problem a validation found, one line: where (``whole`` when it is the whole input) and what."""
+    first = exc.errors(include_url=False, include_input=False)[0]
+    return f"{'.'.join(str(p) for p in first['loc']) or whole}: {first['msg']}"
+
+
 @dataclass
 class Listed:
     """What a reader gets: the comparisons that match, newest first, and the counts of all kept."""
@@ -123,9 +129,7 @@ class ShadowStore:
         try:
             comparison = ShadowComparison.model_validate_json(body)
         except ValidationError as exc:
-            first = exc.errors(include_url=False, include_input=False)[0]
-            where = ".".join(str(p) for p in first["loc"]) or "the message"
-            return self._refuse(routing_key, f"{where}: {first['msg']}")
+            return self._refuse(routing_key, first_problem(exc, "the message"))
         problem = comparison.version_problem()
         if problem is not None:
             return self._refuse(routing_key, problem)
