@@ -227,17 +227,10 @@ def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
-_CR = {"\r": "&#13;"}
-
-
 def _text(value: str) -> str:
-    """Escaped character data; XML-invalid characters become U+FFFD."""
-    if not value.isprintable():  # fast C check; true for almost every ID and message
-        value = _NOT_XML.sub("\ufffd", value)
-        return escape(value, _CR)  # a bare CR would reach the reader as LF (XML end-of-line handling)
-    if "&" in value or "<" in value or ">" in value:
-        return escape(value)
-    return value  # nothing to escape: a host ID, a unit name
+    """Escaped character data; XML-invalid characters become U+FFFD, and a CR its reference (a bare CR would
+    reach the reader as LF: XML end-of-line handling)."""
+    return escape(_NOT_XML.sub("\ufffd", value), {"\r": "&#13;"})
 
 
 def _marshal(value: Any, out: list[str]) -> None:
@@ -260,10 +253,8 @@ def _marshal(value: Any, out: list[str]) -> None:
             _marshal(item, out)
             out.append("</member>")
         out.append("</struct></value>")
-    elif value is None:
-        out.append("<value><string></string></value>")
     else:
-        out.append("<value><string>" + _text(str(value)) + "</string></value>")
+        out.append("<value><string>" + _text("" if value is None else str(value)) + "</string></value>")
 
 
 def dump_response(value: Any) -> bytes:
