@@ -28,7 +28,7 @@ from vmsched.gateway.auth import Guard, add_security_scheme
 from vmsched.gateway.limits import Limits
 from vmsched.decide.rules import RenderOptions
 from vmsched.gateway.engine.scheduler import Scheduler
-from vmsched.gateway.strict_json import StrictJson, invalid_request, read_body
+from vmsched.gateway.strict_json import StrictJson, header, invalid_request, read_body, respond
 from vmsched import __version__, metrics
 from vmsched.facts.subscription import FactsSubscriber
 from vmsched.bus.interface import Transport
@@ -43,6 +43,7 @@ log = logging.getLogger("vmsched.gateway")
 
 
 ENGINE_PATHS = frozenset({"/", "/RPC2"})
+XML = [(b"content-type", b"text/xml; charset=utf-8")]
 
 
 def _items(value: str) -> list[str]:
@@ -55,16 +56,7 @@ class TooLarge(BaseException):
 
 async def refuse_too_large(send: Send, limit: int) -> None:
     body = f'{{"detail":"request body larger than {limit} bytes"}}'.encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
-def declared_too_large(scope: Scope, limit: int) -> bool:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            return value.isdigit() and int(value) > limit
-    return False
+    await respond(send, 413, body, [(b"content-type", b"application/json")])
 
 
 class BodyLimit:
@@ -77,7 +69,8 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if declared_too_large(scope, self.limit):
+        declared = header(scope, b"content-length") or b""
+        if declared.isdigit() and int(declared) > self.limit:
             return await refuse_too_large(send, self.limit)
         seen = 0
 
@@ -139,17 +132,10 @@ class EngineFastPath:
             log.warning("XML-RPC call from %s refused: not in --engine-allow", peer)
             fault = xmlrpc.Fault(FAULT_NOT_ALLOWED, f"client {peer} is not allowed to call the scheduler "
                                                     "(the gateway's --engine-allow networks)")
-            return await self._reply(send, xmlrpc.dump_fault(fault))
+            return await respond(send, 200, xmlrpc.dump_fault(fault), XML)
         body = await read_body(receive)
         if body is not None:
-            await self._reply(send, await engine.handle(self.scheduler, body))
-
-    @staticmethod
-    async def _reply(send: Send, reply: bytes) -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/xml; charset=utf-8"),
-                                (b"content-length", str(len(reply)).encode())]})
-        await send({"type": "http.response.body", "body": reply})
+            await respond(send, 200, await engine.handle(self.scheduler, body), XML)
 
 
 def metrics_elsewhere(url: str | None) -> dict[str, str | None]:

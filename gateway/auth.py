@@ -25,7 +25,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from vmsched.gateway import audit
 from vmsched.gateway.console.sessions import COOKIE as CONSOLE_COOKIE
-from vmsched.gateway.console.sessions import Session, Sessions, cookie
+from vmsched.gateway.console.sessions import Sessions, cookie
+from vmsched.gateway.strict_json import header, respond
 from vmsched.tokens import MAX_TOKEN, Identity, Role, TokenStore
 
 #: Routes anyone may call: they hold no data (``/metrics`` here only says where the metrics listener is).
@@ -143,20 +144,13 @@ def add_security_scheme(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
 def identify(scope: Scope, store: TokenStore) -> tuple[Identity | None, str]:
     """The caller's identity, or None and the reason to give."""
     if not store.configured:
         return None, NO_TOKENS_FILE
-    header = _header(scope, b"authorization")
-    if header is not None:
-        scheme, _, token = header.strip().partition(" ")
+    authorization = header(scope, b"authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.decode("latin-1").strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             return None, "the Authorization header must be 'Bearer <token>'"
@@ -171,27 +165,9 @@ def identify(scope: Scope, store: TokenStore) -> tuple[Identity | None, str]:
     return None, "a credential is required: send 'Authorization: Bearer <token>' (see docs/api-auth.md)"
 
 
-def console_session(scope: Scope, sessions: Sessions) -> tuple[Identity, Session] | None:
-    """The console session of a GET (or HEAD) of a console page, while it is valid."""
-    if scope["method"] not in ("GET", "HEAD") or not CONSOLE_PAGES.match(scope["path"]):
-        return None
-    if not sessions.tokens.configured:
-        return None
-    return sessions.read(cookie(scope, CONSOLE_COOKIE))
-
-
-async def _redirect(send: Send, location: str) -> None:
-    await send({"type": "http.response.start", "status": 303,
-                "headers": [(b"location", location.encode()), (b"content-length", b"0"), (b"cache-control", b"no-store")]})
-    await send({"type": "http.response.body", "body": b""})
-
-
 async def _reply(send: Send, status: int, reason: str, extra: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
     body = json.dumps({"detail": reason}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()), *extra]})
-    await send({"type": "http.response.body", "body": body})
+    await respond(send, status, body, [(b"content-type", b"application/json"), *extra])
 
 
 class StatusOf:
@@ -236,7 +212,7 @@ class Guard:
 
         if identity is None:
             done(401)
-            challenge = b'Bearer error="invalid_token"' if _header(scope, b"authorization") else b"Bearer"
+            challenge = b'Bearer error="invalid_token"' if header(scope, b"authorization") else b"Bearer"
             return await _reply(send, 401, reason, [(b"www-authenticate", challenge)])
         if role is not None and role not in identity.roles:
             done(403)
@@ -271,16 +247,14 @@ class Guard:
     async def _console(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A console page: the read role from the bearer header or a console session; else the login form."""
         identity, _ = identify(scope, self.store)
-        if identity is None:
-            found = console_session(scope, self.sessions)
+        if identity is None and self.sessions.tokens.configured:  # the session cookie, while it is valid
+            found = self.sessions.read(cookie(scope, CONSOLE_COOKIE))
             if found is not None:
                 identity, scope["vmsched.session"] = found
-        client = (scope.get("client") or (None,))[0]
-        if identity is None or Role.READ not in identity.roles:
-            audit.record(role=Role.READ, identity=identity, method=scope["method"], route=scope["path"],
-                         operation="console", params={}, status=401 if identity is None else 403, client=client)
-            return await _redirect(send, "/login")
-        scope["vmsched.identity"] = identity
+        status = 401 if identity is None else 200 if Role.READ in identity.roles else 403
         audit.record(role=Role.READ, identity=identity, method=scope["method"], route=scope["path"],
-                     operation="console", params={}, status=200, client=client)
+                     operation="console", params={}, status=status, client=(scope.get("client") or (None,))[0])
+        if status != 200:
+            return await respond(send, 303, b"", [(b"location", b"/login"), (b"cache-control", b"no-store")])
+        scope["vmsched.identity"] = identity
         await self.app(scope, receive, send)

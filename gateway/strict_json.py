@@ -97,12 +97,22 @@ async def read_body(receive: Receive) -> bytes | None:
     return b"".join(chunks)
 
 
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The value of the request's first header ``name`` (lower case), or None."""
+    return next((value for key, value in scope["headers"] if key == name), None)
+
+
+async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    """A whole response: ``headers``, the body's content-length and ``body``."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _is_json(scope: Scope) -> bool:
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            media = value.split(b";", 1)[0].strip().lower()
-            return media == b"application/json" or media.endswith(b"+json")
-    return True  # no content type: the framework reads the body as JSON
+    # no content type: the framework reads the body as JSON
+    media = (header(scope, b"content-type") or b"application/json").split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or media.endswith(b"+json")
 
 
 class StrictJson:
