@@ -55,12 +55,16 @@ Answerer = Callable[[dict[str, Any]], tuple[list[dict[str, Any]], bool]]
 
 @dataclass
 class Gathered:
-    """What the other replicas answered to one question."""
+    """What the other replicas answered to one question; for a reader, with this gateway's records."""
 
     records: list[dict[str, Any]] = field(default_factory=list)
     answered: list[str] = field(default_factory=list)  # their labels
     missing: list[dict[str, str]] = field(default_factory=list)  # {"gateway": label, "error": why}
     truncated: list[str] = field(default_factory=list)  # replicas whose answer was cut at MAX_ANSWER
+
+    def replicas(self, gateway: str) -> dict[str, Any]:
+        """The ``replicas`` part of an API answer: who answered, who did not and why."""
+        return {"answered": [gateway, *self.answered], "missing": self.missing, "truncated": self.truncated}
 
 
 @dataclass
