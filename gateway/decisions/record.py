@@ -109,9 +109,11 @@ def keep(op: str, req: Any, decision: Decision, outcomes: Any, bus_failed: bool,
     if op == "filter":
         units = _filter_units(hosts, outcomes or [], decision.dropped)
     elif op == "score":
-        units = [_score_unit(o) for o in outcomes or []]
+        units = [{**_head(o), "factor": o.factor, "scores": o.scores} for o in outcomes or []]
+    elif outcomes is not None:  # a balance's one outcome
+        units = [{**_head(outcomes), "vm": outcomes.vm, "hosts": outcomes.hosts, "reason": outcomes.reason}]
     else:
-        units = [_balance_unit(outcomes)] if outcomes is not None else []
+        units = []
     # req.unit only on a balance request: getattr(req, "unit", "") on another one makes pydantic raise (slow)
     return Kept(op=op, vm=req.vm if op != "balance" else "", unit=req.unit if op == "balance" else "", hosts=hosts,
                 units=units, result=decision.result, plugin_errors=decision.plugin_errors,
@@ -130,24 +132,7 @@ def _filter_units(hosts: list[str], outcomes: list[Any], dropped: list[set[str] 
     if dropped is None or len(dropped) != len(outcomes):
         offered = set(hosts)
         dropped = [offered.difference(o.hosts) if o.ok else None for o in outcomes]
-    units = []
-    for o, gone in zip(outcomes, dropped):
-        unit = _head(o)
-        unit["dropped"] = list(gone) if o.ok and gone else []
-        units.append(unit)
-    return units
-
-
-def _score_unit(o: Any) -> dict[str, Any]:
-    unit = _head(o)
-    unit["factor"], unit["scores"] = o.factor, o.scores
-    return unit
-
-
-def _balance_unit(o: Any) -> dict[str, Any]:
-    unit = _head(o)
-    unit["vm"], unit["hosts"], unit["reason"] = o.vm, o.hosts, o.reason
-    return unit
+    return [{**_head(o), "dropped": list(gone) if o.ok and gone else []} for o, gone in zip(outcomes, dropped)]
 
 
 def _unit_record(kept: dict[str, Any], hosts: list[str]) -> dict[str, Any]:
