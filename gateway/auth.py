@@ -71,15 +71,9 @@ NO_TOKENS_FILE = ("this gateway has no tokens file, so the JSON API accepts no c
                   "--tokens-file tokens.yaml (see docs/api-auth.md)")
 
 
-def route_methods(app: FastAPI) -> set[tuple[str, str]]:
-    """(method, path) of every operation ``app`` documents."""
-    paths = app.openapi()["paths"]
-    return {(method.upper(), path) for path, ops in paths.items() for method in ops}
-
-
 def check_routes(app: FastAPI) -> None:
-    """Every route is open or has a declared role, and every declared role names a route."""
-    present = route_methods(app)
+    """Every route ``app`` documents is open or has a declared role, and every declared role names a route."""
+    present = {(method.upper(), path) for path, ops in app.openapi()["paths"].items() for method in ops}
     undeclared = sorted(f"{m} {p}" for m, p in present if p not in OPEN_PATHS and (m, p) not in ROUTE_ROLES)
     stale = sorted(f"{m} {p}" for m, p in ROUTE_ROLES if (m, p) not in present)
     if undeclared or stale:
