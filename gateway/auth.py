@@ -232,10 +232,9 @@ class Guard:
         try:
             await self.app(scope, receive, answer)
         finally:
-            if answer.status in (401, 403):
-                operation = self.operations.get((scope["method"], scope["path"]), "console")
+            if answer.status in (401, 403):  # the console's routes are not in the OpenAPI document: no operation ID
                 audit.record(role=Role.READ, identity=scope.get("vmsched.identity"), method=scope["method"],
-                             route=scope["path"], operation=operation, params={}, status=answer.status,
+                             route=scope["path"], operation="console", params={}, status=answer.status,
                              client=(scope.get("client") or (None,))[0])
 
     async def _console(self, scope: Scope, receive: Receive, send: Send) -> None:
