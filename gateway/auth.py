@@ -91,23 +91,22 @@ def operation_names(app: FastAPI) -> dict[tuple[str, str], str]:
     return out
 
 
-class RouteTable:
-    """Matches a request to its declared route; the app sees no other request (deny by default)."""
+_DECLARED = [(method, path, compile_path(path)[0], role) for (method, path), role in ROUTE_ROLES.items()]
 
-    def __init__(self, roles: dict[tuple[str, str], Role]) -> None:
-        self.entries = [(method, path, compile_path(path)[0], role) for (method, path), role in roles.items()]
 
-    def match(self, method: str, path: str) -> tuple[Role | None, str, dict[str, str], bool]:
-        """(role, route, path params, path known) of a request."""
-        method = "GET" if method == "HEAD" else method
-        known = False
-        for m, route, regex, role in self.entries:
-            found = regex.match(path)
-            if found:
-                known = True
-                if m == method:
-                    return role, route, found.groupdict(), True
-        return None, path, {}, known
+def match(method: str, path: str) -> tuple[Role | None, str, dict[str, str], bool]:
+    """(role, route, path params, path known) of a request: its declared route, if it has one (the app sees no
+    other request: deny by default)."""
+    method = "GET" if method == "HEAD" else method
+    known = False
+    for m, route, regex, role in _DECLARED:
+        found = regex.match(path)
+        if found:
+            known = True
+            if m == method:
+                return role, route, found.groupdict(), True
+    return None, path, {}, known
+
 
 
 def add_security_scheme(app: FastAPI) -> None:
@@ -185,7 +184,6 @@ class Guard:
         self.app = app
         self.store = store
         self.sessions = sessions
-        self.table = RouteTable(ROUTE_ROLES)
         self.operations = operation_names(app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -195,7 +193,7 @@ class Guard:
             return await self._open(scope, receive, send)
         if scope["method"] in ("GET", "HEAD") and CONSOLE_PAGES.match(scope["path"]):
             return await self._console(scope, receive, send)
-        role, route, params, known = self.table.match(scope["method"], scope["path"])
+        role, route, params, known = match(scope["method"], scope["path"])
         operation = self.operations.get((scope["method"], route), "")
         identity, reason = identify(scope, self.store)
         client = (scope.get("client") or (None,))[0]
