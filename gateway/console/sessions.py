@@ -29,7 +29,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import logging
 import re
 import secrets
 import threading
@@ -42,7 +41,6 @@ from starlette.types import Scope
 
 from vmsched.tokens import Identity, Role, TokenStore
 
-log = logging.getLogger("vmsched.gateway.console")
 
 #: the session cookie, and the login form's CSRF cookie
 COOKIE = "vmsched_console"

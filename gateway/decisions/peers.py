@@ -106,9 +106,9 @@ class PeerLink:
             return {t: label for t, (label, _) in self._peers.items()}
 
     def _heard(self, token: str, label: str) -> None:
-        if token != self.token:
-            with self._lock:
-                self._peers[token] = (label, time.monotonic())
+        """Another replica (_handle checked the token) was heard from."""
+        with self._lock:
+            self._peers[token] = (label, time.monotonic())
 
     def _presence(self, hello: bool = False, gone: bool = False) -> None:
         self.publisher.publish(PRESENCE_KEY, {"gateway": self.gateway, "token": self.token, "hello": hello,
