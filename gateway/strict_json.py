@@ -133,14 +133,11 @@ class StrictJson:
             except Refused as exc:
                 reply = JSONResponse(refusal(f"invalid JSON body: {exc}"), status_code=400)
                 return await reply(scope, receive, send)
-        replayed = False
+        messages = iter([{"type": "http.request", "body": body, "more_body": False}])
 
         async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            """The body read, then what the client sends next (a disconnect)."""
+            return next(messages, None) or await receive()
 
         await self.app(scope, replay, send)
 
