@@ -95,15 +95,12 @@ def _boolean(text: str) -> bool:
     return text == "1"
 
 
-def _datetime(text: str) -> datetime:
-    return datetime.strptime(text, "%Y%m%dT%H:%M:%S")
-
-
 #: How the text of each scalar becomes its value (as the stdlib's unmarshaller reads it, builtin types on).
 _READ: dict[str, Callable[[str], Any]] = {
     "string": str, "nil": lambda text: None, "boolean": _boolean, "double": float, "float": float,
     "bigdecimal": Decimal, "base64": lambda text: base64.decodebytes(text.encode("ascii")),
-    "dateTime.iso8601": _datetime, **dict.fromkeys(("int", "i1", "i2", "i4", "i8", "biginteger"), int),
+    "dateTime.iso8601": lambda text: datetime.strptime(text, "%Y%m%dT%H:%M:%S"),
+    **dict.fromkeys(("int", "i1", "i2", "i4", "i8", "biginteger"), int),
 }
 
 
@@ -173,10 +170,7 @@ class _Reader:
                 self._values.append(read("".join(text)))
             except Exception:  # noqa: BLE001 - the text is not of the element's type
                 raise _invalid(f"<{name}> must hold {_SCALARS[name]}, got {shown(''.join(text))}") from None
-        elif name == "value":
-            if not children:  # a bare value: a string
-                self._values.append("".join(text))
-        elif name == "name":
+        elif name == "name" or (name == "value" and not children):  # a member's name, or a bare value: a string
             self._values.append("".join(text))
         elif name == "array" or name == "struct":
             mark = self._marks.pop()
