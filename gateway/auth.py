@@ -108,7 +108,6 @@ def match(method: str, path: str) -> tuple[Role | None, str, dict[str, str], boo
     return None, path, {}, known
 
 
-
 def add_security_scheme(app: FastAPI) -> None:
     """OpenAPI: the HTTP bearer scheme on every protected operation, with its role and 401/403."""
     original = app.openapi
