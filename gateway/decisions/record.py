@@ -73,8 +73,6 @@ class Kept:
     def record(self, record_id: str, at: float, gateway: str) -> dict[str, Any]:
         """The record readers get (the API, the console, the other replicas, the stdout line)."""
         units = [_unit_record(u, self.hosts) for u in self.units]
-        nothing_ran = not units
-        all_failed = bool(units) and not any(u["ok"] for u in units)
         record: dict[str, Any] = {
             "id": record_id,
             "time": at,
@@ -87,7 +85,8 @@ class Kept:
             "result_code": 1 if self.plugin_errors or self.errors else 0,
             "plugin_errors": self.plugin_errors,
             "errors": list(self.errors),
-            "fallback": self.bus_failed or nothing_ran or all_failed or ALL_FILTERS_FAILED in self.errors,
+            # nothing ran, or every unit failed
+            "fallback": self.bus_failed or not any(u["ok"] for u in units) or ALL_FILTERS_FAILED in self.errors,
             "duration": round(self.duration, 6),
             "facts_age": self.facts_age,
             "missing_facts": self.missing_facts,
