@@ -165,11 +165,9 @@ class Sessions:
     def read(self, value: str | None, now: float | None = None) -> tuple[Identity, Session] | None:
         """The identity and session of a cookie value while it is valid (see the module), else None."""
         session, token = self._parse(value)
-        if session is None or token is None:
+        if session is None or token is None or Role.READ not in token.roles:
             return None
         if session.expires <= (time.time() if now is None else now) or session.sid in self.logouts:
-            return None
-        if Role.READ not in token.roles:
             return None
         return Identity(session.name, token.roles, KIND), session
 
