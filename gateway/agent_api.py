@@ -14,7 +14,6 @@ from typing import Annotated, Any, Callable, Coroutine
 
 from fastapi import APIRouter, HTTPException, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 
@@ -33,6 +32,7 @@ from vmsched.agent_contract import (
 )
 from vmsched.bus import BusTimeout, BusUnavailable, RequestError
 from vmsched.bus.topology import agent_queue
+from vmsched.gateway.strict_json import invalid_request
 from vmsched.messages import ErrorCode
 
 HOST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -54,12 +54,6 @@ class ErrorReply(BaseModel):
     detail: ErrorDetail
 
 
-def _problem(err: dict[str, Any]) -> str:
-    loc = [str(p) for p in err.get("loc", ()) if p not in ("path", "body")]
-    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-    return f"{'.'.join(loc)}: {msg}" if loc else msg
-
-
 class InvalidAs400Route(APIRoute):
     """A malformed path or body is a 400 with every problem listed, like an agent's refusal."""
 
@@ -70,10 +64,7 @@ class InvalidAs400Route(APIRoute):
             try:
                 return await handler(request)
             except RequestValidationError as exc:
-                details = [_problem(err) for err in exc.errors()]
-                detail = ErrorDetail(code=ErrorCode.INVALID.value, error="; ".join(details), details=details,
-                                     host=request.path_params.get("host"))
-                return JSONResponse({"detail": detail.model_dump()}, status_code=400)
+                return await invalid_request(request, exc)
 
         return route
 

@@ -16,7 +16,6 @@ from vmsched.gateway.agent_api import ErrorReply
 from vmsched.gateway.limits import OverLimit
 from vmsched.gateway.engine.operations import BALANCE, FILTER, SCORE, Operation
 from vmsched.decide.rules import Decision, discover_result
-from vmsched.gateway.engine.scheduler import Scheduler
 from vmsched.decide.weights import finite
 from vmsched.gateway.strict_json import refusal
 from vmsched.messages import (
@@ -75,17 +74,13 @@ class UnitsAnswer(DiscoverReply):
     engine: dict[str, dict[str, list[str]]] = Field(description="what XML-RPC discover sends the engine")
 
 
-def _scheduler(request: Request) -> Scheduler:
-    return request.app.state.scheduler
-
-
 def _answer(decision: Decision) -> dict[str, Any]:
     return {**decision.envelope(), "missing_facts": decision.missing_facts}
 
 
 async def _run(request: Request, operation: Operation, req: Any) -> tuple[Decision, Any]:
     try:
-        return await _scheduler(request).run(operation, req)
+        return await request.app.state.scheduler.run(operation, req)
     except OverLimit as exc:
         raise HTTPException(400, refusal(str(exc), exc.problems)["detail"]) from None
 
@@ -93,7 +88,7 @@ async def _run(request: Request, operation: Operation, req: Any) -> tuple[Decisi
 @router.get("/units", response_model=UnitsAnswer, summary="Plugin units and plugin load errors (discover)")
 async def units(request: Request) -> UnitsAnswer:
     try:
-        reply = await _scheduler(request).discover()
+        reply = await request.app.state.scheduler.discover()
     except BusTimeout as exc:
         raise HTTPException(504, str(exc)) from None
     except BusError as exc:

@@ -28,7 +28,7 @@ from vmsched.gateway.auth import Guard, add_security_scheme
 from vmsched.gateway.limits import Limits
 from vmsched.decide.rules import RenderOptions
 from vmsched.gateway.engine.scheduler import Scheduler
-from vmsched.gateway.strict_json import StrictJson, invalid_request, read_body
+from vmsched.gateway.strict_json import StrictJson, header, invalid_request, read_body, respond
 from vmsched import __version__, metrics
 from vmsched.facts.subscription import FactsSubscriber
 from vmsched.bus.interface import Transport
@@ -43,6 +43,7 @@ log = logging.getLogger("vmsched.gateway")
 
 
 ENGINE_PATHS = frozenset({"/", "/RPC2"})
+XML = [(b"content-type", b"text/xml; charset=utf-8")]
 
 
 def _items(value: str) -> list[str]:
@@ -55,16 +56,7 @@ class TooLarge(BaseException):
 
 async def refuse_too_large(send: Send, limit: int) -> None:
     body = f'{{"detail":"request body larger than {limit} bytes"}}'.encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
-def declared_too_large(scope: Scope, limit: int) -> bool:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            return value.isdigit() and int(value) > limit
-    return False
+    await respond(send, 413, body, [(b"content-type", b"application/json")])
 
 
 class BodyLimit:
@@ -77,7 +69,8 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if declared_too_large(scope, self.limit):
+        declared = header(scope, b"content-length") or b""
+        if declared.isdigit() and int(declared) > self.limit:
             return await refuse_too_large(send, self.limit)
         seen = 0
 
@@ -110,8 +103,7 @@ def allowed(client: tuple[str, int] | None, networks: list[Network]) -> bool:
         address = ipaddress.ip_address(client[0])
     except ValueError:
         return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    address = getattr(address, "ipv4_mapped", None) or address  # ::ffff:a.b.c.d is a.b.c.d
     return any(address in net for net in networks)
 
 
@@ -139,24 +131,10 @@ class EngineFastPath:
             log.warning("XML-RPC call from %s refused: not in --engine-allow", peer)
             fault = xmlrpc.Fault(FAULT_NOT_ALLOWED, f"client {peer} is not allowed to call the scheduler "
                                                     "(the gateway's --engine-allow networks)")
-            return await self._reply(send, xmlrpc.dump_fault(fault))
+            return await respond(send, 200, xmlrpc.dump_fault(fault), XML)
         body = await read_body(receive)
         if body is not None:
-            await self._reply(send, await engine.handle(self.scheduler, body))
-
-    @staticmethod
-    async def _reply(send: Send, reply: bytes) -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/xml; charset=utf-8"),
-                                (b"content-length", str(len(reply)).encode())]})
-        await send({"type": "http.response.body", "body": reply})
-
-
-def metrics_elsewhere(url: str | None) -> dict[str, str | None]:
-    """The 404 body of ``GET /metrics`` on the gateway's port: where the metrics listener is."""
-    where = url or "its own listener"
-    return {"detail": f"/metrics is not served on this port: see {where} (the gateway's metrics listener: "
-                      "--metrics-host and --metrics-port, default 127.0.0.1:9100)", "metrics": url}
+            await respond(send, 200, await engine.handle(self.scheduler, body), XML)
 
 
 def create_app(settings: Settings, transport: Transport, tokens: TokenStore | None = None,
@@ -170,29 +148,18 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        parts = [part for part in (facts_sub, decision_log, shadow, own_writer, logouts) if part is not None]
         await bus.start()
-        if facts_sub is not None:
-            facts_sub.start()
-        decision_log.start()
-        shadow.start()
-        if own_writer is not None:
-            own_writer.start()
-        if logouts is not None:
-            logouts.start()
-            if not sessions.shared:
-                log.info("console sessions are signed with a random key of this process: they end when it stops, "
-                         "and no other gateway replica accepts them (set --console-secret-file; docs/console.md)")
+        for part in parts:
+            part.start()
+        if logouts is not None and not sessions.shared:
+            log.info("console sessions are signed with a random key of this process: they end when it stops, "
+                     "and no other gateway replica accepts them (set --console-secret-file; docs/console.md)")
         yield
-        if logouts is not None:
-            logouts.stop()
-        decision_log.stop()
-        shadow.stop()
-        if own_writer is not None:
-            own_writer.stop()
-        elif recording is not None:  # the process's (the all-in-one), which may end at once on SIGTERM (uvicorn)
+        for part in reversed(parts):
+            part.stop()
+        if recording is not None:  # the process's (the all-in-one), which may end at once on SIGTERM (uvicorn)
             recording.flush()
-        if facts_sub is not None:
-            facts_sub.stop()
         if facts is not None and facts.link is not None:
             facts.link.stop()
         await bus.close()
@@ -203,8 +170,8 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
     app = FastAPI(title="vmsched gateway", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="oVirt external-scheduler XML-RPC at / and /RPC2; JSON API under /v1. "
                               "Every /v1 route needs a bearer token with the role it names (docs/api-auth.md).")
-    decision_log = DecisionLog(settings.decisions_size, gateway_label(settings.gateway_id), facts,
-                               transport if settings.decisions_share else None,
+    label = gateway_label(settings.gateway_id)
+    decision_log = DecisionLog(settings.decisions_size, label, facts, transport if settings.decisions_share else None,
                                settings.decisions_log)
     shadow = ShadowStore(transport)  # the shadow candidates' comparisons, joined to decisions by ID
     own_writer = record_writer(settings, "gateway") if recording is None else None
@@ -212,10 +179,10 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
     scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings),
                           decision_log.submit if settings.decisions_size else None,
                           RenderOptions(score_per_unit=settings.score_per_unit),
-                          CallRecording(writer, gateway_label(settings.gateway_id), _items(settings.record_omit))
+                          CallRecording(writer, label, _items(settings.record_omit))
                           if writer is not None else None)
     sessions = Sessions.from_settings(settings.console_secret_file, tokens, settings.console_session_ttl)
-    logouts = (LogoutLink(transport, gateway_label(settings.gateway_id), sessions.logouts)
+    logouts = (LogoutLink(transport, label, sessions.logouts)
                if transport.spans_processes else None)  # the in-process bus: one process, one gateway
     app.state.console_sessions = sessions
     app.state.console_logouts = logouts
@@ -225,10 +192,8 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
     app.state.bus = bus
     app.state.scheduler = scheduler
     app.state.facts = facts
-    app.include_router(api.router)
-    app.include_router(agent_api.router)
-    app.include_router(facts_api.router)
-    app.include_router(decisions_api.router)
+    for router in (api.router, agent_api.router, facts_api.router, decisions_api.router):
+        app.include_router(router)
     mount_docs(app)  # /docs from package assets, offline
     app.include_router(console.router)  # GET / (the engine only POSTs there), /login
     app.state.tokens = tokens
@@ -241,7 +206,11 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_here() -> JSONResponse:
-        return JSONResponse(metrics_elsewhere(metrics_url()), status_code=404)
+        """Where the metrics listener is."""
+        url = metrics_url()
+        return JSONResponse({"detail": f"/metrics is not served on this port: see {url or 'its own listener'} (the "
+                                       "gateway's metrics listener: --metrics-host and --metrics-port, default "
+                                       "127.0.0.1:9100)", "metrics": url}, status_code=404)
 
     @app.get("/readyz", tags=["operations"],
              summary="The bus is reachable and at least one service consumer answers (per-queue detail)")

@@ -35,14 +35,14 @@ def _setup() -> None:
         log.setLevel(logging.INFO)  # audit lines are written whatever the log level
 
 
+def _value(text: str) -> str:
+    """A field's text as written: plain, else (empty, or with a character of QUOTED) as a JSON string."""
+    return text if text and QUOTED.isdisjoint(text) else json.dumps(text)
+
+
 def _text(line: dict[str, Any]) -> str:
-    pairs = []
-    for key, value in line.items():
-        if key in ("ts", "event") or value is None:
-            continue
-        text = str(value)
-        plain = text and not any(c in text for c in QUOTED)
-        pairs.append(f"{key}={text if plain else json.dumps(text)}")
+    pairs = (f"{key}={_value(str(value))}" for key, value in line.items()
+             if key not in ("ts", "event") and value is not None)
     return "audit " + " ".join(pairs)
 
 

@@ -25,7 +25,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from vmsched.gateway import audit
 from vmsched.gateway.console.sessions import COOKIE as CONSOLE_COOKIE
-from vmsched.gateway.console.sessions import Session, Sessions, cookie
+from vmsched.gateway.console.sessions import Sessions, cookie
+from vmsched.gateway.strict_json import header, respond
 from vmsched.tokens import MAX_TOKEN, Identity, Role, TokenStore
 
 #: Routes anyone may call: they hold no data (``/metrics`` here only says where the metrics listener is).
@@ -70,15 +71,9 @@ NO_TOKENS_FILE = ("this gateway has no tokens file, so the JSON API accepts no c
                   "--tokens-file tokens.yaml (see docs/api-auth.md)")
 
 
-def route_methods(app: FastAPI) -> set[tuple[str, str]]:
-    """(method, path) of every operation ``app`` documents."""
-    paths = app.openapi()["paths"]
-    return {(method.upper(), path) for path, ops in paths.items() for method in ops}
-
-
 def check_routes(app: FastAPI) -> None:
-    """Every route is open or has a declared role, and every declared role names a route."""
-    present = route_methods(app)
+    """Every route ``app`` documents is open or has a declared role, and every declared role names a route."""
+    present = {(method.upper(), path) for path, ops in app.openapi()["paths"].items() for method in ops}
     undeclared = sorted(f"{m} {p}" for m, p in present if p not in OPEN_PATHS and (m, p) not in ROUTE_ROLES)
     stale = sorted(f"{m} {p}" for m, p in ROUTE_ROLES if (m, p) not in present)
     if undeclared or stale:
@@ -96,23 +91,21 @@ def operation_names(app: FastAPI) -> dict[tuple[str, str], str]:
     return out
 
 
-class RouteTable:
-    """Matches a request to its declared route; the app sees no other request (deny by default)."""
+_DECLARED = [(method, path, compile_path(path)[0], role) for (method, path), role in ROUTE_ROLES.items()]
 
-    def __init__(self, roles: dict[tuple[str, str], Role]) -> None:
-        self.entries = [(method, path, compile_path(path)[0], role) for (method, path), role in roles.items()]
 
-    def match(self, method: str, path: str) -> tuple[Role | None, str, dict[str, str], bool]:
-        """(role, route, path params, path known) of a request."""
-        method = "GET" if method == "HEAD" else method
-        known = False
-        for m, route, regex, role in self.entries:
-            found = regex.match(path)
-            if found:
-                known = True
-                if m == method:
-                    return role, route, found.groupdict(), True
-        return None, path, {}, known
+def match(method: str, path: str) -> tuple[Role | None, str, dict[str, str], bool]:
+    """(role, route, path params, path known) of a request: its declared route, if it has one (the app sees no
+    other request: deny by default)."""
+    method = "GET" if method == "HEAD" else method
+    known = False
+    for m, route, regex, role in _DECLARED:
+        found = regex.match(path)
+        if found:
+            known = True
+            if m == method:
+                return role, route, found.groupdict(), True
+    return None, path, {}, known
 
 
 def add_security_scheme(app: FastAPI) -> None:
@@ -143,26 +136,17 @@ def add_security_scheme(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
 def identify(scope: Scope, store: TokenStore) -> tuple[Identity | None, str]:
     """The caller's identity, or None and the reason to give."""
     if not store.configured:
         return None, NO_TOKENS_FILE
-    header = _header(scope, b"authorization")
-    if header is not None:
-        scheme, _, token = header.strip().partition(" ")
+    authorization = header(scope, b"authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.decode("latin-1").strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             return None, "the Authorization header must be 'Bearer <token>'"
-        if len(token) > MAX_TOKEN:
-            return None, "unknown or revoked token"
-        identity = store.by_token(token)
+        identity = store.by_token(token) if len(token) <= MAX_TOKEN else None  # a longer one is no token
         return (identity, "") if identity else (None, "unknown or revoked token")
     subject = scope.get("extensions", {}).get("tls", {}).get("client_cert_name")
     if subject:
@@ -171,27 +155,9 @@ def identify(scope: Scope, store: TokenStore) -> tuple[Identity | None, str]:
     return None, "a credential is required: send 'Authorization: Bearer <token>' (see docs/api-auth.md)"
 
 
-def console_session(scope: Scope, sessions: Sessions) -> tuple[Identity, Session] | None:
-    """The console session of a GET (or HEAD) of a console page, while it is valid."""
-    if scope["method"] not in ("GET", "HEAD") or not CONSOLE_PAGES.match(scope["path"]):
-        return None
-    if not sessions.tokens.configured:
-        return None
-    return sessions.read(cookie(scope, CONSOLE_COOKIE))
-
-
-async def _redirect(send: Send, location: str) -> None:
-    await send({"type": "http.response.start", "status": 303,
-                "headers": [(b"location", location.encode()), (b"content-length", b"0"), (b"cache-control", b"no-store")]})
-    await send({"type": "http.response.body", "body": b""})
-
-
 async def _reply(send: Send, status: int, reason: str, extra: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
     body = json.dumps({"detail": reason}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()), *extra]})
-    await send({"type": "http.response.body", "body": body})
+    await respond(send, status, body, [(b"content-type", b"application/json"), *extra])
 
 
 class StatusOf:
@@ -215,7 +181,6 @@ class Guard:
         self.app = app
         self.store = store
         self.sessions = sessions
-        self.table = RouteTable(ROUTE_ROLES)
         self.operations = operation_names(app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -225,7 +190,7 @@ class Guard:
             return await self._open(scope, receive, send)
         if scope["method"] in ("GET", "HEAD") and CONSOLE_PAGES.match(scope["path"]):
             return await self._console(scope, receive, send)
-        role, route, params, known = self.table.match(scope["method"], scope["path"])
+        role, route, params, known = match(scope["method"], scope["path"])
         operation = self.operations.get((scope["method"], route), "")
         identity, reason = identify(scope, self.store)
         client = (scope.get("client") or (None,))[0]
@@ -236,7 +201,7 @@ class Guard:
 
         if identity is None:
             done(401)
-            challenge = b'Bearer error="invalid_token"' if _header(scope, b"authorization") else b"Bearer"
+            challenge = b'Bearer error="invalid_token"' if header(scope, b"authorization") else b"Bearer"
             return await _reply(send, 401, reason, [(b"www-authenticate", challenge)])
         if role is not None and role not in identity.roles:
             done(403)
@@ -262,25 +227,22 @@ class Guard:
         try:
             await self.app(scope, receive, answer)
         finally:
-            if answer.status in (401, 403):
-                operation = self.operations.get((scope["method"], scope["path"]), "console")
+            if answer.status in (401, 403):  # the console's routes are not in the OpenAPI document: no operation ID
                 audit.record(role=Role.READ, identity=scope.get("vmsched.identity"), method=scope["method"],
-                             route=scope["path"], operation=operation, params={}, status=answer.status,
+                             route=scope["path"], operation="console", params={}, status=answer.status,
                              client=(scope.get("client") or (None,))[0])
 
     async def _console(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A console page: the read role from the bearer header or a console session; else the login form."""
         identity, _ = identify(scope, self.store)
-        if identity is None:
-            found = console_session(scope, self.sessions)
+        if identity is None and self.sessions.tokens.configured:  # the session cookie, while it is valid
+            found = self.sessions.read(cookie(scope, CONSOLE_COOKIE))
             if found is not None:
                 identity, scope["vmsched.session"] = found
-        client = (scope.get("client") or (None,))[0]
-        if identity is None or Role.READ not in identity.roles:
-            audit.record(role=Role.READ, identity=identity, method=scope["method"], route=scope["path"],
-                         operation="console", params={}, status=401 if identity is None else 403, client=client)
-            return await _redirect(send, "/login")
-        scope["vmsched.identity"] = identity
+        status = 401 if identity is None else 200 if Role.READ in identity.roles else 403
         audit.record(role=Role.READ, identity=identity, method=scope["method"], route=scope["path"],
-                     operation="console", params={}, status=200, client=client)
+                     operation="console", params={}, status=status, client=(scope.get("client") or (None,))[0])
+        if status != 200:
+            return await respond(send, 303, b"", [(b"location", b"/login"), (b"cache-control", b"no-store")])
+        scope["vmsched.identity"] = identity
         await self.app(scope, receive, send)

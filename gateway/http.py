@@ -58,9 +58,7 @@ def subject_name(cert: dict[str, Any] | None) -> str | None:
     """RFC 4514 text of ``ssl.getpeercert()``'s subject, None without a verified certificate."""
     if not cert or not cert.get("subject"):
         return None
-    rdns = []
-    for rdn in reversed(cert["subject"]):
-        rdns.append("+".join(f"{_SHORT.get(k, k)}={_escape(v)}" for k, v in rdn))
+    rdns = ("+".join(f"{_SHORT.get(k, k)}={_escape(v)}" for k, v in rdn) for rdn in reversed(cert["subject"]))
     return ",".join(rdns)
 
 

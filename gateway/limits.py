@@ -36,8 +36,8 @@ class Limits:
     def from_settings(cls, settings: Any) -> "Limits":
         return cls(settings.max_hosts, settings.max_units, settings.max_string)
 
-    def problems(self, req: BaseModel) -> list[str]:
-        """Every limit ``req`` (a filter, score or balance request) is over; [] when within all."""
+    def check(self, req: BaseModel) -> None:
+        """Raise :class:`OverLimit` naming every limit ``req`` (a filter, score or balance request) is over."""
         out: list[str] = []
         hosts: list[str] = getattr(req, "hosts", [])
         units = _unit_names(req)
@@ -55,12 +55,8 @@ class Limits:
             if longest > self.max_string:
                 out.append(f"{name}: a string of {longest} characters, longer than the limit of {self.max_string} "
                            f"({_setting('max_string')})")
-        return out
-
-    def check(self, req: BaseModel) -> None:
-        problems = self.problems(req)
-        if problems:
-            raise OverLimit(problems)
+        if out:
+            raise OverLimit(out)
 
 
 def _unit_names(req: BaseModel) -> list[str]:

@@ -97,12 +97,22 @@ async def read_body(receive: Receive) -> bytes | None:
     return b"".join(chunks)
 
 
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The value of the request's first header ``name`` (lower case), or None."""
+    return next((value for key, value in scope["headers"] if key == name), None)
+
+
+async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    """A whole response: ``headers``, the body's content-length and ``body``."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _is_json(scope: Scope) -> bool:
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            media = value.split(b";", 1)[0].strip().lower()
-            return media == b"application/json" or media.endswith(b"+json")
-    return True  # no content type: the framework reads the body as JSON
+    # no content type: the framework reads the body as JSON
+    media = (header(scope, b"content-type") or b"application/json").split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or media.endswith(b"+json")
 
 
 class StrictJson:
@@ -123,14 +133,11 @@ class StrictJson:
             except Refused as exc:
                 reply = JSONResponse(refusal(f"invalid JSON body: {exc}"), status_code=400)
                 return await reply(scope, receive, send)
-        replayed = False
+        messages = iter([{"type": "http.request", "body": body, "more_body": False}])
 
         async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            """The body read, then what the client sends next (a disconnect)."""
+            return next(messages, None) or await receive()
 
         await self.app(scope, replay, send)
 

@@ -33,11 +33,9 @@ async def section(bus: Any, hosts: list[str]) -> str:
                 'facts they publish).</p></section>')
     hosts = hosts[:MAX_AGENTS]
     answers = await asyncio.gather(*(_ask(bus, h, op) for h in hosts for op in (AgentOp.CPUS, AgentOp.LIST_POLICIES)))
-    blocks = []
-    for i, host in enumerate(hosts):
-        cpus, policies = answers[2 * i], answers[2 * i + 1]
-        blocks.append(f'<div class="agent" data-host="{e(host)}"><h3>{e(host)}</h3>{_pool(cpus)}{_guests(policies)}</div>')
-    return f'<section id="agents"><h2>Agents ({len(hosts)})</h2>{"".join(blocks)}</section>'
+    blocks = "".join(f'<div class="agent" data-host="{e(host)}"><h3>{e(host)}</h3>{_pool(cpus)}{_guests(policies)}</div>'
+                     for host, cpus, policies in zip(hosts, answers[::2], answers[1::2]))
+    return f'<section id="agents"><h2>Agents ({len(hosts)})</h2>{blocks}</section>'
 
 
 def _pool(cpus: dict[str, Any] | str) -> str:

@@ -44,8 +44,11 @@ MAX_FORM = 8192
 SHOWN_DECISIONS = 50
 
 
-def page(title: str, body: str, status: int = 200, logout_token: str = "") -> HTMLResponse:
-    """A console page; with ``logout_token`` (a session's), its header has the log-out button."""
+def page(request: Request, title: str, body: str, status: int = 200) -> HTMLResponse:
+    """A console page; for a request with a console session (not a bearer header), its header has the log-out
+    button, whose form carries the session's CSRF token."""
+    session = request.scope.get("vmsched.session")
+    logout_token = _sessions(request).logout_token(session) if isinstance(session, Session) else ""
     logout = ('<form method="post" action="/logout" class="logout">'
               f'<input type="hidden" name="csrf" value="{e(logout_token)}"><button type="submit">Log out</button></form>'
               if logout_token else "")
@@ -64,17 +67,11 @@ def _sessions(request: Request) -> Sessions:
     return request.app.state.console_sessions
 
 
-def _logout_token(request: Request) -> str:
-    """The log-out form's CSRF token of the request's console session ("" without one: a bearer header)."""
-    session = request.scope.get("vmsched.session")
-    return _sessions(request).logout_token(session) if isinstance(session, Session) else ""
-
-
 def _login_form(request: Request, error: str = "", status: int = 200) -> HTMLResponse:
     """The login form with a fresh CSRF token, and its cookie."""
     nonce, csrf = _sessions(request).login_form()
     problem = f'<p class="error" role="alert">{e(error)}</p>' if error else ""
-    response = page("vmsched console - log in", (
+    response = page(request, "vmsched console - log in", (
         f"<h1>Log in</h1>{problem}<form method=\"post\" action=\"/login\" class=\"login\">"
         f'<input type="hidden" name="csrf" value="{e(csrf)}">'
         '<label for="token">API token (read role)</label>'
@@ -136,9 +133,9 @@ async def logout(request: Request) -> Response:
     if session is not None:
         form = await _form(request)
         if form is None or not sessions.logout_allowed(session, form.get("csrf", "")):
-            return page("vmsched console - not logged out", "<h1>Not logged out</h1><p class=\"error\">The log-out "
-                        'form did not come from this console. Use the <a href="/">console</a>\'s Log out button.</p>',
-                        403)
+            return page(request, "vmsched console - not logged out", "<h1>Not logged out</h1><p class=\"error\">"
+                        'The log-out form did not come from this console. Use the <a href="/">console</a>\'s Log out '
+                        "button.</p>", 403)
         sessions.logout(session)
         link = request.app.state.console_logouts
         if link is not None and not await asyncio.to_thread(link.share, [(session.sid, session.expires)]):
@@ -237,8 +234,8 @@ async def overview(request: Request) -> HTMLResponse:
     units = await _units_section(request)
     cache = request.app.state.facts
     agents = await console_agents.section(request.app.state.bus, cache.hosts() if cache is not None else [])
-    return page("vmsched console", await _decisions_section(request) + units + agents + _facts_section(request),
-                logout_token=_logout_token(request))
+    decisions = await _decisions_section(request)
+    return page(request, "vmsched console", decisions + units + agents + _facts_section(request))
 
 
 # --- one decision --------------------------------------------------------------------------------
@@ -247,12 +244,11 @@ async def decision_page(request: Request, decision_id: str) -> HTMLResponse:
     found = await request.app.state.decisions.find(decision_id) if len(decision_id) == 32 else None
     if found is None or not found.records:
         note = _replicas_note(found.missing) if found is not None else ""
-        return page("decision not found", f"<h1>Decision not found</h1><p>It may have left the ring.</p>{note}", 404,
-                    _logout_token(request))
+        return page(request, "decision not found", "<h1>Decision not found</h1><p>It may have left the ring.</p>"
+                    + note, 404)
     store = getattr(request.app.state, "shadow", None)  # an app of the console alone has none
     shadow = whatif.shadow_section(store.get(decision_id) if store is not None else None)
-    return page(f"vmsched decision {decision_id}", decision.body(found.records[0], shadow),
-                logout_token=_logout_token(request))
+    return page(request, f"vmsched decision {decision_id}", decision.body(found.records[0], shadow))
 
 
 # --- what if: shadow comparisons and replay reports -----------------------------------------------------
@@ -261,7 +257,7 @@ async def whatif_page(request: Request) -> HTMLResponse:
     q = request.query_params
     body = await asyncio.to_thread(whatif.page, request.app.state.shadow, request.app.state.whatif_reports,
                                    q.get("status", ""), q.get("op", ""))
-    return page("vmsched what if", body, logout_token=_logout_token(request))
+    return page(request, "vmsched what if", body)
 
 
 @router.get("/console/whatif/reports/{name}")
@@ -269,11 +265,11 @@ async def report_page(request: Request, name: str) -> HTMLResponse:
     folder = request.app.state.whatif_reports
     back = '<p><a href="/console/whatif">Back to the what-if view</a></p>'
     if folder is None:
-        return page("no reports folder", "<h1>No reports folder</h1><p>Start the gateway with "
-                    f"<code>--whatif-reports DIR</code>.</p>{back}", 404, _logout_token(request))
+        return page(request, "no reports folder", "<h1>No reports folder</h1><p>Start the gateway with "
+                    f"<code>--whatif-reports DIR</code>.</p>{back}", 404)
     try:
         report = await asyncio.to_thread(whatif.read_report, folder, name)
     except whatif.ReportError as exc:
-        return page("report not shown", f'<h1>Report not shown</h1><p class="error" id="report-error">{e(exc)}</p>'
-                    f"{back}", 404, _logout_token(request))
-    return page(f"vmsched replay report {name}", whatif.report_page(name, report), logout_token=_logout_token(request))
+        return page(request, "report not shown", f'<h1>Report not shown</h1><p class="error" id="report-error">'
+                    f"{e(exc)}</p>{back}", 404)
+    return page(request, f"vmsched replay report {name}", whatif.report_page(name, report))

@@ -29,7 +29,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import logging
 import re
 import secrets
 import threading
@@ -42,7 +41,6 @@ from starlette.types import Scope
 
 from vmsched.tokens import Identity, Role, TokenStore
 
-log = logging.getLogger("vmsched.gateway.console")
 
 #: the session cookie, and the login form's CSRF cookie
 COOKIE = "vmsched_console"
@@ -167,11 +165,9 @@ class Sessions:
     def read(self, value: str | None, now: float | None = None) -> tuple[Identity, Session] | None:
         """The identity and session of a cookie value while it is valid (see the module), else None."""
         session, token = self._parse(value)
-        if session is None or token is None:
+        if session is None or token is None or Role.READ not in token.roles:
             return None
         if session.expires <= (time.time() if now is None else now) or session.sid in self.logouts:
-            return None
-        if Role.READ not in token.roles:
             return None
         return Identity(session.name, token.roles, KIND), session
 

@@ -31,14 +31,6 @@ ShadowId = Annotated[str, Path(pattern=r"^[0-9A-Za-z_.:-]{1,64}$", description="
                                                                                "the decision's ID")]
 
 
-def _log(request: Request) -> DecisionLog:
-    return request.app.state.decisions
-
-
-def _shadow(request: Request) -> ShadowStore:
-    return request.app.state.shadow
-
-
 @router.get("/v1/decisions", summary="Recent scheduling decisions, newest first, of every gateway replica")
 async def list_decisions(
     request: Request,
@@ -49,7 +41,7 @@ async def list_decisions(
                                                                 "failed unit or fallback")] = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 100,
 ) -> dict[str, Any]:
-    log = _log(request)
+    log: DecisionLog = request.app.state.decisions
     found = await log.search(limit, vm=vm, host=host, op=op, errors_only=errors == "only")
     return {"decisions": [for_reader(r) for r in found.records], "count": len(found.records),
             "gateway": log.gateway, "ring_size": log.ring.size, "replicas": found.replicas(log.gateway)}
@@ -57,7 +49,7 @@ async def list_decisions(
 
 @router.get("/v1/decisions/{decision_id}", summary="One decision: every unit's verdict on every host")
 async def get_decision(request: Request, decision_id: DecisionId) -> dict[str, Any]:
-    log = _log(request)
+    log: DecisionLog = request.app.state.decisions
     found = await log.find(decision_id)
     if not found.records:
         missing = "; ".join(f"{m['gateway']}: {m['error']}" for m in found.missing)
@@ -66,7 +58,7 @@ async def get_decision(request: Request, decision_id: DecisionId) -> dict[str, A
                                                                                   if missing else ""),
                                   "replicas": found.replicas(log.gateway)})
     record = for_reader(found.records[0])
-    comparison = _shadow(request).get(decision_id)
+    comparison = request.app.state.shadow.get(decision_id)
     return {**record, "shadow": comparison.model_dump(mode="json") if comparison is not None else None}
 
 
@@ -89,7 +81,7 @@ async def list_shadow(
     vm: Annotated[str | None, Query(max_length=512, description="the VM of the call")] = None,
     limit: Annotated[int, Query(ge=1, le=KEEP)] = 100,
 ) -> ShadowList:
-    store = _shadow(request)
+    store: ShadowStore = request.app.state.shadow
     listed = store.recent(limit, statuses=(status,) if status else None, op=op, vm=vm or None)
     return ShadowList(comparisons=listed.comparisons, count=len(listed.comparisons), counts=listed.counts,
                       size=store.size, received=store.received, invalid=store.invalid)
@@ -98,7 +90,7 @@ async def list_shadow(
 @router.get("/v1/shadow/{comparison_id}", response_model=ShadowComparison, tags=["shadow"],
             summary="One shadow comparison, by its call's ID (the decision's)")
 async def get_shadow(request: Request, comparison_id: ShadowId) -> ShadowComparison:
-    comparison = _shadow(request).get(comparison_id)
+    comparison = request.app.state.shadow.get(comparison_id)
     if comparison is None:
         raise HTTPException(404, {"code": "not_found", "error": f"no shadow comparison {comparison_id} on this "
                                   "gateway: no candidate ran that call, or it has left the store (the newest "

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 from vmsched.bus.interface import Transport
@@ -34,20 +33,6 @@ PAUSE = 0.2
 MAX_PENDING = 5000
 #: how long a check that some host has facts holds, seconds (a decision's facts ages need it)
 FACTS_CHECK = 0.2
-
-
-@dataclass
-class Found:
-    """Records found for a reader: this gateway's and the other replicas' that answered."""
-
-    records: list[dict[str, Any]]
-    answered: list[str] = field(default_factory=list)
-    missing: list[dict[str, str]] = field(default_factory=list)
-    truncated: list[str] = field(default_factory=list)
-
-    def replicas(self, gateway: str) -> dict[str, Any]:
-        """The ``replicas`` part of an API answer: who answered, who did not and why."""
-        return {"answered": [gateway, *self.answered], "missing": self.missing, "truncated": self.truncated}
 
 
 class DecisionLog:
@@ -100,24 +85,25 @@ class DecisionLog:
         return self.facts.ages(hosts) if known else {}  # one pass; no lock for hosts whose agent reports the ID
 
     # --- readers: this ring and the other replicas' ------------------------------------------------
-    async def search(self, limit: int = 100, **filters: Any) -> Found:
+    async def search(self, limit: int = 100, **filters: Any) -> Gathered:
         """The newest ``limit`` records matching ``filters`` of every replica that answers in time."""
         own = self.ring.recent(limit, **filters)
         if self.peers is None:
-            return Found(own)
-        gathered = await self.peers.ask({"filters": _filters(filters), "limit": limit})
-        merged: dict[str, dict[str, Any]] = {r["id"]: r for r in gathered.records if matches(r, **filters)}
+            return Gathered(own)
+        found = await self.peers.ask({"filters": _filters(filters), "limit": limit})
+        merged: dict[str, dict[str, Any]] = {r["id"]: r for r in found.records if matches(r, **filters)}
         merged.update((r["id"], r) for r in own)
-        records = sorted(merged.values(), key=lambda r: r["time"], reverse=True)[:limit]
-        return _found(records, gathered)
+        found.records = sorted(merged.values(), key=lambda r: r["time"], reverse=True)[:limit]
+        return found
 
-    async def find(self, record_id: str) -> Found:
+    async def find(self, record_id: str) -> Gathered:
         """One record by ID: from this ring, else from the replica that has it."""
         record = self.ring.get(record_id)
         if record is not None or self.peers is None:
-            return Found([record] if record is not None else [])
-        gathered = await self.peers.ask({"id": record_id})
-        return _found([r for r in gathered.records if r["id"] == record_id][:1], gathered)
+            return Gathered([record] if record is not None else [])
+        found = await self.peers.ask({"id": record_id})
+        found.records = [r for r in found.records if r["id"] == record_id][:1]
+        return found
 
     def answer(self, question: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
         """Another replica's question, from this ring (on the peer link's thread): records, and whether cut."""
@@ -176,6 +162,3 @@ def _filters(given: dict[str, Any]) -> dict[str, Any]:
     out["errors_only"] = given.get("errors_only") is True
     return out
 
-
-def _found(records: list[dict[str, Any]], gathered: Gathered) -> Found:
-    return Found(records, gathered.answered, gathered.missing, gathered.truncated)

@@ -55,12 +55,16 @@ Answerer = Callable[[dict[str, Any]], tuple[list[dict[str, Any]], bool]]
 
 @dataclass
 class Gathered:
-    """What the other replicas answered to one question."""
+    """What the other replicas answered to one question; for a reader, with this gateway's records."""
 
     records: list[dict[str, Any]] = field(default_factory=list)
     answered: list[str] = field(default_factory=list)  # their labels
     missing: list[dict[str, str]] = field(default_factory=list)  # {"gateway": label, "error": why}
     truncated: list[str] = field(default_factory=list)  # replicas whose answer was cut at MAX_ANSWER
+
+    def replicas(self, gateway: str) -> dict[str, Any]:
+        """The ``replicas`` part of an API answer: who answered, who did not and why."""
+        return {"answered": [gateway, *self.answered], "missing": self.missing, "truncated": self.truncated}
 
 
 @dataclass
@@ -102,9 +106,9 @@ class PeerLink:
             return {t: label for t, (label, _) in self._peers.items()}
 
     def _heard(self, token: str, label: str) -> None:
-        if token != self.token:
-            with self._lock:
-                self._peers[token] = (label, time.monotonic())
+        """Another replica (_handle checked the token) was heard from."""
+        with self._lock:
+            self._peers[token] = (label, time.monotonic())
 
     def _presence(self, hello: bool = False, gone: bool = False) -> None:
         self.publisher.publish(PRESENCE_KEY, {"gateway": self.gateway, "token": self.token, "hello": hello,
@@ -121,17 +125,15 @@ class PeerLink:
         state = _Question(asyncio.get_running_loop(), set(expected), first_found="id" in question)
         with self._lock:
             self._questions[qid] = state
-        started = time.monotonic()
+        body = {**question, "qid": qid, "from": self.token, "gateway": self.gateway}
+        sent = True  # unless the bus refuses it; slow to go out, the replicas did not answer in time either way
         try:
-            body = {**question, "qid": qid, "from": self.token, "gateway": self.gateway}
-            sent = await asyncio.wait_for(asyncio.to_thread(self.publisher.publish, QUERY_KEY, body), window)
-            if sent:
-                try:
-                    await asyncio.wait_for(state.done.wait(), max(0.0, window - (time.monotonic() - started)))
-                except asyncio.TimeoutError:
-                    pass
-        except asyncio.TimeoutError:
-            sent = True  # slow to go out: the replicas did not answer in time either way
+            async with asyncio.timeout(window):
+                sent = await asyncio.to_thread(self.publisher.publish, QUERY_KEY, body)
+                if sent:
+                    await state.done.wait()
+        except TimeoutError:
+            pass
         finally:
             with self._lock:
                 self._questions.pop(qid, None)

@@ -51,15 +51,11 @@ def per_unit(record: dict[str, Any]) -> bool:
     return any(len(r) == 3 for r in _rows(record))
 
 
-def _factors(record: dict[str, Any]) -> dict[str, int]:
-    return {u["unit"]: u.get("factor", 1) for u in record["units"]}
-
-
 def places(record: dict[str, Any]) -> list[Place]:
     """Every host the engine was sent a weight for, lowest weight first (equal weights in the engine's order)."""
     weights: dict[str, int] = {}
     sent: dict[str, dict[str, int]] = {}
-    factors = _factors(record)
+    factors = {u["unit"]: u.get("factor", 1) for u in record["units"]}
     for row in _rows(record):
         if len(row) == 3:
             host, weight, unit = row

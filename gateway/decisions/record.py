@@ -73,8 +73,6 @@ class Kept:
     def record(self, record_id: str, at: float, gateway: str) -> dict[str, Any]:
         """The record readers get (the API, the console, the other replicas, the stdout line)."""
         units = [_unit_record(u, self.hosts) for u in self.units]
-        nothing_ran = not units
-        all_failed = bool(units) and not any(u["ok"] for u in units)
         record: dict[str, Any] = {
             "id": record_id,
             "time": at,
@@ -87,7 +85,8 @@ class Kept:
             "result_code": 1 if self.plugin_errors or self.errors else 0,
             "plugin_errors": self.plugin_errors,
             "errors": list(self.errors),
-            "fallback": self.bus_failed or nothing_ran or all_failed or ALL_FILTERS_FAILED in self.errors,
+            # nothing ran, or every unit failed
+            "fallback": self.bus_failed or not any(u["ok"] for u in units) or ALL_FILTERS_FAILED in self.errors,
             "duration": round(self.duration, 6),
             "facts_age": self.facts_age,
             "missing_facts": self.missing_facts,
@@ -109,9 +108,11 @@ def keep(op: str, req: Any, decision: Decision, outcomes: Any, bus_failed: bool,
     if op == "filter":
         units = _filter_units(hosts, outcomes or [], decision.dropped)
     elif op == "score":
-        units = [_score_unit(o) for o in outcomes or []]
+        units = [{**_head(o), "factor": o.factor, "scores": o.scores} for o in outcomes or []]
+    elif outcomes is not None:  # a balance's one outcome
+        units = [{**_head(outcomes), "vm": outcomes.vm, "hosts": outcomes.hosts, "reason": outcomes.reason}]
     else:
-        units = [_balance_unit(outcomes)] if outcomes is not None else []
+        units = []
     # req.unit only on a balance request: getattr(req, "unit", "") on another one makes pydantic raise (slow)
     return Kept(op=op, vm=req.vm if op != "balance" else "", unit=req.unit if op == "balance" else "", hosts=hosts,
                 units=units, result=decision.result, plugin_errors=decision.plugin_errors,
@@ -130,24 +131,7 @@ def _filter_units(hosts: list[str], outcomes: list[Any], dropped: list[set[str] 
     if dropped is None or len(dropped) != len(outcomes):
         offered = set(hosts)
         dropped = [offered.difference(o.hosts) if o.ok else None for o in outcomes]
-    units = []
-    for o, gone in zip(outcomes, dropped):
-        unit = _head(o)
-        unit["dropped"] = list(gone) if o.ok and gone else []
-        units.append(unit)
-    return units
-
-
-def _score_unit(o: Any) -> dict[str, Any]:
-    unit = _head(o)
-    unit["factor"], unit["scores"] = o.factor, o.scores
-    return unit
-
-
-def _balance_unit(o: Any) -> dict[str, Any]:
-    unit = _head(o)
-    unit["vm"], unit["hosts"], unit["reason"] = o.vm, o.hosts, o.reason
-    return unit
+    return [{**_head(o), "dropped": list(gone) if o.ok and gone else []} for o, gone in zip(outcomes, dropped)]
 
 
 def _unit_record(kept: dict[str, Any], hosts: list[str]) -> dict[str, Any]:

@@ -71,8 +71,7 @@ def filter_summary(record: dict[str, Any]) -> str:
     head = f"kept {len(kept)} of {len(hosts)} hosts"
     clauses = [f"{u['unit']} dropped {len(u['dropped'])} ({_reason_text(u, u['dropped'])})"
                for u in units if u["ok"] and u["dropped"]]
-    clauses += _failed_clauses(units) + _missing_facts_clauses(record)
-    return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
+    return _line(record, head, clauses)
 
 
 def score_summary(record: dict[str, Any]) -> str:
@@ -98,8 +97,7 @@ def score_summary(record: dict[str, Any]) -> str:
         clauses.append(f"no score for {_short(unscored)}")
     first = best[0].host if best else None
     clauses += [f"{u['unit']} on {first}: {u['reasons'][first]}" for u in ok if first in u.get("reasons", {})][:SHOWN]
-    clauses += _failed_clauses(units) + _missing_facts_clauses(record)
-    return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
+    return _line(record, head, clauses)
 
 
 def balance_summary(record: dict[str, Any]) -> str:
@@ -108,9 +106,17 @@ def balance_summary(record: dict[str, Any]) -> str:
     name = record["units"][0]["unit"] if record["units"] else record.get("unit", "the balancer")
     head = (f"{name} proposes migrating VM {vm} to one of {len(hosts)} hosts ({_short(hosts)})" if vm
             else f"{name}: no migration")
-    clauses = [u["reason"] for u in record["units"] if u["ok"] and u.get("reason")]
-    clauses += _failed_clauses(record["units"]) + _missing_facts_clauses(record)
-    return head + (": " + "; ".join(clauses) if clauses else "") + _fallback_tail(record)
+    return _line(record, head, [u["reason"] for u in record["units"] if u["ok"] and u.get("reason")])
+
+
+def _line(record: dict[str, Any], head: str, clauses: list[str]) -> str:
+    """``head: clause; ...``: the operation's clauses, then the failed units' and the missing facts'; last, the
+    reason of a fallback."""
+    clauses = clauses + _failed_clauses(record["units"]) + _missing_facts_clauses(record)
+    line = head + (": " + "; ".join(clauses) if clauses else "")
+    if not record["fallback"]:
+        return line
+    return f"{line} [fallback: {'; '.join(record['errors'][:2]) or 'nothing ran'}]"
 
 
 def _missing_facts_clauses(record: dict[str, Any]) -> list[str]:
@@ -123,13 +129,6 @@ def _missing_facts_clauses(record: dict[str, Any]) -> list[str]:
         return []
     why = "; ".join(f"{len(hosts)}: {cause}" if len(causes) > 1 else cause for cause, hosts in causes.items())
     return [f"no facts for {count} of {len(record['hosts'])} hosts ({why}) for {', '.join(missing.get('units', []))}"]
-
-
-def _fallback_tail(record: dict[str, Any]) -> str:
-    if not record["fallback"]:
-        return ""
-    why = "; ".join(record["errors"][:2]) or "nothing ran"
-    return f" [fallback: {why}]"
 
 
 SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {

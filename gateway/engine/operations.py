@@ -38,13 +38,12 @@ class Operation:
     xmlrpc_method: str  # the engine's method name
     xmlrpc_arity: int
     from_xmlrpc: Callable[[tuple[Any, ...]], Any]  # checked positional params -> request model
-    request: type[BaseModel]
     reply: type[BaseModel]
     fallback: Callable[[Any], Decision]  # request -> the decision when nothing ran (bus failed, no units)
-    nothing_to_run: Callable[[Any], bool]  # request -> answer with the fallback without asking anyone
     decide: Callable[[Any, Any, RenderOptions], Decision]  # (request, reply, options) -> the engine's decision
-    outcomes: Callable[[Any], Any]  # reply -> the per-unit outcomes the JSON API shows
-    no_outcomes: Callable[[], Any]  # the outcomes shown when nothing ran
+    nothing_to_run: Callable[[Any], bool] = lambda req: not req.units  # request -> answer with the fallback
+    outcomes: Callable[[Any], Any] = lambda reply: reply.outcomes  # reply -> the per-unit outcomes the JSON API shows
+    no_outcomes: Callable[[], Any] = list  # the outcomes shown when nothing ran
     complete: Callable[[Any, Any], Any] = lambda req, reply: reply  # (request, reply) -> the reply in full
 
 
@@ -98,13 +97,9 @@ FILTER = Operation(
     xmlrpc_method="runFilters",
     xmlrpc_arity=4,
     from_xmlrpc=_filter_request,
-    request=FilterRequest,
     reply=FilterReply,
     fallback=lambda req: Decision(result=list(req.hosts)),  # a filter that cannot run keeps every host
-    nothing_to_run=lambda req: not req.units,
     decide=lambda req, reply, opts: filter_decision(req.hosts, reply.outcomes),
-    outcomes=lambda reply: reply.outcomes,
-    no_outcomes=list,
 )
 
 SCORE = Operation(
@@ -112,13 +107,9 @@ SCORE = Operation(
     xmlrpc_method="runCostFunctions",
     xmlrpc_arity=4,
     from_xmlrpc=_score_request,
-    request=ScoreRequest,
     reply=ScoreReply,
     fallback=lambda req: Decision(result=[]),
-    nothing_to_run=lambda req: not req.units,
     decide=lambda req, reply, opts: score_decision(req.hosts, reply.outcomes, opts.score_per_unit),
-    outcomes=lambda reply: reply.outcomes,
-    no_outcomes=list,
     complete=paired_scores,
 )
 
@@ -127,7 +118,6 @@ BALANCE = Operation(
     xmlrpc_method="runLoadBalancing",
     xmlrpc_arity=3,
     from_xmlrpc=_balance_request,
-    request=BalanceRequest,
     reply=BalanceReply,
     fallback=lambda req: Decision(result=["", []]),  # no VM to move
     nothing_to_run=lambda req: False,  # one unit, always named

@@ -89,20 +89,16 @@ class Scheduler:
             try:
                 reply = await self.bus.call(REQUEST_QUEUES[op], op.value, req.model_dump(),
                                             self._deadline(req.timeout), operation.reply, mark)  # type: ignore[attr-defined]
-            except BusError as exc:
-                return _failed(operation.fallback(req), exc, outcome), operation.no_outcomes(), True
+            except BusError as exc:  # the outcome stays "error"
+                log.warning("scheduling request failed: %s", exc)
+                decision = operation.fallback(req)
+                decision.errors.append(f"{type(exc).__name__}: {exc}")
+                return decision, operation.no_outcomes(), True
             reply = operation.complete(req, reply)
             decision = operation.decide(req, reply, self.render)
             decision.missing_facts = reply.missing_facts
             outcome.append("ok" if decision.result_code == 0 else "error")
             return decision, operation.outcomes(reply), False
-
-
-def _failed(decision: Decision, exc: BusError, outcome: list[str]) -> Decision:
-    log.warning("scheduling request failed: %s", exc)
-    decision.errors.append(f"{type(exc).__name__}: {exc}")
-    outcome.append("error")
-    return decision
 
 
 @contextmanager

@@ -95,15 +95,12 @@ def _boolean(text: str) -> bool:
     return text == "1"
 
 
-def _datetime(text: str) -> datetime:
-    return datetime.strptime(text, "%Y%m%dT%H:%M:%S")
-
-
 #: How the text of each scalar becomes its value (as the stdlib's unmarshaller reads it, builtin types on).
 _READ: dict[str, Callable[[str], Any]] = {
     "string": str, "nil": lambda text: None, "boolean": _boolean, "double": float, "float": float,
     "bigdecimal": Decimal, "base64": lambda text: base64.decodebytes(text.encode("ascii")),
-    "dateTime.iso8601": _datetime, **dict.fromkeys(("int", "i1", "i2", "i4", "i8", "biginteger"), int),
+    "dateTime.iso8601": lambda text: datetime.strptime(text, "%Y%m%dT%H:%M:%S"),
+    **dict.fromkeys(("int", "i1", "i2", "i4", "i8", "biginteger"), int),
 }
 
 
@@ -173,10 +170,7 @@ class _Reader:
                 self._values.append(read("".join(text)))
             except Exception:  # noqa: BLE001 - the text is not of the element's type
                 raise _invalid(f"<{name}> must hold {_SCALARS[name]}, got {shown(''.join(text))}") from None
-        elif name == "value":
-            if not children:  # a bare value: a string
-                self._values.append("".join(text))
-        elif name == "name":
+        elif name == "name" or (name == "value" and not children):  # a member's name, or a bare value: a string
             self._values.append("".join(text))
         elif name == "array" or name == "struct":
             mark = self._marks.pop()
@@ -227,17 +221,10 @@ def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
-_CR = {"\r": "&#13;"}
-
-
 def _text(value: str) -> str:
-    """Escaped character data; XML-invalid characters become U+FFFD."""
-    if not value.isprintable():  # fast C check; true for almost every ID and message
-        value = _NOT_XML.sub("\ufffd", value)
-        return escape(value, _CR)  # a bare CR would reach the reader as LF (XML end-of-line handling)
-    if "&" in value or "<" in value or ">" in value:
-        return escape(value)
-    return value  # nothing to escape: a host ID, a unit name
+    """Escaped character data; XML-invalid characters become U+FFFD, and a CR its reference (a bare CR would
+    reach the reader as LF: XML end-of-line handling)."""
+    return escape(_NOT_XML.sub("\ufffd", value), {"\r": "&#13;"})
 
 
 def _marshal(value: Any, out: list[str]) -> None:
@@ -260,10 +247,8 @@ def _marshal(value: Any, out: list[str]) -> None:
             _marshal(item, out)
             out.append("</member>")
         out.append("</struct></value>")
-    elif value is None:
-        out.append("<value><string></string></value>")
     else:
-        out.append("<value><string>" + _text(str(value)) + "</string></value>")
+        out.append("<value><string>" + _text("" if value is None else str(value)) + "</string></value>")
 
 
 def dump_response(value: Any) -> bytes:
