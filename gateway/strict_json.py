@@ -2,7 +2,8 @@
 
 :class:`StrictJson` checks a JSON request body before the framework parses it:
 ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON at all), numbers too large
-for a double (``1e400``), lone surrogates (``"\\ud800"``, not Unicode), nesting
+for a double (``1e400``), lone surrogates (``"\\ud800"``, not Unicode; also as
+raw bytes, which strict UTF-8 refuses), a body that is not UTF-8, nesting
 deeper than :data:`MAX_DEPTH` and malformed JSON are refused with 400, so no
 such value reaches a model, the bus or a response encoder (where they used to
 end as a bare 500). :func:`invalid_request` answers every validation error of
@@ -65,12 +66,14 @@ def _walk(value: Any) -> str | None:
 def check(body: bytes) -> None:
     """Raise :class:`Refused` unless ``body`` is one I-JSON value."""
     try:
-        value = json.loads(body, parse_float=_finite, parse_constant=_constant)
+        value = json.loads(body.decode(), parse_float=_finite, parse_constant=_constant)
     except Refused:
         raise
     except RecursionError:
         raise Refused(f"arrays and objects nested deeper than {MAX_DEPTH} levels") from None
-    except ValueError as exc:  # JSONDecodeError, bad UTF-8, an integer of over 4300 digits
+    except UnicodeDecodeError as exc:  # a raw lone surrogate is not UTF-8 either
+        raise Refused(f"the body is not UTF-8 (byte {exc.start}): send JSON encoded as UTF-8") from None
+    except ValueError as exc:  # JSONDecodeError, an integer of over 4300 digits
         raise Refused(f"the body is not valid JSON: {str(exc)[:200]}") from None
     if body.count(b"[") + body.count(b"{") > MAX_DEPTH or _SURROGATE_ESCAPE.search(body):
         problem = _walk(value)

@@ -229,7 +229,7 @@ def test_request_models_still_take_what_they_took():
 
 @pytest.mark.parametrize("body", [b'{"a": NaN}', b"[-Infinity]", b"[1e400]", b'["\\ud800"]', b'{"\\udfff": 1}',
                                   b"[" * 33 + b"]" * 33, b"[" * 100_000 + b"]" * 100_000, b"\xff", b'{"a": 1',
-                                  b"[1" + b"0" * 5000 + b"]"])
+                                  b"[1" + b"0" * 5000 + b"]", b'["\xed\xa0\x80"]', '["x"]'.encode("utf-16")])
 def test_strict_json_refuses(body: bytes):
     with pytest.raises(strict_json.Refused):
         strict_json.check(body)
