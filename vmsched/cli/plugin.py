@@ -32,11 +32,6 @@ from vmsched.words import counted
 FLAGS = {"plugin_timeout": "--timeout"}
 
 
-def _settings(**given: Any) -> Settings:
-    logging.disable(logging.ERROR)  # what the services would log is printed here as the result
-    return build(given, FLAGS)
-
-
 def folders(folder: Path, settings: Settings) -> list[Path]:
     """The plugins folders a service given ``--plugins folder`` would load, in order (--stock-plugins: two)."""
     return settings.model_copy(update={"plugins_dir": folder}).plugin_folders
@@ -185,8 +180,9 @@ def sandbox_options(p: argparse.ArgumentParser) -> None:
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
-    return _settings(plugin_timeout=args.timeout, plugin_user=args.plugin_user,
-                     allow_root_plugins=args.allow_root_plugins, stock_plugins=args.stock_plugins)
+    logging.disable(logging.ERROR)  # what the services would log is printed here as the result
+    return build({"plugin_timeout": args.timeout, "plugin_user": args.plugin_user,
+                  "allow_root_plugins": args.allow_root_plugins, "stock_plugins": args.stock_plugins}, FLAGS)
 
 
 def register(sub: Any) -> None:  # sub: what argparse's add_subparsers() returned
