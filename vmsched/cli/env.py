@@ -66,11 +66,6 @@ class Variable:
         return self.reader == "parser"
 
 
-def setting_variable(field: str) -> str:
-    """The environment variable Settings reads for ``field`` (the first of them)."""
-    return variables(field)[0]
-
-
 def flag_name(action: argparse.Action) -> str:
     long = [o for o in action.option_strings if o.startswith("--")] or list(action.option_strings)
     return long[0].lstrip("-").upper().replace("-", "_")
@@ -81,14 +76,14 @@ def variable(command: Sequence[str], action: argparse.Action) -> Variable:
     top, dest = command[0], action.dest
     field = SETTING_OF.get((top, dest), dest)
     if top in SETTINGS_COMMANDS and field is not None and field in Settings.model_fields:
-        return Variable((setting_variable(field),), field, "settings")
+        return Variable(variables(field)[:1], field, "settings")
     if dest in BROKER and top in ("agent", "policy", "domain"):
         names, setting = BROKER[dest]
         return Variable(names, setting, "broker")
     if top == "token" and dest == "file":
-        return Variable((setting_variable("tokens_file"),), "tokens_file", "parser")
+        return Variable(variables("tokens_file")[:1], "tokens_file", "parser")
     if top == "console-secret" and dest == "file":
-        return Variable((setting_variable("console_secret_file"),), "console_secret_file", "parser")
+        return Variable(variables("console_secret_file")[:1], "console_secret_file", "parser")
     scope = "AGENT" if top == "agent" or (top in ("policy", "domain") and dest in AGENT_PLACE) else top.upper()
     option = flag_name(action)
     names = [option if option.startswith(f"{scope}_") else f"{scope}_{option}"]
@@ -222,9 +217,6 @@ class _Recording:
         self._parser.keep(action, kwargs)
         return action
 
-    def add_mutually_exclusive_group(self, *args: Any, **kwargs: Any) -> "_Recording":
-        return _Recording(self._group.add_mutually_exclusive_group(*args, **kwargs), self._parser)
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self._group, name)
 
@@ -236,9 +228,7 @@ class _Commands:
         self._action, self._parser = action, parser
 
     def add_parser(self, name: str, **kwargs: Any) -> EnvParser:
-        child = self._action.add_parser(name, **kwargs)
-        if not isinstance(child, EnvParser):
-            raise TypeError("sub-commands of an EnvParser must be EnvParsers")
+        child = self._action.add_parser(name, **kwargs)  # an EnvParser: argparse makes them of the parent's class
         child.path = (*self._parser.path, name)
         self._parser.commands[name] = child
         return child
