@@ -229,8 +229,7 @@ class FactsCache:
         return None, _unknown_host(host_id)
 
     def age(self, entry: Entry, now: float | None = None) -> float:
-        age = (time.time() if now is None else now) - entry.time
-        return age if age > 0.0 else 0.0
+        return max(0.0, (time.time() if now is None else now) - entry.time)
 
     def is_stale(self, entry: Entry, now: float | None = None) -> bool:
         return (time.time() if now is None else now) > entry.stale_at
@@ -240,16 +239,11 @@ class FactsCache:
         are left out (the decision log's ``facts_age``). One pass, no lock for hosts whose agent reports the
         engine's ID (the common case)."""
         now = time.time() if now is None else now
-        get = self._hosts.get
         ages: dict[str, float] = {}
         for host_id in hosts:
-            entry = get(host_id)
-            if entry is None:
-                entry = self.resolve(host_id)[0]
-                if entry is None:
-                    continue
-            age = now - entry.time
-            ages[host_id] = round(age, 3) if age > 0.0 else 0.0
+            entry = self.resolve(host_id)[0]
+            if entry is not None:
+                ages[host_id] = round(self.age(entry, now), 3)
         return ages
 
     def hosts(self) -> list[str]:
