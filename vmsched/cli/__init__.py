@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from vmsched import __version__, logs
 from vmsched.bus.options import url_argument
