@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import secrets
 import threading
 import time
@@ -38,6 +37,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from vmsched import metrics
+from vmsched.tls import file_signature
 
 log = logging.getLogger("vmsched.auth")
 
@@ -146,14 +146,6 @@ def _kind(value: object) -> str:
     return names.get(type(value), "a scalar")
 
 
-def _signature(path: Path) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)  # follows symlinks: a swapped Secret mount shows a new inode
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
 class TokenStore:
     """The current tokens and clients, re-read when the file changes."""
 
@@ -166,7 +158,7 @@ class TokenStore:
         self._checked = 0.0
         self.last_error: str | None = None
         if path is not None:
-            self._signature = _signature(path)
+            self._signature = file_signature(path)
             if self._signature is None:
                 raise ValueError(f"tokens file {path} does not exist (create one with `vmsched token new`)")
             self._install(parse(path.read_text(), f"tokens file {path}"))
@@ -189,7 +181,7 @@ class TokenStore:
             return
         with self._lock:
             self._checked = now
-            signature = _signature(self.path)
+            signature = file_signature(self.path)
             if signature == self._signature:
                 return
             self._signature = signature
