@@ -84,11 +84,9 @@ _NOT_IN_VIEW = {"allocations", "pcpu_pct", "cpu_history"}
 class Entry:
     message: FactsMessage
     guests: list[GuestFacts] = field(default_factory=list)
-    received: float = 0.0
-    stale_after: float = 0.0  # seconds after its collection at which this host turns stale
+    stale_at: float = 0.0  # UNIX time from which this message is stale
     guests_gen: int = 0  # generation of the guest list (kept while summaries without guests follow)
     gen: int = field(default_factory=lambda: next(_GENERATIONS))  # generation of this message
-    stale_at: float = 0.0  # UNIX time from which this message is stale
     time: float = 0.0  # UNIX time of the collection (message.time)
     _fragment: str = ""
     guests_text: str | None = field(default=None, repr=False)  # guests_json() once made (shared while the list stays)
@@ -97,7 +95,6 @@ class Entry:
     def __post_init__(self) -> None:
         self.guests_gen = self.guests_gen or self.gen
         self.time = self.message.time
-        self.stale_at = self.time + self.stale_after
 
     @property
     def fragment(self) -> str:
@@ -200,7 +197,7 @@ class FactsCache:
                     self._vms[guest.uuid] = (message.host_id, guest)
             kept = old is not None and guests is old.guests
             limit = self.max_age if self.max_age is not None else STALE_INTERVALS * message.interval
-            entry = Entry(message.model_copy(update={"guests": None}), guests, time.time(), limit,
+            entry = Entry(message.model_copy(update={"guests": None}), guests, message.time + limit,
                           old.guests_gen if kept else 0,  # type: ignore[union-attr]
                           guests_text=old.guests_text if kept else None)  # type: ignore[union-attr]
             self._hosts[message.host_id] = entry
