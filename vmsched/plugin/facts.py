@@ -271,9 +271,7 @@ CALL: ContextVar[CallFacts] = ContextVar("vmsched.plugin.facts.CALL", default=Ca
 
 def host(host_id: str) -> Host | None:
     """The facts of ``host_id``, or None (see :func:`missing`)."""
-    call = CALL.get()
-    found = call.found.get(host_id)
-    return found if found is not None else call.host(host_id)
+    return CALL.get().host(host_id)
 
 
 def hosts() -> dict[str, Host]:
