@@ -86,7 +86,7 @@ def cmd_new(args: argparse.Namespace) -> int:
     else:
         print("# add this under 'tokens:' in the tokens file (the token itself is printed once, on stdout):",
               file=sys.stderr)
-        print(entry_yaml(args.name, roles, token), end="", file=sys.stderr)
+        print(entry_yaml(entry), end="", file=sys.stderr)
     print(token)
     return 0
 
