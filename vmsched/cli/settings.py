@@ -116,23 +116,19 @@ def _shown(field: str, given: Mapping[str, Any], flags: Mapping[str, str] | None
     return f"{source}={shlex.quote(mask(os.environ[source]))}"
 
 
+#: What a setting of each plain type takes, in words (other types: "text").
+_KINDS = {bool: "true or false (1/yes/on, 0/no/off)", int: "a whole number", float: "a number", Path: "a path"}
+
+
 def _kind(annotation: Any) -> str:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) is typing.Literal:
         return "one of " + ", ".join(map(str, typing.get_args(annotation)))
     if args and typing.get_origin(annotation) is not dict:  # X | None, Annotated[X, ...]
         return _kind(args[0])
-    if annotation is bool:
-        return "true or false (1/yes/on, 0/no/off)"
-    if annotation is int:
-        return "a whole number"
-    if annotation is float:
-        return "a number"
-    if annotation is Path:
-        return "a path"
     if typing.get_origin(annotation) is dict:
         return "NAME=SECONDS,..."
-    return "text"
+    return _KINDS.get(annotation, "text")
 
 
 def _bounds(info: FieldInfo) -> str:
