@@ -64,11 +64,7 @@ class Decision:
 def clamp_int32(value: float) -> int:
     if value != value:  # NaN
         return 0
-    if value >= INT32_MAX:
-        return INT32_MAX
-    if value <= INT32_MIN:
-        return INT32_MIN
-    return int(round(value))
+    return round(min(max(value, INT32_MIN), INT32_MAX))
 
 
 def _foreign(unit: str, ids: list[str], decision: Decision) -> None:
