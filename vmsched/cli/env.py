@@ -46,6 +46,8 @@ BROKER = {  # dest: (variables, the setting it is)
     "amqp_cert": (("VMSCHED_AMQP_CERT",), "amqp_cert"),
     "amqp_key": (("VMSCHED_AMQP_KEY",), "amqp_key"),
 }
+#: The commands whose --file is a setting of the gateway's, read as its variable.
+FILE_SETTING = {"token": "tokens_file", "console-secret": "console_secret_file"}
 #: The agent's variables of earlier releases, still read after its own.
 AGENT_FALLBACK = {"metrics_host": "VMSCHED_METRICS_HOST", "log_level": "VMSCHED_LOG_LEVEL",
                   "metrics_tokens_file": "VMSCHED_METRICS_TOKENS_FILE"}
@@ -78,12 +80,9 @@ def variable(command: Sequence[str], action: argparse.Action) -> Variable:
     if top in SETTINGS_COMMANDS and field is not None and field in Settings.model_fields:
         return Variable(variables(field)[:1], field, "settings")
     if dest in BROKER and top in ("agent", "policy", "domain"):
-        names, setting = BROKER[dest]
-        return Variable(names, setting, "broker")
-    if top == "token" and dest == "file":
-        return Variable(variables("tokens_file")[:1], "tokens_file", "parser")
-    if top == "console-secret" and dest == "file":
-        return Variable(variables("console_secret_file")[:1], "console_secret_file", "parser")
+        return Variable(*BROKER[dest], "broker")
+    if dest == "file" and top in FILE_SETTING:
+        return Variable(variables(FILE_SETTING[top])[:1], FILE_SETTING[top], "parser")
     scope = "AGENT" if top == "agent" or (top in ("policy", "domain") and dest in AGENT_PLACE) else top.upper()
     option = flag_name(action)
     names = [option if option.startswith(f"{scope}_") else f"{scope}_{option}"]
