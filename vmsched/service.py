@@ -92,7 +92,6 @@ def missing_facts(runs: list[UnitRun], hosts: list[str], vm: str = "") -> Missin
     if not readers:
         return None
     facts = readers[0].facts  # one request's calls share its facts
-    units = [run.name for run in readers]
     causes: dict[str, list[str]] = {}
     if facts is None:
         causes[NO_CACHE] = list(dict.fromkeys(hosts))
@@ -103,7 +102,7 @@ def missing_facts(runs: list[UnitRun], hosts: list[str], vm: str = "") -> Missin
         problem = facts.vm_problem if vm else None
     if not causes and problem is None:
         return None
-    return MissingFacts(units=units, hosts=causes, vm=problem)
+    return MissingFacts(units=[run.name for run in readers], hosts=causes, vm=problem)
 
 
 class PluginService:
