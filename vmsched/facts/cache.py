@@ -333,8 +333,7 @@ class FactsCache:
         entry, resolved = self.resolve(host_id)
         if entry is None:
             return None
-        if engine_ids is None:
-            engine_ids = self.engine_ids()
+        engine_ids = self.engine_ids() if engine_ids is None else engine_ids
         now = time.time() if now is None else now
         m = entry.message
         how = "" if resolved == host_id else "; host map" if host_id in self.host_map else "; mapped by the engine link"
