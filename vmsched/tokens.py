@@ -128,20 +128,17 @@ def parse(text: str, source: str = "tokens file") -> TokensDocument:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"{source}: {problems}") from None
-    names = [t.name for t in doc.tokens]
-    if len(set(names)) != len(names):
+    if len({t.name for t in doc.tokens}) != len(doc.tokens):
         raise ValueError(f"{source}: token names must be unique (audit lines name them)")
-    digests = [t.sha256 for t in doc.tokens]
-    if len(set(digests)) != len(digests):
+    if len({t.sha256 for t in doc.tokens}) != len(doc.tokens):
         raise ValueError(f"{source}: the same token digest appears twice")
     return doc
 
 
 def _kind(value: object) -> str:
     """What a YAML value is, in a refusal: "nothing", "a mapping", "a list", "a string", ..."""
-    if value is None:
-        return "nothing"
-    names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    names = {type(None): "nothing", dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number"}
     return names.get(type(value), "a scalar")
 
 
