@@ -151,9 +151,7 @@ def broker_origin(given: Mapping[str, Any]) -> str:
     if source is not None:
         named = given.get("amqp_url_file") or os.environ[source]
         return f"the URL file {named} ({source})"
-    source = origin("amqp_url", given)
-    if source is not None:
-        return source
-    return (f"the default, as no {flag('amqp_url_file')}, {variables('amqp_url_file')[0]}, {flag('amqp_url')} or "
-            f"{variables('amqp_url')[0]} names one")
+    return origin("amqp_url", given) or (f"the default, as no {flag('amqp_url_file')}, "
+                                         f"{variables('amqp_url_file')[0]}, {flag('amqp_url')} or "
+                                         f"{variables('amqp_url')[0]} names one")
 
