@@ -46,11 +46,9 @@ def check_guest_name(name: str) -> str:
     if len(name) > MAX_NAME:
         raise ValueError(f"guest name is {len(name)} characters long; at most {MAX_NAME} are allowed")
     for i, ch in enumerate(name):
-        category = unicodedata.category(ch)
-        if category == "Cc":
-            raise ValueError(f"guest name contains the control character U+{ord(ch):04X} at position {i}")
-        if category == "Cs":
-            raise ValueError(f"guest name contains a lone surrogate U+{ord(ch):04X} at position {i}")
+        what = {"Cc": "the control character", "Cs": "a lone surrogate"}.get(unicodedata.category(ch))
+        if what is not None:
+            raise ValueError(f"guest name contains {what} U+{ord(ch):04X} at position {i}")
     return name
 
 

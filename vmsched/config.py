@@ -43,10 +43,7 @@ def parse_timeouts(value: str | dict[str, float] | None) -> dict[str, float]:
     if isinstance(value, dict):
         return {str(k): float(v) for k, v in value.items()}
     out: dict[str, float] = {}
-    for item in value.split(","):
-        item = item.strip()
-        if not item:
-            continue
+    for item in filter(None, map(str.strip, value.split(","))):
         name, sep, seconds = item.partition("=")
         try:
             if not sep or not name.strip():

@@ -77,24 +77,25 @@ def request_units(body: dict[str, Any], most: int = 50) -> list[str]:
     return [n[:200] for n in names if isinstance(n, str)][:most]
 
 
-class ReplyEnvelope(Versioned):
+class _Reply(Versioned):
+    """What every reply says: whether the request was done, and if not, why."""
+
     ok: bool
     error: str | None = None
     code: str | None = Field(None, description="an ErrorCode when not ok")
     details: list[str] = Field(default_factory=list, description="every reason of a refusal, one per item")
+
+
+class ReplyEnvelope(_Reply):
     body: dict[str, Any] = Field(default_factory=dict)
 
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
 
 
-class TypedReply(Versioned, Generic[BodyT]):
+class TypedReply(_Reply, Generic[BodyT]):
     """A reply parsed in one pass straight into the operation's reply model."""
 
-    ok: bool
-    error: str | None = None
-    code: str | None = None
-    details: list[str] = Field(default_factory=list)
     body: BodyT | None = None
 
 

@@ -27,117 +27,108 @@ LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
     0.25, 0.5, 1, 1.5, 2, 3, 5, 7.5, 10, 12.5, 15, 20, 25, 30, 45, 60,
 )
-_LATENCY = LATENCY_BUCKETS
+#: The metric types, made in this process's registry.
+_counter = functools.partial(Counter, registry=REGISTRY)
+_gauge = functools.partial(Gauge, registry=REGISTRY)
+_histogram = functools.partial(Histogram, registry=REGISTRY)
 
 # --- requests (gateway and services) ---------------------------------------
-REQUESTS = Counter(
+REQUESTS = _counter(
     "vmsched_requests_total",
     "Requests handled, by service, operation and outcome (ok, error; workers: dead_lettered); "
     "expired ones: vmsched_bus_expired_total",
     ["service", "operation", "outcome"],
-    registry=REGISTRY,
 )
-REQUEST_DURATION = Histogram(
+REQUEST_DURATION = _histogram(
     "vmsched_request_duration_seconds",
     "Time to handle one request, by service and operation",
     ["service", "operation"],
-    buckets=_LATENCY,
-    registry=REGISTRY,
+    buckets=LATENCY_BUCKETS,
 )
-IN_FLIGHT = Gauge(
+IN_FLIGHT = _gauge(
     "vmsched_requests_in_flight",
     "Requests being handled right now",
     ["service", "operation"],
-    registry=REGISTRY,
 )
 
 # --- bus -------------------------------------------------------------------
-BUS_RECONNECTS = Counter(
-    "vmsched_bus_reconnects_total", "Broker (re)connections made after a failure", ["service"], registry=REGISTRY
+BUS_RECONNECTS = _counter(
+    "vmsched_bus_reconnects_total", "Broker (re)connections made after a failure", ["service"]
 )
-BUS_EXPIRED = Counter(
+BUS_EXPIRED = _counter(
     "vmsched_bus_expired_total",
     "Requests dropped by a worker because the caller's deadline had passed",
     ["service", "operation"],
-    registry=REGISTRY,
 )
-BUS_UP = Gauge("vmsched_bus_connected", "1 while the process holds a broker connection", ["service"], registry=REGISTRY)
-BUS_RESENT = Counter(
+BUS_UP = _gauge("vmsched_bus_connected", "1 while the process holds a broker connection", ["service"])
+BUS_RESENT = _counter(
     "vmsched_bus_resent_total",
     "Requests sent again because their connection, reply queue or publisher confirm failed before the reply "
     "(reconnect, nack, confirm_timeout); scheduling requests only, they have no side effects",
     ["service", "reason"],
-    registry=REGISTRY,
 )
-BUS_DUPLICATE_REPLIES = Counter(
+BUS_DUPLICATE_REPLIES = _counter(
     "vmsched_bus_duplicate_replies_total",
-    "Replies dropped because a re-sent request was answered already", ["service"], registry=REGISTRY
+    "Replies dropped because a re-sent request was answered already", ["service"]
 )
 
 # --- plugins ---------------------------------------------------------------
-PLUGIN_CALLS = Counter(
+PLUGIN_CALLS = _counter(
     "vmsched_plugin_calls_total",
     "Plugin unit calls, by unit and outcome (ok, error, timeout)",
     ["unit", "outcome"],
-    registry=REGISTRY,
 )
-PLUGIN_DURATION = Histogram(
-    "vmsched_plugin_call_duration_seconds", "Duration of one plugin unit call", ["unit"], buckets=_LATENCY, registry=REGISTRY
+PLUGIN_DURATION = _histogram(
+    "vmsched_plugin_call_duration_seconds", "Duration of one plugin unit call", ["unit"], buckets=LATENCY_BUCKETS
 )
-PLUGIN_ERRORS = Counter("vmsched_plugin_errors_total", "Plugin calls that failed", ["unit"], registry=REGISTRY)
-PLUGIN_TIMEOUTS = Counter(
-    "vmsched_plugin_timeouts_total", "Plugin calls killed for overrunning their timeout", ["unit"], registry=REGISTRY
+PLUGIN_ERRORS = _counter("vmsched_plugin_errors_total", "Plugin calls that failed", ["unit"])
+PLUGIN_TIMEOUTS = _counter(
+    "vmsched_plugin_timeouts_total", "Plugin calls killed for overrunning their timeout", ["unit"]
 )
-PLUGIN_WORKER_RESTARTS = Counter(
+PLUGIN_WORKER_RESTARTS = _counter(
     "vmsched_plugin_worker_restarts_total",
     "Plugin worker processes replaced, by reason (timeout, crash, recycle)",
     ["pool", "reason"],
-    registry=REGISTRY,
 )
-PLUGIN_WORKERS = Gauge(
+PLUGIN_WORKERS = _gauge(
     "vmsched_plugin_workers",
     "Plugin worker processes running or starting, by pool (an adaptive pool moves between its minimum and maximum)",
     ["pool"],
-    registry=REGISTRY,
 )
-PLUGIN_RAW_OUTPUT = Counter(
+PLUGIN_RAW_OUTPUT = _counter(
     "vmsched_plugin_raw_output_bytes_total",
     "Bytes plugin workers wrote to their fd 1/2 directly (never logged), by pool and fate (written; dropped: beyond the tail kept for diagnosis)",
     ["pool", "fate"],
-    registry=REGISTRY,
 )
-PLUGIN_CONFINEMENT = Gauge(
+PLUGIN_CONFINEMENT = _gauge(
     "vmsched_plugin_confinement",
     "1 when a confinement feature of the plugin workers is active (user, capabilities, landlock, seccomp, ...)",
     ["pool", "feature"],
-    registry=REGISTRY,
 )
-PLUGIN_UNITS = Gauge("vmsched_plugin_units", "Units in the plugin catalog, by kind", ["kind"], registry=REGISTRY)
-PLUGIN_LOAD_ERRORS = Gauge(
-    "vmsched_plugin_load_errors", "Plugin files that currently fail to load", registry=REGISTRY
+PLUGIN_UNITS = _gauge("vmsched_plugin_units", "Units in the plugin catalog, by kind", ["kind"])
+PLUGIN_LOAD_ERRORS = _gauge(
+    "vmsched_plugin_load_errors", "Plugin files that currently fail to load"
 )
 
 # --- authentication (gateway JSON API, --metrics-auth) -------------------------
-AUDIT = Counter(
+AUDIT = _counter(
     "vmsched_gateway_audit_total",
     "Calls to protected JSON API routes, by the route's role and outcome "
     "(ok, refused: 4xx, error: 5xx, unauthenticated: 401, forbidden: 403)",
     ["role", "outcome"],
-    registry=REGISTRY,
 )
-ENGINE_REFUSED = Counter(
+ENGINE_REFUSED = _counter(
     "vmsched_gateway_engine_refused_total", "XML-RPC calls refused because the client is outside --engine-allow",
-    registry=REGISTRY,
 )
-AUTH_RELOADS = Counter(
+AUTH_RELOADS = _counter(
     "vmsched_auth_tokens_reloads_total", "Tokens file re-reads after a change, by outcome (ok, error: last good set kept)",
-    ["outcome"], registry=REGISTRY,
+    ["outcome"],
 )
-AUTH_TOKENS = Gauge("vmsched_auth_tokens", "Bearer tokens in the current tokens file", registry=REGISTRY)
-AUTH_CLIENTS = Gauge("vmsched_auth_clients", "Client-certificate subjects in the current tokens file", registry=REGISTRY)
-TLS_RELOADS = Counter(
+AUTH_TOKENS = _gauge("vmsched_auth_tokens", "Bearer tokens in the current tokens file")
+AUTH_CLIENTS = _gauge("vmsched_auth_clients", "Client-certificate subjects in the current tokens file")
+TLS_RELOADS = _counter(
     "vmsched_tls_reloads_total", "Certificate/key re-reads after a change, by outcome (ok, error: last good kept)",
-    ["outcome"], registry=REGISTRY,
+    ["outcome"],
 )
 
 #: Outcomes a gateway request is counted with; a worker adds dead_lettered (past the delivery limit).

@@ -18,7 +18,7 @@ from vmsched.bus.interface import Transport, Worker
 from vmsched.bus.rabbitmq.journal import default_dir
 from vmsched.bus.replies import Handler
 from vmsched.bus.topology import REQUEST_QUEUES
-from vmsched.config import Settings, parse_factors, stock_plugins_dir
+from vmsched.config import Settings, parse_factors
 from vmsched.words import counted
 from vmsched.engine_link import facts_cache
 from vmsched.facts.cache import NO_CACHE, FactsCache, cause
@@ -76,8 +76,7 @@ def shadow_for(settings: Settings, service: str, transport: Transport) -> Shadow
         return None
     limits, confinement = plugin_sandbox(settings)
     limits = replace(limits, nice=SHADOW_NICE)  # the candidate's workers yield the CPU to the live ones
-    stock = stock_plugins_dir()
-    also = [stock] if settings.stock_plugins and settings.shadow.resolve() != stock.resolve() else []
+    also = settings.model_copy(update={"plugins_dir": settings.shadow}).plugin_folders[1:]  # stock plugins too?
     policy = Policy(settings.shadow, limits, confinement, settings.shadow_workers, settings.timeout_for,
                     name=f"{service}-shadow", bundle_seconds=settings.plugin_bundle_ms / 1000, also=also)
     change = Change(parse_factors(settings.shadow_factors), drop=frozenset(_items(settings.shadow_drop)))
@@ -92,7 +91,6 @@ def missing_facts(runs: list[UnitRun], hosts: list[str], vm: str = "") -> Missin
     if not readers:
         return None
     facts = readers[0].facts  # one request's calls share its facts
-    units = [run.name for run in readers]
     causes: dict[str, list[str]] = {}
     if facts is None:
         causes[NO_CACHE] = list(dict.fromkeys(hosts))
@@ -103,7 +101,7 @@ def missing_facts(runs: list[UnitRun], hosts: list[str], vm: str = "") -> Missin
         problem = facts.vm_problem if vm else None
     if not causes and problem is None:
         return None
-    return MissingFacts(units=units, hosts=causes, vm=problem)
+    return MissingFacts(units=[run.name for run in readers], hosts=causes, vm=problem)
 
 
 class PluginService:

@@ -23,16 +23,13 @@ from vmsched import metrics
 log = logging.getLogger("vmsched.tls")
 
 
-def _signature(*paths: Path) -> tuple[tuple[int, int, int], ...]:
-    out = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            out.append((0, 0, 0))
-        else:
-            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
-    return tuple(out)
+def file_signature(path: Path) -> tuple[int, int, int, int] | None:
+    """What tells a file's new content from its old one (None: no such file), for the readers that reload."""
+    try:
+        st = os.stat(path)  # follows symlinks: a swapped Secret mount shows a new inode
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class ReloadingServerContext:
@@ -42,7 +39,7 @@ class ReloadingServerContext:
         self.cert, self.key, self.client_ca = Path(cert), Path(key), client_ca
         self.check_interval = check_interval
         self._lock = threading.Lock()
-        self._signature = _signature(self.cert, self.key)
+        self._signature = file_signature(self.cert), file_signature(self.key)
         self._checked = time.monotonic()
         self.current = self._build()  # a broken pair at start is an error, not a fallback
         self.context = self._build()
@@ -69,7 +66,7 @@ class ReloadingServerContext:
             return
         with self._lock:
             self._checked = now
-            signature = _signature(self.cert, self.key)
+            signature = file_signature(self.cert), file_signature(self.key)
             if signature == self._signature:
                 return
             try:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import secrets
 import threading
 import time
@@ -38,6 +37,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from vmsched import metrics
+from vmsched.tls import file_signature
 
 log = logging.getLogger("vmsched.auth")
 
@@ -97,10 +97,9 @@ def new_token() -> str:
     return "vms_" + secrets.token_urlsafe(32)
 
 
-def entry_yaml(name: str, roles: list[Role], token: str) -> str:
-    """The YAML list item to add under ``tokens:`` for ``token``."""
-    doc = TokenEntry(name=name, roles=roles, sha256=digest(token))
-    return yaml.safe_dump([doc.model_dump(mode="json")], sort_keys=False)
+def entry_yaml(entry: TokenEntry) -> str:
+    """The YAML list item to add under ``tokens:`` for ``entry``."""
+    return yaml.safe_dump([entry.model_dump(mode="json")], sort_keys=False)
 
 
 #: What every refusal of a file's shape ends with: how to say "no token" on purpose.
@@ -129,29 +128,18 @@ def parse(text: str, source: str = "tokens file") -> TokensDocument:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"{source}: {problems}") from None
-    names = [t.name for t in doc.tokens]
-    if len(set(names)) != len(names):
+    if len({t.name for t in doc.tokens}) != len(doc.tokens):
         raise ValueError(f"{source}: token names must be unique (audit lines name them)")
-    digests = [t.sha256 for t in doc.tokens]
-    if len(set(digests)) != len(digests):
+    if len({t.sha256 for t in doc.tokens}) != len(doc.tokens):
         raise ValueError(f"{source}: the same token digest appears twice")
     return doc
 
 
 def _kind(value: object) -> str:
     """What a YAML value is, in a refusal: "nothing", "a mapping", "a list", "a string", ..."""
-    if value is None:
-        return "nothing"
-    names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    names = {type(None): "nothing", dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number"}
     return names.get(type(value), "a scalar")
-
-
-def _signature(path: Path) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)  # follows symlinks: a swapped Secret mount shows a new inode
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class TokenStore:
@@ -166,7 +154,7 @@ class TokenStore:
         self._checked = 0.0
         self.last_error: str | None = None
         if path is not None:
-            self._signature = _signature(path)
+            self._signature = file_signature(path)
             if self._signature is None:
                 raise ValueError(f"tokens file {path} does not exist (create one with `vmsched token new`)")
             self._install(parse(path.read_text(), f"tokens file {path}"))
@@ -189,7 +177,7 @@ class TokenStore:
             return
         with self._lock:
             self._checked = now
-            signature = _signature(self.path)
+            signature = file_signature(self.path)
             if signature == self._signature:
                 return
             self._signature = signature

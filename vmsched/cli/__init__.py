@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from vmsched import __version__, logs
 from vmsched.bus.options import url_argument
@@ -195,16 +195,9 @@ def _metrics(p: argparse.ArgumentParser, default: str = "off") -> None:
                    help="/metrics requires a bearer token with the read role (needs --tokens-file; env VMSCHED_METRICS_AUTH)")
 
 
-def settings_from(args: argparse.Namespace, **overrides: Any) -> Settings:
+def settings_from(args: argparse.Namespace) -> Settings:
     """The command's settings: its flags, the environment, the defaults (SettingsError: what is wrong)."""
-    fields = set(Settings.model_fields)
-    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
-    given.update(overrides)
-    return build(given)
-
-
-def _logging(settings: Settings) -> None:
-    logs.setup(settings.log_level, settings.log_format)
+    return build({k: v for k, v in vars(args).items() if k in Settings.model_fields})
 
 
 def run_settings(args: argparse.Namespace) -> Settings:
@@ -215,29 +208,20 @@ def run_settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from vmsched.cli.runner import run_all_in_one
+def _command(name: str) -> Command:
+    """The command that starts ``name``: ``run`` (the all-in-one), ``gateway`` or a service."""
 
-    settings = run_settings(args)
-    _logging(settings)
-    return run_all_in_one(settings, broker_origin(vars(args)))
-
-
-def cmd_gateway(args: argparse.Namespace) -> int:
-    from vmsched.cli.runner import run_gateway
-
-    settings = settings_from(args)
-    _logging(settings)
-    return run_gateway(settings, broker_origin(vars(args)))
-
-
-def _service_cmd(name: str) -> Command:
     def command(args: argparse.Namespace) -> int:
-        from vmsched.cli.runner import run_service
+        from vmsched.cli import runner
 
-        settings = settings_from(args)
-        _logging(settings)
-        return run_service(name, settings, broker_origin(vars(args)))
+        settings = run_settings(args) if name == "run" else settings_from(args)
+        logs.setup(settings.log_level, settings.log_format)
+        origin = broker_origin(vars(args))
+        if name == "run":
+            return runner.run_all_in_one(settings, origin)
+        if name == "gateway":
+            return runner.run_gateway(settings, origin)
+        return runner.run_service(name, settings, origin)
 
     return command
 
@@ -262,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     _record(p)
     _shadow(p)
     _common(p)
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=_command("run"))
 
     p = sub.add_parser("gateway", help="the XML-RPC/JSON gateway (publishes requests to the bus)",
                        description="Serve the engine's XML-RPC at / and /RPC2, the JSON API at /v1, "
@@ -274,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics(p, "9100")
     _record(p)
     _common(p)
-    p.set_defaults(func=cmd_gateway)
+    p.set_defaults(func=_command("gateway"))
 
     for name, service, what in (("discovery", DiscoveryService, "the plugin catalog service"),
                                 ("scoring", ScoringService, "the filter and score service"),
@@ -291,9 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
             _record(p, gateway=False)
             _shadow(p)
         _common(p)
-        p.set_defaults(func=_service_cmd(name))
+        p.set_defaults(func=_command(name))
 
-    _register_agent(sub)
+    register_agent_commands(sub, _serve_agent)
     register_token_commands(sub)
     register_plugin_commands(sub)
     register_replay_command(sub)
@@ -310,10 +294,6 @@ def _serve_agent(args: argparse.Namespace) -> int:
         print(f"vmsched agent: error: {exc} (install vmsched[agent])", file=sys.stderr)
         return 2
     return serve(args)
-
-
-def _register_agent(sub: Any) -> None:  # sub: what argparse's add_subparsers() returned
-    register_agent_commands(sub, _serve_agent)
 
 
 def main(argv: list[str] | None = None) -> int:

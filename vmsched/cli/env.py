@@ -46,6 +46,8 @@ BROKER = {  # dest: (variables, the setting it is)
     "amqp_cert": (("VMSCHED_AMQP_CERT",), "amqp_cert"),
     "amqp_key": (("VMSCHED_AMQP_KEY",), "amqp_key"),
 }
+#: The commands whose --file is a setting of the gateway's, read as its variable.
+FILE_SETTING = {"token": "tokens_file", "console-secret": "console_secret_file"}
 #: The agent's variables of earlier releases, still read after its own.
 AGENT_FALLBACK = {"metrics_host": "VMSCHED_METRICS_HOST", "log_level": "VMSCHED_LOG_LEVEL",
                   "metrics_tokens_file": "VMSCHED_METRICS_TOKENS_FILE"}
@@ -66,11 +68,6 @@ class Variable:
         return self.reader == "parser"
 
 
-def setting_variable(field: str) -> str:
-    """The environment variable Settings reads for ``field`` (the first of them)."""
-    return variables(field)[0]
-
-
 def flag_name(action: argparse.Action) -> str:
     long = [o for o in action.option_strings if o.startswith("--")] or list(action.option_strings)
     return long[0].lstrip("-").upper().replace("-", "_")
@@ -81,14 +78,11 @@ def variable(command: Sequence[str], action: argparse.Action) -> Variable:
     top, dest = command[0], action.dest
     field = SETTING_OF.get((top, dest), dest)
     if top in SETTINGS_COMMANDS and field is not None and field in Settings.model_fields:
-        return Variable((setting_variable(field),), field, "settings")
+        return Variable(variables(field)[:1], field, "settings")
     if dest in BROKER and top in ("agent", "policy", "domain"):
-        names, setting = BROKER[dest]
-        return Variable(names, setting, "broker")
-    if top == "token" and dest == "file":
-        return Variable((setting_variable("tokens_file"),), "tokens_file", "parser")
-    if top == "console-secret" and dest == "file":
-        return Variable((setting_variable("console_secret_file"),), "console_secret_file", "parser")
+        return Variable(*BROKER[dest], "broker")
+    if dest == "file" and top in FILE_SETTING:
+        return Variable(variables(FILE_SETTING[top])[:1], FILE_SETTING[top], "parser")
     scope = "AGENT" if top == "agent" or (top in ("policy", "domain") and dest in AGENT_PLACE) else top.upper()
     option = flag_name(action)
     names = [option if option.startswith(f"{scope}_") else f"{scope}_{option}"]
@@ -222,9 +216,6 @@ class _Recording:
         self._parser.keep(action, kwargs)
         return action
 
-    def add_mutually_exclusive_group(self, *args: Any, **kwargs: Any) -> "_Recording":
-        return _Recording(self._group.add_mutually_exclusive_group(*args, **kwargs), self._parser)
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self._group, name)
 
@@ -236,9 +227,7 @@ class _Commands:
         self._action, self._parser = action, parser
 
     def add_parser(self, name: str, **kwargs: Any) -> EnvParser:
-        child = self._action.add_parser(name, **kwargs)
-        if not isinstance(child, EnvParser):
-            raise TypeError("sub-commands of an EnvParser must be EnvParsers")
+        child = self._action.add_parser(name, **kwargs)  # an EnvParser: argparse makes them of the parent's class
         child.path = (*self._parser.path, name)
         self._parser.commands[name] = child
         return child

@@ -32,11 +32,6 @@ from vmsched.words import counted
 FLAGS = {"plugin_timeout": "--timeout"}
 
 
-def _settings(**given: Any) -> Settings:
-    logging.disable(logging.ERROR)  # what the services would log is printed here as the result
-    return build(given, FLAGS)
-
-
 def folders(folder: Path, settings: Settings) -> list[Path]:
     """The plugins folders a service given ``--plugins folder`` would load, in order (--stock-plugins: two)."""
     return settings.model_copy(update={"plugins_dir": folder}).plugin_folders
@@ -92,11 +87,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     units, errors = load(args.path, settings_of(args))
     if not units and not errors:  # a folder without plugin files
         errors = [PluginLoadError(plugin=str(args.path), error="no plugin file (NAME.py) here")]
-    failed = bool(errors) or any(u.validation_error for u in units)
+    problems = len(errors) + sum(1 for u in units if u.validation_error)
     if args.json:
-        print(json.dumps({"ok": not failed, "units": [u.model_dump(mode="json") for u in units],
+        print(json.dumps({"ok": not problems, "units": [u.model_dump(mode="json") for u in units],
                           "errors": [e.model_dump() for e in errors]}, indent=2))
-        return 1 if failed else 0
+        return 1 if problems else 0
     for u in units:
         print(f"{u.kind.value:8} {u.name}  ({u.plugin}.py)")
         print(f"  description: {u.description or '(none: add a docstring to the method or the class)'}")
@@ -105,9 +100,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"  ERROR: {u.validation_error} (the unit would be left out of discover)")
     for e in errors:
         print(f"ERROR {e.plugin}: {e.error}")
-    problems = len(errors) + sum(1 for u in units if u.validation_error)
     print(f"{counted(len(units), 'unit')}, {counted(problems, 'error')}")
-    return 1 if failed else 0
+    return 1 if problems else 0
 
 
 def _props(items: list[str]) -> dict[str, str]:
@@ -128,11 +122,8 @@ def read_facts(path: Path | None) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not isinstance(data.get("hosts", {}), dict):
         raise ValueError(f"{path}: expected a mapping with 'hosts: {{HOST_ID: {{field: value, ...}}}}' "
                          "(and optionally 'vm' and 'missing'; docs/plugins.md)")
-    data.setdefault("hosts", {})
-    data.setdefault("missing", {})
-    data.setdefault("vm", None)
-    data.setdefault("vm_problem", None if data["vm"] else "no VM in the facts file")
-    return data
+    data = {"hosts": {}, "missing": {}, "vm": None, **data}
+    return {"vm_problem": None if data["vm"] else "no VM in the facts file", **data}
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -162,13 +153,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not result.ok:
         print(f"vmsched plugin run: {unit.name} failed: {result.error}", file=sys.stderr)
         return 1
+    print(json.dumps(result.value))
     try:
         kind.check(result.value, hosts)
     except BadResult as exc:
-        print(json.dumps(result.value))
         print(f"vmsched plugin run: {unit.name}: {exc} (the service would report this as an error)", file=sys.stderr)
         return 1
-    print(json.dumps(result.value))
     print(f"{unit.kind.value} {unit.name}: ok in {result.duration * 1000:.1f} ms", file=sys.stderr)
     return 0
 
@@ -185,8 +175,9 @@ def sandbox_options(p: argparse.ArgumentParser) -> None:
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
-    return _settings(plugin_timeout=args.timeout, plugin_user=args.plugin_user,
-                     allow_root_plugins=args.allow_root_plugins, stock_plugins=args.stock_plugins)
+    logging.disable(logging.ERROR)  # what the services would log is printed here as the result
+    return build({"plugin_timeout": args.timeout, "plugin_user": args.plugin_user,
+                  "allow_root_plugins": args.allow_root_plugins, "stock_plugins": args.stock_plugins}, FLAGS)
 
 
 def register(sub: Any) -> None:  # sub: what argparse's add_subparsers() returned

@@ -10,19 +10,15 @@ from pathlib import Path
 from typing import Any
 
 
-def write_secret(path: Path) -> None:
-    """A new random secret (384 bits, URL-safe text) in a new file at ``path``, mode 0600."""
+def cmd_secret(args: argparse.Namespace) -> int:
+    """A new random secret (384 bits, URL-safe text) in a new file at ``--file``, mode 0600."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(args.file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise ValueError(f"{path} exists: it is kept (delete it first to make a new secret, which ends every "
+        raise ValueError(f"{args.file} exists: it is kept (delete it first to make a new secret, which ends every "
                          "console session)") from None
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_urlsafe(48) + "\n")
-
-
-def cmd_secret(args: argparse.Namespace) -> int:
-    write_secret(args.file)
     print(f"wrote a new console secret to {args.file} (mode 0600); give the same file to every gateway replica "
           "(--console-secret-file, env VMSCHED_CONSOLE_SECRET_FILE)", file=sys.stderr)
     return 0

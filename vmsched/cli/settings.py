@@ -116,23 +116,19 @@ def _shown(field: str, given: Mapping[str, Any], flags: Mapping[str, str] | None
     return f"{source}={shlex.quote(mask(os.environ[source]))}"
 
 
+#: What a setting of each plain type takes, in words (other types: "text").
+_KINDS = {bool: "true or false (1/yes/on, 0/no/off)", int: "a whole number", float: "a number", Path: "a path"}
+
+
 def _kind(annotation: Any) -> str:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) is typing.Literal:
         return "one of " + ", ".join(map(str, typing.get_args(annotation)))
     if args and typing.get_origin(annotation) is not dict:  # X | None, Annotated[X, ...]
         return _kind(args[0])
-    if annotation is bool:
-        return "true or false (1/yes/on, 0/no/off)"
-    if annotation is int:
-        return "a whole number"
-    if annotation is float:
-        return "a number"
-    if annotation is Path:
-        return "a path"
     if typing.get_origin(annotation) is dict:
         return "NAME=SECONDS,..."
-    return "text"
+    return _KINDS.get(annotation, "text")
 
 
 def _bounds(info: FieldInfo) -> str:
@@ -155,9 +151,7 @@ def broker_origin(given: Mapping[str, Any]) -> str:
     if source is not None:
         named = given.get("amqp_url_file") or os.environ[source]
         return f"the URL file {named} ({source})"
-    source = origin("amqp_url", given)
-    if source is not None:
-        return source
-    return (f"the default, as no {flag('amqp_url_file')}, {variables('amqp_url_file')[0]}, {flag('amqp_url')} or "
-            f"{variables('amqp_url')[0]} names one")
+    return origin("amqp_url", given) or (f"the default, as no {flag('amqp_url_file')}, "
+                                         f"{variables('amqp_url_file')[0]}, {flag('amqp_url')} or "
+                                         f"{variables('amqp_url')[0]} names one")
 

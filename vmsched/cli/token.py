@@ -43,29 +43,6 @@ def write_document(path: Path, doc: TokensDocument) -> None:
         raise
 
 
-def add_entry(path: Path, entry: TokenEntry) -> None:
-    """Add ``entry`` to the tokens file at ``path`` (created if missing)."""
-    doc = read_document(path)
-    if any(t.name == entry.name for t in doc.tokens):
-        raise ValueError(f"{path} already has a token named {entry.name!r} (names are unique; "
-                         f"`vmsched token revoke {entry.name}` first to rotate)")
-    doc.tokens.append(entry)
-    write_document(path, doc)
-
-
-def remove_entry(path: Path, name: str) -> None:
-    """Remove the token named ``name`` from the tokens file at ``path``."""
-    if not path.exists():
-        raise ValueError(f"tokens file {path} does not exist")
-    doc = read_document(path)
-    kept = [t for t in doc.tokens if t.name != name]
-    if len(kept) == len(doc.tokens):
-        known = ", ".join(t.name for t in doc.tokens) or "none"
-        raise ValueError(f"{path} has no token named {name!r} (tokens: {known})")
-    doc.tokens = kept
-    write_document(path, doc)
-
-
 def _file(args: argparse.Namespace) -> Path:
     if args.file is None:
         raise ValueError(f"vmsched token {args.verb}: which tokens file? Give --file YAML (or VMSCHED_TOKENS_FILE)")
@@ -79,14 +56,19 @@ def cmd_new(args: argparse.Namespace) -> int:
         entry = TokenEntry(name=args.name, roles=roles, sha256=digest(token))
     except ValidationError:
         raise ValueError(f"token name {args.name!r}: letters, digits and . _ @ : - only (at most 128)") from None
-    if args.file is not None:
-        add_entry(args.file, entry)
+    if args.file is not None:  # added to the file, created if missing
+        doc = read_document(args.file)
+        if any(t.name == entry.name for t in doc.tokens):
+            raise ValueError(f"{args.file} already has a token named {entry.name!r} (names are unique; "
+                             f"`vmsched token revoke {entry.name}` first to rotate)")
+        doc.tokens.append(entry)
+        write_document(args.file, doc)
         print(f"added token {args.name!r} ({', '.join(r.value for r in roles)}) to {args.file}; "
               "the token is printed once, on stdout", file=sys.stderr)
     else:
         print("# add this under 'tokens:' in the tokens file (the token itself is printed once, on stdout):",
               file=sys.stderr)
-        print(entry_yaml(args.name, roles, token), end="", file=sys.stderr)
+        print(entry_yaml(entry), end="", file=sys.stderr)
     print(token)
     return 0
 
@@ -113,9 +95,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_revoke(args: argparse.Namespace) -> int:
     path = _file(args)
-    remove_entry(path, args.name)
-    left = len(read_document(path).tokens)
-    print(f"revoked token {args.name!r} in {path} ({left} left); a running gateway drops it within a second",
+    if not path.exists():
+        raise ValueError(f"tokens file {path} does not exist")
+    doc = read_document(path)
+    kept = [t for t in doc.tokens if t.name != args.name]
+    if len(kept) == len(doc.tokens):
+        known = ", ".join(t.name for t in doc.tokens) or "none"
+        raise ValueError(f"{path} has no token named {args.name!r} (tokens: {known})")
+    doc.tokens = kept
+    write_document(path, doc)
+    print(f"revoked token {args.name!r} in {path} ({len(kept)} left); a running gateway drops it within a second",
           file=sys.stderr)
     return 0
 

@@ -18,10 +18,10 @@ from operator import add, mul
 from typing import Any
 
 from vmsched.decide.weights import common_denominator, encode, fill_worst, finite, scaled
-from vmsched.messages import BalanceOutcome, DiscoverReply, FilterOutcome, Kind, MissingFacts, ScoreOutcome
+from vmsched.messages import INT32_MAX, INT32_MIN, BalanceOutcome, DiscoverReply, FilterOutcome, Kind, MissingFacts
+from vmsched.messages import ScoreOutcome
 from vmsched.words import counted
 
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 DISCOVER_KEYS = {Kind.FILTER: "filters", Kind.SCORE: "scores", Kind.BALANCE: "balance"}
 ALL_FILTERS_FAILED = "all filters failed"
 
@@ -64,11 +64,7 @@ class Decision:
 def clamp_int32(value: float) -> int:
     if value != value:  # NaN
         return 0
-    if value >= INT32_MAX:
-        return INT32_MAX
-    if value <= INT32_MIN:
-        return INT32_MIN
-    return int(round(value))
+    return round(min(max(value, INT32_MIN), INT32_MAX))
 
 
 def _foreign(unit: str, ids: list[str], decision: Decision) -> None:

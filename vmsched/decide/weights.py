@@ -128,12 +128,10 @@ def _scales(span: int, den: int, bound: int) -> Iterable[tuple[int, int]]:
     if span > bound * den:  # too wide even unscaled: squeeze the span into the bound
         yield bound * den, span
         return
-    p = 1
-    for _ in range(_MAX_DECADES + 1):
-        if span * p > bound * den:
+    for decade in range(_MAX_DECADES + 1):
+        if span * 10**decade > bound * den:
             return
-        yield p, 1
-        p *= 10
+        yield 10**decade, 1
 
 
 def _mapped(values: Sequence[int], distinct: list[int], ints: Iterable[int]) -> list[int]:

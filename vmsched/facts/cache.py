@@ -84,11 +84,9 @@ _NOT_IN_VIEW = {"allocations", "pcpu_pct", "cpu_history"}
 class Entry:
     message: FactsMessage
     guests: list[GuestFacts] = field(default_factory=list)
-    received: float = 0.0
-    stale_after: float = 0.0  # seconds after its collection at which this host turns stale
+    stale_at: float = 0.0  # UNIX time from which this message is stale
     guests_gen: int = 0  # generation of the guest list (kept while summaries without guests follow)
     gen: int = field(default_factory=lambda: next(_GENERATIONS))  # generation of this message
-    stale_at: float = 0.0  # UNIX time from which this message is stale
     time: float = 0.0  # UNIX time of the collection (message.time)
     _fragment: str = ""
     guests_text: str | None = field(default=None, repr=False)  # guests_json() once made (shared while the list stays)
@@ -97,7 +95,6 @@ class Entry:
     def __post_init__(self) -> None:
         self.guests_gen = self.guests_gen or self.gen
         self.time = self.message.time
-        self.stale_at = self.time + self.stale_after
 
     @property
     def fragment(self) -> str:
@@ -200,7 +197,7 @@ class FactsCache:
                     self._vms[guest.uuid] = (message.host_id, guest)
             kept = old is not None and guests is old.guests
             limit = self.max_age if self.max_age is not None else STALE_INTERVALS * message.interval
-            entry = Entry(message.model_copy(update={"guests": None}), guests, time.time(), limit,
+            entry = Entry(message.model_copy(update={"guests": None}), guests, message.time + limit,
                           old.guests_gen if kept else 0,  # type: ignore[union-attr]
                           guests_text=old.guests_text if kept else None)  # type: ignore[union-attr]
             self._hosts[message.host_id] = entry
@@ -229,8 +226,7 @@ class FactsCache:
         return None, _unknown_host(host_id)
 
     def age(self, entry: Entry, now: float | None = None) -> float:
-        age = (time.time() if now is None else now) - entry.time
-        return age if age > 0.0 else 0.0
+        return max(0.0, (time.time() if now is None else now) - entry.time)
 
     def is_stale(self, entry: Entry, now: float | None = None) -> bool:
         return (time.time() if now is None else now) > entry.stale_at
@@ -240,16 +236,11 @@ class FactsCache:
         are left out (the decision log's ``facts_age``). One pass, no lock for hosts whose agent reports the
         engine's ID (the common case)."""
         now = time.time() if now is None else now
-        get = self._hosts.get
         ages: dict[str, float] = {}
         for host_id in hosts:
-            entry = get(host_id)
-            if entry is None:
-                entry = self.resolve(host_id)[0]
-                if entry is None:
-                    continue
-            age = now - entry.time
-            ages[host_id] = round(age, 3) if age > 0.0 else 0.0
+            entry = self.resolve(host_id)[0]
+            if entry is not None:
+                ages[host_id] = round(self.age(entry, now), 3)
         return ages
 
     def hosts(self) -> list[str]:
@@ -342,8 +333,7 @@ class FactsCache:
         entry, resolved = self.resolve(host_id)
         if entry is None:
             return None
-        if engine_ids is None:
-            engine_ids = self.engine_ids()
+        engine_ids = self.engine_ids() if engine_ids is None else engine_ids
         now = time.time() if now is None else now
         m = entry.message
         how = "" if resolved == host_id else "; host map" if host_id in self.host_map else "; mapped by the engine link"

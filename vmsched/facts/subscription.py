@@ -25,7 +25,7 @@ import logging
 import secrets
 from typing import Callable
 
-from vmsched.bus.interface import Publish, Topic, Transport
+from vmsched.bus.interface import Publish, Subscription, Topic, Transport
 from vmsched.bus.topology import EVENTS_EXCHANGE, FACTS_EXCHANGE
 from vmsched.facts.model import FACTS_EVENT, SnapshotRequest
 
@@ -37,7 +37,19 @@ LINGER = 0.25
 FACTS_BINDING = f"agent.*.{FACTS_EVENT}"
 
 
-class FactsSubscriber:
+class _Listener:
+    """A subscription of the process's transport (``subscription``), started and stopped with its owner."""
+
+    subscription: Subscription
+
+    def start(self) -> None:
+        self.subscription.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.subscription.stop(timeout)
+
+
+class FactsSubscriber(_Listener):
     """Hands every facts message on the bus to ``on_message(raw bytes, routing key)``; asks for a snapshot on connect.
 
     The routing key matters: broker permissions let an agent publish only under its own host's key, so the
@@ -51,19 +63,13 @@ class FactsSubscriber:
                                                 on_subscribed=self._ask_snapshot, linger=LINGER)
         self.ready = self.subscription.ready
 
-    def start(self) -> None:
-        self.subscription.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.subscription.stop(timeout)
-
     def _ask_snapshot(self, publish: Publish) -> None:
         publish(FACTS_EXCHANGE, SNAPSHOT_KEY, SnapshotRequest(requester=self.service).model_dump_json().encode())
         log.info("%s: subscribed to host facts (queue %s); asked the agents for a snapshot", self.service,
                  self.queue_name)
 
 
-class SnapshotListener:
+class SnapshotListener(_Listener):
     """An agent's queue of snapshot requests: calls ``on_request()`` for each."""
 
     def __init__(self, transport: Transport, host_id: str, on_request: Callable[[], None]) -> None:
@@ -73,12 +79,6 @@ class SnapshotListener:
                                                 Topic(self.queue_name, FACTS_EXCHANGE, (SNAPSHOT_KEY,), 100),
                                                 self._received)
         self.ready = self.subscription.ready
-
-    def start(self) -> None:
-        self.subscription.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.subscription.stop(timeout)
 
     def _received(self, body: bytes, routing_key: str) -> None:
         try:

@@ -33,6 +33,7 @@ import math
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
+from itertools import takewhile
 from typing import Any
 
 @dataclass(frozen=True)
@@ -168,12 +169,7 @@ def pinning_needs(policy: str, vcpus: int) -> dict[str, Any]:
 
 def run_length(samples: Any, interval: float, test: Any) -> float:
     """Seconds the newest samples satisfy ``test`` without a break (count x interval)."""
-    count = 0
-    for sample in reversed(tuple(samples)):
-        if not test(sample):
-            break
-        count += 1
-    return count * interval
+    return sum(1 for _ in takewhile(test, reversed(tuple(samples)))) * interval
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -271,9 +267,7 @@ CALL: ContextVar[CallFacts] = ContextVar("vmsched.plugin.facts.CALL", default=Ca
 
 def host(host_id: str) -> Host | None:
     """The facts of ``host_id``, or None (see :func:`missing`)."""
-    call = CALL.get()
-    found = call.found.get(host_id)
-    return found if found is not None else call.host(host_id)
+    return CALL.get().host(host_id)
 
 
 def hosts() -> dict[str, Host]:
