@@ -125,6 +125,7 @@ def test_best_host_is_the_unique_lowest_total_with_unscored_hosts_worst() -> Non
     assert best_host(["a", "b", "c"], [(1, [("a", 5), ("b", 3)])]) == "b"  # c unscored: worst (5)
     assert best_host(["a", "b"], [(1, [("a", 1)]), (3, [("a", 2), ("b", 1)])]) == "b"  # a: 1 + 6, b: 1 (worst) + 3
     assert best_host(["a", "b"], [(1, [("a", 1), ("b", 1)])]) is None  # a tie: the engine's units decide
+    assert best_host(["a", "b", "c"], [(-1, [("a", 5), ("b", 3)])]) == "a"  # c unscored: worst part (-3), not best
     assert best_host(["a", "b"], []) is None and best_host(["a", "b"], [(1, [])]) is None
 
 

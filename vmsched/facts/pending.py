@@ -56,7 +56,7 @@ def best_host(hosts: Sequence[str], units: Iterable[tuple[int, Sequence[tuple[st
         if not scored:
             continue
         used = True
-        worst = max(factor * s for s in scored.values()) if factor >= 0 else min(factor * s for s in scored.values())
+        worst = max(factor * s for s in scored.values())  # the unit's worst part, whatever the factor's sign
         for h in totals:
             totals[h] += factor * scored[h] if h in scored else worst
     if not used or not totals:
