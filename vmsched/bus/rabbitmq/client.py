@@ -17,8 +17,7 @@ from typing import Any
 from vmsched.bus import BusUnavailable
 from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import BusClient, Mark, request_bytes, wait_reply
-from vmsched.bus.rabbitmq.link import Link, Outcome
-from vmsched.bus.rabbitmq.link import Outgoing
+from vmsched.bus.rabbitmq.link import Link, Outcome, Outgoing
 from vmsched.bus.tokens import Unguessable
 from vmsched.bus.topology import AGENT_EXCHANGE, route
 

@@ -19,10 +19,9 @@ from vmsched.bus.rabbitmq.connection import (
     open_connection,
     safe_release,
 )
-from vmsched.bus.options import BusOptions
+from vmsched.bus.options import BusOptions, mask
 from vmsched.bus.interface import event_bytes
 from vmsched.bus.topology import EVENTS_EXCHANGE
-from vmsched.bus.options import mask
 
 log = logging.getLogger("vmsched.bus")
 

@@ -40,9 +40,8 @@ from vmsched.bus import BusUnavailable
 from vmsched.bus.rabbitmq.confirms import Confirms
 from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, Wakeup, backoff, drop, ensure_exchanges, note_lost, \
     open_connection, read_messages, safe_release
-from vmsched.bus.options import BusOptions
+from vmsched.bus.options import BusOptions, mask
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, reply_queue, request_queue
-from vmsched.bus.options import mask
 from vmsched.logs import BROKER_TROUBLE, broker
 
 log = logging.getLogger("vmsched.bus")
@@ -55,7 +54,6 @@ Outcome = tuple[str, bytes | BaseException]
 MAX_SENDS = 5
 #: The least time the link's socket waits for one read or write of the broker, seconds.
 IO_TIMEOUT_FLOOR = 1.0
-_READ_TIMEOUT = 0.05  # the wait for the rest of a message whose first bytes have come, seconds
 _TICK = 0.1  # how often confirms and deadlines are looked at while requests wait, seconds
 _RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
 
@@ -173,7 +171,7 @@ class Link:
         self._run_work()
         if readable and self._sock is sock:
             self._heard = time.monotonic()
-            read_messages(self._conn, sock, _READ_TIMEOUT)
+            read_messages(self._conn, sock)
         if self._nacked and self._sock is sock:
             self._nacked = False
             self._lost(BusUnavailable("the broker refused a request (publisher nack)"))

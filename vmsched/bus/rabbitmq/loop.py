@@ -17,9 +17,8 @@ from kombu.message import Message
 
 from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, ensure_exchanges, note_lost, open_connection, \
     safe_release
-from vmsched.bus.options import BusOptions
+from vmsched.bus.options import BusOptions, mask
 from vmsched.bus.interface import OnMessage, Publish, Subscription, Topic
-from vmsched.bus.options import mask
 from vmsched.logs import BROKER_TROUBLE, broker
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,8 @@ from kombu.message import Message
 
 from vmsched.bus import BusTimeout, BusUnavailable, reply_body
 from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, ensure_exchanges, open_connection, safe_release
-from vmsched.bus.options import BusOptions
+from vmsched.bus.options import BusOptions, mask
 from vmsched.bus.interface import request_bytes
-from vmsched.bus.options import mask
 from vmsched.bus.topology import REPLY_EXCHANGE, reply_queue as make_reply_queue, route
 
 

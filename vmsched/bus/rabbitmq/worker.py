@@ -45,7 +45,6 @@ __all__ = ["Handler", "ServiceWorker"]
 log = logging.getLogger("vmsched.bus")
 
 _Item = tuple[str, Message, Triage]  # queue, message, how it runs
-_READ_TIMEOUT = 0.05  # the bus thread's wait for the rest of a message it has begun to read, seconds
 
 
 class ServiceWorker:
@@ -179,7 +178,7 @@ class ServiceWorker:
             wait = HOLD_CHECK if self._held else 1.0
             assert self._wakeup is not None
             if self._wakeup.wait(sock, wait):
-                read_messages(conn, sock, _READ_TIMEOUT)
+                read_messages(conn, sock)
             if self._refused:  # its requests come back on the next connection
                 raise BusUnavailable("the broker refused a reply or a second chance (publisher nack)")
             if time.monotonic() - beat >= 1.0:
