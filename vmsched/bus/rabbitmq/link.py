@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Callable
 
@@ -105,7 +106,7 @@ class Link:
         self._declared: set[str] = set()
         self._requests: dict[str, Outgoing] = {}  # correlation id -> what to (re)send, until answered or expired
         self._resent_answered: OrderedDict[str, None] = OrderedDict()
-        self._confirms: Confirms[str] = Confirms(on_nack=self._on_nack)
+        self._confirms: Confirms[str] = Confirms(on_ack=lambda cids: None, on_nack=self._on_nack)  # a reply ends it
         self._nacked = False  # a nack asks for a new connection once the frames at hand are read
         self._heard = 0.0  # time.monotonic() the broker was last heard from
         self._beat = 0.0
@@ -199,10 +200,8 @@ class Link:
     def _flush(self) -> None:
         if self._outcomes:
             outcomes, self._outcomes = self._outcomes, []
-            try:
+            with suppress(RuntimeError):  # the event loop is closed: nobody waits any more
                 self._deliver(outcomes)
-            except RuntimeError:  # the event loop is closed: nobody waits any more
-                pass
 
     def _close(self) -> None:
         conn = self._conn
@@ -212,7 +211,7 @@ class Link:
             metrics.BUS_UP.labels(self.service).set(0)
             safe_release(conn)  # its waits are bounded by the socket's timeout
         drop(conn)
-        self._fail_all(lambda: BusUnavailable("gateway shutting down"))
+        self._fail_all("gateway shutting down")
         self._flush()
 
     # --- requests -------------------------------------------------------------
@@ -269,8 +268,6 @@ class Link:
     def _check_confirms(self) -> None:
         """Confirms overdue: the broker went silent (the connection is replaced), or this request was not
         confirmed (a scheduling request is sent again, up to MAX_SENDS copies; else it fails)."""
-        if not self._confirms:
-            return
         for cid, published in self._confirms.overdue(self.options.confirm_timeout):
             if self._heard < published:
                 self._lost(BusUnavailable(f"the broker answered nothing for {self.options.confirm_timeout:g} s"))
@@ -336,11 +333,11 @@ class Link:
         if self._requests.pop(cid, None) is not None:
             self._outcomes.append((cid, error))
 
-    def _fail_all(self, error: Callable[[], BaseException], only_unrepeatable: bool = False) -> None:
+    def _fail_all(self, error: str, only_unrepeatable: bool = False) -> None:
         """Fail the requests waiting (``only_unrepeatable``: those to agents already sent, never sent twice)."""
         for cid, request in list(self._requests.items()):
             if not only_unrepeatable or (request.sent and not request.resend):
-                self._fail(cid, error())
+                self._fail(cid, BusUnavailable(error))
 
     # --- the connection ---------------------------------------------------------
     def _connect(self) -> bool:
@@ -363,7 +360,7 @@ class Link:
                     log.warning("%s: no answer from the broker at %s: %s; scheduling requests fail until it "
                                 "answers%s", self.service, broker(self.options.url), self.last_error, held)
                 self.recovering = False
-                self._fail_all(lambda: BusUnavailable(f"message bus unavailable: {self.last_error}"))
+                self._fail_all(f"message bus unavailable: {self.last_error}")
             return False
         finally:
             self.attempted.set()
@@ -391,7 +388,7 @@ class Link:
         if self.options.confirms:
             self._confirms.watch(channel)  # a refused or missing confirm sends the request again or fails it
 
-    def _lost(self, exc: BaseException, recovering: bool = True) -> None:
+    def _lost(self, exc: BaseException) -> None:
         """The connection broke (or its broker went silent): drop it; the thread reconnects."""
         self.last_error = _describe(exc)
         held = BROKER_TROUBLE.allow(self.options.url)  # one line for all the threads of the process
@@ -404,13 +401,9 @@ class Link:
         self.up = False
         metrics.BUS_UP.labels(self.service).set(0)
         drop(conn)
-        error = f"message bus connection lost: {self.last_error}"
-        if recovering and not self._stop.is_set():
-            self.recovering = True  # scheduling requests wait for the next connection
-            self._fail_all(lambda: BusUnavailable(error), only_unrepeatable=True)  # an agent's request is never sent twice
-        else:
-            self.recovering = False
-            self._fail_all(lambda: BusUnavailable(error))
+        # scheduling requests wait for the next connection (an agent's request is never sent twice)
+        self.recovering = not self._stop.is_set()
+        self._fail_all(f"message bus connection lost: {self.last_error}", only_unrepeatable=self.recovering)
 
 
 def _describe(exc: BaseException) -> str:
