@@ -72,15 +72,16 @@ class ServiceWorker:
         self.triage = PoisonTriage(service, self.limit, None)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._connected = 0
-        self._lock = threading.Lock()
+        self.connected = False
         self._work: queues.SimpleQueue[_Item | None] = queues.SimpleQueue()
         self._done: queues.SimpleQueue[tuple[Message, bytes | None]] = queues.SimpleQueue()
         self._wakeup: Wakeup | None = None
         self._channel: object = None  # the channel of the live connection
         self._held = HeldSecondChances()  # on the bus thread
         self._turns = Turns()  # on the bus thread; a new one per connection
-        self._acks = self._confirms()  # likewise: requests acknowledged once their reply is confirmed
+        # requests acknowledged once what was published for them is confirmed; a nack: a new connection
+        self._acks: Confirms[Message] = Confirms(on_ack=lambda messages: [m.ack() for m in messages],
+                                                 on_nack=self._nacked)
         self._refused = False  # the broker refused a reply or a copy: take a new connection
         self.ready = threading.Event()  # set once the consumers have subscribed
 
@@ -123,17 +124,9 @@ class ServiceWorker:
             self.journal.close()
             self.journal = None
 
-    @property
-    def connected(self) -> bool:
-        return self._connected > 0
-
     # --- the bus thread ----------------------------------------------------
     def _run(self) -> None:
         run_reconnecting(self.options.without_confirms(), self.service, self._stop, self._serve, self._reconnected)
-
-    def _confirms(self) -> Confirms[Message]:
-        """Requests acknowledged once what was published for them is confirmed; a nack: a new connection."""
-        return Confirms(on_ack=lambda messages: [m.ack() for m in messages], on_nack=self._nacked)
 
     def _nacked(self, messages: list[Message]) -> None:
         self._refused = True  # not acknowledged: delivered again on the next connection
@@ -143,10 +136,9 @@ class ServiceWorker:
         log.info("%s: reconnected to the bus", self.service)
 
     def _serve(self, conn: Connection) -> None:
-        ensure_exchanges(conn, {route(name)[0].name: route(name)[0] for name in self.routes}.values())
-        ensure_exchanges(conn, (REPLY_EXCHANGE, DEAD_EXCHANGE))
+        ensure_exchanges(conn, {route(name)[0] for name in self.routes} | {REPLY_EXCHANGE, DEAD_EXCHANGE})
         channel = self._channel = conn.channel()  # before consuming: deliveries may come while subscribing
-        self._acks, self._refused = self._confirms(), False
+        self._refused = False
         self._acks.watch(channel)
         producer = Producer(channel, auto_declare=False)
         # a dead-letter queue's consumer holds several second chances, decided for together; each runs alone
@@ -161,12 +153,14 @@ class ServiceWorker:
         for name in self.routes:
             Consumer(channel, [request_queue(name, self.limit)], no_ack=False,
                      on_message=self._callback(name, False, producer)).consume()
-        self._set_connected(+1)
+        self.connected = True
+        metrics.BUS_UP.labels(self.service).set(1)
         try:
             self.ready.set()
             self._pump(conn, producer, channel)
         finally:
-            self._set_connected(-1)
+            self.connected = False
+            metrics.BUS_UP.labels(self.service).set(0)
 
     def _pump(self, conn: Connection, producer: Producer, channel: object) -> None:
         """Read the socket and the handlers' wake-up pipe; send what the handlers finished."""
@@ -212,11 +206,6 @@ class ServiceWorker:
 
     def _callback(self, name: str, dead_letter: bool, producer: Producer) -> Callable[[Message], None]:
         return lambda message: self._on_message(name, dead_letter, message, producer)
-
-    def _set_connected(self, delta: int) -> None:
-        with self._lock:
-            self._connected += delta
-            metrics.BUS_UP.labels(self.service).set(1 if self._connected else 0)
 
     # --- one message (on the bus thread) -----------------------------------
     def _on_message(self, name: str, dead_letter: bool, message: Message, producer: Producer) -> None:
