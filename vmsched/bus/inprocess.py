@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty, SimpleQueue
@@ -230,10 +231,8 @@ class InProcessClient(BusClient):
 
 
 def _settle_threadsafe(loop: asyncio.AbstractEventLoop, future: asyncio.Future[bytes], raw: bytes) -> None:
-    try:
+    with suppress(RuntimeError):  # the loop is closed: nobody waits for it
         loop.call_soon_threadsafe(_settle, future, raw)
-    except RuntimeError:
-        pass  # the loop is closed: nobody waits for it
 
 
 def _settle(future: asyncio.Future[bytes], raw: bytes) -> None:

@@ -6,6 +6,7 @@ import logging
 import socket
 import threading
 import time
+from contextlib import suppress
 from typing import Any
 
 from amqp.exceptions import MessageNacked
@@ -132,11 +133,9 @@ class EventPublisher:
 
     def _keep_alive(self, conn: Connection) -> None:
         try:
-            try:
+            with suppress(socket.timeout):  # nothing more to read
                 for _ in range(_MAX_FRAMES):
                     conn.drain_events(timeout=0)  # the broker's heartbeats, or its closing of the connection
-            except socket.timeout:
-                pass  # nothing more to read
             conn.heartbeat_check()  # ours when due; raises when the broker has been silent two intervals
         except CONNECTION_ERRORS as exc:
             note_lost(conn)

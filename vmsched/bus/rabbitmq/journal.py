@@ -98,10 +98,7 @@ def _parse(data: bytes) -> dict[str, tuple[bytes, bool]]:
 def _private_dir(directory: Path) -> None:
     """Create ``directory`` (0700) or check that it is ours and not writable by others."""
     for path in (directory.parent, directory):
-        try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:
-            pass
+        path.mkdir(mode=0o700, exist_ok=True)
     st = os.lstat(directory)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise OSError(f"{directory} is not a directory of this user writable only by it")
