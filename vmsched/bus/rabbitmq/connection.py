@@ -9,12 +9,12 @@ import socket
 import threading
 import time
 from contextlib import suppress
-from typing import Iterable
+from typing import Any, Iterable
 from urllib.parse import urlsplit
 
 import amqp.connection
 import amqp.exceptions
-from kombu import Connection, Exchange
+from kombu import Connection, Exchange, Producer
 from kombu.transport import pyamqp
 
 from vmsched.bus import BusUnavailable
@@ -22,13 +22,9 @@ from vmsched.bus.options import BusOptions, mask
 
 #: Exceptions that mean the connection is unusable and must be reopened.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    ConnectionError,
-    socket.timeout,
-    amqp.exceptions.ConnectionError,
+    OSError,  # ConnectionError and socket.timeout too
+    amqp.exceptions.ConnectionError,  # recoverable or not (ConsumerCancelled too)
     amqp.exceptions.ChannelError,
-    amqp.exceptions.RecoverableConnectionError,
-    amqp.exceptions.IrrecoverableConnectionError,
     BusUnavailable,
 )
 
@@ -165,6 +161,12 @@ def ensure_exchanges(conn: Connection, exchanges: Iterable[Exchange]) -> None:
 def _close(channel: object) -> None:
     with suppress(Exception):  # a channel the broker closed already
         channel.close()  # type: ignore[attr-defined]
+
+
+def publish_json(producer: Producer, body: bytes, exchange: Exchange, key: str, **properties: Any) -> None:
+    """Publish a JSON message once (no kombu retry: the caller handles a failure) with ``properties``."""
+    producer.publish(body, exchange=exchange, routing_key=key, content_type="application/json",
+                     content_encoding="utf-8", retry=False, **properties)
 
 
 def backoff(attempt: int, max_delay: float) -> float:

@@ -24,7 +24,6 @@ backoff.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 import uuid
@@ -40,7 +39,7 @@ from vmsched import metrics
 from vmsched.bus import BusUnavailable
 from vmsched.bus.rabbitmq.confirms import Confirms
 from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, Wakeup, backoff, drop, ensure_exchanges, note_lost, \
-    open_connection, read_messages, safe_release
+    open_connection, publish_json, read_messages, safe_release
 from vmsched.bus.options import BusOptions, mask
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, reply_queue, request_queue
 from vmsched.logs import BROKER_TROUBLE, broker
@@ -100,7 +99,6 @@ class Link:
         self._thread: threading.Thread | None = None
         # the thread's own
         self._conn: Connection | None = None
-        self._sock: socket.socket | None = None
         self._producer: Producer | None = None
         self.reply_queue = ""
         self._declared: set[str] = set()
@@ -166,17 +164,17 @@ class Link:
 
     def _round(self) -> None:
         """Wait for the broker or the event loop; send, read, and look at confirms, heartbeats and deadlines."""
-        sock = self._sock
-        assert sock is not None
-        readable = self._wakeup.wait(sock, _TICK if self._requests else 1.0)
-        self._run_work()
-        if readable and self._sock is sock:
+        conn = self._conn
+        assert conn is not None
+        readable = self._wakeup.wait(conn.connection.sock, _TICK if self._requests else 1.0)
+        self._run_work()  # may replace the connection
+        if readable and self._conn is conn:
             self._heard = time.monotonic()
-            read_messages(self._conn, sock)
-        if self._nacked and self._sock is sock:
+            read_messages(conn, conn.connection.sock)
+        if self._nacked and self._conn is conn:
             self._nacked = False
             self._lost(BusUnavailable("the broker refused a request (publisher nack)"))
-        if self._sock is sock:
+        if self._conn is conn:
             self._check_confirms()
         if self._conn is not None and time.monotonic() >= self._beat:
             self._beat = time.monotonic() + max(1.0, self.options.heartbeat / 3)
@@ -205,7 +203,7 @@ class Link:
 
     def _close(self) -> None:
         conn = self._conn
-        self._conn = self._sock = self._producer = None
+        self._conn = self._producer = None
         if self.up:
             self.up = False
             metrics.BUS_UP.labels(self.service).set(0)
@@ -231,17 +229,8 @@ class Link:
                 # scheduling queues wait for their service; an agent declares its own queue
                 request_queue(request.queue, self.options.delivery_limit)(self._conn.default_channel).declare()
                 self._declared.add(request.queue)
-            self._producer.publish(
-                request.payload,
-                exchange=request.exchange,
-                routing_key=request.key,
-                content_type="application/json",
-                content_encoding="utf-8",
-                correlation_id=cid,
-                reply_to=self.reply_queue,
-                expiration=max(0.001, request.deadline - time.time()),
-                retry=False,
-            )
+            publish_json(self._producer, request.payload, request.exchange, request.key, correlation_id=cid,
+                         reply_to=self.reply_queue, expiration=max(0.001, request.deadline - time.time()))
         except CONNECTION_ERRORS as exc:
             request.failed += 1
             if request.failed >= MAX_SENDS:  # e.g. a queue refused
@@ -364,7 +353,7 @@ class Link:
             return False
         finally:
             self.attempted.set()
-        self._conn, self._sock = conn, conn.connection.sock
+        self._conn = conn
         BROKER_TROUBLE.clear(self.options.url)
         self.up, self.recovering, self.last_error = True, False, ""
         self._heard = time.monotonic()
@@ -397,7 +386,7 @@ class Link:
                         self.last_error, held)
         conn = self._conn
         note_lost(conn)
-        self._conn = self._sock = self._producer = None
+        self._conn = self._producer = None
         self.up = False
         metrics.BUS_UP.labels(self.service).set(0)
         drop(conn)
