@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import re
 import ssl
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -111,9 +111,6 @@ class BusOptions:
         for path in tls_files:
             if not Path(path).is_file():
                 raise ValueError(f"broker TLS file {path} does not exist")
-
-    def without_confirms(self) -> "BusOptions":
-        return replace(self, confirms=False)
 
     @property
     def urls(self) -> tuple[str, ...]:

@@ -69,7 +69,7 @@ class BrokerSubscription(Subscription):
                  on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
                  tick: Callable[[], None] | None = None) -> None:
         super().__init__(name, topic, on_message, on_subscribed, linger, tick)
-        self.options = options.without_confirms()
+        self.options = options
 
     def serve(self) -> None:
         run_reconnecting(self.options, self.name, self.stopping, self._serve)

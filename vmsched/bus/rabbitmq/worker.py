@@ -30,7 +30,7 @@ from kombu.message import Message
 from vmsched import metrics
 from vmsched.bus import BusUnavailable
 from vmsched.bus.rabbitmq.confirms import Confirms
-from vmsched.bus.rabbitmq.connection import Wakeup, ensure_exchanges, read_messages
+from vmsched.bus.rabbitmq.connection import Wakeup, ensure_exchanges, publish_json, read_messages
 from vmsched.bus.options import BusOptions
 from vmsched.bus.rabbitmq.journal import Journal
 from vmsched.bus.rabbitmq.loop import run_reconnecting
@@ -126,7 +126,7 @@ class ServiceWorker:
 
     # --- the bus thread ----------------------------------------------------
     def _run(self) -> None:
-        run_reconnecting(self.options.without_confirms(), self.service, self._stop, self._serve, self._reconnected)
+        run_reconnecting(self.options, self.service, self._stop, self._serve, self._reconnected)
 
     def _nacked(self, messages: list[Message]) -> None:
         self._refused = True  # not acknowledged: delivered again on the next connection
@@ -182,20 +182,21 @@ class ServiceWorker:
 
     def _flush(self, producer: Producer, channel: object) -> None:
         """Send the replies the handlers finished, each followed by its ack."""
-        while True:
-            try:
-                message, reply = self._done.get_nowait()
-            except queues.Empty:
-                return
+        while not self._done.empty():  # this thread is the only one that takes from it
+            message, reply = self._done.get_nowait()
             # acknowledged once the reply is confirmed (a killed process, a lost reply: delivered again); if its
             # channel is gone the broker has returned it, and the reply may still be in time
-            self._answered(message, self._reply(message, reply, producer), channel)
+            self._answered(message, reply, producer, channel)
             self._turns.finished(message)
 
-    def _answered(self, message: Message, replied: bool, channel: object) -> None:
-        """``message`` is done with: acknowledged once its reply (if one went out) is confirmed."""
+    def _answered(self, message: Message, reply: bytes | None, producer: Producer, channel: object) -> None:
+        """``message`` is done with: ``reply`` goes to its sender (if any, and if one waits), and ``message`` is
+        acknowledged once that reply is confirmed (at once without one)."""
+        reply_to = message.properties.get("reply_to")
         current = message.channel is channel
-        if replied:
+        if reply is not None and reply_to:
+            publish_json(producer, reply, REPLY_EXCHANGE, reply_to,
+                         correlation_id=message.properties.get("correlation_id"))
             self._acks.published(message if current else None)
         elif current:
             message.ack()
@@ -230,7 +231,7 @@ class ServiceWorker:
             self._acks.published(message)
         else:
             reply = self.replier.dead(name, message.body, correlation_id(message), triage.why)
-            self._answered(message, self._reply(message, reply, producer), message.channel)
+            self._answered(message, reply, producer, message.channel)
 
     def _release_held(self, channel: object, producer: Producer) -> None:
         """Give a held second chance whose wait is over its turn; answer those that cannot run in time
@@ -244,7 +245,7 @@ class ServiceWorker:
             else:  # late: an error naming its units, or nothing once its caller gave up
                 why = f"its second chance could not run before its deadline (a {self.service} process holding it died)"
                 reply = self.replier.dead(name, message.body, correlation_id(message), why)
-                self._answered(message, self._reply(message, reply, producer), channel)
+                self._answered(message, reply, producer, channel)
 
     def _others_consume(self, channel: object, name: str) -> bool:
         """Whether a process besides this one consumes ``name``'s request queue (one channel per process)."""
@@ -280,19 +281,3 @@ class ServiceWorker:
         except Exception:  # noqa: BLE001 - the replier answers every handler error; this is the journal's
             log.exception("%s: request %s on %s not handled", self.service, cid, name)
             return None
-
-    def _reply(self, message: Message, reply: bytes | None, producer: Producer) -> bool:
-        """Publish ``reply`` to the sender of ``message``; whether a reply went out."""
-        reply_to = message.properties.get("reply_to")
-        if reply is not None and reply_to:
-            producer.publish(
-                reply,
-                exchange=REPLY_EXCHANGE,
-                routing_key=reply_to,
-                content_type="application/json",
-                content_encoding="utf-8",
-                correlation_id=message.properties.get("correlation_id"),
-                retry=False,
-            )
-            return True
-        return False
