@@ -26,6 +26,8 @@ from vmsched.bus.topology import EVENTS_EXCHANGE
 
 log = logging.getLogger("vmsched.bus")
 
+#: Seconds after a failure before a publish tries to connect again (an event meanwhile is dropped).
+RETRY_AFTER = 2.0
 #: Frames read at most per heartbeat round (an event connection gets heartbeats and, rarely, a closing).
 _MAX_FRAMES = 100
 
@@ -52,12 +54,10 @@ class EventPublisher:
     answering on is dropped at once (the next event opens another).
     """
 
-    def __init__(self, url: str | BusOptions, service: str = "agent", retry_after: float = 2.0,
-                 confirm: bool = False) -> None:
+    def __init__(self, url: str | BusOptions, service: str = "agent", confirm: bool = False) -> None:
         self.options = url if isinstance(url, BusOptions) else BusOptions(url=url, connect_timeout=1.0)
         self.service = service
         self.confirm = confirm and self.options.confirms
-        self.retry_after = retry_after
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._producer: Producer | None = None
@@ -90,7 +90,7 @@ class EventPublisher:
     def _ensure(self, now: bool = False) -> Producer | None:
         if self._producer is not None:
             return self._producer
-        if not now and self._down_since and time.monotonic() - self._down_since < self.retry_after:
+        if not now and self._down_since and time.monotonic() - self._down_since < RETRY_AFTER:
             return None
         try:
             self._conn = open_connection(self.options, blocking_confirms=self.confirm)
