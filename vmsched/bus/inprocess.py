@@ -107,10 +107,8 @@ class Inboxes:
                     self._inboxes.setdefault(request.queue, SimpleQueue()).put(request)
 
     def put(self, request: Request) -> None:
-        with self._lock:
-            inbox = self._inboxes.get(request.queue)
-            if inbox is None:  # no worker yet: the request waits for the one that binds its queue
-                inbox = self._inboxes[request.queue] = SimpleQueue()
+        with self._lock:  # no worker yet: the request waits for the one that binds its queue
+            inbox = self._inboxes.setdefault(request.queue, SimpleQueue())
         inbox.put(request)
 
 

@@ -129,7 +129,7 @@ class Topic:
 class BusClient(ABC):
     """The gateway's request client, driven from its asyncio event loop.
 
-    ``call``/``request``/``ping`` are the same on every transport; a transport gives :meth:`roundtrip`:
+    ``call`` and ``ping`` are the same on every transport; a transport gives :meth:`roundtrip`:
     the reply's bytes to one request, or :class:`BusTimeout`/:class:`BusUnavailable`.
     """
 
