@@ -42,12 +42,6 @@ class Journal:
     """One process's journal file. ``blame`` tells what its predecessor was handling when it died."""
 
     def __init__(self, directory: Path, name: str, slots: int) -> None:
-        self.path: Path | None = None
-        self.identity = ""  # this process's journal among all replicas': host and file
-        self.slots = slots
-        self._fd = -1
-        #: request ID -> (kind, alone): what the dead predecessor was handling, and whether nothing else was
-        self.found: dict[str, tuple[bytes, bool]] = {}
         _private_dir(directory)
         for n in range(_FILES):
             path = directory / f"{name}-{n}.journal"
@@ -58,11 +52,13 @@ class Journal:
                 os.close(fd)
                 continue  # another live replica's
             self.path, self._fd = path, fd
+            # this process's journal among all replicas': host and file
             self.identity = f"{socket.gethostname()}:{path}"
             break
         else:
             raise OSError(f"all {_FILES} journal files of {name} in {directory} are taken by live processes")
-        self.found = _parse(os.pread(self._fd, 1 << 20, 0))
+        #: request ID -> (kind, alone): what the dead predecessor was handling, and whether nothing else was
+        self.found: dict[str, tuple[bytes, bool]] = _parse(os.pread(self._fd, 1 << 20, 0))
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, _BLANK * slots, 0)
         if self.found:
