@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 import uuid
+from contextlib import suppress
 from typing import Any
 
 from kombu import Consumer, Producer
@@ -56,10 +57,8 @@ def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeo
                 remaining = deadline - time.time()
                 if remaining <= 0:
                     raise BusTimeout(f"no reply from {queue} within {timeout:g} s (is the service running?)")
-                try:
+                with suppress(socket.timeout):
                     conn.drain_events(timeout=remaining)
-                except socket.timeout:
-                    continue
     except BusUnavailable:
         raise
     except CONNECTION_ERRORS as exc:
