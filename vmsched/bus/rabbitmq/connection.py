@@ -138,24 +138,19 @@ def ensure_exchanges(conn: Connection, exchanges: Iterable[Exchange]) -> None:
     says which one, and the caller retries like after any connection failure.
     """
     for exchange in exchanges:
-        channel = conn.channel()
-        try:
-            channel.exchange_declare(exchange=exchange.name, type=exchange.type, durable=exchange.durable,
-                                     auto_delete=exchange.auto_delete, passive=True)
-            continue
-        except amqp.exceptions.NotFound:
-            pass  # the broker closed that channel
-        finally:
-            _close(channel)
-        channel = conn.channel()
-        try:
-            channel.exchange_declare(exchange=exchange.name, type=exchange.type, durable=exchange.durable,
-                                     auto_delete=exchange.auto_delete)
-        except amqp.exceptions.AccessRefused:
-            raise BusUnavailable(f"exchange {exchange.name!r} does not exist yet and this broker user may not create "
-                                 "it; the gateway or deploy/rabbitmq/setup-users.sh creates it") from None
-        finally:
-            _close(channel)
+        for passive in (True, False):  # a passive declaration needs no permission; a missing exchange: NotFound
+            channel = conn.channel()
+            try:
+                channel.exchange_declare(exchange=exchange.name, type=exchange.type, durable=exchange.durable,
+                                         auto_delete=exchange.auto_delete, passive=passive)
+                break
+            except amqp.exceptions.NotFound:
+                pass  # the broker closed that channel; the exchange is declared on a new one
+            except amqp.exceptions.AccessRefused:
+                raise BusUnavailable(f"exchange {exchange.name!r} does not exist yet and this broker user may not "
+                                     "create it; the gateway or deploy/rabbitmq/setup-users.sh creates it") from None
+            finally:
+                _close(channel)
 
 
 def _close(channel: object) -> None:
