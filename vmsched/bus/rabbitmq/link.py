@@ -111,11 +111,6 @@ class Link:
         self._next_expiry = 0.0
         self._outcomes: list[Outcome] = []
 
-    @property
-    def accepting(self) -> bool:
-        """Whether a new request is taken (else it fails at once: no node answers)."""
-        return self.up or self.recovering
-
     # --- the event loop's side ----------------------------------------------
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"{self.service}-bus", daemon=True)
