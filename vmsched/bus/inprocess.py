@@ -364,13 +364,12 @@ class InProcessTransport(Transport):
         return InProcessClient(self.inboxes, service)
 
     def call(self, queue: str, op: str, body: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
-        answered = threading.Event()
-        replies: list[bytes] = []
-        self.inboxes.put(Request(queue, request_bytes(op, time.time() + timeout, body), "call",
-                                 lambda raw: (replies.append(raw), answered.set())))
-        if not answered.wait(timeout):
-            raise BusTimeout(f"no reply from {queue} within {timeout:g} s (is the service running?)")
-        return reply_body(replies[0], queue)
+        replies: SimpleQueue[bytes] = SimpleQueue()
+        self.inboxes.put(Request(queue, request_bytes(op, time.time() + timeout, body), "call", replies.put))
+        try:
+            return reply_body(replies.get(timeout=timeout), queue)
+        except Empty:
+            raise BusTimeout(f"no reply from {queue} within {timeout:g} s (is the service running?)") from None
 
     def events(self, service: str, *, confirm: bool = False) -> InProcessEvents:
         return InProcessEvents(self.exchanges, service)  # delivered at once: nothing to confirm
