@@ -9,6 +9,7 @@ reply queue on a new connection and sends the request again.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import socket
@@ -30,7 +31,7 @@ from vmsched.bus.rabbitmq.events import EventPublisher
 from vmsched.bus import BusUnavailable
 from vmsched.bus.rabbitmq.link import MAX_SENDS
 from vmsched.bus.topology import EVENTS_EXCHANGE, REQUESTS_EXCHANGE
-from vmsched.bus.options import command_line_url, has_password, mask, read_url_file
+from vmsched.bus.options import has_password, mask, read_url_file, url_argument
 from vmsched.bus.rabbitmq.worker import ServiceWorker
 
 TWO = "amqp://gw:s3cret@node1:5672/vmsched;amqps://gw:other@node2:5671/vmsched"
@@ -40,10 +41,10 @@ def test_a_url_list_is_masked_and_kept_off_the_command_line(tmp_path: Path):
     assert mask(TWO) == "amqp://gw:***@node1:5672/vmsched;amqps://gw:***@node2:5671/vmsched"
     assert has_password("amqp://node1/vmsched;amqp://gw:pw@node2/vmsched")  # the second one's password counts
     assert not has_password("amqp://gw@node1/vmsched;amqp://gw@node2/vmsched")
-    with pytest.raises(ValueError, match="visible to every user") as exc:
-        command_line_url("amqp://gw@node1/v;amqp://gw:pw@node2/v")
+    with pytest.raises(argparse.ArgumentTypeError, match="visible to every user") as exc:
+        url_argument("amqp://gw@node1/v;amqp://gw:pw@node2/v")
     assert "pw" not in str(exc.value)
-    assert command_line_url("amqp://gw@node1/v;amqp://gw@node2/v")
+    assert url_argument("amqp://gw@node1/v;amqp://gw@node2/v")
     url_file = tmp_path / "urls"
     url_file.write_text("# the cluster\namqp://gw:a@node1/v\n\namqp://gw:a@node2/v;amqp://gw:a@node3/v\n")
     assert read_url_file(url_file) == "amqp://gw:a@node1/v;amqp://gw:a@node2/v;amqp://gw:a@node3/v"

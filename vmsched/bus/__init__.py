@@ -9,6 +9,9 @@ from pydantic import ValidationError
 
 from vmsched.messages import ErrorCode, ReplyEnvelope, TypedReply
 
+#: A reply as read: any operation's (:class:`ReplyEnvelope`) or one operation's (:class:`TypedReply`).
+Reply = ReplyEnvelope | TypedReply
+
 
 class BusError(Exception):
     """Base class of bus errors."""
@@ -35,7 +38,7 @@ class BusTimeout(BusError):
     """No service answered before the request's deadline."""
 
 
-def reply_error(reply: ReplyEnvelope | TypedReply, source: str = "the service") -> RequestError | None:
+def reply_error(reply: Reply, source: str = "the service") -> RequestError | None:
     """The error a reply carries (None for a usable success).
 
     A reply of another contract version than this reader's is an error (``unsupported_version``), not a guess.
@@ -48,17 +51,23 @@ def reply_error(reply: ReplyEnvelope | TypedReply, source: str = "the service") 
     return RequestError(reply.error or "request failed", reply.code, reply.details)
 
 
-def reply_body(raw: bytes | str, queue: str) -> dict[str, Any]:
-    """The body of a reply's bytes from ``queue``; an error reply (or a malformed one) raises its error."""
+def parse_reply(raw: bytes | str, queue: str, reply_type: type[Reply] = ReplyEnvelope) -> Reply:
+    """A reply's bytes from ``queue`` read as ``reply_type``, ok or not; a malformed reply raises an error."""
     try:
-        reply = ReplyEnvelope.model_validate_json(raw)
+        return reply_type.model_validate_json(raw)
     except ValidationError as exc:
         raise RequestError(f"malformed reply from {queue}: {exc.errors()[0]['msg']}", ErrorCode.INTERNAL.value) \
             from None
+
+
+def reply_body(raw: bytes | str, queue: str, reply_type: type[Reply] = ReplyEnvelope) -> Any:
+    """The body of a reply's bytes from ``queue`` (read as ``reply_type``); an error reply (or a malformed one)
+    raises its error."""
+    reply = parse_reply(raw, queue, reply_type)
     error = reply_error(reply, queue)
     if error is not None:
         raise error
     return reply.body
 
 
-__all__ = ["BusError", "RequestError", "BusUnavailable", "BusTimeout", "reply_error", "reply_body"]
+__all__ = ["BusError", "RequestError", "BusUnavailable", "BusTimeout", "reply_error", "parse_reply", "reply_body"]

@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty, SimpleQueue
@@ -106,10 +107,8 @@ class Inboxes:
                     self._inboxes.setdefault(request.queue, SimpleQueue()).put(request)
 
     def put(self, request: Request) -> None:
-        with self._lock:
-            inbox = self._inboxes.get(request.queue)
-            if inbox is None:  # no worker yet: the request waits for the one that binds its queue
-                inbox = self._inboxes[request.queue] = SimpleQueue()
+        with self._lock:  # no worker yet: the request waits for the one that binds its queue
+            inbox = self._inboxes.setdefault(request.queue, SimpleQueue())
         inbox.put(request)
 
 
@@ -230,10 +229,8 @@ class InProcessClient(BusClient):
 
 
 def _settle_threadsafe(loop: asyncio.AbstractEventLoop, future: asyncio.Future[bytes], raw: bytes) -> None:
-    try:
+    with suppress(RuntimeError):  # the loop is closed: nobody waits for it
         loop.call_soon_threadsafe(_settle, future, raw)
-    except RuntimeError:
-        pass  # the loop is closed: nobody waits for it
 
 
 def _settle(future: asyncio.Future[bytes], raw: bytes) -> None:
@@ -367,13 +364,12 @@ class InProcessTransport(Transport):
         return InProcessClient(self.inboxes, service)
 
     def call(self, queue: str, op: str, body: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
-        answered = threading.Event()
-        replies: list[bytes] = []
-        self.inboxes.put(Request(queue, request_bytes(op, time.time() + timeout, body), "call",
-                                 lambda raw: (replies.append(raw), answered.set())))
-        if not answered.wait(timeout):
-            raise BusTimeout(f"no reply from {queue} within {timeout:g} s (is the service running?)")
-        return reply_body(replies[0], queue)
+        replies: SimpleQueue[bytes] = SimpleQueue()
+        self.inboxes.put(Request(queue, request_bytes(op, time.time() + timeout, body), "call", replies.put))
+        try:
+            return reply_body(replies.get(timeout=timeout), queue)
+        except Empty:
+            raise BusTimeout(f"no reply from {queue} within {timeout:g} s (is the service running?)") from None
 
     def events(self, service: str, *, confirm: bool = False) -> InProcessEvents:
         return InProcessEvents(self.exchanges, service)  # delivered at once: nothing to confirm

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar, overload
 
 from kombu import Exchange
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from vmsched.bus import BusTimeout, BusUnavailable, RequestError, reply_error
+from vmsched.bus import BusTimeout, BusUnavailable, parse_reply, reply_body
 from vmsched.bus.options import BusOptions
 from vmsched.bus.replies import Handler
 from vmsched.bus.topology import PING
@@ -33,7 +33,6 @@ from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
 log = logging.getLogger("vmsched.bus")
 
 M = TypeVar("M", bound=BaseModel)
-R = TypeVar("R", bound=BaseModel)
 
 #: A request's call ID and "record this call" (:class:`vmsched.messages.Envelope` ``call``, ``record``).
 Mark = tuple[str, bool]
@@ -130,7 +129,7 @@ class Topic:
 class BusClient(ABC):
     """The gateway's request client, driven from its asyncio event loop.
 
-    ``call``/``request``/``ping`` are the same on every transport; a transport gives :meth:`roundtrip`:
+    ``call`` and ``ping`` are the same on every transport; a transport gives :meth:`roundtrip`:
     the reply's bytes to one request, or :class:`BusTimeout`/:class:`BusUnavailable`.
     """
 
@@ -170,26 +169,11 @@ class BusClient(ABC):
         reply raises :class:`RequestError` carrying the reply's ``code``.
         """
         reply_type = TypedReply[model] if model else ReplyEnvelope  # type: ignore[valid-type]
-        reply = await self.request(queue, op, body, timeout, reply_type, mark)
-        error = reply_error(reply, queue)
-        if error is not None:
-            raise error
-        return reply.body
-
-    async def request(
-        self, queue: str, op: str, body: dict[str, Any], timeout: float, reply_type: type[R] = ReplyEnvelope,
-        mark: Mark = ("", False),
-    ) -> R:
-        """Send a request and return its whole reply (ok or not), parsed as ``reply_type``."""
-        raw = await self.roundtrip(queue, op, body, timeout, mark)
-        try:
-            return reply_type.model_validate_json(raw)
-        except ValidationError as exc:
-            raise RequestError(f"malformed reply from {queue}: {exc.errors()[0]['msg']}", "internal") from None
+        return reply_body(await self.roundtrip(queue, op, body, timeout, mark), queue, reply_type)
 
     async def ping(self, queue: str, timeout: float = 1.0) -> bool:
         try:
-            return (await self.request(queue, PING, {}, timeout)).ok
+            return parse_reply(await self.roundtrip(queue, PING, {}, timeout), queue).ok
         except (BusTimeout, BusUnavailable):
             return False
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import re
 import ssl
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -53,20 +53,13 @@ def has_password(url: str) -> bool:
     return False
 
 
-def command_line_url(value: str) -> str:
-    """An ``--amqp`` value: a URL without a password (argparse ``type``)."""
-    if has_password(value):
-        raise ValueError(f"--amqp {mask(value)}: a password on the command line is visible to every user (ps); "
-                         f"{ALTERNATIVES}")
-    return value
-
-
 def url_argument(value: str) -> str:
-    """argparse ``type`` of ``--amqp``: :func:`command_line_url`, its error shown without the value."""
-    try:
-        return command_line_url(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    """argparse ``type`` of ``--amqp``: a URL without a password; its error (an ArgumentTypeError, which argparse
+    shows as it is) shows the value masked."""
+    if has_password(value):
+        raise argparse.ArgumentTypeError(f"--amqp {mask(value)}: a password on the command line is visible to every "
+                                         f"user (ps); {ALTERNATIVES}")
+    return value
 
 
 def read_url_file(path: Path | str) -> str:
@@ -118,9 +111,6 @@ class BusOptions:
         for path in tls_files:
             if not Path(path).is_file():
                 raise ValueError(f"broker TLS file {path} does not exist")
-
-    def without_confirms(self) -> "BusOptions":
-        return replace(self, confirms=False)
 
     @property
     def urls(self) -> tuple[str, ...]:

@@ -59,7 +59,8 @@ class Replier:
             env = Envelope.model_validate_json(body)
         except ValidationError as exc:
             metrics.REQUESTS.labels(self.service, "invalid", "error").inc()
-            return ReplyEnvelope(ok=False, error=f"malformed request: {_first_error(exc)}", code=ErrorCode.INVALID)
+            return ReplyEnvelope(ok=False, error=f"malformed request: {_describe(exc.errors()[0])}",
+                                 code=ErrorCode.INVALID)
         problem = env.version_problem()
         if problem is not None:
             metrics.REQUESTS.labels(self.service, "invalid", "error").inc()
@@ -115,10 +116,6 @@ _OK_PREFIX = b'{"v":%d,"ok":true,"error":null,"body":' % CONTRACT_VERSION
 def _dump(reply: ReplyEnvelope) -> bytes:
     """An error reply without an empty body: a typed reader (TypedReply) reads a missing body as none."""
     return reply.model_dump_json(exclude={"body"} if not reply.body else None).encode()
-
-
-def _first_error(exc: ValidationError) -> str:
-    return _describe(exc.errors()[0])
 
 
 def _describe(err: dict) -> str:

@@ -71,14 +71,11 @@ _AGENT_PREFIX = "vmsched.agent."
 
 
 def agent_queue(host_id: str) -> str:
-    return _AGENT_PREFIX + check_host_id(host_id)
-
-
-def check_host_id(host_id: str) -> str:
-    """A host ID usable as a topic key: not empty, no wildcard (a binding of ``#`` would receive every host's requests)."""
+    """The request queue of an agent, whose host ID must be usable as a topic key: not empty, no wildcard (a
+    binding of ``#`` would receive every host's requests)."""
     if not host_id or any(c in host_id for c in "*#") or any(c.isspace() for c in host_id):
         raise ValueError(f"host ID {host_id!r} cannot be a bus routing key (empty, or has '*', '#' or a space)")
-    return host_id
+    return _AGENT_PREFIX + host_id
 
 
 def event_key(host_id: str, event: str) -> str:

@@ -23,6 +23,7 @@ have a bounded timeout; after a failure the link waits ``retry`` seconds.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -40,17 +41,12 @@ from vmsched.metrics import REGISTRY
 
 log = logging.getLogger("vmsched.engine_link")
 
-_CALLS: Counter | None = None  # registered with the first link: a process without one exports no empty family
-
-
+@functools.cache  # registered with the first link: a process without one exports no empty family
 def calls() -> Counter:
     """``vmsched_engine_link_calls_total{service,resource,outcome}``."""
-    global _CALLS
-    if _CALLS is None:
-        _CALLS = Counter("vmsched_engine_link_calls_total", "Engine REST calls of the engine link, by resource and "
-                         "outcome (ok, not_found, auth, timeout, error)", ["service", "resource", "outcome"],
-                         registry=REGISTRY)
-    return _CALLS
+    return Counter("vmsched_engine_link_calls_total", "Engine REST calls of the engine link, by resource and "
+                   "outcome (ok, not_found, auth, timeout, error)", ["service", "resource", "outcome"],
+                   registry=REGISTRY)
 
 #: Identities of the agents in a cache: agent host ID -> (vdsm ID, libvirt host UUID).
 Identities = Callable[[], dict[str, tuple[str, str]]]
@@ -231,11 +227,9 @@ class EngineLink:
         """Search the engine for agents not searched within ``ttl``; read wanted engine hosts still unknown."""
         now = time.time()
         identities = self._identities()
-        for agent in set(self._agent_hits) - set(identities):
-            del self._agent_hits[agent]
-        for engine_id, (when, _agents) in list(self._uuid_hits.items()):
-            if now - when >= self.ttl:  # one GET per engine host and TTL, found or not (hosts without agents)
-                del self._uuid_hits[engine_id]
+        self._agent_hits = {agent: hit for agent, hit in self._agent_hits.items() if agent in identities}
+        # one GET per engine host and TTL, found or not (hosts without agents)
+        self._uuid_hits = {engine_id: hit for engine_id, hit in self._uuid_hits.items() if now - hit[0] < self.ttl}
         with self._lock:
             unknown = bool(self._wanted_hosts - set(self._hosts))
         for agent, (vdsm_id, libvirt_uuid) in sorted(identities.items()):
@@ -259,9 +253,8 @@ class EngineLink:
         with self._lock:
             wanted = set(self._wanted_hosts)
         for engine_id in sorted(wanted - set(claims)):
-            hit = self._uuid_hits.get(engine_id)
-            if hit is None:
-                hit = self._uuid_hits[engine_id] = (now, self._by_hardware_uuid(engine_id, identities))
+            if engine_id not in self._uuid_hits:
+                self._uuid_hits[engine_id] = (now, self._by_hardware_uuid(engine_id, identities))
         for engine_id, (_when, agents) in self._uuid_hits.items():
             if agents:
                 claims.setdefault(engine_id, set()).update(agents)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import ssl
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,11 +122,9 @@ class EngineClient:
         """End the SSO session, as the SDK's close() does (best effort, bounded), and the connections."""
         token, self._token = self._token, None
         if token is not None:
-            try:
+            with suppress(httpx.HTTPError):
                 self._http.post(self._logout_url, data={"scope": "ovirt-app-api", "token": token},
                                 timeout=min(self._http.timeout.read or 2.0, 2.0))
-            except httpx.HTTPError:
-                pass
         self._http.close()
 
     # --- the resources ----------------------------------------------------------------
@@ -195,11 +194,9 @@ class EngineClient:
                                       "(check the link's user and its permissions)")
         if response.status_code != 200:
             detail = ""
-            try:
+            with suppress(ValueError):
                 body = response.json()
                 detail = f": {body.get('reason', '')} {body.get('detail', '')}".rstrip() if isinstance(body, dict) else ""
-            except ValueError:
-                pass
             raise EngineError("error", f"GET {path}: HTTP {response.status_code}{detail[:300]}")
         try:
             data = response.json()

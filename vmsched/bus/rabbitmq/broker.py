@@ -24,9 +24,7 @@ class BrokerTransport(Transport):
     spans_processes = True
 
     def __init__(self, options: BusOptions) -> None:
-        if options.embedded:
-            raise ValueError("memory:// is the in-process bus (vmsched.bus.inprocess), not a broker")
-        self.options = options
+        self.options = options  # a broker's (memory:// is the in-process bus: open_connection refuses it)
 
     def worker(self, service: str, routes: dict[str, Handler], *, consumers: int = 1, prefetch: int = 2,
                journal_dir: Path | None = None) -> ServiceWorker:

@@ -17,8 +17,7 @@ from typing import Any
 from vmsched.bus import BusUnavailable
 from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import BusClient, Mark, request_bytes, wait_reply
-from vmsched.bus.rabbitmq.link import Link, Outcome
-from vmsched.bus.rabbitmq.link import Outgoing
+from vmsched.bus.rabbitmq.link import Link, Outcome, Outgoing
 from vmsched.bus.tokens import Unguessable
 from vmsched.bus.topology import AGENT_EXCHANGE, route
 
@@ -66,7 +65,7 @@ class AsyncBusClient(BusClient):
     async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float, mark: Mark = ("", False),
                         ) -> bytes:
         link = self._link
-        if link is None or not link.accepting:
+        if link is None or not (link.up or link.recovering):  # else no node answers: it fails at once
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
         # unguessable, so that no other user of the reply exchange can answer in an agent's place
         cid = f"{self._token()}-{next(self._ids)}"

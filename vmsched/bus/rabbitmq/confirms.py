@@ -18,18 +18,13 @@ from typing import Callable, Generic, TypeVar
 T = TypeVar("T")
 
 
-def _nothing(items: list) -> None:
-    return None
-
-
 class Confirms(Generic[T]):
     """The publishes of the current channel (:meth:`watch` each new one), on the thread that owns it.
 
     ``on_ack`` and ``on_nack`` get the items the broker's basic.ack or basic.nack settles, in publish order.
     """
 
-    def __init__(self, on_ack: Callable[[list[T]], None] = _nothing,
-                 on_nack: Callable[[list[T]], None] = _nothing) -> None:
+    def __init__(self, on_ack: Callable[[list[T]], None], on_nack: Callable[[list[T]], None]) -> None:
         self._on_ack, self._on_nack = on_ack, on_nack
         self._tag = 0  # last publish's delivery tag on the channel
         self._waiting: OrderedDict[int, tuple[T, float]] = OrderedDict()  # tag -> (item, time.monotonic())

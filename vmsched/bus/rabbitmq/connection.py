@@ -8,13 +8,13 @@ import select
 import socket
 import threading
 import time
-from contextlib import contextmanager
-from typing import Iterable, Iterator
+from contextlib import suppress
+from typing import Any, Iterable
 from urllib.parse import urlsplit
 
 import amqp.connection
 import amqp.exceptions
-from kombu import Connection, Exchange
+from kombu import Connection, Exchange, Producer
 from kombu.transport import pyamqp
 
 from vmsched.bus import BusUnavailable
@@ -22,13 +22,9 @@ from vmsched.bus.options import BusOptions, mask
 
 #: Exceptions that mean the connection is unusable and must be reopened.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    ConnectionError,
-    socket.timeout,
-    amqp.exceptions.ConnectionError,
+    OSError,  # ConnectionError and socket.timeout too
+    amqp.exceptions.ConnectionError,  # recoverable or not (ConsumerCancelled too)
     amqp.exceptions.ChannelError,
-    amqp.exceptions.RecoverableConnectionError,
-    amqp.exceptions.IrrecoverableConnectionError,
     BusUnavailable,
 )
 
@@ -142,31 +138,30 @@ def ensure_exchanges(conn: Connection, exchanges: Iterable[Exchange]) -> None:
     says which one, and the caller retries like after any connection failure.
     """
     for exchange in exchanges:
-        channel = conn.channel()
-        try:
-            channel.exchange_declare(exchange=exchange.name, type=exchange.type, durable=exchange.durable,
-                                     auto_delete=exchange.auto_delete, passive=True)
-            continue
-        except amqp.exceptions.NotFound:
-            pass  # the broker closed that channel
-        finally:
-            _close(channel)
-        channel = conn.channel()
-        try:
-            channel.exchange_declare(exchange=exchange.name, type=exchange.type, durable=exchange.durable,
-                                     auto_delete=exchange.auto_delete)
-        except amqp.exceptions.AccessRefused:
-            raise BusUnavailable(f"exchange {exchange.name!r} does not exist yet and this broker user may not create "
-                                 "it; the gateway or deploy/rabbitmq/setup-users.sh creates it") from None
-        finally:
-            _close(channel)
+        for passive in (True, False):  # a passive declaration needs no permission; a missing exchange: NotFound
+            channel = conn.channel()
+            try:
+                channel.exchange_declare(exchange=exchange.name, type=exchange.type, durable=exchange.durable,
+                                         auto_delete=exchange.auto_delete, passive=passive)
+                break
+            except amqp.exceptions.NotFound:
+                pass  # the broker closed that channel; the exchange is declared on a new one
+            except amqp.exceptions.AccessRefused:
+                raise BusUnavailable(f"exchange {exchange.name!r} does not exist yet and this broker user may not "
+                                     "create it; the gateway or deploy/rabbitmq/setup-users.sh creates it") from None
+            finally:
+                _close(channel)
 
 
 def _close(channel: object) -> None:
-    try:
+    with suppress(Exception):  # a channel the broker closed already
         channel.close()  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - a channel the broker closed already
-        pass
+
+
+def publish_json(producer: Producer, body: bytes, exchange: Exchange, key: str, **properties: Any) -> None:
+    """Publish a JSON message once (no kombu retry: the caller handles a failure) with ``properties``."""
+    producer.publish(body, exchange=exchange, routing_key=key, content_type="application/json",
+                     content_encoding="utf-8", retry=False, **properties)
 
 
 def backoff(attempt: int, max_delay: float) -> float:
@@ -176,23 +171,17 @@ def backoff(attempt: int, max_delay: float) -> float:
 
 def safe_release(conn: Connection | None) -> None:
     """Close ``conn`` with the broker (its channels, then the connection): waits for the broker's answers."""
-    if conn is None:
-        return
-    try:
-        conn.release()
-    except Exception:  # noqa: BLE001 - the connection is being thrown away
-        pass
+    if conn is not None:
+        with suppress(Exception):  # the connection is being thrown away
+            conn.release()
 
 
 def drop(conn: Connection | None) -> None:
     """Throw ``conn`` away without a word to the broker (kombu's ``collect``: the socket is closed, nothing is
     sent or awaited): for a connection that broke, or whose broker stopped answering."""
-    if conn is None:
-        return
-    try:
-        conn.collect()
-    except Exception:  # noqa: BLE001 - the connection is being thrown away
-        pass
+    if conn is not None:
+        with suppress(Exception):  # the connection is being thrown away
+            conn.collect()
 
 
 # --- a bus thread's wait on its broker socket -------------------------------------------------------------
@@ -202,25 +191,6 @@ def buffered(sock: object) -> int:
     ``select`` and the event loop. A plain TCP socket keeps none (py-amqp reads exactly what a frame needs)."""
     pending = getattr(sock, "pending", None)
     return pending() if pending is not None else 0
-
-
-@contextmanager
-def nonblocking(sock: socket.socket | None, timeout: float = 0.0) -> Iterator[None]:
-    """``sock`` with ``timeout`` (default none: non-blocking) for a block of reads with that same timeout:
-    py-amqp then finds the timeout it wants already set and leaves it (it sets and restores it around every
-    frame otherwise: two system calls each)."""
-    if sock is None:
-        yield
-        return
-    before = sock.gettimeout()
-    sock.settimeout(timeout)
-    try:
-        yield
-    finally:
-        try:
-            sock.settimeout(before)
-        except OSError:
-            pass  # closed meanwhile: the connection is being replaced
 
 
 class Wakeup:
@@ -238,10 +208,8 @@ class Wakeup:
         if self._pending or self._w < 0:
             return  # the thread will look at its work anyway; or closed: it has stopped
         self._pending = True
-        try:
+        with suppress(OSError):  # the pipe is full: the thread has wake-ups to read
             os.write(self._w, b"\0")
-        except OSError:
-            pass  # the pipe is full: the thread has wake-ups to read
 
     def wait(self, sock: socket.socket | None, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds for the broker (``sock``; None: no connection) or a wake-up; whether
@@ -250,11 +218,9 @@ class Wakeup:
             return True
         readable = select.select([self._r] if sock is None else [sock, self._r], [], [], timeout)[0]
         if self._r in readable:
-            try:
+            with suppress(BlockingIOError):
                 while os.read(self._r, 4096):
                     pass
-            except BlockingIOError:
-                pass
             # after reading: a hand-over from now on writes again; one made while reading was handed over before
             # its wake-up, and the caller runs the work it finds after this wait
             self._pending = False
@@ -267,14 +233,22 @@ class Wakeup:
                 os.close(fd)
 
 
-def read_messages(conn: Connection, sock: socket.socket, timeout: float) -> None:
-    """Read the messages that have come; each read waits at most ``timeout`` for the rest of a message's frames
-    (a partial frame is kept for the next read)."""
-    while True:
-        try:
-            with nonblocking(sock, timeout):
+def read_messages(conn: Connection, sock: socket.socket, timeout: float = 0.05) -> None:
+    """Read the messages that have come; each read waits at most ``timeout`` seconds for the rest of a message's
+    frames (a partial frame is kept for the next read).
+
+    The socket has ``timeout`` for the whole block of reads: py-amqp then finds the timeout it wants already set
+    and leaves it (it sets and restores it around every frame otherwise: two system calls each)."""
+    before = sock.gettimeout()
+    sock.settimeout(timeout)
+    try:
+        while True:
+            try:
                 conn.drain_events(timeout=timeout)
-        except socket.timeout:
-            return
-        if not (buffered(sock) or select.select([sock], [], [], 0)[0]):
-            return
+            except socket.timeout:
+                return
+            if not (buffered(sock) or select.select([sock], [], [], 0)[0]):
+                return
+    finally:
+        with suppress(OSError):  # closed meanwhile: the connection is being replaced
+            sock.settimeout(before)

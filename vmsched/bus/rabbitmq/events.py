@@ -6,6 +6,7 @@ import logging
 import socket
 import threading
 import time
+from contextlib import suppress
 from typing import Any
 
 from amqp.exceptions import MessageNacked
@@ -19,13 +20,14 @@ from vmsched.bus.rabbitmq.connection import (
     open_connection,
     safe_release,
 )
-from vmsched.bus.options import BusOptions
+from vmsched.bus.options import BusOptions, mask
 from vmsched.bus.interface import event_bytes
 from vmsched.bus.topology import EVENTS_EXCHANGE
-from vmsched.bus.options import mask
 
 log = logging.getLogger("vmsched.bus")
 
+#: Seconds after a failure before a publish tries to connect again (an event meanwhile is dropped).
+RETRY_AFTER = 2.0
 #: Frames read at most per heartbeat round (an event connection gets heartbeats and, rarely, a closing).
 _MAX_FRAMES = 100
 
@@ -52,12 +54,10 @@ class EventPublisher:
     answering on is dropped at once (the next event opens another).
     """
 
-    def __init__(self, url: str | BusOptions, service: str = "agent", retry_after: float = 2.0,
-                 confirm: bool = False) -> None:
+    def __init__(self, url: str | BusOptions, service: str = "agent", confirm: bool = False) -> None:
         self.options = url if isinstance(url, BusOptions) else BusOptions(url=url, connect_timeout=1.0)
         self.service = service
         self.confirm = confirm and self.options.confirms
-        self.retry_after = retry_after
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._producer: Producer | None = None
@@ -90,7 +90,7 @@ class EventPublisher:
     def _ensure(self, now: bool = False) -> Producer | None:
         if self._producer is not None:
             return self._producer
-        if not now and self._down_since and time.monotonic() - self._down_since < self.retry_after:
+        if not now and self._down_since and time.monotonic() - self._down_since < RETRY_AFTER:
             return None
         try:
             self._conn = open_connection(self.options, blocking_confirms=self.confirm)
@@ -133,11 +133,9 @@ class EventPublisher:
 
     def _keep_alive(self, conn: Connection) -> None:
         try:
-            try:
+            with suppress(socket.timeout):  # nothing more to read
                 for _ in range(_MAX_FRAMES):
                     conn.drain_events(timeout=0)  # the broker's heartbeats, or its closing of the connection
-            except socket.timeout:
-                pass  # nothing more to read
             conn.heartbeat_check()  # ours when due; raises when the broker has been silent two intervals
         except CONNECTION_ERRORS as exc:
             note_lost(conn)

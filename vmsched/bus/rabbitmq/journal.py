@@ -42,12 +42,6 @@ class Journal:
     """One process's journal file. ``blame`` tells what its predecessor was handling when it died."""
 
     def __init__(self, directory: Path, name: str, slots: int) -> None:
-        self.path: Path | None = None
-        self.identity = ""  # this process's journal among all replicas': host and file
-        self.slots = slots
-        self._fd = -1
-        #: request ID -> (kind, alone): what the dead predecessor was handling, and whether nothing else was
-        self.found: dict[str, tuple[bytes, bool]] = {}
         _private_dir(directory)
         for n in range(_FILES):
             path = directory / f"{name}-{n}.journal"
@@ -58,11 +52,13 @@ class Journal:
                 os.close(fd)
                 continue  # another live replica's
             self.path, self._fd = path, fd
+            # this process's journal among all replicas': host and file
             self.identity = f"{socket.gethostname()}:{path}"
             break
         else:
             raise OSError(f"all {_FILES} journal files of {name} in {directory} are taken by live processes")
-        self.found = _parse(os.pread(self._fd, 1 << 20, 0))
+        #: request ID -> (kind, alone): what the dead predecessor was handling, and whether nothing else was
+        self.found: dict[str, tuple[bytes, bool]] = _parse(os.pread(self._fd, 1 << 20, 0))
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, _BLANK * slots, 0)
         if self.found:
@@ -98,10 +94,7 @@ def _parse(data: bytes) -> dict[str, tuple[bytes, bool]]:
 def _private_dir(directory: Path) -> None:
     """Create ``directory`` (0700) or check that it is ours and not writable by others."""
     for path in (directory.parent, directory):
-        try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:
-            pass
+        path.mkdir(mode=0o700, exist_ok=True)
     st = os.lstat(directory)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise OSError(f"{directory} is not a directory of this user writable only by it")

@@ -24,11 +24,11 @@ backoff.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 import uuid
 from collections import OrderedDict, deque
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,10 +39,9 @@ from vmsched import metrics
 from vmsched.bus import BusUnavailable
 from vmsched.bus.rabbitmq.confirms import Confirms
 from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, Wakeup, backoff, drop, ensure_exchanges, note_lost, \
-    open_connection, read_messages, safe_release
-from vmsched.bus.options import BusOptions
+    open_connection, publish_json, read_messages, safe_release
+from vmsched.bus.options import BusOptions, mask
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, reply_queue, request_queue
-from vmsched.bus.options import mask
 from vmsched.logs import BROKER_TROUBLE, broker
 
 log = logging.getLogger("vmsched.bus")
@@ -55,7 +54,6 @@ Outcome = tuple[str, bytes | BaseException]
 MAX_SENDS = 5
 #: The least time the link's socket waits for one read or write of the broker, seconds.
 IO_TIMEOUT_FLOOR = 1.0
-_READ_TIMEOUT = 0.05  # the wait for the rest of a message whose first bytes have come, seconds
 _TICK = 0.1  # how often confirms and deadlines are looked at while requests wait, seconds
 _RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
 
@@ -101,23 +99,17 @@ class Link:
         self._thread: threading.Thread | None = None
         # the thread's own
         self._conn: Connection | None = None
-        self._sock: socket.socket | None = None
         self._producer: Producer | None = None
         self.reply_queue = ""
         self._declared: set[str] = set()
         self._requests: dict[str, Outgoing] = {}  # correlation id -> what to (re)send, until answered or expired
         self._resent_answered: OrderedDict[str, None] = OrderedDict()
-        self._confirms: Confirms[str] = Confirms(on_nack=self._on_nack)
+        self._confirms: Confirms[str] = Confirms(on_ack=lambda cids: None, on_nack=self._on_nack)  # a reply ends it
         self._nacked = False  # a nack asks for a new connection once the frames at hand are read
         self._heard = 0.0  # time.monotonic() the broker was last heard from
         self._beat = 0.0
         self._next_expiry = 0.0
         self._outcomes: list[Outcome] = []
-
-    @property
-    def accepting(self) -> bool:
-        """Whether a new request is taken (else it fails at once: no node answers)."""
-        return self.up or self.recovering
 
     # --- the event loop's side ----------------------------------------------
     def start(self) -> None:
@@ -167,17 +159,17 @@ class Link:
 
     def _round(self) -> None:
         """Wait for the broker or the event loop; send, read, and look at confirms, heartbeats and deadlines."""
-        sock = self._sock
-        assert sock is not None
-        readable = self._wakeup.wait(sock, _TICK if self._requests else 1.0)
-        self._run_work()
-        if readable and self._sock is sock:
+        conn = self._conn
+        assert conn is not None
+        readable = self._wakeup.wait(conn.connection.sock, _TICK if self._requests else 1.0)
+        self._run_work()  # may replace the connection
+        if readable and self._conn is conn:
             self._heard = time.monotonic()
-            read_messages(self._conn, sock, _READ_TIMEOUT)
-        if self._nacked and self._sock is sock:
+            read_messages(conn, conn.connection.sock)
+        if self._nacked and self._conn is conn:
             self._nacked = False
             self._lost(BusUnavailable("the broker refused a request (publisher nack)"))
-        if self._sock is sock:
+        if self._conn is conn:
             self._check_confirms()
         if self._conn is not None and time.monotonic() >= self._beat:
             self._beat = time.monotonic() + max(1.0, self.options.heartbeat / 3)
@@ -201,20 +193,18 @@ class Link:
     def _flush(self) -> None:
         if self._outcomes:
             outcomes, self._outcomes = self._outcomes, []
-            try:
+            with suppress(RuntimeError):  # the event loop is closed: nobody waits any more
                 self._deliver(outcomes)
-            except RuntimeError:  # the event loop is closed: nobody waits any more
-                pass
 
     def _close(self) -> None:
         conn = self._conn
-        self._conn = self._sock = self._producer = None
+        self._conn = self._producer = None
         if self.up:
             self.up = False
             metrics.BUS_UP.labels(self.service).set(0)
             safe_release(conn)  # its waits are bounded by the socket's timeout
         drop(conn)
-        self._fail_all(lambda: BusUnavailable("gateway shutting down"))
+        self._fail_all("gateway shutting down")
         self._flush()
 
     # --- requests -------------------------------------------------------------
@@ -234,17 +224,8 @@ class Link:
                 # scheduling queues wait for their service; an agent declares its own queue
                 request_queue(request.queue, self.options.delivery_limit)(self._conn.default_channel).declare()
                 self._declared.add(request.queue)
-            self._producer.publish(
-                request.payload,
-                exchange=request.exchange,
-                routing_key=request.key,
-                content_type="application/json",
-                content_encoding="utf-8",
-                correlation_id=cid,
-                reply_to=self.reply_queue,
-                expiration=max(0.001, request.deadline - time.time()),
-                retry=False,
-            )
+            publish_json(self._producer, request.payload, request.exchange, request.key, correlation_id=cid,
+                         reply_to=self.reply_queue, expiration=max(0.001, request.deadline - time.time()))
         except CONNECTION_ERRORS as exc:
             request.failed += 1
             if request.failed >= MAX_SENDS:  # e.g. a queue refused
@@ -271,8 +252,6 @@ class Link:
     def _check_confirms(self) -> None:
         """Confirms overdue: the broker went silent (the connection is replaced), or this request was not
         confirmed (a scheduling request is sent again, up to MAX_SENDS copies; else it fails)."""
-        if not self._confirms:
-            return
         for cid, published in self._confirms.overdue(self.options.confirm_timeout):
             if self._heard < published:
                 self._lost(BusUnavailable(f"the broker answered nothing for {self.options.confirm_timeout:g} s"))
@@ -338,11 +317,11 @@ class Link:
         if self._requests.pop(cid, None) is not None:
             self._outcomes.append((cid, error))
 
-    def _fail_all(self, error: Callable[[], BaseException], only_unrepeatable: bool = False) -> None:
+    def _fail_all(self, error: str, only_unrepeatable: bool = False) -> None:
         """Fail the requests waiting (``only_unrepeatable``: those to agents already sent, never sent twice)."""
         for cid, request in list(self._requests.items()):
             if not only_unrepeatable or (request.sent and not request.resend):
-                self._fail(cid, error())
+                self._fail(cid, BusUnavailable(error))
 
     # --- the connection ---------------------------------------------------------
     def _connect(self) -> bool:
@@ -365,11 +344,11 @@ class Link:
                     log.warning("%s: no answer from the broker at %s: %s; scheduling requests fail until it "
                                 "answers%s", self.service, broker(self.options.url), self.last_error, held)
                 self.recovering = False
-                self._fail_all(lambda: BusUnavailable(f"message bus unavailable: {self.last_error}"))
+                self._fail_all(f"message bus unavailable: {self.last_error}")
             return False
         finally:
             self.attempted.set()
-        self._conn, self._sock = conn, conn.connection.sock
+        self._conn = conn
         BROKER_TROUBLE.clear(self.options.url)
         self.up, self.recovering, self.last_error = True, False, ""
         self._heard = time.monotonic()
@@ -393,7 +372,7 @@ class Link:
         if self.options.confirms:
             self._confirms.watch(channel)  # a refused or missing confirm sends the request again or fails it
 
-    def _lost(self, exc: BaseException, recovering: bool = True) -> None:
+    def _lost(self, exc: BaseException) -> None:
         """The connection broke (or its broker went silent): drop it; the thread reconnects."""
         self.last_error = _describe(exc)
         held = BROKER_TROUBLE.allow(self.options.url)  # one line for all the threads of the process
@@ -402,17 +381,13 @@ class Link:
                         self.last_error, held)
         conn = self._conn
         note_lost(conn)
-        self._conn = self._sock = self._producer = None
+        self._conn = self._producer = None
         self.up = False
         metrics.BUS_UP.labels(self.service).set(0)
         drop(conn)
-        error = f"message bus connection lost: {self.last_error}"
-        if recovering and not self._stop.is_set():
-            self.recovering = True  # scheduling requests wait for the next connection
-            self._fail_all(lambda: BusUnavailable(error), only_unrepeatable=True)  # an agent's request is never sent twice
-        else:
-            self.recovering = False
-            self._fail_all(lambda: BusUnavailable(error))
+        # scheduling requests wait for the next connection (an agent's request is never sent twice)
+        self.recovering = not self._stop.is_set()
+        self._fail_all(f"message bus connection lost: {self.last_error}", only_unrepeatable=self.recovering)
 
 
 def _describe(exc: BaseException) -> str:

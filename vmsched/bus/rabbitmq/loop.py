@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from contextlib import suppress
 from typing import Callable
 
 from kombu import Connection, Consumer, Producer, Queue
@@ -17,9 +18,8 @@ from kombu.message import Message
 
 from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, ensure_exchanges, note_lost, open_connection, \
     safe_release
-from vmsched.bus.options import BusOptions
+from vmsched.bus.options import BusOptions, mask
 from vmsched.bus.interface import OnMessage, Publish, Subscription, Topic
-from vmsched.bus.options import mask
 from vmsched.logs import BROKER_TROUBLE, broker
 
 log = logging.getLogger(__name__)
@@ -61,15 +61,6 @@ def run_reconnecting(options: BusOptions, name: str, stop: threading.Event, serv
             safe_release(conn)
 
 
-def hand_over(message: Message, on_message: Callable[[bytes, str], object], what: str) -> None:
-    """Give a no-ack message's body and routing key to ``on_message``; its failure is logged, never raised."""
-    try:
-        body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
-        on_message(body, str(message.delivery_info.get("routing_key", "")))
-    except Exception:  # noqa: BLE001 - a bad message must not stop the subscription
-        log.exception("handling a %s message failed", what)
-
-
 class BrokerSubscription(Subscription):
     """A subscriber's own queue on RabbitMQ (:class:`~vmsched.bus.interface.Topic`): one thread with its own
     connection, reconnecting with backoff; an exclusive queue, gone with its connection."""
@@ -78,7 +69,7 @@ class BrokerSubscription(Subscription):
                  on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
                  tick: Callable[[], None] | None = None) -> None:
         super().__init__(name, topic, on_message, on_subscribed, linger, tick)
-        self.options = options.without_confirms()
+        self.options = options
 
     def serve(self) -> None:
         run_reconnecting(self.options, self.name, self.stopping, self._serve)
@@ -102,7 +93,12 @@ class BrokerSubscription(Subscription):
         self._drain(conn)
 
     def _received(self, message: Message) -> None:
-        hand_over(message, self.on_message, self.name)
+        """Give a no-ack message's body and routing key to ``on_message``; its failure is logged, never raised."""
+        try:
+            body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+            self.on_message(body, str(message.delivery_info.get("routing_key", "")))
+        except Exception:  # noqa: BLE001 - a bad message must not stop the subscription
+            log.exception("handling a %s message failed", self.name)
 
     def _drain(self, conn: Connection) -> None:
         while not self.stopping.is_set():
@@ -112,9 +108,7 @@ class BrokerSubscription(Subscription):
                 conn.heartbeat_check()
             else:
                 if self.linger > 0 and not self.stopping.wait(self.linger):
-                    try:
+                    with suppress(socket.timeout):
                         while not self.stopping.is_set():
                             conn.drain_events(timeout=0)
-                    except socket.timeout:
-                        pass
             self.ticked()

@@ -5,16 +5,17 @@ from __future__ import annotations
 import socket
 import time
 import uuid
+from contextlib import suppress
 from typing import Any
 
 from kombu import Consumer, Producer
 from kombu.message import Message
 
 from vmsched.bus import BusTimeout, BusUnavailable, reply_body
-from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, ensure_exchanges, open_connection, safe_release
-from vmsched.bus.options import BusOptions
+from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, ensure_exchanges, open_connection, publish_json, \
+    safe_release
+from vmsched.bus.options import BusOptions, mask
 from vmsched.bus.interface import request_bytes
-from vmsched.bus.options import mask
 from vmsched.bus.topology import REPLY_EXCHANGE, reply_queue as make_reply_queue, route
 
 
@@ -47,28 +48,17 @@ def call(url: str | BusOptions, queue: str, op: str, body: dict[str, Any], timeo
         ensure_exchanges(conn, (exchange, REPLY_EXCHANGE))
         channel = conn.default_channel
         with Consumer(channel, [make_reply_queue(reply_queue)], on_message=on_reply, no_ack=True):
-            Producer(channel, auto_declare=False, on_return=on_return).publish(
-                request_bytes(op, deadline, body),
-                exchange=exchange,
-                routing_key=key,
-                mandatory=True,
-                content_type="application/json",
-                content_encoding="utf-8",
-                correlation_id=cid,
-                reply_to=reply_queue,
-                expiration=timeout,
-                confirm_timeout=options.confirm_timeout,
-            )
+            publish_json(Producer(channel, auto_declare=False, on_return=on_return), request_bytes(op, deadline, body),
+                         exchange, key, mandatory=True, correlation_id=cid, reply_to=reply_queue, expiration=timeout,
+                         confirm_timeout=options.confirm_timeout)
             while not replies:
                 if returned:
                     raise BusUnavailable(f"nothing on the bus receives {queue} (is it running, with this host ID?)")
                 remaining = deadline - time.time()
                 if remaining <= 0:
                     raise BusTimeout(f"no reply from {queue} within {timeout:g} s (is the service running?)")
-                try:
+                with suppress(socket.timeout):
                     conn.drain_events(timeout=remaining)
-                except socket.timeout:
-                    continue
     except BusUnavailable:
         raise
     except CONNECTION_ERRORS as exc:

@@ -30,7 +30,7 @@ from kombu.message import Message
 from vmsched import metrics
 from vmsched.bus import BusUnavailable
 from vmsched.bus.rabbitmq.confirms import Confirms
-from vmsched.bus.rabbitmq.connection import Wakeup, ensure_exchanges, read_messages
+from vmsched.bus.rabbitmq.connection import Wakeup, ensure_exchanges, publish_json, read_messages
 from vmsched.bus.options import BusOptions
 from vmsched.bus.rabbitmq.journal import Journal
 from vmsched.bus.rabbitmq.loop import run_reconnecting
@@ -45,7 +45,6 @@ __all__ = ["Handler", "ServiceWorker"]
 log = logging.getLogger("vmsched.bus")
 
 _Item = tuple[str, Message, Triage]  # queue, message, how it runs
-_READ_TIMEOUT = 0.05  # the bus thread's wait for the rest of a message it has begun to read, seconds
 
 
 class ServiceWorker:
@@ -73,15 +72,16 @@ class ServiceWorker:
         self.triage = PoisonTriage(service, self.limit, None)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._connected = 0
-        self._lock = threading.Lock()
+        self.connected = False
         self._work: queues.SimpleQueue[_Item | None] = queues.SimpleQueue()
         self._done: queues.SimpleQueue[tuple[Message, bytes | None]] = queues.SimpleQueue()
         self._wakeup: Wakeup | None = None
         self._channel: object = None  # the channel of the live connection
         self._held = HeldSecondChances()  # on the bus thread
         self._turns = Turns()  # on the bus thread; a new one per connection
-        self._acks = self._confirms()  # likewise: requests acknowledged once their reply is confirmed
+        # requests acknowledged once what was published for them is confirmed; a nack: a new connection
+        self._acks: Confirms[Message] = Confirms(on_ack=lambda messages: [m.ack() for m in messages],
+                                                 on_nack=self._nacked)
         self._refused = False  # the broker refused a reply or a copy: take a new connection
         self.ready = threading.Event()  # set once the consumers have subscribed
 
@@ -124,17 +124,9 @@ class ServiceWorker:
             self.journal.close()
             self.journal = None
 
-    @property
-    def connected(self) -> bool:
-        return self._connected > 0
-
     # --- the bus thread ----------------------------------------------------
     def _run(self) -> None:
-        run_reconnecting(self.options.without_confirms(), self.service, self._stop, self._serve, self._reconnected)
-
-    def _confirms(self) -> Confirms[Message]:
-        """Requests acknowledged once what was published for them is confirmed; a nack: a new connection."""
-        return Confirms(on_ack=lambda messages: [m.ack() for m in messages], on_nack=self._nacked)
+        run_reconnecting(self.options, self.service, self._stop, self._serve, self._reconnected)
 
     def _nacked(self, messages: list[Message]) -> None:
         self._refused = True  # not acknowledged: delivered again on the next connection
@@ -144,10 +136,9 @@ class ServiceWorker:
         log.info("%s: reconnected to the bus", self.service)
 
     def _serve(self, conn: Connection) -> None:
-        ensure_exchanges(conn, {route(name)[0].name: route(name)[0] for name in self.routes}.values())
-        ensure_exchanges(conn, (REPLY_EXCHANGE, DEAD_EXCHANGE))
+        ensure_exchanges(conn, {route(name)[0] for name in self.routes} | {REPLY_EXCHANGE, DEAD_EXCHANGE})
         channel = self._channel = conn.channel()  # before consuming: deliveries may come while subscribing
-        self._acks, self._refused = self._confirms(), False
+        self._refused = False
         self._acks.watch(channel)
         producer = Producer(channel, auto_declare=False)
         # a dead-letter queue's consumer holds several second chances, decided for together; each runs alone
@@ -162,12 +153,14 @@ class ServiceWorker:
         for name in self.routes:
             Consumer(channel, [request_queue(name, self.limit)], no_ack=False,
                      on_message=self._callback(name, False, producer)).consume()
-        self._set_connected(+1)
+        self.connected = True
+        metrics.BUS_UP.labels(self.service).set(1)
         try:
             self.ready.set()
             self._pump(conn, producer, channel)
         finally:
-            self._set_connected(-1)
+            self.connected = False
+            metrics.BUS_UP.labels(self.service).set(0)
 
     def _pump(self, conn: Connection, producer: Producer, channel: object) -> None:
         """Read the socket and the handlers' wake-up pipe; send what the handlers finished."""
@@ -179,7 +172,7 @@ class ServiceWorker:
             wait = HOLD_CHECK if self._held else 1.0
             assert self._wakeup is not None
             if self._wakeup.wait(sock, wait):
-                read_messages(conn, sock, _READ_TIMEOUT)
+                read_messages(conn, sock)
             if self._refused:  # its requests come back on the next connection
                 raise BusUnavailable("the broker refused a reply or a second chance (publisher nack)")
             if time.monotonic() - beat >= 1.0:
@@ -189,20 +182,21 @@ class ServiceWorker:
 
     def _flush(self, producer: Producer, channel: object) -> None:
         """Send the replies the handlers finished, each followed by its ack."""
-        while True:
-            try:
-                message, reply = self._done.get_nowait()
-            except queues.Empty:
-                return
+        while not self._done.empty():  # this thread is the only one that takes from it
+            message, reply = self._done.get_nowait()
             # acknowledged once the reply is confirmed (a killed process, a lost reply: delivered again); if its
             # channel is gone the broker has returned it, and the reply may still be in time
-            self._answered(message, self._reply(message, reply, producer), channel)
+            self._answered(message, reply, producer, channel)
             self._turns.finished(message)
 
-    def _answered(self, message: Message, replied: bool, channel: object) -> None:
-        """``message`` is done with: acknowledged once its reply (if one went out) is confirmed."""
+    def _answered(self, message: Message, reply: bytes | None, producer: Producer, channel: object) -> None:
+        """``message`` is done with: ``reply`` goes to its sender (if any, and if one waits), and ``message`` is
+        acknowledged once that reply is confirmed (at once without one)."""
+        reply_to = message.properties.get("reply_to")
         current = message.channel is channel
-        if replied:
+        if reply is not None and reply_to:
+            publish_json(producer, reply, REPLY_EXCHANGE, reply_to,
+                         correlation_id=message.properties.get("correlation_id"))
             self._acks.published(message if current else None)
         elif current:
             message.ack()
@@ -213,11 +207,6 @@ class ServiceWorker:
 
     def _callback(self, name: str, dead_letter: bool, producer: Producer) -> Callable[[Message], None]:
         return lambda message: self._on_message(name, dead_letter, message, producer)
-
-    def _set_connected(self, delta: int) -> None:
-        with self._lock:
-            self._connected += delta
-            metrics.BUS_UP.labels(self.service).set(1 if self._connected else 0)
 
     # --- one message (on the bus thread) -----------------------------------
     def _on_message(self, name: str, dead_letter: bool, message: Message, producer: Producer) -> None:
@@ -242,7 +231,7 @@ class ServiceWorker:
             self._acks.published(message)
         else:
             reply = self.replier.dead(name, message.body, correlation_id(message), triage.why)
-            self._answered(message, self._reply(message, reply, producer), message.channel)
+            self._answered(message, reply, producer, message.channel)
 
     def _release_held(self, channel: object, producer: Producer) -> None:
         """Give a held second chance whose wait is over its turn; answer those that cannot run in time
@@ -256,7 +245,7 @@ class ServiceWorker:
             else:  # late: an error naming its units, or nothing once its caller gave up
                 why = f"its second chance could not run before its deadline (a {self.service} process holding it died)"
                 reply = self.replier.dead(name, message.body, correlation_id(message), why)
-                self._answered(message, self._reply(message, reply, producer), channel)
+                self._answered(message, reply, producer, channel)
 
     def _others_consume(self, channel: object, name: str) -> bool:
         """Whether a process besides this one consumes ``name``'s request queue (one channel per process)."""
@@ -292,19 +281,3 @@ class ServiceWorker:
         except Exception:  # noqa: BLE001 - the replier answers every handler error; this is the journal's
             log.exception("%s: request %s on %s not handled", self.service, cid, name)
             return None
-
-    def _reply(self, message: Message, reply: bytes | None, producer: Producer) -> bool:
-        """Publish ``reply`` to the sender of ``message``; whether a reply went out."""
-        reply_to = message.properties.get("reply_to")
-        if reply is not None and reply_to:
-            producer.publish(
-                reply,
-                exchange=REPLY_EXCHANGE,
-                routing_key=reply_to,
-                content_type="application/json",
-                content_encoding="utf-8",
-                correlation_id=message.properties.get("correlation_id"),
-                retry=False,
-            )
-            return True
-        return False
