@@ -42,12 +42,14 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import asdict
 from types import ModuleType
 from typing import Any
 
 from vmsched.runtime.worker import children, sandbox
 from vmsched.runtime.worker import errors as worker_errors
-from vmsched.runtime.worker.capture import Capture, OutputLimitExceeded, Redirect
+from vmsched.runtime.worker.capture import Capture, OutputLimitExceeded
 from vmsched.runtime.contract import KIND, aligned_scores
 from vmsched.runtime.progress import Progress
 from vmsched.runtime.protocol import Channel, encode_frame, encode_json, reply_frame
@@ -151,15 +153,14 @@ class Runner:
 
     def _encode(self, reply: dict[str, Any], stderr: Capture) -> bytes:
         """The reply's JSON (an error in its place if it cannot be encoded or is too large)."""
-        encode = encode_json
         try:
-            data = encode(reply)
+            data = encode_json(reply)
         except (TypeError, ValueError, RecursionError, OverflowError) as exc:
-            return encode({"ok": False, "error": f"result is not JSON-serializable: {exc}", "stderr": stderr.getvalue(),
+            return encode_json({"ok": False, "error": f"result is not JSON-serializable: {exc}", "stderr": stderr.getvalue(),
                            "t": reply.get("t", 0.0)})
         if len(data) > self.max_reply:
             error = f"result too large: {len(data)} bytes encoded (limit {self.max_reply})"
-            return encode({"ok": False, "error": error, "stderr": stderr.getvalue()[:4096], "t": reply.get("t", 0.0)})
+            return encode_json({"ok": False, "error": error, "stderr": stderr.getvalue()[:4096], "t": reply.get("t", 0.0)})
         return data
 
     # -- call
@@ -171,7 +172,7 @@ class Runner:
         self._arm_cpu_limit()
         stdout = Capture(self.max_output, strict=True)
         try:
-            with Redirect(stdout, stderr):
+            with redirect_stdout(stdout), redirect_stderr(stderr):
                 value = getattr(cls(), method)(*args)
         except OutputLimitExceeded:
             return {"ok": False, "error": f"stdout exceeded {self.max_output} bytes"}
@@ -202,7 +203,7 @@ class Runner:
     def _import(self, plugin: str, stderr: Capture) -> ModuleType:
         """The plugin's module; output printed while importing goes to stderr."""
         try:
-            with Redirect(stderr, stderr):
+            with redirect_stdout(stderr), redirect_stderr(stderr):
                 return self.modules.get(plugin)
         except PluginError:
             raise
@@ -242,7 +243,7 @@ class Runner:
         name = os.path.splitext(os.path.basename(path))[0]
         self._arm_cpu_limit()
         try:
-            with Redirect(stderr, stderr):
+            with redirect_stdout(stderr), redirect_stderr(stderr):
                 module = self.modules.load(name, path)
                 units = list_units(module)
         except BaseException as exc:
@@ -296,9 +297,8 @@ def _exit_with_parent(read_fd: int) -> None:
 
 def _confine(options: argparse.Namespace, plugins_dirs: list[str], channel: Channel) -> sandbox.Report:
     """Apply the sandbox; on refusal tell the pool why and exit."""
-    settings = sandbox.Options.from_json({"plugins_dir": plugins_dirs[0], "memory_mb": options.memory_mb,
-                                          **json.loads(options.sandbox)})
-    settings.plugins_dir = plugins_dirs[0]
+    settings = sandbox.Options(**{"memory_mb": options.memory_mb, **json.loads(options.sandbox),
+                                  "plugins_dir": plugins_dirs[0]})
     settings.extra_read = [*settings.extra_read, *plugins_dirs[1:]]  # the other plugin folders: read-only too
     try:
         report = sandbox.confine(settings)
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     confinement = _confine(options, plugins_dirs, channel)  # before any thread starts
     _exit_with_parent(read_fd)
     runner = Runner(plugins_dirs, options.cpu_seconds, options.max_output, progress)
-    channel.send(encode_frame({"ok": True, "ready": True, "pid": os.getpid(), "sandbox": confinement.as_dict()}))
+    channel.send(encode_frame({"ok": True, "ready": True, "pid": os.getpid(), "sandbox": asdict(confinement)}))
     while (request := channel.receive()) is not None:
         channel.send(runner.handle(request))
     return 0

@@ -25,8 +25,7 @@ import pwd
 import resource
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from vmsched.runtime.worker import landlock, seccomp
 
@@ -59,10 +58,6 @@ class Options:
     extra_read: list[str] = field(default_factory=list)
     extra_write: list[str] = field(default_factory=list)
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Options:
-        return cls(**data)
-
 
 @dataclass
 class Report:
@@ -76,9 +71,6 @@ class Report:
 
     def off(self, feature: str, why: str) -> None:
         self.features[feature] = f"off: {why}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

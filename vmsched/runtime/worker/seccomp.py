@@ -132,13 +132,9 @@ def build(network: bool, signals: bool, own_pid: int, parent_pid: int) -> bytes:
     return p.assemble()
 
 
-def supported() -> bool:
-    return platform.machine() == "x86_64"
-
-
 def install(network: bool, signals: bool, own_pid: int, parent_pid: int) -> None:
     """Install the filter on this thread (and later threads and children)."""
-    if not supported():
+    if platform.machine() != "x86_64":
         raise OSError(f"no seccomp filter for {platform.machine()}")
     program = build(network, signals, own_pid, parent_pid)
     buffer = ctypes.create_string_buffer(program, len(program))
