@@ -14,6 +14,7 @@ import select
 import time
 from collections import deque
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -150,10 +151,8 @@ class Waiter:
         os.set_blocking(self._write_fd, False)
 
     def wake(self) -> None:
-        try:
+        with suppress(OSError):  # BlockingIOError: already awake
             os.write(self._write_fd, b"!")
-        except (BlockingIOError, OSError):
-            pass  # already awake
 
     def drain(self) -> None:
         os.read(self.read_fd, 4096)
@@ -185,7 +184,10 @@ class Batch:
                     self._wait()
         finally:
             for worker, job in list(self._running.values()):  # only after an unexpected error
-                self._abandon(worker, job, "crash", "internal error in the plugin pool", timed_out=False)
+                self._forget(worker)
+                worker.kill()
+                job.fail("internal error in the plugin pool", time.monotonic())
+                self._pool.replace(worker, "crash", f"{job.label}: internal error in the plugin pool")
             for worker in self._spare:
                 self._pool.release(worker)
             self._pool.drop_waiter(self._waiter)
@@ -193,7 +195,7 @@ class Batch:
     def _dispatch(self) -> None:
         while self._pending:
             try:
-                worker = self._next_worker()
+                worker = self._spare.pop() if self._spare else self._pool.checkout(self._waiter, len(self._pending))
             except PoolClosed:
                 now = time.monotonic()
                 while self._pending:
@@ -206,11 +208,6 @@ class Batch:
                     self._grow_at = time.monotonic() + GROW_AFTER
                 return
             self._start(worker, self._pending.popleft())
-
-    def _next_worker(self) -> Worker | None:
-        if self._spare:
-            return self._spare.pop()
-        return self._pool.checkout(self._waiter, len(self._pending))
 
     def _start(self, worker: Worker, job: Job) -> None:
         job.begin(worker, time.monotonic())
@@ -294,12 +291,6 @@ class Batch:
                 worker.kill()
                 self._pending.extend(job.leftovers(now))
                 self._pool.replace(worker, "timeout", f"{job.blamed}: {job.error}")
-
-    def _abandon(self, worker: Worker, job: Job, reason: str, error: str, timed_out: bool) -> None:
-        self._forget(worker)
-        worker.kill()
-        job.fail(error, time.monotonic(), timed_out)
-        self._pool.replace(worker, reason, f"{job.label}: {error}")
 
     def _forget(self, worker: Worker) -> None:
         del self._running[worker.read_fd]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import selectors
 import threading
+from contextlib import suppress
 
 from vmsched.metrics import PLUGIN_RAW_OUTPUT
 
@@ -85,7 +86,5 @@ class OutputDrain:
         with self._lock:
             if self._tails.pop(fd, None) is None:
                 return
-            try:
+            with suppress(KeyError, ValueError):
                 self._selector.unregister(fd)
-            except (KeyError, ValueError):
-                pass

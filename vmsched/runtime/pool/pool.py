@@ -172,13 +172,6 @@ class PluginPool:
         with self._lock:
             return len(self._workers) + self._growing
 
-    def __enter__(self) -> PluginPool:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     # -- requests
     def run(self, calls: Sequence[Call], deadline: float | None = None) -> list[CallResult]:
         """Run ``calls`` (the units of one request); results in input order. Thread-safe.
@@ -343,17 +336,14 @@ class PluginPool:
                     return
                 delay = min(delay * 2, 30.0)
                 continue
-            if self._warm_plugins:
-                self._warm_new(worker)
-            else:
+            if not self._warm_plugins:
                 self.release(worker)
+                return
+            # it imports what warm() named before it serves; the batch then releases it
+            now = time.monotonic()
+            frame = encode_frame({"op": "warm", "plugins": self._warm_plugins})
+            Batch(self, [Job(frame, "warm", READY_TIMEOUT, now + READY_TIMEOUT, _INF, now)], [worker]).run()
             return
-
-    def _warm_new(self, worker: Worker) -> None:
-        """A new worker imports what warm() named before it serves; the batch then releases it."""
-        now = time.monotonic()
-        frame = encode_frame({"op": "warm", "plugins": self._warm_plugins})
-        Batch(self, [Job(frame, "warm", READY_TIMEOUT, now + READY_TIMEOUT, _INF, now)], [worker]).run()
 
     def _shrink_loop(self) -> None:
         while not self._closed.wait(max(0.05, min(self.idle_seconds / 4, 10.0))):
