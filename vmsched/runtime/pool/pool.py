@@ -25,16 +25,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import Any
 from pathlib import Path
 
 from vmsched.metrics import PLUGIN_CONFINEMENT, PLUGIN_WORKER_RESTARTS, PLUGIN_WORKERS
 from vmsched.runtime.pool import spawn
-from vmsched.runtime.pool.batch import Batch, Job, PoolClosed, Waiter
+from vmsched.runtime.pool.batch import Batch, PoolClosed, Waiter
+from vmsched.runtime.pool.bundle import Bundle, Unit
 from vmsched.runtime.pool.drain import OutputDrain
 from vmsched.facts.wire import FactsWire
 from vmsched.runtime.pool.planning import BUNDLE_SECONDS, Planner
 from vmsched.runtime.pool.process import Worker
-from vmsched.runtime.protocol import encode_frame
+from vmsched.runtime.protocol import ENCODER
 from vmsched.runtime.worker.sandbox import FEATURES, make_non_dumpable
 from vmsched.runtime.types import Analysis, AnalyzedUnit, Call, CallResult, Confinement, Limits
 
@@ -193,21 +195,20 @@ class PluginPool:
         """
         self._check_started()
         path = Path(path).absolute()
-        now = time.monotonic()
-        frame = encode_frame({"op": "analyze", "path": str(path)})
-        job = Job(frame, f"analyze {path.name}", timeout, now + timeout, _INF, now)
+        job = self._request({"op": "analyze", "path": str(path)}, f"analyze {path.name}", timeout)
         Batch(self, [job]).run()
-        if job.reply is None:
+        done, reply = job.units[0], job.units[0].reply
+        if reply is None:
             if not job.started:
-                raise PoolUnavailable(job.error)
-            error = f"{job.error} while importing the module" if job.timed_out else job.error
+                raise PoolUnavailable(done.error)
+            error = f"{done.error} while importing the module" if done.timed_out else done.error
             return Analysis(plugin=path.stem, error=error)
-        if job.reply.get("stderr"):
-            log.debug("analysis of %s wrote: %s", path.name, job.reply["stderr"].rstrip())
-        if not job.reply.get("ok"):
-            return Analysis(plugin=path.stem, error=job.reply.get("error") or "unknown error")
-        units = [AnalyzedUnit(**unit) for unit in job.reply["units"]]
-        return Analysis(plugin=path.stem, units=units, uses_facts=bool(job.reply.get("uses_facts")))
+        if reply.get("stderr"):
+            log.debug("analysis of %s wrote: %s", path.name, reply["stderr"].rstrip())
+        if not reply.get("ok"):
+            return Analysis(plugin=path.stem, error=reply.get("error") or "unknown error")
+        units = [AnalyzedUnit(**unit) for unit in reply["units"]]
+        return Analysis(plugin=path.stem, units=units, uses_facts=bool(reply.get("uses_facts")))
 
     def warm(self, plugins: Iterable[str], timeout: float = 10.0) -> None:
         """Import ``plugins`` in the workers idle right now (best effort)."""
@@ -220,10 +221,15 @@ class PluginPool:
             for worker in workers:
                 self.release(worker)
             return
-        now = time.monotonic()
-        frame = encode_frame({"op": "warm", "plugins": names})
-        jobs = [Job(frame, "warm", timeout, now + timeout, _INF, now) for _ in workers]
+        jobs = [self._request({"op": "warm", "plugins": names}, "warm", timeout) for _ in workers]
         Batch(self, jobs, workers).run()
+
+    def _request(self, message: dict[str, Any], label: str, timeout: float) -> Bundle:
+        """A request to a worker that is not a unit call (analyze, warm): ``timeout`` to get a worker, as
+        much to run."""
+        now = time.monotonic()
+        unit = Unit(ENCODER.encode(message)[:-1], label, timeout, now + timeout, _INF)  # the closing brace comes later
+        return Bundle([unit], self._wire, now, self._max_frame)
 
     def _check_started(self) -> None:
         if not self._started:
@@ -340,9 +346,8 @@ class PluginPool:
                 self.release(worker)
                 return
             # it imports what warm() named before it serves; the batch then releases it
-            now = time.monotonic()
-            frame = encode_frame({"op": "warm", "plugins": self._warm_plugins})
-            Batch(self, [Job(frame, "warm", READY_TIMEOUT, now + READY_TIMEOUT, _INF, now)], [worker]).run()
+            Batch(self, [self._request({"op": "warm", "plugins": self._warm_plugins}, "warm", READY_TIMEOUT)],
+                  [worker]).run()
             return
 
     def _shrink_loop(self) -> None:

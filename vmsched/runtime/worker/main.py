@@ -8,7 +8,7 @@ pickle: this process runs untrusted code). Before any plugin runs, the
 protocol pipes are moved to private descriptors and fd 0/1 are pointed at
 /dev/null and stderr, so a plugin writing to fd 1 cannot corrupt a frame.
 
-Requests (one at a time, each answered by exactly one reply):
+Requests (one at a time, each answered by exactly one reply) are batches:
 
 - ``{"op": "batch", "calls": [{"plugin", "cls", "method", "args", "held"?, "facts"?}, ...], "facts"?}`` ->
   ``{"replies": [{"ok": true, "value", "stderr", "t"} or {"ok": false, "error", "stderr", "t"}, ...]}``:
@@ -19,8 +19,10 @@ Requests (one at a time, each answered by exactly one reply):
   Before each unit the worker writes its index and start time to the progress page
   (:mod:`vmsched.runtime.progress`), so that the pool can tell which unit overran its budget or crashed
   the worker. ``facts`` (the held form of :mod:`vmsched.facts.wire`) is installed once, for the
-  calls marked ``held``;
-- ``{"op": "call", "plugin", "cls", "method", "args"}`` -> one reply as above (without ``t``);
+  calls marked ``held``.
+
+A call may instead name another request (the pool sends these alone in a batch), answered in its place:
+
 - ``{"op": "analyze", "path"}`` -> ``{"ok": true, "units": [...]}`` or an error
 - ``{"op": "warm", "plugins": [...]}`` -> ``{"ok": true, "loaded": [...]}``
 
@@ -83,14 +85,7 @@ class Runner:
         self._cwd = os.getcwd()  # the plugins folder, as the kernel spells it
 
     def handle(self, request: dict[str, Any]) -> bytes:
-        """The reply frame to ``request``."""
-        if request.get("op") == "batch":
-            return self.batch(request)
-        stderr = Capture(self.max_output, strict=False)
-        return reply_frame(self._encode(self._run(request, stderr), stderr))
-
-    def batch(self, request: dict[str, Any]) -> bytes:
-        """One reply frame for the units of one request, run in order (each as a ``call``)."""
+        """One reply frame for the units of one request (a ``batch``), run in order (each as a ``call``)."""
         parts: list[bytes] = []
         payload = request.get("facts")
         installed = False
@@ -105,7 +100,7 @@ class Runner:
                     payload = {k: v for k, v in payload.items() if k not in _ONCE}
             hosts = _requested_hosts(call)  # a copy: the plugin gets the list and may change it
             stderr = Capture(self.max_output, strict=False)
-            reply = self._run({**call, "op": "call"}, stderr)
+            reply = self._run({"op": "call", **call}, stderr)  # or the request it names (analyze, warm)
             reply["t"] = time.monotonic() - began
             parts.append((hosts is not None and self._encode_aligned(hosts, reply)) or self._encode(reply, stderr))
         return reply_frame(b'{"replies":[' + b",".join(parts) + b"]}")
