@@ -98,7 +98,6 @@ class Catalog:
         in one process, so each change is logged once)."""
         self.folders = tuple(Path(d).absolute() for d in ([plugins_dir] if isinstance(plugins_dir, (str, Path))
                                                            else plugins_dir))
-        self.plugins_dir = self.folders[0]
         self.log_changes = log_changes
         self._pool = pool
         self._analyze_timeout = analyze_timeout

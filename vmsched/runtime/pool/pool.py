@@ -67,9 +67,12 @@ class PluginPool:
             raise ValueError(f"need 1 <= minimum ({self.min_size}) <= maximum ({self.max_size}) workers")
         self.folders = tuple(Path(d).absolute() for d in ([plugins_dir] if isinstance(plugins_dir, (str, Path))
                                                            else plugins_dir))
-        self.plugins_dir = self.folders[0]
         self.size = self.max_size  # the most workers it runs (a fixed pool: always)
         self.idle_seconds = idle_seconds
+        #: units of a request share a worker while their mean run time together stays under this (seconds)
+        self.bundle_seconds = bundle_seconds
+        #: score calls may answer with their numbers alone (CallResult.scores; planning, contract)
+        self.aligned_scores = False
         self.limits = limits
         self.name = name
         self.max_calls = max_calls
@@ -87,7 +90,7 @@ class PluginPool:
         self._started = False
         self._closed = threading.Event()
         self._wire = FactsWire()  # which host facts each worker holds
-        self._plan = Planner(self._wire, self._max_frame, bundle_seconds)
+        self._plan = Planner(self._wire, self._max_frame)
         self._restarts = {reason: PLUGIN_WORKER_RESTARTS.labels(pool=name, reason=reason) for reason in _REASONS}
 
     # -- lifecycle
@@ -151,24 +154,6 @@ class PluginPool:
             return len(self._idle)
 
     @property
-    def bundle_seconds(self) -> float:
-        """Units of a request share a worker while their mean run time together stays under this."""
-        return self._plan.bundle_seconds
-
-    @bundle_seconds.setter
-    def bundle_seconds(self, value: float) -> None:
-        self._plan.bundle_seconds = value
-
-    @property
-    def aligned_scores(self) -> bool:
-        """Score calls may answer with their numbers alone (CallResult.scores; planning, contract)."""
-        return self._plan.aligned_scores
-
-    @aligned_scores.setter
-    def aligned_scores(self, value: bool) -> None:
-        self._plan.aligned_scores = value
-
-    @property
     def workers(self) -> int:
         """Worker processes running or starting right now (a snapshot)."""
         with self._lock:
@@ -183,8 +168,8 @@ class PluginPool:
         self._check_started()
         now = time.monotonic()
         hard_end = _INF if deadline is None else now + (deadline - time.time())
-        units = self._plan.units(calls, now, hard_end)
-        Batch(self, self._plan.bundles([u for u in units if not u.done], now)).run()
+        units = self._plan.units(calls, now, hard_end, self.aligned_scores)
+        Batch(self, self._plan.bundles([u for u in units if not u.done], now, self.bundle_seconds)).run()
         return [self._plan.result(unit) for unit in units]
 
     def analyze(self, path: Path, timeout: float = 10.0) -> Analysis:
