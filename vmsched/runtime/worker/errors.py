@@ -32,7 +32,7 @@ def parse_output(text: str) -> Any:
     raise PluginError(f"could not parse output as a Python literal: {shown!r}")
 
 
-def describe_exception(exc: BaseException, plugins_dirs: str | Sequence[str]) -> str:
+def describe_exception(exc: BaseException, plugins_dirs: Sequence[str]) -> str:
     """``Type: message (file.py, line N, in func)`` with the plugin's last frame."""
     if isinstance(exc, SystemExit):
         return f"plugin called sys.exit({exc.code!r})"
@@ -46,9 +46,8 @@ def describe_exception(exc: BaseException, plugins_dirs: str | Sequence[str]) ->
     if len(message) > _MAX_MESSAGE:
         message = message[:_MAX_MESSAGE] + "..."
     text = f"{kind}: {message}" if message else kind
-    folders = [plugins_dirs] if isinstance(plugins_dirs, str) else list(plugins_dirs)
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):  # the plugin's last frame
-        folder = next((f for f in folders if frame.filename.startswith(f.rstrip(os.sep) + os.sep)), None)
+        folder = next((f for f in plugins_dirs if frame.filename.startswith(f.rstrip(os.sep) + os.sep)), None)
         if folder is not None:
             text += f" ({os.path.relpath(frame.filename, folder)}, line {frame.lineno}, in {frame.name})"
             break

@@ -44,14 +44,14 @@ import sys
 import threading
 import time
 import traceback
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout, suppress
 from dataclasses import asdict
 from types import ModuleType
 from typing import Any
 
 from vmsched.runtime.worker import children, sandbox
 from vmsched.runtime.worker import errors as worker_errors
-from vmsched.runtime.worker.capture import Capture, OutputLimitExceeded
+from vmsched.runtime.worker.capture import Capture
 from vmsched.runtime.contract import KIND, aligned_scores
 from vmsched.runtime.progress import Progress
 from vmsched.runtime.protocol import Channel, encode_frame, encode_json, reply_frame
@@ -72,8 +72,7 @@ class Runner:
 
     def __init__(self, plugins_dirs: str | list[str], cpu_seconds: int, max_output: int,
                  progress: Progress | None = None) -> None:
-        self.dirs = [plugins_dirs] if isinstance(plugins_dirs, str) else list(plugins_dirs)
-        self.dir = self.dirs[0]  # the working directory
+        self.dirs = [plugins_dirs] if isinstance(plugins_dirs, str) else list(plugins_dirs)  # the first: the cwd
         self.cpu_seconds = cpu_seconds
         self.max_output = max_output
         self.max_reply = 2 * max_output + (1 << 16)
@@ -151,8 +150,8 @@ class Runner:
         try:
             data = encode_json(reply)
         except (TypeError, ValueError, RecursionError, OverflowError) as exc:
-            return encode_json({"ok": False, "error": f"result is not JSON-serializable: {exc}", "stderr": stderr.getvalue(),
-                           "t": reply.get("t", 0.0)})
+            error = f"result is not JSON-serializable: {exc}"
+            return encode_json({"ok": False, "error": error, "stderr": stderr.getvalue(), "t": reply.get("t", 0.0)})
         if len(data) > self.max_reply:
             error = f"result too large: {len(data)} bytes encoded (limit {self.max_reply})"
             return encode_json({"ok": False, "error": error, "stderr": stderr.getvalue()[:4096], "t": reply.get("t", 0.0)})
@@ -169,13 +168,11 @@ class Runner:
         try:
             with redirect_stdout(stdout), redirect_stderr(stderr):
                 value = getattr(cls(), method)(*args)
-        except OutputLimitExceeded:
-            return {"ok": False, "error": f"stdout exceeded {self.max_output} bytes"}
         except SystemExit as exc:
             if exc.code not in (None, 0) or not stdout.getvalue().strip():
                 return self._failed(exc, stdout, stderr)
             value = None  # an old plugin that printed its result, then exit(0)
-        except BaseException as exc:
+        except BaseException as exc:  # OutputLimitExceeded too: _failed says the stdout limit was exceeded
             return self._failed(exc, stdout, stderr)
         if stdout.exceeded:  # the plugin swallowed OutputLimitExceeded
             return {"ok": False, "error": f"stdout exceeded {self.max_output} bytes"}
@@ -226,12 +223,10 @@ class Runner:
 
     def _restore_cwd(self) -> None:
         """Undo a plugin's os.chdir(): sibling imports and relative paths need the folder."""
-        try:
+        with suppress(OSError):
             if os.getcwd() == self._cwd:
                 return
-        except OSError:
-            pass
-        os.chdir(self.dir)
+        os.chdir(self.dirs[0])
 
     # -- analyze and warm
     def analyze(self, path: str, stderr: Capture) -> dict[str, Any]:
@@ -248,11 +243,9 @@ class Runner:
     def warm(self, plugins: list[str], stderr: Capture) -> dict[str, Any]:
         loaded = []
         for plugin in plugins:
-            try:
+            with suppress(PluginError):
                 self._import(plugin, stderr)
                 loaded.append(plugin)
-            except PluginError:
-                pass
         return {"ok": True, "loaded": loaded}
 
 
@@ -292,8 +285,7 @@ def _exit_with_parent(read_fd: int) -> None:
 
 def _confine(options: argparse.Namespace, plugins_dirs: list[str], channel: Channel) -> sandbox.Report:
     """Apply the sandbox; on refusal tell the pool why and exit."""
-    settings = sandbox.Options(**{"memory_mb": options.memory_mb, **json.loads(options.sandbox),
-                                  "plugins_dir": plugins_dirs[0]})
+    settings = sandbox.Options(**json.loads(options.sandbox), plugins_dir=plugins_dirs[0])
     settings.extra_read = [*settings.extra_read, *plugins_dirs[1:]]  # the other plugin folders: read-only too
     try:
         report = sandbox.confine(settings)
@@ -308,7 +300,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="vmsched.runtime.worker.main")
     parser.add_argument("--plugins-dir", required=True, action="append",
                         help="a plugins folder; several: on sys.path in this order, the first is the working directory")
-    parser.add_argument("--memory-mb", type=int, default=1024)
     parser.add_argument("--cpu-seconds", type=int, default=30)
     parser.add_argument("--max-output", type=int, default=1 << 20)
     parser.add_argument("--progress-fd", type=int, default=-1, help="the pool's progress page (a memfd)")

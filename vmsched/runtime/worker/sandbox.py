@@ -25,6 +25,7 @@ import pwd
 import resource
 import sys
 import tempfile
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 from vmsched.runtime.worker import landlock, seccomp
@@ -197,10 +198,8 @@ def _python_paths() -> list[str]:
 
 
 def _drop_capabilities(report: Report) -> None:
-    try:
+    with suppress(OSError):  # kernel < 4.3: no ambient set
         _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    except OSError:
-        pass  # kernel < 4.3: no ambient set
     if os.geteuid() == 0:  # still root (allow_root): empty the bounding set too
         last = int(open("/proc/sys/kernel/cap_last_cap").read())
         for cap in range(last + 1):
