@@ -173,17 +173,14 @@ class Batch:
             reply = worker.feed()
         except (WorkerGone, OSError) as exc:
             self._forget(worker)
-            if getattr(exc, "eof", False):
-                code = worker.exit_code(timeout=0.5)
-            else:  # it broke the protocol: nothing it says can be trusted
+            eof = getattr(exc, "eof", False)
+            if not eof:  # it broke the protocol: nothing it says can be trusted
                 worker.kill()
-                code = None
+            code = worker.exit_code(timeout=0.5) if eof else None
             if self._pool.closed:
                 error = "plugin pool closed during the call"
-            elif not getattr(exc, "eof", False):
-                error = f"plugin worker {exc}; it was killed"
             else:
-                error = death_message(code, self._pool.limits)
+                error = death_message(code, self._pool.limits) if eof else f"plugin worker {exc}; it was killed"
             now = time.monotonic()
             job.died(worker, error, now)
             self._pending.extend(job.leftovers(now))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmsched.runtime.pool.process import Worker
-from vmsched.runtime.protocol import HEADER
+from vmsched.runtime.protocol import encode_frame_bytes
 
 _INF = math.inf
 
@@ -81,8 +81,7 @@ class Bundle:
         text = '{"op":"batch","calls":[' + calls + "]"
         if self.facts is not None:
             text += ',"facts":' + self.wire.encode(worker, self.facts)
-        payload = (text + "}").encode()
-        return HEADER.pack(len(payload)) + payload
+        return encode_frame_bytes((text + "}").encode())
 
     def begin(self, worker: Worker, now: float) -> None:
         """The frame goes to ``worker`` now: the first unit's time budget starts."""
@@ -136,11 +135,10 @@ class Bundle:
         for unit in self.units:
             if unit.done:
                 continue
+            unit.started = 0.0
             if unit.hard_end <= now:
-                unit.started = 0.0
                 unit.fail(f"not run to its end: {why}, and the request deadline has passed", now, timed_out=True)
                 continue
-            unit.started = 0.0
             unit.wait_until = unit.hard_end if unit.hard_end < _INF else now + unit.budget
             again.append(Bundle([unit], self.wire, now, self.frame_size))
         return again

@@ -303,7 +303,6 @@ class PluginPool:
     def _respawn(self, old: Worker | None) -> None:
         """Start a worker in the background (counted in ``_growing`` until spawned): the successor of
         ``old``, or (None) one that grows the pool."""
-        grow = old is None
         if old is not None:
             self._reap(old)
         delay = 0.5
@@ -316,7 +315,7 @@ class PluginPool:
                 if worker is not None:
                     worker.kill()
                     self._reap(worker)
-                if grow or self.closed:  # a worker to grow the pool: it stays smaller (the next wait retries)
+                if old is None or self.closed:  # a worker to grow the pool: it stays smaller (the next wait retries)
                     if not self.closed:
                         log.error("plugin pool %s: cannot start a worker (%s)", self.name, exc)
                     return
