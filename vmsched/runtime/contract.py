@@ -173,12 +173,10 @@ def balance_result(value: Any, hosts: Sequence[str] | None = None) -> Verdict:
     """``(vm_id or None/"", [host_ids])``, optionally a third element: a reason or ``{host ID: reason}``."""
     if not (isinstance(value, list) and len(value) in (2, 3)):
         raise BadResult(f"balance returned {value!r:.100}, expected (vm_id, [host_ids])")
-    vm, targets = value[0], value[1]
-    if vm is None:
-        vm = ""
+    vm = "" if value[0] is None else value[0]
     if not isinstance(vm, str):
         raise BadResult(f"balance returned VM {vm!r}, expected a VM ID string or None")
-    proposal = (vm, host_list(targets, "balance"))
+    proposal = (vm, host_list(value[1], "balance"))
     extra = value[2] if len(value) == 3 else None
     if isinstance(extra, dict):
         return Verdict(proposal, reason_map(extra, hosts, "balance"))

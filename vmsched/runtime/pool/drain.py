@@ -21,8 +21,7 @@ TAIL = 4096
 
 
 class OutputDrain:
-    def __init__(self, pool: str, tail: int = TAIL) -> None:
-        self._tail = tail
+    def __init__(self, pool: str) -> None:
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
         self._tails: dict[int, bytearray] = {}
@@ -76,7 +75,7 @@ class OutputDrain:
                 return  # the tail stays until forget()
             buf += chunk
             self._written.inc(len(chunk))
-            extra = len(buf) - self._tail
+            extra = len(buf) - TAIL
             if extra > 0:
                 del buf[:extra]
                 self._dropped.inc(extra)
