@@ -34,15 +34,14 @@ class UnitRun:
     unknown: bool = False  # no unit of that name and kind (or its file failed to load)
 
 
+@dataclass(eq=False)
 class UnitRunner:
     """Runs the units of one request in a plugin pool, as the services do (and vmsched.whatif's replay)."""
 
-    def __init__(self, catalog: Catalog, pool: PluginPool, timeout_for: Callable[[str], float],
-                 observe: Callable[[str, CallResult], None] | None = None) -> None:
-        self.catalog = catalog
-        self.pool = pool
-        self.timeout_for = timeout_for
-        self.observe = observe
+    catalog: Catalog
+    pool: PluginPool
+    timeout_for: Callable[[str], float]
+    observe: Callable[[str, CallResult], None] | None = None
 
     def run(
         self, kind: Kind, names: list[str], args: tuple[Any, ...], deadline: float, timeout: float | None,

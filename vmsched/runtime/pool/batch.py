@@ -93,7 +93,7 @@ class Batch:
 
     def __init__(self, pool: WorkerLender, jobs: Sequence[Bundle], workers: Sequence[Worker] = ()) -> None:
         self._pool = pool
-        self._pending = deque(job for job in jobs if not job.done)
+        self._pending = deque(jobs)
         self._spare = list(workers)  # workers reserved for this batch (warm)
         self._running: dict[int, tuple[Worker, Bundle]] = {}
         self._poller = select.poll()

@@ -71,10 +71,6 @@ class Bundle:
         self.error: str | None = None
         self.blamed = units[0].label  # the label of what failed (the unit that overran or crashed the worker)
 
-    @property
-    def done(self) -> bool:
-        return all(unit.done for unit in self.units)
-
     def frame_for(self, worker: Worker) -> bytes:
         """The frame to send ``worker`` (a call with host facts sends each worker what it lacks)."""
         calls = ",".join(u.head + (',"held":true}' if u.facts is not None else "}") for u in self.units)

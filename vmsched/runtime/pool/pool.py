@@ -326,12 +326,11 @@ class PluginPool:
                     return
                 delay = min(delay * 2, 30.0)
                 continue
-            if not self._warm_plugins:
+            if self._warm_plugins:  # it imports what warm() named before it serves; the batch then releases it
+                warm = self._request({"op": "warm", "plugins": self._warm_plugins}, "warm", READY_TIMEOUT)
+                Batch(self, [warm], [worker]).run()
+            else:
                 self.release(worker)
-                return
-            # it imports what warm() named before it serves; the batch then releases it
-            Batch(self, [self._request({"op": "warm", "plugins": self._warm_plugins}, "warm", READY_TIMEOUT)],
-                  [worker]).run()
             return
 
     def _shrink_loop(self) -> None:
