@@ -22,19 +22,6 @@ if TYPE_CHECKING:
     from vmsched.runtime.validation import ENGINE_VALIDATION as ENGINE_VALIDATION
     from vmsched.runtime.validation import translate_validation as translate_validation
 
-__all__ = [
-    "ENGINE_VALIDATION",
-    "Analysis",
-    "AnalyzedUnit",
-    "Call",
-    "CallResult",
-    "Catalog",
-    "Limits",
-    "PluginPool",
-    "PoolUnavailable",
-    "translate_validation",
-]
-
 _EXPORTS = {
     "Catalog": "vmsched.runtime.catalog",
     "PluginPool": "vmsched.runtime.pool.pool",
@@ -47,6 +34,7 @@ _EXPORTS = {
     "ENGINE_VALIDATION": "vmsched.runtime.validation",
     "translate_validation": "vmsched.runtime.validation",
 }
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

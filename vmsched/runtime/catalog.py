@@ -98,7 +98,6 @@ class Catalog:
         in one process, so each change is logged once)."""
         self.folders = tuple(Path(d).absolute() for d in ([plugins_dir] if isinstance(plugins_dir, (str, Path))
                                                            else plugins_dir))
-        self.plugins_dir = self.folders[0]
         self.log_changes = log_changes
         self._pool = pool
         self._analyze_timeout = analyze_timeout
@@ -167,8 +166,6 @@ class Catalog:
                 changed = sorted({*changed, *(name for name, known in self._files.items()
                                               if known.analysis.error and name in scan)})
             removed = sorted(name for name in self._files if name not in scan)
-            if not changed and not removed and self._clashes == clashes:
-                return False
             for name in removed:
                 if self.log_changes:
                     log.info("plugin %s removed", name)
@@ -227,11 +224,9 @@ class Catalog:
     def _analyze(self, paths: dict[str, Path]) -> dict[str, Analysis]:
         """Analyses of the plugin files ``paths`` (by name; in parallel); files the pool could not take are
         left out."""
-        if not paths:
-            return {}
         names = list(paths)
         parallel = min(len(names), max(1, self._pool.size // 2))  # leave workers for calls
-        if parallel == 1:
+        if parallel <= 1:
             results = [self._analyze_one(name, paths[name]) for name in names]
         else:
             with ThreadPoolExecutor(parallel, thread_name_prefix="plugin-analyze") as executor:

@@ -108,13 +108,6 @@ def score_result(value: Any, hosts: Sequence[str] | None = None) -> Verdict:
     pairs: list[tuple[str, float]] = []
     reasons: dict[str, str] = {}
     for entry in value:
-        if type(entry) is list and len(entry) == 2:  # the common (host, number) pair, checked at once
-            host, score = entry
-            kind = type(score)
-            if type(host) is str and ((kind is int and -_FLOAT_INT <= score <= _FLOAT_INT)
-                                      or (kind is float and score == score)):  # NaN != NaN
-                pairs.append((host, float(score)))
-                continue
         if not (isinstance(entry, list) and len(entry) in (2, 3) and isinstance(entry[0], str)):
             raise BadResult(f"bad score entry {entry!r:.200}: expected (host ID, number) or (host ID, number, reason)")
         score = entry[1]
@@ -142,49 +135,22 @@ def aligned_scores(value: Any, hosts: Any) -> list[float] | None:
     """
     if type(value) not in (list, tuple) or type(hosts) is not list or len(value) != len(hosts):
         return None
-    floats = _aligned_floats(value, hosts)
-    if floats is not None:
-        return floats
-    numbers: list[float] = []
-    for entry, host in zip(value, hosts):
-        if type(entry) not in (list, tuple) or len(entry) != 2 or type(entry[0]) is not str or entry[0] != host:
-            return None
-        score = entry[1]
-        kind = type(score)
-        if kind is float:
-            if not math.isfinite(score):
-                return None
-        elif kind is int:
-            try:
-                score = float(score)  # what score_result makes of it; past a float's range it goes the usual way
-            except OverflowError:
-                return None
-        else:
-            return None
-        numbers.append(score)
-    return numbers
-
-
-def _aligned_floats(value: list[Any] | tuple[Any, ...], hosts: list[Any]) -> list[float] | None:
-    """:func:`aligned_scores` of the most common result, checked in a few passes that run in C (no plugin code
-    runs: only exact built-in types are compared): ``(host, float)`` pairs, hosts as requested, every float
-    finite (ints made floats). None for anything else, then checked pair by pair (a total past a float, too)."""
-    if not set(map(type, value)) <= _SEQUENCES or set(map(len, value)) != _PAIR_LEN:
+    # a few passes that run in C (no plugin code runs: only exact built-in types are compared)
+    if not set(map(type, value)) <= _SEQUENCES or not set(map(len, value)) <= _PAIR_LEN:
         return None
     names = list(map(_FIRST, value))
-    if set(map(type, names)) != _STR or names != hosts:
+    if not set(map(type, names)) <= _STR or names != hosts:
         return None
     numbers = list(map(_SECOND, value))
     kinds = set(map(type, numbers))
+    if not kinds <= _NUMBER:
+        return None
     if kinds != _FLOAT:
-        if not kinds <= _NUMBER:
-            return None
         try:
-            numbers = list(map(float, numbers))  # what the loop makes of an int
-        except OverflowError:  # an int past a float's range: the loop says so
+            numbers = list(map(float, numbers))  # what score_result makes of an int
+        except OverflowError:  # an int past a float's range: it goes the usual way
             return None
-    total = sum(numbers)
-    return numbers if total - total == 0.0 else None  # a NaN or an infinity makes the total NaN or infinite
+    return numbers if all(map(math.isfinite, numbers)) else None
 
 
 _SEQUENCES, _PAIR_LEN, _STR, _FLOAT, _NUMBER = frozenset((list, tuple)), {2}, {str}, {float}, frozenset((int, float))
@@ -207,12 +173,10 @@ def balance_result(value: Any, hosts: Sequence[str] | None = None) -> Verdict:
     """``(vm_id or None/"", [host_ids])``, optionally a third element: a reason or ``{host ID: reason}``."""
     if not (isinstance(value, list) and len(value) in (2, 3)):
         raise BadResult(f"balance returned {value!r:.100}, expected (vm_id, [host_ids])")
-    vm, targets = value[0], value[1]
-    if vm is None:
-        vm = ""
+    vm = "" if value[0] is None else value[0]
     if not isinstance(vm, str):
         raise BadResult(f"balance returned VM {vm!r}, expected a VM ID string or None")
-    proposal = (vm, host_list(targets, "balance"))
+    proposal = (vm, host_list(value[1], "balance"))
     extra = value[2] if len(value) == 3 else None
     if isinstance(extra, dict):
         return Verdict(proposal, reason_map(extra, hosts, "balance"))

@@ -22,8 +22,7 @@ def encode_frame(message: dict[str, Any]) -> bytes:
 
     JSON has no tuples: they are encoded as arrays, so the reader gets lists.
     """
-    payload = ENCODER.encode(message).encode()
-    return HEADER.pack(len(payload)) + payload
+    return encode_frame_bytes(encode_json(message))
 
 
 def encode_json(message: dict[str, Any]) -> bytes:

@@ -8,6 +8,7 @@ unit returned against the contract and give its outcome (the bus models of :mod:
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
@@ -21,8 +22,6 @@ from vmsched.runtime.types import Call, CallResult
 #: Time kept back from the caller's deadline to send the reply.
 REPLY_MARGIN = 0.05
 
-_UNBUILT = object()
-
 
 @dataclass
 class UnitRun:
@@ -35,15 +34,14 @@ class UnitRun:
     unknown: bool = False  # no unit of that name and kind (or its file failed to load)
 
 
+@dataclass(eq=False)
 class UnitRunner:
     """Runs the units of one request in a plugin pool, as the services do (and vmsched.whatif's replay)."""
 
-    def __init__(self, catalog: Catalog, pool: PluginPool, timeout_for: Callable[[str], float],
-                 observe: Callable[[str, CallResult], None] | None = None) -> None:
-        self.catalog = catalog
-        self.pool = pool
-        self.timeout_for = timeout_for
-        self.observe = observe
+    catalog: Catalog
+    pool: PluginPool
+    timeout_for: Callable[[str], float]
+    observe: Callable[[str, CallResult], None] | None = None
 
     def run(
         self, kind: Kind, names: list[str], args: tuple[Any, ...], deadline: float, timeout: float | None,
@@ -57,7 +55,7 @@ class UnitRunner:
         """
         calls: list[Call] = []
         slots: list[int] = []
-        built: object = _UNBUILT
+        built = None if facts is None else functools.cache(facts)  # called once, if a unit's plugin reads them
         runs = [UnitRun(name, CallResult(ok=False)) for name in names]
         for i, name in enumerate(names):
             unit = self.lookup(name, kind)
@@ -67,11 +65,9 @@ class UnitRunner:
                 continue
             budget = min(timeout or self.timeout_for(name), deadline - time.time() - REPLY_MARGIN)
             unit_facts = None
-            if facts is not None and self.catalog.uses_facts(unit.plugin):
-                if built is _UNBUILT:
-                    built = facts()
-                unit_facts = built  # type: ignore[assignment]
-                runs[i].read_facts, runs[i].facts = True, built
+            if built is not None and self.catalog.uses_facts(unit.plugin):
+                unit_facts = built()
+                runs[i].read_facts, runs[i].facts = True, unit_facts
             calls.append(Call(unit.plugin, unit.name, KIND[kind].method, args, max(budget, 0.001), unit_facts))
             slots.append(i)
         if calls:

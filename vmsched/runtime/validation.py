@@ -44,8 +44,8 @@ def translate_validation(raw: str) -> tuple[str, str | None]:
         return "", None
     try:
         if ENGINE_VALIDATION.fullmatch(text):
-            entries = [_split_engine_entry(part) for part in text.rstrip(";").split(";")]
-            _check(entries)
+            parts = (part.partition("=") for part in text.rstrip(";").split(";"))
+            _check([(key, value) for key, _, value in parts])
             return text, None
         entries = _parse_old_form(text)
         _check(entries)
@@ -55,11 +55,6 @@ def translate_validation(raw: str) -> tuple[str, str | None]:
     if not ENGINE_VALIDATION.fullmatch(result):  # cannot happen after _check; never send a bad string
         return "", f"invalid properties_validation {raw!r}: translated to {result!r}, still not engine syntax"
     return result, None
-
-
-def _split_engine_entry(part: str) -> tuple[str, str]:
-    key, _, value = part.partition("=")
-    return key, value
 
 
 def _parse_old_form(text: str) -> list[tuple[str, str]]:
@@ -99,13 +94,10 @@ def _parse_entry(part: str) -> tuple[str, str]:
     match = _ENTRY.fullmatch(part)
     if match is None:
         raise ValidationSyntaxError(f"entry {part.strip()!r} is not KEY=REGEX")
-    return match["key"], _unquote(match["value"].strip())
-
-
-def _unquote(value: str) -> str:
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-        return value[1:-1]
-    return value
+    value = match["value"].strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":  # quoted
+        value = value[1:-1]
+    return match["key"], value
 
 
 def _check(entries: list[tuple[str, str]]) -> None:

@@ -210,7 +210,8 @@ def test_the_pool_passes_a_workers_numbers_on_unchecked_for_the_service_to_check
 
 def test_a_pool_asks_for_aligned_numbers_and_its_worker_sends_them(pools: tuple[PluginPool, PluginPool]) -> None:
     _, new = pools
-    unit = new._plan.units([Call("s", "Floats", "do_score", (HOSTS, "vm", {}), 10.0)], time.monotonic(), math.inf)[0]
+    calls = [Call("s", "Floats", "do_score", (HOSTS, "vm", {}), 10.0)]
+    unit = new._plan.units(calls, time.monotonic(), math.inf, new.aligned_scores)[0]
     assert unit.head.endswith(',"aligned":true')
     runner = Runner(".", 30, 1 << 20)
     value = [[h, i * 0.1] for i, h in enumerate(HOSTS)]

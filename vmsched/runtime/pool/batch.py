@@ -14,9 +14,10 @@ import select
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from contextlib import suppress
+from typing import Protocol
 
+from vmsched.runtime.pool.bundle import Bundle, seconds_text
 from vmsched.runtime.pool.process import Worker, WorkerGone, death_message
 from vmsched.runtime.types import Limits
 
@@ -57,81 +58,6 @@ class WorkerLender(Protocol):
         """``worker`` is retired (``reason``: timeout, crash or recycle); start its successor."""
 
 
-def seconds_text(value: float) -> str:
-    return f"{value:.1f}" if value >= 0.1 else f"{value:.3f}"
-
-
-@dataclass(eq=False)
-class Job:
-    """One request in flight: its frame, its time budget and its outcome."""
-
-    frame: bytes
-    label: str  # for log lines
-    budget: float  # seconds of execution once on a worker
-    wait_until: float  # monotonic time after which waiting for a worker is given up
-    hard_end: float  # monotonic time the request deadline falls (inf without one)
-    created: float
-    started: float = 0.0
-    end: float = _INF
-    reply: dict[str, Any] | None = None
-    error: str | None = None
-    timed_out: bool = False
-    duration: float = 0.0
-
-    @property
-    def done(self) -> bool:
-        return self.reply is not None or self.error is not None
-
-    @property
-    def blamed(self) -> str:
-        """The label of what failed (a batch: the unit that overran)."""
-        return self.label
-
-    @property
-    def calls(self) -> int:
-        """Calls it makes on its worker (counted against the pool's max_calls)."""
-        return 1
-
-    def frame_for(self, worker: Worker) -> bytes:
-        """The frame to send ``worker`` (a call with host facts sends each worker what it lacks)."""
-        return self.frame
-
-    def fail(self, error: str, now: float, timed_out: bool = False) -> None:
-        self.error = error
-        self.timed_out = timed_out
-        self.duration = now - (self.started or self.created)
-
-    def begin(self, worker: Worker, now: float) -> None:
-        """The frame goes to ``worker`` now: its time budget starts (``end``: when to check it next)."""
-        self.started = now
-        self.end = min(now + self.budget, self.hard_end)
-
-    def overran(self, worker: Worker, now: float) -> bool:
-        """Called once ``end`` passed: fails the job and returns True if its worker must be killed."""
-        if self.end > now:
-            return False
-        error = f"timed out after {seconds_text(self.end - self.started)} s"
-        if self.hard_end < self.started + self.budget:
-            error += " (request deadline)"
-        self.fail(error, now, timed_out=True)
-        return True
-
-    def accept(self, worker: Worker, reply: dict[str, Any], now: float) -> bool:
-        """The worker's reply; False if it is not a reply to this frame (the worker is then killed)."""
-        self.reply = reply
-        self.duration = now - self.started
-        return True
-
-    def died(self, worker: Worker, error: str, now: float) -> str:
-        """The worker died (or broke the protocol) under this job: fail it; the label to blame."""
-        self.fail(error, now)
-        return self.label
-
-    def leftovers(self, now: float) -> list[Job]:
-        """After a kill or a death: jobs to run again on another worker (a batch's innocent units)."""
-        return []
-
-
 class Waiter:
     """A batch waiting for workers; released workers are handed to it directly."""
 
@@ -150,10 +76,8 @@ class Waiter:
         os.set_blocking(self._write_fd, False)
 
     def wake(self) -> None:
-        try:
+        with suppress(OSError):  # BlockingIOError: already awake
             os.write(self._write_fd, b"!")
-        except (BlockingIOError, OSError):
-            pass  # already awake
 
     def drain(self) -> None:
         os.read(self.read_fd, 4096)
@@ -167,11 +91,11 @@ class Waiter:
 class Batch:
     """Runs jobs in parallel on workers lent by a pool, from the calling thread."""
 
-    def __init__(self, pool: WorkerLender, jobs: Sequence[Job], workers: Sequence[Worker] = ()) -> None:
+    def __init__(self, pool: WorkerLender, jobs: Sequence[Bundle], workers: Sequence[Worker] = ()) -> None:
         self._pool = pool
-        self._pending = deque(job for job in jobs if not job.done)
+        self._pending = deque(jobs)
         self._spare = list(workers)  # workers reserved for this batch (warm)
-        self._running: dict[int, tuple[Worker, Job]] = {}
+        self._running: dict[int, tuple[Worker, Bundle]] = {}
         self._poller = select.poll()
         self._waiter = Waiter()
         self._waiter_polled = False
@@ -185,7 +109,10 @@ class Batch:
                     self._wait()
         finally:
             for worker, job in list(self._running.values()):  # only after an unexpected error
-                self._abandon(worker, job, "crash", "internal error in the plugin pool", timed_out=False)
+                self._forget(worker)
+                worker.kill()
+                job.fail("internal error in the plugin pool", time.monotonic())
+                self._pool.replace(worker, "crash", f"{job.blamed}: internal error in the plugin pool")
             for worker in self._spare:
                 self._pool.release(worker)
             self._pool.drop_waiter(self._waiter)
@@ -193,7 +120,7 @@ class Batch:
     def _dispatch(self) -> None:
         while self._pending:
             try:
-                worker = self._next_worker()
+                worker = self._spare.pop() if self._spare else self._pool.checkout(self._waiter, len(self._pending))
             except PoolClosed:
                 now = time.monotonic()
                 while self._pending:
@@ -207,12 +134,7 @@ class Batch:
                 return
             self._start(worker, self._pending.popleft())
 
-    def _next_worker(self) -> Worker | None:
-        if self._spare:
-            return self._spare.pop()
-        return self._pool.checkout(self._waiter, len(self._pending))
-
-    def _start(self, worker: Worker, job: Job) -> None:
+    def _start(self, worker: Worker, job: Bundle) -> None:
         job.begin(worker, time.monotonic())
         try:
             worker.send(job.frame_for(worker))
@@ -221,7 +143,7 @@ class Batch:
             self._pending.appendleft(job)
             self._pool.replace(worker, "crash", "died while idle")
             return
-        worker.calls += job.calls
+        worker.calls += len(job.units)
         self._running[worker.read_fd] = (worker, job)
         self._poller.register(worker.read_fd, select.POLLIN)
 
@@ -246,26 +168,23 @@ class Batch:
             self._grow_at = _INF  # once per batch
             self._pool.grow()
 
-    def _receive(self, worker: Worker, job: Job) -> None:
+    def _receive(self, worker: Worker, job: Bundle) -> None:
         try:
             reply = worker.feed()
         except (WorkerGone, OSError) as exc:
             self._forget(worker)
-            if getattr(exc, "eof", False):
-                code = worker.exit_code(timeout=0.5)
-            else:  # it broke the protocol: nothing it says can be trusted
+            eof = getattr(exc, "eof", False)
+            if not eof:  # it broke the protocol: nothing it says can be trusted
                 worker.kill()
-                code = None
+            code = worker.exit_code(timeout=0.5) if eof else None
             if self._pool.closed:
                 error = "plugin pool closed during the call"
-            elif not getattr(exc, "eof", False):
-                error = f"plugin worker {exc}; it was killed"
             else:
-                error = death_message(code, self._pool.limits)
+                error = death_message(code, self._pool.limits) if eof else f"plugin worker {exc}; it was killed"
             now = time.monotonic()
-            blamed = job.died(worker, error, now)
+            job.died(worker, error, now)
             self._pending.extend(job.leftovers(now))
-            self._pool.replace(worker, "crash", f"{blamed}: {error}")
+            self._pool.replace(worker, "crash", f"{job.blamed}: {error}")
             return
         if reply is None:
             return
@@ -275,9 +194,9 @@ class Batch:
             self._pool.release(worker)
             return
         worker.kill()
-        blamed = job.died(worker, "plugin worker sent a reply that does not match its request; it was killed", now)
+        job.died(worker, "plugin worker sent a reply that does not match its request; it was killed", now)
         self._pending.extend(job.leftovers(now))
-        self._pool.replace(worker, "crash", f"{blamed}: mismatched reply")
+        self._pool.replace(worker, "crash", f"{job.blamed}: mismatched reply")
 
     def _expire_pending(self, now: float) -> None:
         expired = [job for job in self._pending if job.wait_until <= now]
@@ -294,12 +213,6 @@ class Batch:
                 worker.kill()
                 self._pending.extend(job.leftovers(now))
                 self._pool.replace(worker, "timeout", f"{job.blamed}: {job.error}")
-
-    def _abandon(self, worker: Worker, job: Job, reason: str, error: str, timed_out: bool) -> None:
-        self._forget(worker)
-        worker.kill()
-        job.fail(error, time.monotonic(), timed_out)
-        self._pool.replace(worker, reason, f"{job.label}: {error}")
 
     def _forget(self, worker: Worker) -> None:
         del self._running[worker.read_fd]

@@ -1,9 +1,10 @@
 """The units of one request that go to one plugin worker, as one frame each way.
 
-A :class:`Bundle` is a :class:`~vmsched.runtime.pool.batch.Job` whose frame carries several unit calls
-(``{"op": "batch", "calls": [...]}``, :mod:`vmsched.runtime.worker.main`): one pipe write, one wake-up of the
-worker, one reply frame and one wake-up of the caller, instead of one of each per unit. Every unit keeps
-its own outcome (:class:`Unit`): value or error, stderr, time budget, run time.
+A :class:`Bundle` is what a :class:`~vmsched.runtime.pool.batch.Batch` runs on one worker: a frame that carries
+one or several unit calls (``{"op": "batch", "calls": [...]}``, :mod:`vmsched.runtime.worker.main`): one pipe
+write, one wake-up of the worker, one reply frame and one wake-up of the caller, instead of one of each per unit.
+Every unit keeps its own outcome (:class:`Unit`): value or error, stderr, time budget, run time. A request
+that is not a unit call (analyze, warm) travels the same way, as a bundle of one.
 
 The worker runs the units one after the other and marks on its progress page
 (:mod:`vmsched.runtime.progress`) which one it started and when. The batch checks a bundle when its
@@ -20,11 +21,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from vmsched.runtime.pool.batch import Job, seconds_text
 from vmsched.runtime.pool.process import Worker
-from vmsched.runtime.protocol import HEADER
+from vmsched.runtime.protocol import encode_frame_bytes
 
 _INF = math.inf
+
+
+def seconds_text(value: float) -> str:
+    return f"{value:.1f}" if value >= 0.1 else f"{value:.3f}"
 
 
 @dataclass(eq=False)
@@ -52,44 +56,32 @@ class Unit:
         self.duration = max(0.0, now - self.started) if self.started else 0.0
 
 
-class Bundle(Job):
+class Bundle:
     """Units for one worker: one frame out, one frame back."""
 
     def __init__(self, units: list[Unit], wire: Any, created: float, frame_size: int) -> None:
-        hard_end = min(u.hard_end for u in units)
-        super().__init__(b"", units[0].label, units[0].budget, min(u.wait_until for u in units), hard_end, created)
         self.units = units
         self.wire = wire  # a vmsched.facts.wire.FactsWire (its encode/forget interface)
         self.facts = next((u.facts for u in units if u.facts is not None), None)
         self.frame_size = frame_size  # largest reply frame of one unit
-        self.worker: Worker | None = None
-        self._current = 0
-        self._blamed = self.label
-
-    @property
-    def done(self) -> bool:
-        return all(unit.done for unit in self.units)
-
-    @property
-    def blamed(self) -> str:
-        return self._blamed
-
-    @property
-    def calls(self) -> int:
-        return len(self.units)
+        self.created = created
+        self.wait_until = min(u.wait_until for u in units)  # monotonic time after which waiting for a worker ends
+        self.started = 0.0  # when its frame went to a worker (0: not sent)
+        self.end = _INF  # when to check its running unit's budget next
+        self.error: str | None = None
+        self.blamed = units[0].label  # the label of what failed (the unit that overran or crashed the worker)
 
     def frame_for(self, worker: Worker) -> bytes:
-        self.worker = worker
+        """The frame to send ``worker`` (a call with host facts sends each worker what it lacks)."""
         calls = ",".join(u.head + (',"held":true}' if u.facts is not None else "}") for u in self.units)
         text = '{"op":"batch","calls":[' + calls + "]"
         if self.facts is not None:
             text += ',"facts":' + self.wire.encode(worker, self.facts)
-        payload = (text + "}").encode()
-        return HEADER.pack(len(payload)) + payload
+        return encode_frame_bytes((text + "}").encode())
 
     def begin(self, worker: Worker, now: float) -> None:
+        """The frame goes to ``worker`` now: the first unit's time budget starts."""
         self.started = now
-        self._current = 0
         worker.max_frame = self.frame_size * len(self.units) + 4096
         if worker.progress is not None:
             worker.progress.reset()
@@ -106,6 +98,7 @@ class Bundle(Job):
         return index
 
     def overran(self, worker: Worker, now: float) -> bool:
+        """Called once ``end`` passed: fails the running unit and returns True if the worker must be killed."""
         index = self._running_unit(worker, now)
         unit = self.units[index]
         end = min(unit.started + unit.budget, unit.hard_end)
@@ -116,15 +109,14 @@ class Bundle(Job):
         if unit.hard_end < unit.started + unit.budget:
             error += " (request deadline)"
         unit.fail(error, now, timed_out=True)
-        self._current, self._blamed, self.error = index, unit.label, error
+        self.blamed, self.error = unit.label, error
         return True
 
-    def died(self, worker: Worker, error: str, now: float) -> str:
-        index = self._running_unit(worker, now)
-        unit = self.units[index]
+    def died(self, worker: Worker, error: str, now: float) -> None:
+        """The worker died (or broke the protocol) under this bundle: its running unit fails."""
+        unit = self.units[self._running_unit(worker, now)]
         unit.fail(error, now)
-        self._current, self._blamed, self.error = index, unit.label, error
-        return unit.label
+        self.blamed, self.error = unit.label, error
 
     def fail(self, error: str, now: float, timed_out: bool = False) -> None:
         self.error = error
@@ -132,27 +124,27 @@ class Bundle(Job):
             if not unit.done:
                 unit.fail(error, now, timed_out)
 
-    def leftovers(self, now: float) -> list[Job]:
-        again: list[Job] = []
-        why = f"its plugin worker was killed while running {self._blamed} ({self.error})"
+    def leftovers(self, now: float) -> list[Bundle]:
+        """After a kill or a death: the units to run again, each alone on another worker."""
+        again: list[Bundle] = []
+        why = f"its plugin worker was killed while running {self.blamed} ({self.error})"
         for unit in self.units:
             if unit.done:
                 continue
+            unit.started = 0.0
             if unit.hard_end <= now:
-                unit.started = 0.0
                 unit.fail(f"not run to its end: {why}, and the request deadline has passed", now, timed_out=True)
                 continue
-            unit.started = 0.0
             unit.wait_until = unit.hard_end if unit.hard_end < _INF else now + unit.budget
             again.append(Bundle([unit], self.wire, now, self.frame_size))
         return again
 
     def accept(self, worker: Worker, reply: dict[str, Any], now: float) -> bool:
+        """The worker's reply; False if it is not a reply to this frame (the worker is then killed)."""
         replies = reply.get("replies")
         if not isinstance(replies, list) or len(replies) != len(self.units) or not all(
                 isinstance(r, dict) for r in replies):
             return False
-        self.reply = reply
         elapsed = now - self.started
         resync = False
         for unit, answer in zip(self.units, replies):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import selectors
 import threading
+from contextlib import suppress
 
 from vmsched.metrics import PLUGIN_RAW_OUTPUT
 
@@ -20,8 +21,7 @@ TAIL = 4096
 
 
 class OutputDrain:
-    def __init__(self, pool: str, tail: int = TAIL) -> None:
-        self._tail = tail
+    def __init__(self, pool: str) -> None:
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
         self._tails: dict[int, bytearray] = {}
@@ -75,7 +75,7 @@ class OutputDrain:
                 return  # the tail stays until forget()
             buf += chunk
             self._written.inc(len(chunk))
-            extra = len(buf) - self._tail
+            extra = len(buf) - TAIL
             if extra > 0:
                 del buf[:extra]
                 self._dropped.inc(extra)
@@ -85,7 +85,5 @@ class OutputDrain:
         with self._lock:
             if self._tails.pop(fd, None) is None:
                 return
-            try:
+            with suppress(KeyError, ValueError):
                 self._selector.unregister(fd)
-            except (KeyError, ValueError):
-                pass

@@ -28,15 +28,14 @@ _SCORE_METHOD = KIND["score"].method
 class Planner:
     """Units and bundles for a pool's requests; the mean run time of each unit."""
 
-    def __init__(self, wire: Any, frame_size: int, bundle_seconds: float = BUNDLE_SECONDS) -> None:
+    def __init__(self, wire: Any, frame_size: int) -> None:
         self.wire = wire  # the pool's vmsched.facts.wire.FactsWire
         self.frame_size = frame_size  # largest reply frame of one unit
-        self.bundle_seconds = bundle_seconds
         self._cost: dict[str, float] = {}  # unit label -> mean run time (s)
-        #: score calls may answer with their numbers alone (contract.aligned_scores, CallResult.scores)
-        self.aligned_scores = False
 
-    def units(self, calls: Sequence[Call], now: float, hard_end: float) -> list[Unit]:
+    def units(self, calls: Sequence[Call], now: float, hard_end: float, aligned: bool) -> list[Unit]:
+        """The units of ``calls``; ``aligned``: score calls may answer with their numbers alone
+        (contract.aligned_scores, CallResult.scores)."""
         units: list[Unit] = []
         args_json: dict[int, str] = {}  # the units of a request share their arguments: encoded once
         for call in calls:
@@ -51,7 +50,7 @@ class Planner:
                     args = args_json[id(call.args)] = ENCODER.encode(list(call.args))
                 head = ENCODER.encode({"plugin": call.plugin, "cls": call.cls, "method": call.method})[:-1]
                 unit.head = f'{head},"args":{args}'
-                if self.aligned_scores and call.method == _SCORE_METHOD:
+                if aligned and call.method == _SCORE_METHOD:
                     unit.head += ',"aligned":true'  # the numbers alone, when they are one per host in order
                 if call.facts is not None and not held:  # host facts in full (vmsched.plugin.facts)
                     unit.head += ',"facts":' + ENCODER.encode(call.facts)
@@ -62,7 +61,7 @@ class Planner:
                 unit.fail("the request deadline passed before the call could start", now, timed_out=True)
         return units
 
-    def bundles(self, units: list[Unit], now: float) -> list[Bundle]:
+    def bundles(self, units: list[Unit], now: float, bundle_seconds: float) -> list[Bundle]:
         """Units grouped for workers: together while their expected run time stays under ``bundle_seconds``."""
         bundles: list[Bundle] = []
         group: list[Unit] = []
@@ -71,7 +70,7 @@ class Planner:
             cost = self._cost.get(unit.label, 0.0)
             facts = next((u.facts for u in group if u.facts is not None), None)
             clash = facts is not None and unit.facts is not None and unit.facts is not facts
-            if group and (load + cost > self.bundle_seconds or clash or self.bundle_seconds <= 0):
+            if group and (load + cost > bundle_seconds or clash or bundle_seconds <= 0):
                 bundles.append(Bundle(group, self.wire, now, self.frame_size))
                 group, load = [], 0.0
             group.append(unit)

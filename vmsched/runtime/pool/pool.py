@@ -25,16 +25,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import Any
 from pathlib import Path
 
 from vmsched.metrics import PLUGIN_CONFINEMENT, PLUGIN_WORKER_RESTARTS, PLUGIN_WORKERS
 from vmsched.runtime.pool import spawn
-from vmsched.runtime.pool.batch import Batch, Job, PoolClosed, Waiter
+from vmsched.runtime.pool.batch import Batch, PoolClosed, Waiter
+from vmsched.runtime.pool.bundle import Bundle, Unit
 from vmsched.runtime.pool.drain import OutputDrain
 from vmsched.facts.wire import FactsWire
 from vmsched.runtime.pool.planning import BUNDLE_SECONDS, Planner
 from vmsched.runtime.pool.process import Worker
-from vmsched.runtime.protocol import encode_frame
+from vmsched.runtime.protocol import ENCODER
 from vmsched.runtime.worker.sandbox import FEATURES, make_non_dumpable
 from vmsched.runtime.types import Analysis, AnalyzedUnit, Call, CallResult, Confinement, Limits
 
@@ -65,9 +67,12 @@ class PluginPool:
             raise ValueError(f"need 1 <= minimum ({self.min_size}) <= maximum ({self.max_size}) workers")
         self.folders = tuple(Path(d).absolute() for d in ([plugins_dir] if isinstance(plugins_dir, (str, Path))
                                                            else plugins_dir))
-        self.plugins_dir = self.folders[0]
         self.size = self.max_size  # the most workers it runs (a fixed pool: always)
         self.idle_seconds = idle_seconds
+        #: units of a request share a worker while their mean run time together stays under this (seconds)
+        self.bundle_seconds = bundle_seconds
+        #: score calls may answer with their numbers alone (CallResult.scores; planning, contract)
+        self.aligned_scores = False
         self.limits = limits
         self.name = name
         self.max_calls = max_calls
@@ -85,7 +90,7 @@ class PluginPool:
         self._started = False
         self._closed = threading.Event()
         self._wire = FactsWire()  # which host facts each worker holds
-        self._plan = Planner(self._wire, self._max_frame, bundle_seconds)
+        self._plan = Planner(self._wire, self._max_frame)
         self._restarts = {reason: PLUGIN_WORKER_RESTARTS.labels(pool=name, reason=reason) for reason in _REASONS}
 
     # -- lifecycle
@@ -149,35 +154,10 @@ class PluginPool:
             return len(self._idle)
 
     @property
-    def bundle_seconds(self) -> float:
-        """Units of a request share a worker while their mean run time together stays under this."""
-        return self._plan.bundle_seconds
-
-    @bundle_seconds.setter
-    def bundle_seconds(self, value: float) -> None:
-        self._plan.bundle_seconds = value
-
-    @property
-    def aligned_scores(self) -> bool:
-        """Score calls may answer with their numbers alone (CallResult.scores; planning, contract)."""
-        return self._plan.aligned_scores
-
-    @aligned_scores.setter
-    def aligned_scores(self, value: bool) -> None:
-        self._plan.aligned_scores = value
-
-    @property
     def workers(self) -> int:
         """Worker processes running or starting right now (a snapshot)."""
         with self._lock:
             return len(self._workers) + self._growing
-
-    def __enter__(self) -> PluginPool:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     # -- requests
     def run(self, calls: Sequence[Call], deadline: float | None = None) -> list[CallResult]:
@@ -188,8 +168,8 @@ class PluginPool:
         self._check_started()
         now = time.monotonic()
         hard_end = _INF if deadline is None else now + (deadline - time.time())
-        units = self._plan.units(calls, now, hard_end)
-        Batch(self, self._plan.bundles([u for u in units if not u.done], now)).run()
+        units = self._plan.units(calls, now, hard_end, self.aligned_scores)
+        Batch(self, self._plan.bundles([u for u in units if not u.done], now, self.bundle_seconds)).run()
         return [self._plan.result(unit) for unit in units]
 
     def analyze(self, path: Path, timeout: float = 10.0) -> Analysis:
@@ -200,21 +180,20 @@ class PluginPool:
         """
         self._check_started()
         path = Path(path).absolute()
-        now = time.monotonic()
-        frame = encode_frame({"op": "analyze", "path": str(path)})
-        job = Job(frame, f"analyze {path.name}", timeout, now + timeout, _INF, now)
+        job = self._request({"op": "analyze", "path": str(path)}, f"analyze {path.name}", timeout)
         Batch(self, [job]).run()
-        if job.reply is None:
+        done, reply = job.units[0], job.units[0].reply
+        if reply is None:
             if not job.started:
-                raise PoolUnavailable(job.error)
-            error = f"{job.error} while importing the module" if job.timed_out else job.error
+                raise PoolUnavailable(done.error)
+            error = f"{done.error} while importing the module" if done.timed_out else done.error
             return Analysis(plugin=path.stem, error=error)
-        if job.reply.get("stderr"):
-            log.debug("analysis of %s wrote: %s", path.name, job.reply["stderr"].rstrip())
-        if not job.reply.get("ok"):
-            return Analysis(plugin=path.stem, error=job.reply.get("error") or "unknown error")
-        units = [AnalyzedUnit(**unit) for unit in job.reply["units"]]
-        return Analysis(plugin=path.stem, units=units, uses_facts=bool(job.reply.get("uses_facts")))
+        if reply.get("stderr"):
+            log.debug("analysis of %s wrote: %s", path.name, reply["stderr"].rstrip())
+        if not reply.get("ok"):
+            return Analysis(plugin=path.stem, error=reply.get("error") or "unknown error")
+        units = [AnalyzedUnit(**unit) for unit in reply["units"]]
+        return Analysis(plugin=path.stem, units=units, uses_facts=bool(reply.get("uses_facts")))
 
     def warm(self, plugins: Iterable[str], timeout: float = 10.0) -> None:
         """Import ``plugins`` in the workers idle right now (best effort)."""
@@ -227,10 +206,15 @@ class PluginPool:
             for worker in workers:
                 self.release(worker)
             return
-        now = time.monotonic()
-        frame = encode_frame({"op": "warm", "plugins": names})
-        jobs = [Job(frame, "warm", timeout, now + timeout, _INF, now) for _ in workers]
+        jobs = [self._request({"op": "warm", "plugins": names}, "warm", timeout) for _ in workers]
         Batch(self, jobs, workers).run()
+
+    def _request(self, message: dict[str, Any], label: str, timeout: float) -> Bundle:
+        """A request to a worker that is not a unit call (analyze, warm): ``timeout`` to get a worker, as
+        much to run."""
+        now = time.monotonic()
+        unit = Unit(ENCODER.encode(message)[:-1], label, timeout, now + timeout, _INF)  # the closing brace comes later
+        return Bundle([unit], self._wire, now, self._max_frame)
 
     def _check_started(self) -> None:
         if not self._started:
@@ -319,7 +303,6 @@ class PluginPool:
     def _respawn(self, old: Worker | None) -> None:
         """Start a worker in the background (counted in ``_growing`` until spawned): the successor of
         ``old``, or (None) one that grows the pool."""
-        grow = old is None
         if old is not None:
             self._reap(old)
         delay = 0.5
@@ -332,7 +315,7 @@ class PluginPool:
                 if worker is not None:
                     worker.kill()
                     self._reap(worker)
-                if grow or self.closed:  # a worker to grow the pool: it stays smaller (the next wait retries)
+                if old is None or self.closed:  # a worker to grow the pool: it stays smaller (the next wait retries)
                     if not self.closed:
                         log.error("plugin pool %s: cannot start a worker (%s)", self.name, exc)
                     return
@@ -343,17 +326,12 @@ class PluginPool:
                     return
                 delay = min(delay * 2, 30.0)
                 continue
-            if self._warm_plugins:
-                self._warm_new(worker)
+            if self._warm_plugins:  # it imports what warm() named before it serves; the batch then releases it
+                warm = self._request({"op": "warm", "plugins": self._warm_plugins}, "warm", READY_TIMEOUT)
+                Batch(self, [warm], [worker]).run()
             else:
                 self.release(worker)
             return
-
-    def _warm_new(self, worker: Worker) -> None:
-        """A new worker imports what warm() named before it serves; the batch then releases it."""
-        now = time.monotonic()
-        frame = encode_frame({"op": "warm", "plugins": self._warm_plugins})
-        Batch(self, [Job(frame, "warm", READY_TIMEOUT, now + READY_TIMEOUT, _INF, now)], [worker]).run()
 
     def _shrink_loop(self) -> None:
         while not self._closed.wait(max(0.05, min(self.idle_seconds / 4, 10.0))):

@@ -12,11 +12,13 @@ import select
 import signal
 import subprocess
 import time
+from contextlib import suppress
 from typing import Any
 
 import orjson
 
 from vmsched.runtime.progress import Progress
+from vmsched.runtime.worker import children
 from vmsched.runtime.protocol import HEADER, LONG_NUMBERS, write_all
 from vmsched.runtime.types import Limits
 
@@ -110,26 +112,18 @@ class Worker:
         Descendants that left the group (``setsid``) are found under /proc first.
         """
         for pid in descendants(self.pid):
-            try:
+            with suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        try:
+        with suppress(OSError):
             os.killpg(self.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
+        with suppress(OSError):
             self.proc.kill()  # in case the plugin left the group
-        except OSError:
-            pass
 
     def close_input(self) -> None:
         """Ask the worker to exit once idle (it reads end-of-file)."""
         assert self.proc.stdin is not None
-        try:
+        with suppress(OSError):
             self.proc.stdin.close()
-        except OSError:
-            pass
 
     def exit_code(self, timeout: float) -> int | None:
         """The exit status, killing the worker if it does not exit in time."""
@@ -155,19 +149,9 @@ def descendants(pid: int) -> list[int]:
     found: list[int] = []
     todo = [pid]
     while todo and len(found) < 100000:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    kids = [int(p) for p in f.read().split()]
-            except OSError:
-                continue
-            found += kids
-            todo += kids
+        kids = children.of(todo.pop())
+        found += kids
+        todo += kids
     return found
 
 

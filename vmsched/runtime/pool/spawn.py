@@ -28,27 +28,22 @@ def start(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement
     """Start one worker process with its progress page (it answers with its ready message)."""
     progress = Progress.create()
     try:
-        return Worker(popen(plugins_dirs, limits, confinement, progress.fd), max_frame, progress)
+        proc = subprocess.Popen(
+            command(plugins_dirs, limits, confinement) + ["--progress-fd", str(progress.fd)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,  # fd 1 and 2 of the worker: drained, never our log
+            cwd=plugins_dirs[0],
+            env=environment(confinement),
+            bufsize=0,
+            close_fds=True,
+            process_group=0,  # so a kill also reaches what the plugin spawned
+            pass_fds=(progress.fd,),
+        )
     except BaseException:
         progress.close()
         raise
-
-
-def popen(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement,
-          progress_fd: int) -> subprocess.Popen[bytes]:
-    """Start one worker process (it answers with its ready message)."""
-    return subprocess.Popen(
-        command(plugins_dirs, limits, confinement) + ["--progress-fd", str(progress_fd)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,  # fd 1 and 2 of the worker: drained, never our log
-        cwd=plugins_dirs[0],
-        env=environment(confinement),
-        bufsize=0,
-        close_fds=True,
-        process_group=0,  # so a kill also reaches what the plugin spawned
-        pass_fds=(progress_fd,),
-    )
+    return Worker(proc, max_frame, progress)
 
 
 def command(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement) -> list[str]:
@@ -59,8 +54,6 @@ def command(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confineme
         "-m",
         "vmsched.runtime.worker.main",
         *(item for folder in plugins_dirs for item in ("--plugins-dir", str(folder))),
-        "--memory-mb",
-        str(limits.memory_mb),
         "--cpu-seconds",
         str(limits.cpu_seconds),
         "--max-output",
@@ -71,6 +64,7 @@ def command(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confineme
                 "user": confinement.user,
                 "allow_root": confinement.allow_root,
                 "network": confinement.network,
+                "memory_mb": limits.memory_mb,
                 "extra_write": [str(Path(d).absolute()) for d in confinement.write_dirs],
                 "max_procs": limits.max_procs,
                 "max_files": limits.max_files,

@@ -6,7 +6,6 @@ This module imports only the standard library: the worker process imports it.
 from __future__ import annotations
 
 import io
-import sys
 from typing import Any
 
 
@@ -83,17 +82,3 @@ class _BinaryCapture(io.RawIOBase):
         self._text.add(raw.decode("utf-8", "replace"), len(raw))
         return len(raw)
 
-
-class Redirect:
-    """Point sys.stdout and sys.stderr at captures for the ``with`` body."""
-
-    def __init__(self, stdout: io.TextIOBase, stderr: io.TextIOBase) -> None:
-        self._streams = (stdout, stderr)
-        self._saved: tuple[Any, Any] = (None, None)
-
-    def __enter__(self) -> None:
-        self._saved = (sys.stdout, sys.stderr)
-        sys.stdout, sys.stderr = self._streams
-
-    def __exit__(self, *exc_info: object) -> None:
-        sys.stdout, sys.stderr = self._saved

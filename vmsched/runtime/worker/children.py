@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import suppress
 
 _ROUNDS = 1000  # bounds a plugin that forks faster than we kill (RLIMIT_NPROC bounds it too)
 
 
-def _children() -> list[int]:
+def of(pid: int | str = "self") -> list[int]:
+    """The live children of process ``pid`` (of each of its threads; empty if it is gone)."""
     pids: list[int] = []
     try:
-        tasks = os.listdir("/proc/self/task")
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return pids
     for tid in tasks:
         try:
-            with open(f"/proc/self/task/{tid}/children") as f:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
                 pids += [int(p) for p in f.read().split()]
         except OSError:
             continue
@@ -33,20 +35,17 @@ def _children() -> list[int]:
 def kill_all() -> int:
     """SIGKILL and reap every descendant; how many were reaped."""
     try:
-        if os.waitpid(-1, os.WNOHANG) == (0, 0):
-            pass  # children exist (one may have just been reaped too)
+        os.waitpid(-1, os.WNOHANG)  # children exist (one may have just been reaped too)
     except ChildProcessError:
         return 0  # the usual case: the plugin left nothing behind
     reaped = 0
     for _ in range(_ROUNDS):
-        pids = _children()
+        pids = of()
         if not pids:
             break
         for pid in pids:
-            try:
+            with suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
         for pid in pids:
             try:
                 os.waitpid(pid, 0)  # its orphans are ours once it is gone

@@ -9,6 +9,7 @@ import ast
 import os
 import traceback
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import Any
 
 _MAX_MESSAGE = 2000  # characters of an exception message kept in an error
@@ -23,21 +24,15 @@ def parse_output(text: str) -> Any:
     text = text.strip()
     if not text:
         raise PluginError("no result: the method returned None and printed nothing")
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        pass
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if len(lines) > 1:
-        try:
-            return ast.literal_eval(lines[-1])
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            pass
+    for candidate in (text, lines[-1]) if len(lines) > 1 else (text,):  # all of it, else its last line
+        with suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return ast.literal_eval(candidate)
     shown = text if len(text) <= 200 else text[:200] + "..."
     raise PluginError(f"could not parse output as a Python literal: {shown!r}")
 
 
-def describe_exception(exc: BaseException, plugins_dirs: str | Sequence[str]) -> str:
+def describe_exception(exc: BaseException, plugins_dirs: Sequence[str]) -> str:
     """``Type: message (file.py, line N, in func)`` with the plugin's last frame."""
     if isinstance(exc, SystemExit):
         return f"plugin called sys.exit({exc.code!r})"
@@ -51,12 +46,11 @@ def describe_exception(exc: BaseException, plugins_dirs: str | Sequence[str]) ->
     if len(message) > _MAX_MESSAGE:
         message = message[:_MAX_MESSAGE] + "..."
     text = f"{kind}: {message}" if message else kind
-    folders = [plugins_dirs] if isinstance(plugins_dirs, str) else list(plugins_dirs)
-    frame = _last_plugin_frame(exc, folders)
-    if frame is not None:
-        folder = next(f for f in folders if frame.filename.startswith(f.rstrip(os.sep) + os.sep))
-        where = os.path.relpath(frame.filename, folder)
-        text += f" ({where}, line {frame.lineno}, in {frame.name})"
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):  # the plugin's last frame
+        folder = next((f for f in plugins_dirs if frame.filename.startswith(f.rstrip(os.sep) + os.sep)), None)
+        if folder is not None:
+            text += f" ({os.path.relpath(frame.filename, folder)}, line {frame.lineno}, in {frame.name})"
+            break
     if NETWORK_OFF and _refused_socket(exc):
         text += f" [{NETWORK_HINT}]"
     if isinstance(exc, ImportError) and (exc.name or "").split(".")[0] in OLD_SDK:
@@ -94,8 +88,3 @@ def _refused_socket(exc: BaseException) -> bool:
         todo += [item.__cause__, item.__context__, getattr(item, "reason", None), *item.args[:3]]
     return False
 
-
-def _last_plugin_frame(exc: BaseException, plugins_dirs: Sequence[str]) -> traceback.FrameSummary | None:
-    prefixes = tuple(d.rstrip(os.sep) + os.sep for d in plugins_dirs)
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(prefixes)]
-    return frames[-1] if frames else None

@@ -8,7 +8,7 @@ pickle: this process runs untrusted code). Before any plugin runs, the
 protocol pipes are moved to private descriptors and fd 0/1 are pointed at
 /dev/null and stderr, so a plugin writing to fd 1 cannot corrupt a frame.
 
-Requests (one at a time, each answered by exactly one reply):
+Requests (one at a time, each answered by exactly one reply) are batches:
 
 - ``{"op": "batch", "calls": [{"plugin", "cls", "method", "args", "held"?, "facts"?}, ...], "facts"?}`` ->
   ``{"replies": [{"ok": true, "value", "stderr", "t"} or {"ok": false, "error", "stderr", "t"}, ...]}``:
@@ -19,8 +19,10 @@ Requests (one at a time, each answered by exactly one reply):
   Before each unit the worker writes its index and start time to the progress page
   (:mod:`vmsched.runtime.progress`), so that the pool can tell which unit overran its budget or crashed
   the worker. ``facts`` (the held form of :mod:`vmsched.facts.wire`) is installed once, for the
-  calls marked ``held``;
-- ``{"op": "call", "plugin", "cls", "method", "args"}`` -> one reply as above (without ``t``);
+  calls marked ``held``.
+
+A call may instead name another request (the pool sends these alone in a batch), answered in its place:
+
 - ``{"op": "analyze", "path"}`` -> ``{"ok": true, "units": [...]}`` or an error
 - ``{"op": "warm", "plugins": [...]}`` -> ``{"ok": true, "loaded": [...]}``
 
@@ -42,12 +44,14 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import redirect_stderr, redirect_stdout, suppress
+from dataclasses import asdict
 from types import ModuleType
 from typing import Any
 
 from vmsched.runtime.worker import children, sandbox
 from vmsched.runtime.worker import errors as worker_errors
-from vmsched.runtime.worker.capture import Capture, OutputLimitExceeded, Redirect
+from vmsched.runtime.worker.capture import Capture
 from vmsched.runtime.contract import KIND, aligned_scores
 from vmsched.runtime.progress import Progress
 from vmsched.runtime.protocol import Channel, encode_frame, encode_json, reply_frame
@@ -68,8 +72,7 @@ class Runner:
 
     def __init__(self, plugins_dirs: str | list[str], cpu_seconds: int, max_output: int,
                  progress: Progress | None = None) -> None:
-        self.dirs = [plugins_dirs] if isinstance(plugins_dirs, str) else list(plugins_dirs)
-        self.dir = self.dirs[0]  # the working directory
+        self.dirs = [plugins_dirs] if isinstance(plugins_dirs, str) else list(plugins_dirs)  # the first: the cwd
         self.cpu_seconds = cpu_seconds
         self.max_output = max_output
         self.max_reply = 2 * max_output + (1 << 16)
@@ -81,14 +84,7 @@ class Runner:
         self._cwd = os.getcwd()  # the plugins folder, as the kernel spells it
 
     def handle(self, request: dict[str, Any]) -> bytes:
-        """The reply frame to ``request``."""
-        if request.get("op") == "batch":
-            return self.batch(request)
-        stderr = Capture(self.max_output, strict=False)
-        return reply_frame(self._encode(self._run(request, stderr), stderr))
-
-    def batch(self, request: dict[str, Any]) -> bytes:
-        """One reply frame for the units of one request, run in order (each as a ``call``)."""
+        """One reply frame for the units of one request (a ``batch``), run in order (each as a ``call``)."""
         parts: list[bytes] = []
         payload = request.get("facts")
         installed = False
@@ -103,7 +99,7 @@ class Runner:
                     payload = {k: v for k, v in payload.items() if k not in _ONCE}
             hosts = _requested_hosts(call)  # a copy: the plugin gets the list and may change it
             stderr = Capture(self.max_output, strict=False)
-            reply = self._run({**call, "op": "call"}, stderr)
+            reply = self._run({"op": "call", **call}, stderr)  # or the request it names (analyze, warm)
             reply["t"] = time.monotonic() - began
             parts.append((hosts is not None and self._encode_aligned(hosts, reply)) or self._encode(reply, stderr))
         return reply_frame(b'{"replies":[' + b",".join(parts) + b"]}")
@@ -151,15 +147,14 @@ class Runner:
 
     def _encode(self, reply: dict[str, Any], stderr: Capture) -> bytes:
         """The reply's JSON (an error in its place if it cannot be encoded or is too large)."""
-        encode = encode_json
         try:
-            data = encode(reply)
+            data = encode_json(reply)
         except (TypeError, ValueError, RecursionError, OverflowError) as exc:
-            return encode({"ok": False, "error": f"result is not JSON-serializable: {exc}", "stderr": stderr.getvalue(),
-                           "t": reply.get("t", 0.0)})
+            error = f"result is not JSON-serializable: {exc}"
+            return encode_json({"ok": False, "error": error, "stderr": stderr.getvalue(), "t": reply.get("t", 0.0)})
         if len(data) > self.max_reply:
             error = f"result too large: {len(data)} bytes encoded (limit {self.max_reply})"
-            return encode({"ok": False, "error": error, "stderr": stderr.getvalue()[:4096], "t": reply.get("t", 0.0)})
+            return encode_json({"ok": False, "error": error, "stderr": stderr.getvalue()[:4096], "t": reply.get("t", 0.0)})
         return data
 
     # -- call
@@ -171,15 +166,13 @@ class Runner:
         self._arm_cpu_limit()
         stdout = Capture(self.max_output, strict=True)
         try:
-            with Redirect(stdout, stderr):
+            with redirect_stdout(stdout), redirect_stderr(stderr):
                 value = getattr(cls(), method)(*args)
-        except OutputLimitExceeded:
-            return {"ok": False, "error": f"stdout exceeded {self.max_output} bytes"}
         except SystemExit as exc:
             if exc.code not in (None, 0) or not stdout.getvalue().strip():
                 return self._failed(exc, stdout, stderr)
             value = None  # an old plugin that printed its result, then exit(0)
-        except BaseException as exc:
+        except BaseException as exc:  # OutputLimitExceeded too: _failed says the stdout limit was exceeded
             return self._failed(exc, stdout, stderr)
         if stdout.exceeded:  # the plugin swallowed OutputLimitExceeded
             return {"ok": False, "error": f"stdout exceeded {self.max_output} bytes"}
@@ -202,7 +195,7 @@ class Runner:
     def _import(self, plugin: str, stderr: Capture) -> ModuleType:
         """The plugin's module; output printed while importing goes to stderr."""
         try:
-            with Redirect(stderr, stderr):
+            with redirect_stdout(stderr), redirect_stderr(stderr):
                 return self.modules.get(plugin)
         except PluginError:
             raise
@@ -230,19 +223,17 @@ class Runner:
 
     def _restore_cwd(self) -> None:
         """Undo a plugin's os.chdir(): sibling imports and relative paths need the folder."""
-        try:
+        with suppress(OSError):
             if os.getcwd() == self._cwd:
                 return
-        except OSError:
-            pass
-        os.chdir(self.dir)
+        os.chdir(self.dirs[0])
 
     # -- analyze and warm
     def analyze(self, path: str, stderr: Capture) -> dict[str, Any]:
         name = os.path.splitext(os.path.basename(path))[0]
         self._arm_cpu_limit()
         try:
-            with Redirect(stderr, stderr):
+            with redirect_stdout(stderr), redirect_stderr(stderr):
                 module = self.modules.load(name, path)
                 units = list_units(module)
         except BaseException as exc:
@@ -252,11 +243,9 @@ class Runner:
     def warm(self, plugins: list[str], stderr: Capture) -> dict[str, Any]:
         loaded = []
         for plugin in plugins:
-            try:
+            with suppress(PluginError):
                 self._import(plugin, stderr)
                 loaded.append(plugin)
-            except PluginError:
-                pass
         return {"ok": True, "loaded": loaded}
 
 
@@ -296,9 +285,7 @@ def _exit_with_parent(read_fd: int) -> None:
 
 def _confine(options: argparse.Namespace, plugins_dirs: list[str], channel: Channel) -> sandbox.Report:
     """Apply the sandbox; on refusal tell the pool why and exit."""
-    settings = sandbox.Options.from_json({"plugins_dir": plugins_dirs[0], "memory_mb": options.memory_mb,
-                                          **json.loads(options.sandbox)})
-    settings.plugins_dir = plugins_dirs[0]
+    settings = sandbox.Options(**json.loads(options.sandbox), plugins_dir=plugins_dirs[0])
     settings.extra_read = [*settings.extra_read, *plugins_dirs[1:]]  # the other plugin folders: read-only too
     try:
         report = sandbox.confine(settings)
@@ -313,7 +300,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="vmsched.runtime.worker.main")
     parser.add_argument("--plugins-dir", required=True, action="append",
                         help="a plugins folder; several: on sys.path in this order, the first is the working directory")
-    parser.add_argument("--memory-mb", type=int, default=1024)
     parser.add_argument("--cpu-seconds", type=int, default=30)
     parser.add_argument("--max-output", type=int, default=1 << 20)
     parser.add_argument("--progress-fd", type=int, default=-1, help="the pool's progress page (a memfd)")
@@ -336,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     confinement = _confine(options, plugins_dirs, channel)  # before any thread starts
     _exit_with_parent(read_fd)
     runner = Runner(plugins_dirs, options.cpu_seconds, options.max_output, progress)
-    channel.send(encode_frame({"ok": True, "ready": True, "pid": os.getpid(), "sandbox": confinement.as_dict()}))
+    channel.send(encode_frame({"ok": True, "ready": True, "pid": os.getpid(), "sandbox": asdict(confinement)}))
     while (request := channel.receive()) is not None:
         channel.send(runner.handle(request))
     return 0

@@ -23,9 +23,8 @@ class Modules:
     name found in two folders: a module name is unique across them, as on ``sys.path``).
     """
 
-    def __init__(self, plugins_dirs: str | Sequence[str]) -> None:
-        self.dirs = [plugins_dirs] if isinstance(plugins_dirs, str) else list(plugins_dirs)
-        self.dir = self.dirs[0]
+    def __init__(self, plugins_dirs: Sequence[str]) -> None:
+        self.dirs = list(plugins_dirs)
         self._prefixes = tuple(d.rstrip(os.sep) + os.sep for d in self.dirs)
         self._cache: dict[str, tuple[ModuleType, tuple[int, int, int]]] = {}
 

@@ -25,8 +25,8 @@ import pwd
 import resource
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from contextlib import suppress
+from dataclasses import dataclass, field
 
 from vmsched.runtime.worker import landlock, seccomp
 
@@ -59,10 +59,6 @@ class Options:
     extra_read: list[str] = field(default_factory=list)
     extra_write: list[str] = field(default_factory=list)
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Options:
-        return cls(**data)
-
 
 @dataclass
 class Report:
@@ -76,9 +72,6 @@ class Report:
 
     def off(self, feature: str, why: str) -> None:
         self.features[feature] = f"off: {why}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -205,10 +198,8 @@ def _python_paths() -> list[str]:
 
 
 def _drop_capabilities(report: Report) -> None:
-    try:
+    with suppress(OSError):  # kernel < 4.3: no ambient set
         _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    except OSError:
-        pass  # kernel < 4.3: no ambient set
     if os.geteuid() == 0:  # still root (allow_root): empty the bounding set too
         last = int(open("/proc/sys/kernel/cap_last_cap").read())
         for cap in range(last + 1):

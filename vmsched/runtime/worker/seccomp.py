@@ -132,13 +132,13 @@ def build(network: bool, signals: bool, own_pid: int, parent_pid: int) -> bytes:
     return p.assemble()
 
 
-def supported() -> bool:
-    return platform.machine() == "x86_64"
-
-
 def install(network: bool, signals: bool, own_pid: int, parent_pid: int) -> None:
-    """Install the filter on this thread (and later threads and children)."""
-    if not supported():
+    """Install the filter on this thread (and later threads and children).
+
+    Requires no_new_privs (or CAP_SYS_ADMIN) to be set already (:func:`vmsched.runtime.worker.sandbox.confine`
+    sets it first).
+    """
+    if platform.machine() != "x86_64":
         raise OSError(f"no seccomp filter for {platform.machine()}")
     program = build(network, signals, own_pid, parent_pid)
     buffer = ctypes.create_string_buffer(program, len(program))
@@ -148,7 +148,5 @@ def install(network: bool, signals: bool, own_pid: int, parent_pid: int) -> None
 
     prog = _Fprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
