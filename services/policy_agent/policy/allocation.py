@@ -184,7 +184,7 @@ class Pools:
 
     def request_for(self, uuid: str, name: str, policy: GuestPolicy, nvcpus: int) -> CpuSet:
         """:meth:`request` for a policy with dedicated CPUs."""
-        dedicated = policy.dedicated_request()
+        dedicated = policy.dedicated_set() or policy.dedicated
         assert dedicated is not None
         return self.request(uuid, name, dedicated, nvcpus, policy.thread_policy, policy.numa, policy.emulator)
 
