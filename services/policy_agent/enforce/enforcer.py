@@ -132,15 +132,13 @@ class Enforcer:
         g = self.observe(snap)
         info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
         error = src.metadata_error
-        desired: Desired | None = None
+        # without a policy in force, the safe fallback: keep the guest on the shared set, off every dedicated CPU
+        desired = desired_for(None, info, self.pools, None, confine=True)
         if error is None:
             try:
                 desired = self._desired(g, info, snap.active, confine, src)
             except PolicyError as exc:
                 error = f"policy of {snap.name!r} cannot be enforced on this host: {exc}"
-        if desired is None:
-            # safe fallback: keep the guest on the shared set, off every dedicated CPU
-            desired = desired_for(None, info, self.pools, None, confine=True)
         try:
             result = tuned_sync.verify(self.applier, snap, g, desired, self.tuned, self.pools.shared)
         except DefinitionChanged:
@@ -158,12 +156,10 @@ class Enforcer:
             self._record_error(g, error, "validation")
         else:
             g.status, g.error = ("applied" if g.policy else "unmanaged"), None
-            g.applied_at = time.time()
         self._count(g, trigger, result, received, drift)
         return result
 
-    def _desired(self, g: Guest, info: GuestInfo, active: bool, confine: bool,
-                 src: DomainXml | None = None) -> Desired:
+    def _desired(self, g: Guest, info: GuestInfo, active: bool, confine: bool, src: DomainXml) -> Desired:
         policy = g.policy
         if policy is None or policy.dedicated is None or (self.release_on_stop and not active):
             if self.pools.release(g.uuid) is not None:
@@ -185,13 +181,13 @@ class Enforcer:
         g.warnings = checked.warnings
         return checked.desired
 
-    def _unmanaged(self, g: Guest, info: GuestInfo, confine: bool, src: DomainXml | None) -> Desired:
+    def _unmanaged(self, g: Guest, info: GuestInfo, confine: bool, src: DomainXml) -> Desired:
         """A guest without a policy: kept on the shared set, unless its manager pins it (its definition has
         its own placement the agent did not write): then it is left alone, and conflicts are reported."""
         desired = desired_for(None, info, self.pools, None, confine=confine)
         if desired.vcpus is None:
             return desired
-        if src is not None and manager_pinned(src, self.applier.host):
+        if manager_pinned(src, self.applier.host):
             if g.uuid not in self._foreign:
                 self._foreign.add(g.uuid)
                 log.info("guest %r has its own CPU pinning and no vmsched policy: left to its manager", g.name)
@@ -341,7 +337,7 @@ class Enforcer:
             self.save()
             g = self.inv.upsert(snap.uuid, snap.name)
             g.policy, g.hint, g.nvcpus, g.desired = policy, hint, src.nvcpus, checked.desired
-            g.status, g.error, g.applied_at = "applied", None, time.time()
+            g.status, g.error = "applied", None
             self.overlaps.forget(snap.uuid)
             g.warnings = [*checked.warnings, *result.deferred]
             metrics.APPLICATIONS.labels("ok").inc()
