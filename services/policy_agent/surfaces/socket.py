@@ -129,12 +129,10 @@ class SocketServer:
 
 
 def _listening(path: Path) -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
-        s.connect(str(path))
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
         return True
-    except OSError:
-        return False
-    finally:
-        s.close()
