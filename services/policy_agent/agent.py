@@ -34,7 +34,7 @@ from .guests import orchestration
 from .guests.inventory import Inventory
 from .plural import plural
 from .policy import deps
-from .policy.allocation import Pools
+from .policy.allocation import Pools, plan_pool
 from .policy.model import GuestPolicy, parse_policy_partial
 from .state import checkpoint, recovery, store
 from .surfaces.bus import AgentBus
@@ -169,7 +169,7 @@ class Agent:
                 pools.pool = wanted
             elif wanted != pools.pool:
                 log.info("dedicated pool changes from %r to %r", cpuset.fmt(pools.pool), cpuset.fmt(wanted))
-                self.enforcer.adopt_pools(self.enforcer.plan_pool(wanted))
+                self.enforcer.adopt_pools(plan_pool(pools, wanted, self.inventory.all(), self.release_on_stop))
         elif found.rebuild:
             pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), self.machine, pools)
         summary = self.enforcer.sweep(conn, trigger="start", snaps=snaps, confine=True)
@@ -344,7 +344,7 @@ class Agent:
     def set_pool(self, pool: str | None) -> dict:
         wanted = _parse_pool(pool, self.pools.host_cpus)
         with self.enforcer.lock:
-            self.enforcer.adopt_pools(self.enforcer.plan_pool(wanted))
+            self.enforcer.adopt_pools(plan_pool(self.pools, wanted, self.inventory.all(), self.release_on_stop))
             log.info("dedicated pool set to %r; re-pinning guests", cpuset.fmt(wanted))
             self.enforcer.sweep(self.conn, trigger="pool", confine=True)
             return self.cpus()

@@ -27,7 +27,7 @@ from vmsched.cpuset import CpuSet
 from .. import metrics
 from ..errors import ApplyError, DefinitionChanged, GuestNotFound, PolicyError
 from ..guests.inventory import Guest, Inventory
-from ..policy.allocation import Pools, pin_conflicts, plan_pool
+from ..policy.allocation import Pools, pin_conflicts
 from ..policy.model import DEFAULT_SHARES, GuestPolicy
 from ..policy.validation import Desired, GuestInfo, check_policy, desired_for
 from ..tuners.state import TunedState
@@ -447,10 +447,6 @@ class Enforcer:
         metrics.GUESTS_MANAGED.set(self.inv.managed())
         metrics.DEDICATED_CPUS.labels("allocated").set(len(self.pools.allocated))
         metrics.DEDICATED_CPUS.labels("free").set(len(self.pools.free))
-
-    def plan_pool(self, pool: CpuSet) -> Pools:
-        """The pools after changing the dedicated pool; raises PolicyError when a guest cannot keep its CPUs."""
-        return plan_pool(self.pools, pool, self.inv.all(), self.release_on_stop)
 
     def adopt_pools(self, new: Pools) -> None:
         with self.lock:
