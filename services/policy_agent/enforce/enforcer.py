@@ -173,7 +173,7 @@ class Enforcer:
                     raise PolicyError(problems)
             return desired_for(policy, info, self.pools, None, confine=confine)
         if g.uuid not in self.pools.allocations:
-            self._seed_from_hint(g)
+            self._seed_from_hint(g, policy)
         checked = check_policy(policy, info, self.pools, {}, self.inv.resolve, self.inv.name_of)
         if checked.allocation != self.pools.allocations.get(g.uuid):
             log.info("guest %r now holds dedicated CPUs %s", g.name, cpuset.fmt(checked.allocation or ()))
@@ -195,17 +195,16 @@ class Enforcer:
         self._foreign.discard(g.uuid)
         return desired
 
-    def _seed_from_hint(self, g: Guest) -> None:
-        """Recover an allocation the guest's metadata recorded for this host (checkpoint lost)."""
+    def _seed_from_hint(self, g: Guest, policy: GuestPolicy) -> None:
+        """Recover an allocation the guest's metadata recorded for this host (checkpoint lost) for its ``policy``
+        with dedicated CPUs."""
         h = g.hint
         if h is None or h.host != self.machine or not h.cpus <= self.pools.free:
-            return
-        if g.policy is None or g.policy.dedicated is None:
             return
         trial = self.pools.copy()  # seeded only when the policy's request would keep exactly these CPUs
         trial.assign(g.uuid, g.name, h.cpus)
         with contextlib.suppress(PolicyError):
-            if trial.request_for(g.uuid, g.name, g.policy, g.nvcpus) == h.cpus:
+            if trial.request_for(g.uuid, g.name, policy, g.nvcpus) == h.cpus:
                 log.info("recovered dedicated CPUs %s of %r from its metadata", cpuset.fmt(h.cpus), g.name)
                 self.pools.assign(g.uuid, g.name, h.cpus)
 

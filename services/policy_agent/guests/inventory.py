@@ -94,10 +94,7 @@ class Inventory:
             for k in (key, key.lower()):
                 if k in self._guests:
                     return k
-            for g in self._guests.values():
-                if g.name == key:
-                    return g.uuid
-        return None
+            return next((g.uuid for g in self._guests.values() if g.name == key), None)
 
     def name_of(self, key: str) -> str:
         g = self.get(key)
