@@ -305,8 +305,7 @@ class Agent:
     @_libvirt_errors
     def get_policy(self, guest: str) -> dict:
         with self.enforcer.lock:
-            dom = self.enforcer.lookup(self.conn, guest)
-            g = self.enforcer.observe(self.enforcer.read(dom))
+            g = self.enforcer.observe(self.enforcer.read(self.enforcer.lookup(self.conn, guest)))
             return self.enforcer.view(g)
 
     def explain_policy(self, guest: str) -> dict:
