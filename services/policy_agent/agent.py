@@ -34,7 +34,7 @@ from .guests import orchestration
 from .guests.inventory import Inventory
 from .plural import plural
 from .policy import deps
-from .policy.allocation import Pools
+from .policy.allocation import Pools, plan_pool
 from .policy.model import GuestPolicy, parse_policy_partial
 from .state import checkpoint, recovery, store
 from .surfaces.bus import AgentBus
@@ -169,7 +169,7 @@ class Agent:
                 pools.pool = wanted
             elif wanted != pools.pool:
                 log.info("dedicated pool changes from %r to %r", cpuset.fmt(pools.pool), cpuset.fmt(wanted))
-                self.enforcer.adopt_pools(self.enforcer.plan_pool(wanted))
+                self.enforcer.adopt_pools(plan_pool(pools, wanted, self.inventory.all(), self.release_on_stop))
         elif found.rebuild:
             pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), self.machine, pools)
         summary = self.enforcer.sweep(conn, trigger="start", snaps=snaps, confine=True)
@@ -240,15 +240,6 @@ class Agent:
             metrics.ERRORS.labels("checkpoint").inc()
             log.error("cannot write checkpoint %s: %s", self.checkpoint_path, exc)
 
-    def _check_checkpoint(self) -> None:
-        """Compare the checkpoint file with the allocations; rewrite it when they differ."""
-        assert self.machine
-        with self.enforcer.lock:
-            if why := checkpoint.mismatch(self.checkpoint_path, self.machine, self.enforcer.pools):
-                metrics.ERRORS.labels("checkpoint").inc()
-                log.warning("checkpoint %s does not hold the allocations (%s); rewriting it", self.checkpoint_path, why)
-                self._save()
-
     def _publish(self, event: str, body: dict) -> None:
         body = {"host_id": self.host_id, **body}
         self.events.append((event, body))
@@ -314,8 +305,7 @@ class Agent:
     @_libvirt_errors
     def get_policy(self, guest: str) -> dict:
         with self.enforcer.lock:
-            dom = self.enforcer.lookup(self.conn, guest)
-            g = self.enforcer.observe(self.enforcer.read(dom))
+            g = self.enforcer.observe(self.enforcer.read(self.enforcer.lookup(self.conn, guest)))
             return self.enforcer.view(g)
 
     def explain_policy(self, guest: str) -> dict:
@@ -353,16 +343,21 @@ class Agent:
     def set_pool(self, pool: str | None) -> dict:
         wanted = _parse_pool(pool, self.pools.host_cpus)
         with self.enforcer.lock:
-            new = self.enforcer.plan_pool(wanted)
-            self.enforcer.adopt_pools(new)
+            self.enforcer.adopt_pools(plan_pool(self.pools, wanted, self.inventory.all(), self.release_on_stop))
             log.info("dedicated pool set to %r; re-pinning guests", cpuset.fmt(wanted))
             self.enforcer.sweep(self.conn, trigger="pool", confine=True)
             return self.cpus()
 
     @_libvirt_errors
     def reconcile(self) -> dict:
+        """One sweep; then the checkpoint file is compared with the allocations, and rewritten when they differ."""
         summary = self.enforcer.sweep(self.conn)
-        self._check_checkpoint()
+        assert self.machine
+        with self.enforcer.lock:
+            if why := checkpoint.mismatch(self.checkpoint_path, self.machine, self.enforcer.pools):
+                metrics.ERRORS.labels("checkpoint").inc()
+                log.warning("checkpoint %s does not hold the allocations (%s); rewriting it", self.checkpoint_path, why)
+                self._save()
         return summary
 
     def check_start(self, guest: str, xml: str | None = None) -> tuple[bool, str]:

@@ -105,7 +105,6 @@ HOST_MEMORY = Gauge(
     ["kind"], registry=None,
 )
 HOST_GUESTS = Gauge("vmsched_agent_host_guests", "Guests on the host, by state (running, total)", ["state"], registry=None)
-_HOST_GAUGES = (HOST_CPU, HOST_CPUS, HOST_MEMORY, HOST_GUESTS)
 _host_lock = threading.Lock()
 _host_registered = False
 _MIB = 1024 * 1024
@@ -116,7 +115,7 @@ def observe_host(host: HostFacts) -> None:
     global _host_registered
     with _host_lock:
         if not _host_registered:
-            for gauge in _HOST_GAUGES:
+            for gauge in (HOST_CPU, HOST_CPUS, HOST_MEMORY, HOST_GUESTS):
                 REGISTRY.register(gauge)
             _host_registered = True
     HOST_CPU.set(host.cpu_pct / 100)

@@ -171,12 +171,11 @@ class TunerLoop:
     def _record(self, d: Decision) -> None:
         tm.CHANGES.labels(d.tuner, d.field, d.outcome).inc()
         body = {"guest": d.guest, "uuid": d.uuid, **d.view()}
-        if d.outcome == "deferred":  # a rate limit: proposed again next interval; counted, not announced
-            log.debug("tuner %s", json.dumps(body, sort_keys=True, default=str))
-            return
-        level = logging.INFO if d.outcome in ("applied", "dry_run") else logging.WARNING
+        deferred = d.outcome == "deferred"  # a rate limit: proposed again next interval; counted, not announced
+        level = logging.DEBUG if deferred else logging.INFO if d.outcome in ("applied", "dry_run") else logging.WARNING
         log.log(level, "tuner %s", json.dumps(body, sort_keys=True, default=str))
-        self._publish("tuned", body)
+        if not deferred:
+            self._publish("tuned", body)
 
 
 

@@ -27,7 +27,7 @@ from vmsched.cpuset import CpuSet
 from .. import metrics
 from ..errors import ApplyError, DefinitionChanged, GuestNotFound, PolicyError
 from ..guests.inventory import Guest, Inventory
-from ..policy.allocation import Pools, pin_conflicts, plan_pool
+from ..policy.allocation import Pools, pin_conflicts
 from ..policy.model import DEFAULT_SHARES, GuestPolicy
 from ..policy.validation import Desired, GuestInfo, check_policy, desired_for
 from ..tuners.state import TunedState
@@ -132,15 +132,13 @@ class Enforcer:
         g = self.observe(snap)
         info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
         error = src.metadata_error
-        desired: Desired | None = None
+        # without a policy in force, the safe fallback: keep the guest on the shared set, off every dedicated CPU
+        desired = desired_for(None, info, self.pools, None, confine=True)
         if error is None:
             try:
                 desired = self._desired(g, info, snap.active, confine, src)
             except PolicyError as exc:
                 error = f"policy of {snap.name!r} cannot be enforced on this host: {exc}"
-        if desired is None:
-            # safe fallback: keep the guest on the shared set, off every dedicated CPU
-            desired = desired_for(None, info, self.pools, None, confine=True)
         try:
             result = tuned_sync.verify(self.applier, snap, g, desired, self.tuned, self.pools.shared)
         except DefinitionChanged:
@@ -158,12 +156,10 @@ class Enforcer:
             self._record_error(g, error, "validation")
         else:
             g.status, g.error = ("applied" if g.policy else "unmanaged"), None
-            g.applied_at = time.time()
         self._count(g, trigger, result, received, drift)
         return result
 
-    def _desired(self, g: Guest, info: GuestInfo, active: bool, confine: bool,
-                 src: DomainXml | None = None) -> Desired:
+    def _desired(self, g: Guest, info: GuestInfo, active: bool, confine: bool, src: DomainXml) -> Desired:
         policy = g.policy
         if policy is None or policy.dedicated is None or (self.release_on_stop and not active):
             if self.pools.release(g.uuid) is not None:
@@ -177,7 +173,7 @@ class Enforcer:
                     raise PolicyError(problems)
             return desired_for(policy, info, self.pools, None, confine=confine)
         if g.uuid not in self.pools.allocations:
-            self._seed_from_hint(g)
+            self._seed_from_hint(g, policy)
         checked = check_policy(policy, info, self.pools, {}, self.inv.resolve, self.inv.name_of)
         if checked.allocation != self.pools.allocations.get(g.uuid):
             log.info("guest %r now holds dedicated CPUs %s", g.name, cpuset.fmt(checked.allocation or ()))
@@ -185,13 +181,13 @@ class Enforcer:
         g.warnings = checked.warnings
         return checked.desired
 
-    def _unmanaged(self, g: Guest, info: GuestInfo, confine: bool, src: DomainXml | None) -> Desired:
+    def _unmanaged(self, g: Guest, info: GuestInfo, confine: bool, src: DomainXml) -> Desired:
         """A guest without a policy: kept on the shared set, unless its manager pins it (its definition has
         its own placement the agent did not write): then it is left alone, and conflicts are reported."""
         desired = desired_for(None, info, self.pools, None, confine=confine)
         if desired.vcpus is None:
             return desired
-        if src is not None and manager_pinned(src, self.applier.host):
+        if manager_pinned(src, self.applier.host):
             if g.uuid not in self._foreign:
                 self._foreign.add(g.uuid)
                 log.info("guest %r has its own CPU pinning and no vmsched policy: left to its manager", g.name)
@@ -199,17 +195,16 @@ class Enforcer:
         self._foreign.discard(g.uuid)
         return desired
 
-    def _seed_from_hint(self, g: Guest) -> None:
-        """Recover an allocation the guest's metadata recorded for this host (checkpoint lost)."""
+    def _seed_from_hint(self, g: Guest, policy: GuestPolicy) -> None:
+        """Recover an allocation the guest's metadata recorded for this host (checkpoint lost) for its ``policy``
+        with dedicated CPUs."""
         h = g.hint
         if h is None or h.host != self.machine or not h.cpus <= self.pools.free:
-            return
-        if g.policy is None or g.policy.dedicated is None:
             return
         trial = self.pools.copy()  # seeded only when the policy's request would keep exactly these CPUs
         trial.assign(g.uuid, g.name, h.cpus)
         with contextlib.suppress(PolicyError):
-            if trial.request_for(g.uuid, g.name, g.policy, g.nvcpus) == h.cpus:
+            if trial.request_for(g.uuid, g.name, policy, g.nvcpus) == h.cpus:
                 log.info("recovered dedicated CPUs %s of %r from its metadata", cpuset.fmt(h.cpus), g.name)
                 self.pools.assign(g.uuid, g.name, h.cpus)
 
@@ -341,7 +336,7 @@ class Enforcer:
             self.save()
             g = self.inv.upsert(snap.uuid, snap.name)
             g.policy, g.hint, g.nvcpus, g.desired = policy, hint, src.nvcpus, checked.desired
-            g.status, g.error, g.applied_at = "applied", None, time.time()
+            g.status, g.error = "applied", None
             self.overlaps.forget(snap.uuid)
             g.warnings = [*checked.warnings, *result.deferred]
             metrics.APPLICATIONS.labels("ok").inc()
@@ -451,10 +446,6 @@ class Enforcer:
         metrics.GUESTS_MANAGED.set(self.inv.managed())
         metrics.DEDICATED_CPUS.labels("allocated").set(len(self.pools.allocated))
         metrics.DEDICATED_CPUS.labels("free").set(len(self.pools.free))
-
-    def plan_pool(self, pool: CpuSet) -> Pools:
-        """The pools after changing the dedicated pool; raises PolicyError when a guest cannot keep its CPUs."""
-        return plan_pool(self.pools, pool, self.inv.all(), self.release_on_stop)
 
     def adopt_pools(self, new: Pools) -> None:
         with self.lock:

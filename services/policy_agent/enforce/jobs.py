@@ -41,15 +41,12 @@ class JobQueue:
     def put(self, key: str, trigger: str, received: float, delay: float = 0.0, name: str = "") -> None:
         due = time.monotonic() + delay
         with self._cond:
-            job = self._jobs.get(key)
-            if job is None:
-                self._jobs[key] = Job(key, due, received, [trigger], name)
-            else:
-                job.due = min(job.due, due)
-                job.first_event = min(job.first_event, received)
-                if trigger not in job.triggers:
-                    job.triggers.append(trigger)
-                job.name = name or job.name
+            job = self._jobs.setdefault(key, Job(key, due, received, [], name))
+            job.due = min(job.due, due)
+            job.first_event = min(job.first_event, received)
+            if trigger not in job.triggers:
+                job.triggers.append(trigger)
+            job.name = name or job.name
             self._cond.notify_all()  # the worker, and whoever waits for the queue to be idle
 
     def get(self, timeout: float) -> Job | None:

@@ -34,11 +34,7 @@ def manager_pinned(xml: DomainXml, host: CpuSet) -> bool:
     for the agent's own confinement, and confined again to the current shared set. Anything else is the
     manager's (so a manager that pins the emulator and every vCPU of a guest to one same set is not
     recognised as such). A placement on every host CPU restricts nothing and does not count."""
-    placed = list(xml.vcpupins.values())
-    if xml.emulatorpin is not None:
-        placed.append(xml.emulatorpin)
-    if xml.vcpu_cpuset is not None:
-        placed.append(xml.vcpu_cpuset)
+    placed = [*xml.vcpupins.values(), *(c for c in (xml.emulatorpin, xml.vcpu_cpuset) if c is not None)]
     if all(cpus >= host for cpus in placed):  # every host CPU: no restriction at all
         return False
     uniform = (xml.emulatorpin is not None and len(set(placed)) == 1

@@ -33,8 +33,6 @@ class State(IntEnum):
 
 
 STATE_NAMES = {s: s.name.lower() for s in State}
-RUNNING_STATES = (State.RUNNING, State.BLOCKED)
-INACTIVE_STATES = (State.SHUTOFF, State.NOSTATE)
 
 # lifecycle event -> state it leaves the guest in
 EVENT_STATES = {
@@ -61,16 +59,15 @@ class Guest:
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
     desired: Desired | None = None
-    applied_at: float | None = None
     seq: int = 0  # bumped by every state event: a slower reader must not overwrite a newer state
 
     @property
     def running(self) -> bool:
-        return self.state in RUNNING_STATES
+        return self.state in (State.RUNNING, State.BLOCKED)
 
     @property
     def active(self) -> bool:
-        return self.state not in INACTIVE_STATES
+        return self.state not in (State.SHUTOFF, State.NOSTATE)
 
     @property
     def state_name(self) -> str:
@@ -97,10 +94,7 @@ class Inventory:
             for k in (key, key.lower()):
                 if k in self._guests:
                     return k
-            for g in self._guests.values():
-                if g.name == key:
-                    return g.uuid
-        return None
+            return next((g.uuid for g in self._guests.values() if g.name == key), None)
 
     def name_of(self, key: str) -> str:
         g = self.get(key)

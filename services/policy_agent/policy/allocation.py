@@ -54,11 +54,6 @@ class Pools:
     def free(self) -> CpuSet:
         return frozenset(self.pool - self.allocated)
 
-    def owner_of(self, cpus: CpuSet, exclude: str | None = None) -> dict[str, CpuSet]:
-        """uuid -> the part of ``cpus`` that guest holds (other than ``exclude``)."""
-        return {uuid: frozenset(held & cpus) for uuid, held in self.allocations.items()
-                if uuid != exclude and held & cpus}
-
     def name(self, uuid: str) -> str:
         return self.names.get(uuid, uuid)
 
@@ -160,11 +155,12 @@ class Pools:
                 f"dedicated set {cpuset.fmt(wanted_set)}: {cpuset.named(outside, 'is', 'are')} not in the host's"
                 f" dedicated pool {cpuset.fmt(self.pool)}"
             )
-        for other, cpus in sorted(self.owner_of(wanted_set, exclude=uuid).items()):
-            errors.append(
-                f"dedicated set {cpuset.fmt(wanted_set)}: {cpuset.named(cpus, 'is', 'are')} already dedicated"
-                f" to guest {self.name(other)!r}"
-            )
+        for other, held in sorted(self.allocations.items()):
+            if other != uuid and (cpus := held & wanted_set):
+                errors.append(
+                    f"dedicated set {cpuset.fmt(wanted_set)}: {cpuset.named(cpus, 'is', 'are')} already dedicated"
+                    f" to guest {self.name(other)!r}"
+                )
         if len(wanted_set) < nvcpus:
             errors.append(
                 f"dedicated set {cpuset.fmt(wanted_set)} has {plural(len(wanted_set), 'CPU')}, fewer than the guest's"
@@ -184,7 +180,7 @@ class Pools:
 
     def request_for(self, uuid: str, name: str, policy: GuestPolicy, nvcpus: int) -> CpuSet:
         """:meth:`request` for a policy with dedicated CPUs."""
-        dedicated = policy.dedicated_request()
+        dedicated = policy.dedicated_set() or policy.dedicated
         assert dedicated is not None
         return self.request(uuid, name, dedicated, nvcpus, policy.thread_policy, policy.numa, policy.emulator)
 

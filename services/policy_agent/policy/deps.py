@@ -46,18 +46,13 @@ def start_order(graph: Graph, target: str, name_of: Callable[[str], str] = str) 
     return _post_order(lambda node: graph.get(node, ()), target)
 
 
-def dependents(graph: Graph) -> dict[str, list[str]]:
-    rev: dict[str, list[str]] = {}
-    for node, reqs in graph.items():
-        for req in reqs:
-            rev.setdefault(req, []).append(node)
-    return rev
-
-
 def stop_order(graph: Graph, target: str, name_of: Callable[[str], str] = str) -> list[str]:
     """Every guest that needs ``target``, transitively, dependents first; ``target`` last (PolicyError on a
     cycle)."""
-    rev = dependents(graph)
+    rev: dict[str, list[str]] = {}  # guest -> the guests that require it
+    for node, reqs in graph.items():
+        for req in reqs:
+            rev.setdefault(req, []).append(node)
     if cycle := find_cycle(rev, target):
         raise PolicyError(describe_cycle(cycle[::-1], name_of))
     return _post_order(lambda node: sorted(rev.get(node, ())), target)

@@ -151,15 +151,8 @@ class GuestPolicy(PolicyDocument):
                 out["vcpu_period"] = period
         return out
 
-    def dedicated_count(self) -> int | None:
-        return self.dedicated if isinstance(self.dedicated, int) else None
-
     def dedicated_set(self) -> frozenset[int] | None:
         return cpuset.parse(self.dedicated) if isinstance(self.dedicated, str) else None
-
-    def dedicated_request(self) -> int | frozenset[int] | None:
-        """The count, or the explicit set, of dedicated CPUs."""
-        return self.dedicated_count() or self.dedicated_set()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, without unset fields."""

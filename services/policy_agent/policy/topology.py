@@ -1,9 +1,8 @@
 """The host's CPU topology, read from libvirt's capabilities XML: pure parsing, no libvirt.
 
 libvirt lists every CPU under its NUMA cell (``host/topology/cells/cell/cpus/cpu``) with its
-``socket_id``, ``die_id``, ``core_id`` and ``siblings`` (the threads of its core); a CPU that is
-offline is listed by its ``id`` alone. ``host/cpu/topology`` gives the counts per socket, and
-``host/cache`` the cache banks where the kernel reports them.
+``socket_id``, ``core_id`` and ``siblings`` (the threads of its core); a CPU that is offline is
+listed by its ``id`` alone.
 
 A driver whose capabilities list no cell (libvirt's test driver with a node XML file) is described
 by :func:`from_counts` from its node info instead (CPUs numbered node by node, socket by socket,
@@ -16,7 +15,7 @@ the facts all count them from this one source.
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vmsched import cpuset
 from vmsched.cpuset import CpuSet
@@ -33,7 +32,6 @@ class Cpu:
     id: int
     node: int
     socket: int = 0
-    die: int = 0
     core: int = 0
     siblings: CpuSet = frozenset()  # the online threads of its core, itself included
     online: bool = True
@@ -47,20 +45,9 @@ class Cell:
 
 
 @dataclass(frozen=True)
-class Cache:
-    level: int
-    type: str  # both, data, instruction
-    size_kib: int
-    cpus: CpuSet
-
-
-@dataclass(frozen=True)
 class Topology:
     cpus: dict[int, Cpu]
     cells: tuple[Cell, ...]
-    caches: tuple[Cache, ...] = ()
-    #: per socket, as libvirt's host/cpu/topology says (0: not given)
-    counts: dict[str, int] = field(default_factory=dict)
 
     # --- views -------------------------------------------------------------------------------
     @property
@@ -113,7 +100,7 @@ class Topology:
 
 def flat(cpus: CpuSet) -> Topology:
     """One NUMA node, one socket, every CPU a core of its own: the topology of a host known by its CPUs only."""
-    return Topology({i: Cpu(i, 0, 0, 0, i, frozenset({i})) for i in cpus}, (Cell(0, frozenset(cpus)),))
+    return Topology({i: Cpu(i, 0, 0, i, frozenset({i})) for i in cpus}, (Cell(0, frozenset(cpus)),))
 
 
 def parse_capabilities(text: str) -> Topology | None:
@@ -137,16 +124,7 @@ def parse_capabilities(text: str) -> Topology | None:
         memory = cell.find("memory")
         kib = _kib(memory) if memory is not None else 0
         cells.append(Cell(node, frozenset(c.id for c in cpus.values() if c.node == node), kib))
-    if not cpus:
-        return None
-    caches = tuple(Cache(_int(b.get("level"), "cache level"), b.get("type", "both"), _kib(b, "size"),
-                         cpuset.parse(b.get("cpus", "")))
-                   for b in host.iterfind("cache/bank"))
-    counts = {}
-    topo = host.find("cpu/topology")
-    if topo is not None:
-        counts = {k: _int(v, k) for k, v in topo.attrib.items() if k in ("sockets", "dies", "clusters", "cores", "threads")}
-    return Topology(cpus, tuple(sorted(cells, key=lambda c: c.id)), caches, counts)
+    return Topology(cpus, tuple(sorted(cells, key=lambda c: c.id))) if cpus else None
 
 
 def from_counts(cpus: int, nodes: int, sockets: int, cores: int, threads: int, memory_kib: int = 0) -> Topology:
@@ -161,10 +139,10 @@ def from_counts(cpus: int, nodes: int, sockets: int, cores: int, threads: int, m
             for core in range(cores):
                 group = frozenset(range(cpu, min(cpu + threads, cpus)))
                 for t in sorted(group):
-                    out[t] = Cpu(t, node, node * sockets + socket, 0, core, group)
+                    out[t] = Cpu(t, node, node * sockets + socket, core, group)
                 cpu += threads
         cells.append(Cell(node, frozenset(c.id for c in out.values() if c.node == node), memory_kib // nodes))
-    return Topology(out, tuple(cells), (), {"sockets": sockets, "cores": cores, "threads": threads})
+    return Topology(out, tuple(cells))
 
 
 def _cpu(elem: ET.Element, node: int) -> Cpu:
@@ -176,18 +154,17 @@ def _cpu(elem: ET.Element, node: int) -> Cpu:
         threads = cpuset.parse(siblings) | {cpu_id}
     except cpuset.CpuSetError as exc:
         raise TopologyError(f"CPU {cpu_id}: siblings {siblings!r}: {exc}") from None
-    return Cpu(cpu_id, node, _int(elem.get("socket_id"), "socket_id"), _int(elem.get("die_id", "0"), "die_id"),
-               _int(elem.get("core_id", "0"), "core_id"), frozenset(threads))
+    return Cpu(cpu_id, node, _int(elem.get("socket_id"), "socket_id"), _int(elem.get("core_id", "0"), "core_id"),
+               frozenset(threads))
 
 
 _UNITS = {"b": 1 / 1024, "bytes": 1 / 1024, "kib": 1, "k": 1, "kb": 1, "mib": 1024, "m": 1024, "mb": 1024,
           "gib": 1024 ** 2, "g": 1024 ** 2, "gb": 1024 ** 2}
 
 
-def _kib(elem: ET.Element, attr: str | None = None) -> int:
-    value = elem.get(attr) if attr else elem.text
+def _kib(elem: ET.Element) -> int:
     unit = (elem.get("unit") or "KiB").lower()
-    return int(_int(value, elem.tag) * _UNITS.get(unit, 1))
+    return int(_int(elem.text, elem.tag) * _UNITS.get(unit, 1))
 
 
 def _int(value: str | None, what: str) -> int:

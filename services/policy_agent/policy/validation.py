@@ -86,8 +86,7 @@ def check_policy(
     # where the vCPUs may be pinned: the allocation but the emulator's CPU and the threads held idle
     for_vcpus = pools.roles(policy, allocation, guest.nvcpus).for_vcpus(allocation) if allocation else None
 
-    absent = [vcpu for vcpu in policy.vcpu_pins if vcpu >= guest.nvcpus]
-    if absent:  # one line however many: a request may name many vCPUs
+    if absent := [vcpu for vcpu in policy.vcpu_pins if vcpu >= guest.nvcpus]:  # one line however many
         errors.append(f"{'vCPU' if len(absent) == 1 else 'vCPUs'} {cpuset.fmt(absent)}"
                       f" {'does' if len(absent) == 1 else 'do'} not exist: guest {guest.name!r} has"
                       f" {plural(guest.nvcpus, 'vCPU')} ({cpuset.fmt(range(guest.nvcpus))})")
@@ -108,15 +107,13 @@ def check_policy(
                 f" a guest without dedicated CPUs runs on the shared set {cpuset.fmt(pools.shared)}"
             )
 
-    if policy.emulator_pin is not None:
-        emu = on_host("emulator pin", policy.emulator_pin)
-        if emu is not None:
-            allowed = pools.shared | (for_vcpus or frozenset())
-            if emu - allowed:
-                errors.append(
-                    f"emulator pin {cpuset.fmt(emu)}: {cpuset.named(emu - allowed, 'is', 'are')} in the dedicated pool"
-                    f" and not dedicated to this guest; allowed: {cpuset.fmt(allowed)}"
-                )
+    if policy.emulator_pin is not None and (emu := on_host("emulator pin", policy.emulator_pin)) is not None:
+        allowed = pools.shared | (for_vcpus or frozenset())
+        if emu - allowed:
+            errors.append(
+                f"emulator pin {cpuset.fmt(emu)}: {cpuset.named(emu - allowed, 'is', 'are')} in the dedicated pool"
+                f" and not dedicated to this guest; allowed: {cpuset.fmt(allowed)}"
+            )
 
     # start dependencies
     reqs: list[str] = []

@@ -105,11 +105,9 @@ def _read(path: Path) -> tuple[dict[str, Stored], str | None]:
     try:
         if payload.get("version") != VERSION:
             return {}, f"unsupported version {payload.get('version')!r}"
-        entries = {}
-        for uuid, item in payload["guests"].items():
-            entries[uuid.lower()] = Stored(uuid.lower(), str(item["name"]), parse_policy(item["policy"]),
-                                           float(item.get("saved_at", 0.0)))
-        return entries, None
+        return {uuid.lower(): Stored(uuid.lower(), str(item["name"]), parse_policy(item["policy"]),
+                                     float(item.get("saved_at", 0.0)))
+                for uuid, item in payload["guests"].items()}, None
     except PolicyError as exc:
         return {}, f"invalid policy: {exc}"
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -37,12 +37,11 @@ class SocketClient:
         self.timeout = timeout
         self.hint = hint
 
-    def call(self, op: AgentOp | str, body: dict | None = None, timeout: float | None = None) -> dict:
-        timeout = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
+    def call(self, op: AgentOp | str, body: dict | None = None) -> dict:
+        deadline = time.monotonic() + self.timeout
         pause = RETRY_FIRST
         while True:
-            reply = self._exchange(op, body, deadline, timeout)
+            reply = self._exchange(op, body, deadline)
             if reply.ok or reply.body.get("state") != STARTING or deadline - time.monotonic() <= pause:
                 break
             time.sleep(pause)  # the agent is starting: ask again
@@ -52,7 +51,7 @@ class SocketClient:
             raise from_reply(error.code, str(error), error.details)
         return reply.body
 
-    def _exchange(self, op: AgentOp | str, body: dict | None, deadline: float, timeout: float) -> ReplyEnvelope:
+    def _exchange(self, op: AgentOp | str, body: dict | None, deadline: float) -> ReplyEnvelope:
         with self._connect(deadline) as s:
             request = {"v": CONTRACT_VERSION, "op": _name(op), "body": body or {}}
             s.sendall((json.dumps(request) + "\n").encode())
@@ -62,7 +61,7 @@ class SocketClient:
                 try:
                     chunk = s.recv(1 << 16)
                 except socket.timeout:
-                    raise AgentUnavailable(f"agent at {self.path} did not answer {op} within {timeout:g} s") from None
+                    raise AgentUnavailable(f"agent at {self.path} did not answer {op} within {self.timeout:g} s") from None
                 if not chunk:
                     raise AgentUnavailable(f"agent at {self.path} closed the connection without answering")
                 buf += chunk

@@ -47,8 +47,7 @@ def handle_request(agent: Agent | None, request: Any) -> dict:
     if not isinstance(request, dict) or not isinstance(request.get("op"), str) or "body" not in request:
         return _error(f'a request is a JSON object {{"v": {CONTRACT_VERSION}, "op": OP, "body": {{...}}}}',
                       ErrorCode.INVALID)
-    version = request.get("v")
-    if version != CONTRACT_VERSION or isinstance(version, bool):
+    if (version := request.get("v")) != CONTRACT_VERSION or isinstance(version, bool):
         return _error(f"contract version {version!r} is not this agent's ({CONTRACT_VERSION}): use the vmsched"
                       " installed with the agent", ErrorCode.UNSUPPORTED_VERSION)
     op, body = request["op"], request["body"]
@@ -129,12 +128,10 @@ class SocketServer:
 
 
 def _listening(path: Path) -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
-        s.connect(str(path))
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
         return True
-    except OSError:
-        return False
-    finally:
-        s.close()

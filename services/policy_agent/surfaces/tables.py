@@ -53,9 +53,8 @@ def policy(view: dict) -> str:
 def cpus(reply: dict) -> str:
     """``policy cpus``: the host's sockets, NUMA nodes, cores and threads, and who holds each CPU."""
     topo = reply["topology"]
-    head = (f"host {reply.get('host_id')}: CPUs {reply.get('host_cpus') or '-'}; dedicated pool"
-            f" {reply.get('dedicated_pool') or 'none'}, free {reply.get('free') or '-'}")
-    lines = [head]
+    lines = [f"host {reply.get('host_id')}: CPUs {reply.get('host_cpus') or '-'}; dedicated pool"
+             f" {reply.get('dedicated_pool') or 'none'}, free {reply.get('free') or '-'}"]
     rows: list[list[str]] = []
     for socket in topo.get("sockets", []):
         rows.append([f"socket {socket.get('socket')}"])
@@ -71,10 +70,8 @@ def cpus(reply: dict) -> str:
 
 
 def _thread(t: dict) -> str:
-    text = f"{t.get('cpu')} {t.get('state')}"
-    if t.get("state") == "held":
-        text = f"{t.get('cpu')} {t.get('guest')} {t.get('use')}"
-    return f"[{text}]"
+    what = f"{t.get('guest')} {t.get('use')}" if t.get("state") == "held" else t.get("state")
+    return f"[{t.get('cpu')} {what}]"
 
 
 def _mib(value: Any) -> str:

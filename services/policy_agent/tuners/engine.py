@@ -49,10 +49,9 @@ class Engine:
                 self._changed[uuid] += 1
 
     def input(self, shared: frozenset[int], guests: Iterable[GuestView]) -> TuneInput:
-        views = {}
-        for g in guests:  # copies: a round's decisions are assumed in force on them (step), not on the caller's
-            views[g.uuid] = dataclasses.replace(g, pins=dict(g.pins), samples=list(self._guests.get(g.uuid, ())),
-                                                since_change=self._changed.get(g.uuid))
+        # copies: a round's decisions are assumed in force on them (step), not on the caller's
+        views = {g.uuid: dataclasses.replace(g, pins=dict(g.pins), samples=list(self._guests.get(g.uuid, ())),
+                                             since_change=self._changed.get(g.uuid)) for g in guests}
         return TuneInput(shared, list(self._host), views)
 
     def step(self, inp: TuneInput, extra: Iterable[Proposal] = (), now: float | None = None) -> list[Decision]:

@@ -52,10 +52,9 @@ def _cap(value: Any, bounds: tuple[float, float] | None, period: int) -> str | N
 
 
 def _pins(value: Any, g: GuestView, shared: cpuset.CpuSet) -> str | None:
-    a = g.policy.adaptive
     if g.policy.dedicated is not None:
         return "the guest has dedicated CPUs: its pins are never tuned"
-    if a is None or not a.may_move:
+    if g.policy.adaptive is None or not g.policy.adaptive.may_move:
         return "the guest's adaptive block does not allow moving (may_move)"
     if not isinstance(value, dict) or not value:
         return "vcpus must map vCPU numbers to CPU sets"

@@ -42,8 +42,7 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
     taken: set[CpuSet] = set()
     for g in sorted(inp.guests.values(), key=lambda g: -_wait(g, k)):
         a = g.policy.adaptive
-        recent = g.recent(k)
-        if a is None or not a.may_move or g.policy.dedicated is not None or recent is None:
+        if a is None or not a.may_move or g.policy.dedicated is not None or (recent := g.recent(k)) is None:
             continue
         target = a.target_wait_percent or cfg.target_wait_percent
         waits = [s.wait_pct for s in recent]

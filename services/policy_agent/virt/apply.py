@@ -106,9 +106,8 @@ def diff(actual: domxml.DomainXml, desired: Desired, host: CpuSet, caps: Caps, p
     if emulator and actual.effective_emulator(host) != emulator:
         out.append(("emulator", None, emulator))
     if caps.scheduler:
-        for key, want in sorted(desired.sched.items()):
-            if not sched_equal(key, want, actual.sched.get(key)):
-                out.append(("sched", key, want))
+        out += [("sched", key, want) for key, want in sorted(desired.sched.items())
+                if not sched_equal(key, want, actual.sched.get(key))]
     nodes = desired.memory_nodes
     if nodes is not None and (actual.memory_nodes != nodes or (not live and actual.memory_mode != "strict")):
         out.append(("memory", None, nodes))  # live: the nodeset only (libvirt changes no mode of a running guest)

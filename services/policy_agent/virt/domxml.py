@@ -61,15 +61,12 @@ def parse(text: str) -> DomainXml:
         dom.online = frozenset(int(v.get("id", "0")) for v in vcpus.findall("vcpu") if v.get("enabled", "yes") == "yes")
     elif vcpu is not None and vcpu.get("current"):
         dom.online = frozenset(range(int(vcpu.get("current", "1"))))
-    tune = root.find("cputune")
-    if tune is not None:
-        for pin in tune.findall("vcpupin"):
-            dom.vcpupins[int(pin.get("vcpu", "0"))] = cpuset.parse(pin.get("cpuset", ""))
-        dom.emulatorpin = _cpus(tune.find("emulatorpin"))
-        for tag, key in _SCHED.items():
-            value = tune.findtext(tag)
-            if value is not None and value.strip():
-                dom.sched[key] = int(value.strip())
+    for pin in root.findall("cputune/vcpupin"):
+        dom.vcpupins[int(pin.get("vcpu", "0"))] = cpuset.parse(pin.get("cpuset", ""))
+    dom.emulatorpin = _cpus(root.find("cputune/emulatorpin"))
+    for tag, key in _SCHED.items():
+        if value := root.findtext(f"cputune/{tag}", "").strip():
+            dom.sched[key] = int(value)
     memory = root.find("numatune/memory")
     if memory is not None:
         dom.memory_mode = memory.get("mode", "strict")

@@ -24,7 +24,7 @@ def hosts(draw: st.DrawFn) -> Topology:
         ids = [t * ncores + core for t in range(threads)]
         online = frozenset(i for i in ids if i not in offline)
         for i in ids:
-            cpus[i] = Cpu(i, node, socket, 0, core, online, i in online) if i in online else Cpu(i, node, online=False)
+            cpus[i] = Cpu(i, node, socket, core, online, i in online) if i in online else Cpu(i, node, online=False)
     cells = tuple(Cell(n, frozenset(c.id for c in cpus.values() if c.node == n)) for n in range(sockets * nodes_per))
     return Topology(cpus, cells)
 

@@ -29,7 +29,7 @@ def test_policy_normalises_and_derives_sched():
     assert p.sched_params() == {"cpu_shares": 512, "vcpu_quota": 50000, "vcpu_period": 100000}
     assert parse_policy({"quota": 20000, "period": 40000}).sched_params() == {"vcpu_quota": 20000, "vcpu_period": 40000}
     assert parse_policy({"quota": -1}).sched_params() == {"vcpu_quota": -1}
-    assert parse_policy({"dedicated": 2}).dedicated_count() == 2
+    assert parse_policy({"dedicated": 2}).dedicated == 2
     assert parse_policy({"dedicated": "5,4"}).dedicated_set() == {4, 5}
 
 

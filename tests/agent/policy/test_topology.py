@@ -27,7 +27,6 @@ def test_one_socket_eight_cores_smt2() -> None:
     assert t.cores() == [frozenset({c, c + 8}) for c in range(8)]
     assert t.core_of(11) == S("3,11") and t.threads_per_core() == 2
     assert t.nodes() == [0] and t.node_cpus(0) == S("0-15") and t.cells[0].memory_kib == 65602472
-    assert [(c.level, c.size_kib, c.cpus) for c in t.caches] == [(3, 16384, S("0-15"))]
     assert topology_facts(t) == {"sockets": 1, "cores": 8, "threads": 2}
 
 
@@ -40,9 +39,7 @@ def test_two_sockets_two_numa_nodes() -> None:
     # core IDs repeat across sockets and have gaps: cores are told apart by their threads
     assert t.cpus[6].core == 8 and t.cpus[30].core == 8 and t.core_of(6) != t.core_of(30)
     # libvirt's host/cpu/topology counts sockets per NUMA node; the facts count the host's
-    assert t.counts["sockets"] == 1
     assert topology_facts(t) == {"sockets": 2, "cores": 24, "threads": 2}
-    assert [c.cpus for c in t.caches] == [S("0-23,48-71"), S("24-47,72-95")]
 
 
 def test_epyc_four_numa_nodes_on_one_socket() -> None:
@@ -50,7 +47,6 @@ def test_epyc_four_numa_nodes_on_one_socket() -> None:
     assert t.nodes() == [0, 1, 2, 3] and len(t.online) == 64
     assert t.node_cpus(1) == S("8-15,40-47") and len(t.socket_cpus()) == 1
     assert all(len(t.node_cpus(n)) == 16 for n in t.nodes())
-    assert len(t.caches) == 8 and t.caches[1].cpus == S("4-7,36-39")
     assert topology_facts(t) == {"sockets": 1, "cores": 32, "threads": 2}
 
 
