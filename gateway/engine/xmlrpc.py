@@ -28,7 +28,6 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Callable
 from xml.parsers.expat import ExpatError
-from xml.sax.saxutils import escape
 
 from defusedxml import DefusedXmlException
 from defusedxml.xmlrpc import DefusedExpatParser
@@ -216,15 +215,20 @@ def parse_call(body: bytes) -> tuple[str, tuple[Any, ...]]:
         raise _invalid("the body could not be read as a methodCall") from None
 
 
-#: Characters XML 1.0 cannot carry (control characters, lone surrogates): a plugin's
-#: error message may contain them, and the engine's parser would reject the reply.
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+#: What character data cannot hold as it is: markup, a CR (the reader would get LF: XML end-of-line handling),
+#: and characters XML 1.0 cannot carry (control characters, lone surrogates; a plugin's error message may contain
+#: them, and the engine's parser would reject the reply), which become U+FFFD.
+_SPECIAL = re.compile("[&<>\r\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "\r": "&#13;"}
 
 
 def _text(value: str) -> str:
-    """Escaped character data; XML-invalid characters become U+FFFD, and a CR its reference (a bare CR would
-    reach the reader as LF: XML end-of-line handling)."""
-    return escape(_NOT_XML.sub("\ufffd", value), {"\r": "&#13;"})
+    """Escaped character data, in one pass that leaves a plain host ID or unit name as it is."""
+    return _SPECIAL.sub(_escaped, value)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return _ESCAPES.get(match.group(), "\ufffd")
 
 
 def _marshal(value: Any, out: list[str]) -> None:
