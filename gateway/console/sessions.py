@@ -39,6 +39,7 @@ from pathlib import Path
 
 from starlette.types import Scope
 
+from vmsched.gateway.strict_json import header
 from vmsched.tokens import Identity, Role, TokenStore
 
 
@@ -219,11 +220,11 @@ class Sessions:
 
 def cookie(scope: Scope, name: str) -> str | None:
     """The value of the request's cookie ``name``, or None."""
-    header = next((value.decode("latin-1") for key, value in scope["headers"] if key == b"cookie"), None)
-    if not header:
+    raw = header(scope, b"cookie")
+    if not raw:
         return None
     try:
-        morsel = SimpleCookie(header).get(name)
+        morsel = SimpleCookie(raw.decode("latin-1")).get(name)
     except CookieError:
         return None
     return morsel.value if morsel is not None and morsel.value else None
