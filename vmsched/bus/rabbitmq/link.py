@@ -288,8 +288,11 @@ class Link:
             if self.attempted.is_set():
                 await asyncio.sleep(backoff(attempt, self.options.reconnect_max_delay))
                 attempt += 1
-            if await self._connect():
-                attempt = 0
+            try:
+                if await self._connect():
+                    attempt = 0
+            except Exception:  # noqa: BLE001 - logged; the next attempt comes after the backoff
+                log.exception("%s: connecting to the bus failed", self.service)
 
     async def _connect(self) -> bool:
         """Open a connection, create the exchanges (the gateway's user may: docs/deploy/broker-users.md) and
