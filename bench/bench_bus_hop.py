@@ -86,7 +86,8 @@ async def drive(url: str, op: str, clients: int, seconds: float, service_pid: in
         reply = await bus.call(queue, op, req.model_dump(), 5.0, model)
         if op == "score":
             reply = SCORE.complete(req, reply)
-        assert len(reply.outcomes) == 3 and reply.outcomes[0].ok and len(reply.outcomes[0].scores) == 100, reply
+        kept = reply.outcomes[0].scores if op == "score" else reply.outcomes[0].hosts
+        assert len(reply.outcomes) == 3 and reply.outcomes[0].ok and len(kept) == 100, reply
 
     for _ in range(200):  # warm-up
         await one()

@@ -1,10 +1,10 @@
 """The gateway's request client on RabbitMQ, as the asyncio event loop sees it.
 
-The loop never touches the broker: it hands each request to the :class:`~vmsched.bus.rabbitmq.link.Link`, whose thread
-owns the connection (publishing, confirms, replies, heartbeats, reconnection, sending again), and awaits a
-future that the link settles through ``call_soon_threadsafe``: the reply's bytes, or an error. A frozen or
-unreachable broker therefore never blocks the loop: ``/healthz`` answers, and every call is answered (a reply,
-or an error) by its deadline.
+Each request goes to the :class:`~vmsched.bus.rabbitmq.link.Link`, which owns the connection on the same loop
+(publishing, confirms, replies, heartbeats, reconnection, sending again), and the call awaits a future that the
+link settles: the reply's bytes, or an error. Every wait of the link on the broker is bounded, and connecting
+runs in the loop's executor, so a frozen or unreachable broker does not hold the loop: ``/healthz`` answers,
+and every call is answered (a reply, or an error) by its deadline.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from contextlib import suppress
 from typing import Any
 
 from vmsched.bus import BusUnavailable
 from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import BusClient, Mark, request_bytes, wait_reply
-from vmsched.bus.rabbitmq.link import Link, Outcome, Outgoing
+from vmsched.bus.rabbitmq.link import Link, Outgoing
 from vmsched.bus.tokens import Unguessable
 from vmsched.bus.topology import AGENT_EXCHANGE, route
 
@@ -37,18 +38,17 @@ class AsyncBusClient(BusClient):
 
     # --- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
-        """Start the link's thread and wait for its first connection attempt (made or failed)."""
-        loop = asyncio.get_running_loop()
-        link = self._link = Link(self.options, self.service, self._declare,
-                                 lambda outcomes: loop.call_soon_threadsafe(self._settle, outcomes))
+        """Start the link and wait for its first connection attempt (made or failed)."""
+        link = self._link = Link(self.options, self.service, self._declare, self._settle)
         link.start()
         bound = (self.options.connect_timeout + link.io_timeout) * len(self.options.urls) + _START_SLACK
-        await loop.run_in_executor(None, link.attempted.wait, bound)
+        with suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(link.attempted.wait(), bound)
 
     async def close(self) -> None:
         link, self._link = self._link, None
         if link is not None:
-            await asyncio.get_running_loop().run_in_executor(None, link.stop)
+            await link.stop()
         for future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(BusUnavailable("gateway shutting down"))
@@ -80,13 +80,12 @@ class AsyncBusClient(BusClient):
         finally:
             self._pending.pop(cid, None)
 
-    def _settle(self, outcomes: list[Outcome]) -> None:
-        """The link's replies and errors, on the event loop."""
-        for cid, outcome in outcomes:
-            future = self._pending.get(cid)
-            if future is None or future.done():
-                continue  # the caller gave up already
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
+    def _settle(self, cid: str, outcome: bytes | BaseException) -> None:
+        """A request's reply or error."""
+        future = self._pending.get(cid)
+        if future is None or future.done():
+            return  # the caller gave up already
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)

@@ -1,17 +1,19 @@
-"""The gateway's connection to RabbitMQ, held by a thread of its own: nothing that waits on the broker runs on
-the gateway's event loop.
+"""The gateway's connection to RabbitMQ, owned by the gateway's event loop: no thread of its own.
 
-The event loop hands each request to the :class:`Link` (a deque and a wake-up pipe) and gets its reply, or its
-error, back through ``loop.call_soon_threadsafe`` (:mod:`vmsched.bus.rabbitmq.client`). The link's thread owns the kombu
-connection (kombu objects are not thread-safe): it publishes, awaits the publisher confirms, drains the replies,
-sends heartbeats and reconnects. Replies are matched to requests by correlation id.
+The loop publishes each request itself (a write of a few kilobytes into the socket's buffer), reads replies
+when the broker's socket is readable (``loop.add_reader``), and looks at confirms, heartbeats and deadlines from a
+timer. Only opening a connection (TCP, TLS and AMQP handshakes, the reply queue) and closing one with the broker
+run in the loop's executor, since they wait for the broker's answers. Replies are matched to requests by
+correlation id and handed to the caller (:mod:`vmsched.bus.rabbitmq.client`).
 
-Every wait of that thread on the broker is bounded too: the socket's reads and writes by
-:data:`IO_TIMEOUT_FLOOR` or the confirm timeout, whichever is longer, the connection's handshake by
-``connect_timeout``. A broker that stops answering while its TCP connection stays open (a frozen node) is told
-from a slow one by the confirms: a confirm overdue with nothing at all heard from the broker since that publish
-means the node is gone. A lost connection is dropped without a closing exchange (kombu's ``collect``) and
-replaced at once, to another node of a cluster first, with a new reply queue.
+Every wait on the broker is bounded: a read waits at most :data:`READ_WAIT` for the rest of a frame that has
+begun to arrive (a partial frame is kept for the next read), a write at most :data:`IO_TIMEOUT_FLOOR` or the
+confirm timeout, whichever is longer (a write waits only when the socket's buffer is full, hundreds of requests
+the broker has not read), the handshake ``connect_timeout``. A broker that stops answering while its TCP
+connection stays open (a frozen node) is told from a slow one by the confirms: a confirm overdue with nothing at
+all heard from the broker since that publish means the node is gone. A lost connection is dropped without a
+closing exchange (kombu's ``collect``) and replaced at once, to another node of a cluster first, with a new reply
+queue.
 
 Scheduling requests have no side effects: those in flight go out again on the new connection, and so does one
 whose confirm is refused or overdue (:data:`MAX_SENDS` copies at most), within the caller's deadline
@@ -23,11 +25,11 @@ backoff.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Callable
@@ -38,7 +40,7 @@ from kombu.message import Message
 from vmsched import metrics
 from vmsched.bus import BusUnavailable
 from vmsched.bus.rabbitmq.confirms import Confirms
-from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, Wakeup, backoff, drop, ensure_exchanges, note_lost, \
+from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, drop, ensure_exchanges, note_lost, \
     open_connection, publish_json, read_messages, safe_release
 from vmsched.bus.options import BusOptions, mask
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, reply_queue, request_queue
@@ -46,14 +48,13 @@ from vmsched.logs import BROKER_TROUBLE, broker
 
 log = logging.getLogger("vmsched.bus")
 
-#: What the link hands back to the event loop: (correlation id, the reply's bytes or the request's error).
-Outcome = tuple[str, bytes | BaseException]
-
 #: A request the broker keeps refusing or not confirming fails after this many sends (a node loss can take three:
 #: the send to the dying node, the re-send at each reconnection while the cluster settles).
 MAX_SENDS = 5
-#: The least time the link's socket waits for one read or write of the broker, seconds.
+#: The least time the link's socket waits for one write of the broker, seconds.
 IO_TIMEOUT_FLOOR = 1.0
+#: The longest wait of a read for the rest of a frame that has begun to arrive, seconds.
+READ_WAIT = 0.01
 _TICK = 0.1  # how often confirms and deadlines are looked at while requests wait, seconds
 _RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
 
@@ -74,31 +75,30 @@ class Outgoing:
 
 
 class Link:
-    """One process's request connection to RabbitMQ and the thread that owns it.
+    """One process's request connection to RabbitMQ, on its event loop.
 
-    The event loop calls :meth:`submit` and reads :attr:`up`, :attr:`recovering` and :attr:`last_error`; every
-    other method runs on the link's thread. ``deliver`` gets the outcomes of each round of the thread (it must
-    only hand them over: ``loop.call_soon_threadsafe``).
+    Every method runs on the loop that called :meth:`start`. ``deliver`` gets each request's outcome: the
+    reply's bytes, or its error.
     """
 
     def __init__(self, options: BusOptions, service: str, declare: tuple[str, ...],
-                 deliver: Callable[[list[Outcome]], None]) -> None:
+                 deliver: Callable[[str, bytes | BaseException], None]) -> None:
         self.options = options
         self.service = service
         self._declare = declare
         self._deliver = deliver
         self.io_timeout = max(IO_TIMEOUT_FLOOR, options.confirm_timeout)
-        # shared with the event loop
         self.up = False  # connected and subscribed
         self.recovering = False  # a lost connection is being replaced: requests wait instead of failing
         self.last_error = "not connected yet"
-        self.attempted = threading.Event()  # the first connection attempt is over (made or failed)
-        self._work: deque[Callable[[], None]] = deque()
-        self._wakeup = Wakeup()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        # the thread's own
+        self.attempted = asyncio.Event()  # the first connection attempt is over (made or failed)
+        self._disconnected = asyncio.Event()  # set when the connection is lost: connect again
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._conn: Connection | None = None
+        self._fd = -1  # its socket's, read by the loop
         self._producer: Producer | None = None
         self.reply_queue = ""
         self._declared: set[str] = set()
@@ -108,107 +108,30 @@ class Link:
         self._nacked = False  # a nack asks for a new connection once the frames at hand are read
         self._heard = 0.0  # time.monotonic() the broker was last heard from
         self._beat = 0.0
-        self._next_expiry = 0.0
-        self._outcomes: list[Outcome] = []
 
-    # --- the event loop's side ----------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"{self.service}-bus", daemon=True)
-        self._thread.start()
+        """Connect, and keep connected; :attr:`attempted` is set once the first attempt is over."""
+        self._loop = asyncio.get_running_loop()
+        self._tick()
+        self._connecting = self._loop.create_task(self._keep_connected())
 
-    def submit(self, cid: str, request: Outgoing) -> None:
-        """Send ``request``; its outcome comes back through ``deliver``."""
-        self.call_soon(lambda: self._take(cid, request))
-
-    def call_soon(self, work: Callable[[], None]) -> None:
-        """Run ``work`` on the link's thread."""
-        self._work.append(work)
-        self._wakeup.wake()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self.call_soon(lambda: None)
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                return  # still in a bounded wait: it ends by itself and keeps its pipe
-        self._wakeup.close()
-
-    # --- the thread -----------------------------------------------------------
-    def _run(self) -> None:
-        attempt = 0
-        try:
-            while not self._stop.is_set():
-                if self._conn is None:
-                    if self.attempted.is_set():
-                        self._idle(backoff(attempt, self.options.reconnect_max_delay))
-                        attempt += 1
-                    if not self._stop.is_set() and self._connect():
-                        attempt = 0
-                    self._flush()
-                    continue
-                try:
-                    self._round()
-                except CONNECTION_ERRORS as exc:  # also ConsumerCancelled: the reply queue was deleted (its node died)
-                    self._lost(exc)
-                self._flush()
-        except Exception:  # noqa: BLE001 - logged: the requests fail below instead of waiting for their deadline
-            log.exception("%s: the bus thread failed", self.service)
-        finally:
-            self._close()
-
-    def _round(self) -> None:
-        """Wait for the broker or the event loop; send, read, and look at confirms, heartbeats and deadlines."""
-        conn = self._conn
-        assert conn is not None
-        readable = self._wakeup.wait(conn.connection.sock, _TICK if self._requests else 1.0)
-        self._run_work()  # may replace the connection
-        if readable and self._conn is conn:
-            self._heard = time.monotonic()
-            read_messages(conn, conn.connection.sock)
-        if self._nacked and self._conn is conn:
-            self._nacked = False
-            self._lost(BusUnavailable("the broker refused a request (publisher nack)"))
-        if self._conn is conn:
-            self._check_confirms()
-        if self._conn is not None and time.monotonic() >= self._beat:
-            self._beat = time.monotonic() + max(1.0, self.options.heartbeat / 3)
-            self._conn.heartbeat_check()
-        self._expire()
-
-    def _idle(self, seconds: float) -> None:
-        """Wait ``seconds`` without a connection, still taking (and failing, unless recovering) requests."""
-        until = time.monotonic() + seconds
-        while not self._stop.is_set() and (left := until - time.monotonic()) > 0:
-            self._run_work()
-            self._expire()
-            self._flush()
-            self._wakeup.wait(None, min(left, 1.0))
-        self._run_work()
-
-    def _run_work(self) -> None:
-        while self._work:
-            self._work.popleft()()
-
-    def _flush(self) -> None:
-        if self._outcomes:
-            outcomes, self._outcomes = self._outcomes, []
-            with suppress(RuntimeError):  # the event loop is closed: nobody waits any more
-                self._deliver(outcomes)
-
-    def _close(self) -> None:
-        conn = self._conn
-        self._conn = self._producer = None
-        if self.up:
-            self.up = False
-            metrics.BUS_UP.labels(self.service).set(0)
-            safe_release(conn)  # its waits are bounded by the socket's timeout
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._connecting is not None:
+            self._connecting.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._connecting
+        conn = self._detach()
+        if conn is not None and self._loop is not None:
+            await self._loop.run_in_executor(None, safe_release, conn)  # its waits are bounded by the socket's timeout
         drop(conn)
         self._fail_all("gateway shutting down")
-        self._flush()
 
     # --- requests -------------------------------------------------------------
-    def _take(self, cid: str, request: Outgoing) -> None:
+    def submit(self, cid: str, request: Outgoing) -> None:
+        """Send ``request``; its outcome comes back through ``deliver``."""
         self._requests[cid] = request
         if self._conn is not None:
             self._send(cid, request)
@@ -221,7 +144,8 @@ class Link:
         assert self._producer is not None and self._conn is not None
         try:
             if request.queue not in self._declared and request.exchange is not AGENT_EXCHANGE:
-                # scheduling queues wait for their service; an agent declares its own queue
+                # scheduling queues wait for their service (the gateway's are declared on connecting); an agent
+                # declares its own queue
                 request_queue(request.queue, self.options.delivery_limit)(self._conn.default_channel).declare()
                 self._declared.add(request.queue)
             publish_json(self._producer, request.payload, request.exchange, request.key, correlation_id=cid,
@@ -248,6 +172,39 @@ class Link:
                 metrics.BUS_RESENT.labels(self.service, request.why).inc()
                 request.why = "reconnect"
             self._send(cid, request)
+
+    def _readable(self) -> None:
+        """The broker's socket has something: read the replies and confirms that have come."""
+        conn = self._conn
+        assert conn is not None
+        self._heard = time.monotonic()
+        try:
+            read_messages(conn, conn.connection.sock, READ_WAIT)
+        except CONNECTION_ERRORS as exc:  # also ConsumerCancelled: the reply queue was deleted (its node died)
+            if self._conn is conn:
+                self._lost(exc)
+            return
+        if self._nacked and self._conn is conn:
+            self._nacked = False
+            self._lost(BusUnavailable("the broker refused a request (publisher nack)"))
+
+    def _tick(self) -> None:
+        """Look at confirms, heartbeats and deadlines: every :data:`_TICK` while requests wait, else every second."""
+        assert self._loop is not None
+        if self._stopping:
+            return
+        self._timer = self._loop.call_later(_TICK if self._requests else 1.0, self._tick)
+        conn = self._conn
+        if conn is not None:
+            try:
+                self._check_confirms()
+                if self._conn is conn and time.monotonic() >= self._beat:
+                    self._beat = time.monotonic() + max(1.0, self.options.heartbeat / 3)
+                    conn.heartbeat_check()
+            except CONNECTION_ERRORS as exc:
+                if self._conn is conn:
+                    self._lost(exc)
+        self._expire()
 
     def _check_confirms(self) -> None:
         """Confirms overdue: the broker went silent (the connection is replaced), or this request was not
@@ -293,14 +250,10 @@ class Link:
         if request.sent > 1:
             self._remember(cid)
         body = message.body
-        self._outcomes.append((cid, body if isinstance(body, bytes) else str(body).encode()))
+        self._deliver(cid, body if isinstance(body, bytes) else str(body).encode())
 
     def _expire(self) -> None:
         """Forget the requests whose deadline passed (their callers gave up)."""
-        now = time.monotonic()
-        if now < self._next_expiry or not self._requests:
-            return
-        self._next_expiry = now + _TICK
         wall = time.time()
         for cid, request in list(self._requests.items()):
             if request.deadline <= wall:
@@ -315,7 +268,7 @@ class Link:
 
     def _fail(self, cid: str, error: BaseException) -> None:
         if self._requests.pop(cid, None) is not None:
-            self._outcomes.append((cid, error))
+            self._deliver(cid, error)
 
     def _fail_all(self, error: str, only_unrepeatable: bool = False) -> None:
         """Fail the requests waiting (``only_unrepeatable``: those to agents already sent, never sent twice)."""
@@ -324,19 +277,35 @@ class Link:
                 self._fail(cid, BusUnavailable(error))
 
     # --- the connection ---------------------------------------------------------
-    def _connect(self) -> bool:
+    async def _keep_connected(self) -> None:
+        """Connect, and after each loss connect again, with bounded backoff while no node answers."""
+        assert self._loop is not None
+        attempt = 0
+        while not self._stopping:
+            if self._conn is not None:
+                await self._disconnected.wait()
+                continue
+            if self.attempted.is_set():
+                await asyncio.sleep(backoff(attempt, self.options.reconnect_max_delay))
+                attempt += 1
+            try:
+                if await self._connect():
+                    attempt = 0
+            except Exception:  # noqa: BLE001 - logged; the next attempt comes after the backoff
+                log.exception("%s: connecting to the bus failed", self.service)
+
+    async def _connect(self) -> bool:
         """Open a connection, create the exchanges (the gateway's user may: docs/deploy/broker-users.md) and
-        subscribe; False when no node answers (the requests waiting then fail)."""
+        subscribe, in the executor; False when no node answers (the requests waiting then fail)."""
+        assert self._loop is not None
         first = not self.attempted.is_set()
-        conn = None
+        opening = self._loop.run_in_executor(None, self._open)
         try:
-            conn = open_connection(self.options)
-            conn.connection.sock.settimeout(self.io_timeout)  # every later wait on the broker is bounded
-            ensure_exchanges(conn, EXCHANGES)
-            self._subscribe(conn)
+            conn = await asyncio.shield(opening)
+        except asyncio.CancelledError:  # stopping: the connection being opened is thrown away once open
+            opening.add_done_callback(lambda done: done.exception() or drop(done.result()))
+            raise
         except CONNECTION_ERRORS as exc:
-            note_lost(conn)
-            drop(conn)
             self.last_error = _describe(exc)
             if self.recovering or first:  # no node answers: fail fast until one does
                 held = BROKER_TROUBLE.allow(self.options.url)  # one line for all the threads of the process
@@ -349,6 +318,9 @@ class Link:
         finally:
             self.attempted.set()
         self._conn = conn
+        self._disconnected.clear()
+        self._fd = conn.connection.sock.fileno()
+        self._loop.add_reader(self._fd, self._readable)
         BROKER_TROUBLE.clear(self.options.url)
         self.up, self.recovering, self.last_error = True, False, ""
         self._heard = time.monotonic()
@@ -359,35 +331,57 @@ class Link:
         self._send_waiting()
         return True
 
-    def _subscribe(self, conn: Connection) -> None:
-        channel = conn.default_channel
-        # a new name each time: the old queue may outlive its connection on the broker for a moment
-        self.reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
-        Consumer(channel, [reply_queue(self.reply_queue)], on_message=self._on_reply, no_ack=True).consume()
-        self._declared = set()
-        for name in self._declare:
-            request_queue(name, self.options.delivery_limit)(channel).declare()
-            self._declared.add(name)
-        self._producer = Producer(channel, auto_declare=False)
-        if self.options.confirms:
-            self._confirms.watch(channel)  # a refused or missing confirm sends the request again or fails it
+    def _open(self) -> Connection:
+        """In the executor: a new connection, subscribed to a new reply queue, with the gateway's queues
+        declared; the loop takes it over once it is ready."""
+        conn = None
+        try:
+            conn = open_connection(self.options)
+            conn.connection.sock.settimeout(self.io_timeout)  # every later wait on the broker is bounded
+            ensure_exchanges(conn, EXCHANGES)
+            channel = conn.default_channel
+            # a new name each time: the old queue may outlive its connection on the broker for a moment
+            self.reply_queue = f"vmsched.reply.{uuid.uuid4().hex}"
+            Consumer(channel, [reply_queue(self.reply_queue)], on_message=self._on_reply, no_ack=True).consume()
+            self._declared = set()
+            for name in self._declare:
+                request_queue(name, self.options.delivery_limit)(channel).declare()
+                self._declared.add(name)
+            self._producer = Producer(channel, auto_declare=False)
+            if self.options.confirms:
+                self._confirms.watch(channel)  # a refused or missing confirm sends the request again or fails it
+            return conn
+        except BaseException:
+            note_lost(conn)
+            drop(conn)
+            raise
+
+    def _detach(self) -> Connection | None:
+        """Stop reading the connection and forget it; the caller closes it."""
+        conn = self._conn
+        self._conn = self._producer = None
+        if self._fd >= 0 and self._loop is not None:
+            self._loop.remove_reader(self._fd)  # before the socket is closed: its number may be reused
+            self._fd = -1
+        if self.up:
+            self.up = False
+            metrics.BUS_UP.labels(self.service).set(0)
+        return conn
 
     def _lost(self, exc: BaseException) -> None:
-        """The connection broke (or its broker went silent): drop it; the thread reconnects."""
+        """The connection broke (or its broker went silent): drop it and connect again."""
         self.last_error = _describe(exc)
         held = BROKER_TROUBLE.allow(self.options.url)  # one line for all the threads of the process
         if held is not None:
             log.warning("%s: bus connection to %s lost (%s)%s", self.service, broker(self.options.url),
                         self.last_error, held)
-        conn = self._conn
+        conn = self._detach()
         note_lost(conn)
-        self._conn = self._producer = None
-        self.up = False
-        metrics.BUS_UP.labels(self.service).set(0)
         drop(conn)
         # scheduling requests wait for the next connection (an agent's request is never sent twice)
-        self.recovering = not self._stop.is_set()
+        self.recovering = not self._stopping
         self._fail_all(f"message bus connection lost: {self.last_error}", only_unrepeatable=self.recovering)
+        self._disconnected.set()
 
 
 def _describe(exc: BaseException) -> str:
