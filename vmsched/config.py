@@ -73,125 +73,177 @@ def parse_factors(value: str) -> dict[str, int]:
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VMSCHED_", extra="ignore", hide_input_in_errors=True)  # the URL holds a password
+    # Each description but amqp_url's and metrics_port's is the --help of the setting's option (vmsched.cli makes
+    # the options from them). Times are in seconds, unless the name ends in _ms; sizes ending in _mb are MiB.
 
     # bus
     amqp_url: str = Field(DEFAULT_AMQP_URL, description="AMQP broker URL; memory:// is the embedded bus")
-    amqp_url_file: Path | None = Field(None, description="file holding the broker URL (with its password)")
+    amqp_url_file: Path | None = Field(None, description="file holding the broker URL with its password (env "
+                                       "VMSCHED_AMQP_URL_FILE)")
     amqp_ca: Path | None = Field(None, description="amqps: CA of the broker's certificate (default: the system's)")
-    amqp_cert: Path | None = Field(None, description="amqps: client certificate chain (PEM)")
-    amqp_key: Path | None = Field(None, description="amqps: the client certificate's private key (PEM)")
-    prefetch: int = Field(8, ge=1, description="unacknowledged requests a consumer may hold")
-    consumers: int = Field(2, ge=1, description="consumer threads per service")
-    delivery_limit: int = Field(2, ge=1, le=20, description="deliveries of a scheduling request at most (each one "
-                                "whose consumer died counts) before it is dead-lettered and answered with an error; "
-                                "the same on every component (it is an argument of the request queues)")
-    runtime_dir: Path | None = Field(None, description="a service's runtime directory, kept across its restarts, for "
-                                     "its in-flight journal (default: systemd's $RUNTIME_DIRECTORY, else "
+    amqp_cert: Path | None = Field(None, description="amqps: client certificate chain")
+    amqp_key: Path | None = Field(None, description="amqps: the client certificate's private key")
+    prefetch: int = Field(8, ge=1, description="unacknowledged requests per consumer (default 8)")
+    consumers: int = Field(2, ge=1, description="consumer threads per service (default 2)")
+    # each delivery whose consumer died counts; an argument of the request queues, so the same on every component
+    delivery_limit: int = Field(2, ge=1, le=20, description="deliveries of a scheduling request at most before it is "
+                                "dead-lettered and answered with an error; the same on the gateway and the services "
+                                "(env VMSCHED_DELIVERY_LIMIT; default 2)")
+    runtime_dir: Path | None = Field(None, description="runtime directory kept across restarts, for the in-flight "
+                                     "journal (env VMSCHED_RUNTIME_DIR; default: systemd's $RUNTIME_DIRECTORY, else "
                                      "vmsched-<uid> in the temporary directory)")
-    connect_timeout: float = Field(2.0, gt=0, description="broker connect timeout, seconds")
-    confirm_timeout: float = Field(2.0, gt=0, description="publisher-confirm wait, seconds")
-    reconnect_max_delay: float = Field(2.0, gt=0, description="upper bound of the reconnect backoff, seconds")
+    connect_timeout: float = Field(2.0, gt=0, description="broker connect timeout in seconds (default 2)")
+    confirm_timeout: float = Field(2.0, gt=0, description="how long a publish waits for the broker's confirm; a "
+                                   "broker that answers nothing that long is taken as gone and another connection "
+                                   "opened, seconds (default 2)")
+    reconnect_max_delay: float = Field(2.0, gt=0, description="longest wait between two attempts to reach the broker, "
+                                       "seconds (default 2)")
 
     # gateway
-    host: str = Field("127.0.0.1", description="gateway listen address")
-    port: int = Field(18781, ge=0, le=65535, description="gateway listen port")
-    request_timeout: float = Field(30.0, gt=0, le=110, description="deadline of one engine request, seconds")
-    max_body_bytes: int = Field(1 << 20, ge=1024, description="largest accepted request body, bytes")
-    decisions_size: int = Field(200, ge=0, le=100000, description="scheduling decisions the gateway keeps per operation (GET /v1/decisions); 0: no decision log")
-    decisions_share: bool = Field(True, description="on RabbitMQ, GET /v1/decisions and the console also ask the other gateway replicas (answers within 0.5 s); off: this gateway's decisions only")
-    decisions_log: bool = Field(False, description="also write each decision as one JSON line to stdout (Loki/ELK)")
-    gateway_id: str = Field("", description="this gateway's label in decision records; empty: the host name")
+    host: str = Field("127.0.0.1", description="listen address (env VMSCHED_HOST; default 127.0.0.1)")
+    port: int = Field(18781, ge=0, le=65535, description="listen port (env VMSCHED_PORT; default 18781)")
+    request_timeout: float = Field(30.0, gt=0, le=110, description="deadline of one scheduling request in seconds "
+                                   "(default 30; the engine waits 120)")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body accepted (default 1048576)")
+    decisions_size: int = Field(200, ge=0, le=100000, description="scheduling decisions kept per operation for GET "
+                                "/v1/decisions and the console (default 200; 0: no decision log)")
+    # the other replicas' answers are waited for 0.5 s at most
+    decisions_share: bool = Field(True, description="on RabbitMQ, GET /v1/decisions and the console also ask the "
+                                  "other gateway replicas (default on; --no-decisions-share: this gateway's decisions "
+                                  "only)")
+    decisions_log: bool = Field(False, description="also write each decision as one JSON line to stdout, for Loki or "
+                                "ELK (default off)")
+    gateway_id: str = Field("", description="this gateway's label in decision records (default: the host name)")
     score_per_unit: bool = Field(False, description="score replies as [host, weight, unit] per unit, factored by the "
-                                                    "engine (docs/plugins.md); default: one factored total per host")
+                                 "engine (env VMSCHED_SCORE_PER_UNIT; default off: one total per host; "
+                                 "docs/plugins.md)")
 
     # hostile input: request limits and read timeouts (gateway)
-    max_hosts: int = Field(10000, ge=1, description="most host IDs in one scheduling request")
-    max_units: int = Field(200, ge=1, description="most plugin units in one scheduling request")
-    max_string: int = Field(4096, ge=64, description="longest string in a scheduling request (ID, name, property), characters")
-    header_timeout: float = Field(10.0, gt=0, le=600, description="time a client has to send a request's headers, seconds")
-    body_timeout: float = Field(30.0, gt=0, le=3600, description="time a client has to send a request's body, seconds")
+    max_hosts: int = Field(10000, ge=1, description="most host IDs in one scheduling request (default 10000)")
+    max_units: int = Field(200, ge=1, description="most plugin units in one scheduling request (default 200)")
+    max_string: int = Field(4096, ge=64, description="longest string in a scheduling request: ID, unit name, property "
+                            "(default 4096 characters)")
+    header_timeout: float = Field(10.0, gt=0, le=600, description="close a connection whose request headers take "
+                                  "longer (default 10 s; 408 if it sent some)")
+    body_timeout: float = Field(30.0, gt=0, le=3600, description="answer 408 to a request whose body takes longer "
+                                "(default 30 s)")
 
     # gateway trust (docs/api-auth.md)
-    tokens_file: Path | None = Field(None, description="YAML file of hashed bearer tokens and client subjects")
-    tls_cert: Path | None = Field(None, description="gateway HTTPS certificate chain (PEM), reloaded on change")
-    tls_key: Path | None = Field(None, description="gateway HTTPS private key (PEM), reloaded on change")
-    tls_client_ca: Path | None = Field(None, description="CA of accepted client certificates (mTLS)")
-    engine_allow: str = Field("", description="CIDR,... allowed to call XML-RPC POST / and /RPC2; empty: any")
-    console_secret_file: Path | None = Field(None, description="file of the secret that signs console sessions, the "
-                                             "same on every gateway replica (`vmsched console-secret`); unset: a "
-                                             "random secret of the process")
+    # a YAML file of token digests and client-certificate subjects, each with its roles
+    tokens_file: Path | None = Field(None, description="hashed bearer tokens and their roles, re-read when it changes "
+                                     "(env VMSCHED_TOKENS_FILE; `vmsched token new` makes one; docs/api-auth.md)")
+    tls_cert: Path | None = Field(None, description="serve HTTPS with this certificate chain (reloaded when the file "
+                                  "changes; env VMSCHED_TLS_CERT)")
+    # both files reloaded when they change; tls_client_ca: mTLS
+    tls_key: Path | None = Field(None, description="the certificate's private key (env VMSCHED_TLS_KEY)")
+    tls_client_ca: Path | None = Field(None, description="accept client certificates signed by this CA, mapped to "
+                                       "roles by the tokens file's clients: list")
+    engine_allow: str = Field("", description="only these networks may call XML-RPC POST / and /RPC2 (env "
+                              "VMSCHED_ENGINE_ALLOW; default: any)")
+    console_secret_file: Path | None = Field(None, description="the secret that signs console sessions, the same file "
+                                             "on every gateway replica (`vmsched console-secret` makes one; env "
+                                             "VMSCHED_CONSOLE_SECRET_FILE; default: a random secret of this process)")
     console_session_ttl: float = Field(8 * 3600.0, gt=0, le=30 * 86400,
-                                       description="how long a console session lasts, seconds")
+                                       description="how long a console session lasts (env "
+                                       "VMSCHED_CONSOLE_SESSION_TTL; default 28800 s, 8 h)")
 
     # plugins
     plugins_dir: Path = Field(
         default_factory=stock_plugins_dir,
         validation_alias=AliasChoices("plugins_dir", "VMSCHED_PLUGINS", "OSCHEDPROXY_PLUGINS"),
-        description="folder of plugin files (top-level *.py)",
+        description="plugins folder, top-level *.py files (env VMSCHED_PLUGINS or OSCHEDPROXY_PLUGINS; default: the "
+                        "stock plugins shipped with vmsched, which a folder given replaces)",
     )
-    stock_plugins: bool = Field(False, description="also load the stock plugins, after the plugins_dir folder (a "
-                                                   "module or unit name in both is a load error)")
-    pool_size: int | None = Field(None, ge=1, description="a fixed number of plugin worker processes per service (sets pool_min and pool_max)")
-    pool_min: int = Field(1, ge=1, description="plugin worker processes a service keeps when idle")
-    pool_max: int = Field(4, ge=1, description="most plugin worker processes per service (more start while calls queue)")
-    pool_idle: float = Field(60.0, gt=0, description="seconds a plugin worker above pool_min may stay idle before it stops")
-    plugin_bundle_ms: float = Field(2.0, ge=0, description="the units of a request share one plugin worker while their mean run time together stays under this, ms; 0: each unit on its own worker")
-    plugin_timeout: float = Field(10.0, gt=0, le=110, description="default per-call plugin timeout, seconds")
-    plugin_timeouts: Annotated[dict[str, float], NoDecode] = Field(default_factory=dict, description="per-unit timeouts NAME=SECONDS,...")
-    plugin_memory_mb: int = Field(1024, ge=32, description="address-space limit of a plugin worker, MiB")
-    plugin_cpu_seconds: int = Field(30, ge=1, description="CPU-time limit of one plugin call, seconds")
-    plugin_max_output: int = Field(1 << 20, ge=1024, description="largest plugin stdout accepted, bytes")
-    rescan_interval: float = Field(1.0, gt=0, description="plugin folder rescan period, seconds")
+    stock_plugins: bool = Field(False, description="keep the stock plugins beside --plugins DIR: both folders are "
+                                "loaded, DIR first; a module or unit name in both is a load error (default off)")
+    pool_size: int | None = Field(None, ge=1, description="a fixed number of plugin worker processes per service "
+                                  "(sets --pool-min and --pool-max)")
+    pool_min: int = Field(1, ge=1, description="plugin worker processes a service keeps when idle (default 1)")
+    pool_max: int = Field(4, ge=1, description="most plugin worker processes per service; more start while calls "
+                          "queue (default 4)")
+    pool_idle: float = Field(60.0, gt=0, description="seconds a plugin worker above --pool-min may stay idle before "
+                             "it stops (default 60)")
+    plugin_bundle_ms: float = Field(2.0, ge=0, description="the units of a request share one plugin worker while "
+                                    "their mean run time together stays under this (default 2); 0: each unit on its "
+                                    "own worker")
+    plugin_timeout: float = Field(10.0, gt=0, le=110, description="default timeout of one plugin call in seconds "
+                                  "(default 10)")
+    plugin_timeouts: Annotated[dict[str, float], NoDecode] = Field(default_factory=dict, description="per-unit "
+                                                                                   "timeouts, e.g. "
+                                                                                   "'SlowFilter=30,Quick=2'")
+    plugin_memory_mb: int = Field(1024, ge=32, description="address-space limit of a plugin worker (default 1024)")
+    plugin_cpu_seconds: int = Field(30, ge=1, description="CPU-time limit of one plugin call (default 30)")
+    plugin_max_output: int = Field(1 << 20, ge=1024, description="largest stdout a plugin call may print (default "
+                                   "1048576)")
+    rescan_interval: float = Field(1.0, gt=0, description="plugins folder rescan period in seconds (default 1)")
     # plugin sandbox (docs/plugins.md)
-    plugin_user: str = Field("", description="user plugin workers switch to when the service runs as root; empty: vmsched-plugin if it exists, else nobody")
-    allow_root_plugins: bool = Field(False, description="run plugins as root (without capabilities) when the switch to plugin_user is impossible")
-    plugin_network: bool = Field(False, description="plugins may open network (AF_INET/AF_INET6) sockets")
-    plugin_env: str = Field("", description="extra environment variable names passed to plugins, NAME,...")
-    plugin_write_dirs: str = Field("", description="directories plugins may write besides their private temporary one, DIR,...")
-    plugin_max_procs: int = Field(256, ge=8, description="RLIMIT_NPROC of a plugin worker (processes and threads of its user)")
-    plugin_max_files: int = Field(256, ge=32, description="RLIMIT_NOFILE of a plugin worker")
-    plugin_max_file_mb: int = Field(64, ge=1, description="RLIMIT_FSIZE of a plugin worker, MiB")
+    plugin_user: str = Field("", description="user plugin workers run as when the service is root (default "
+                             "vmsched-plugin, else nobody)")
+    allow_root_plugins: bool = Field(False, description="if the switch to --plugin-user is impossible, run plugins as "
+                                     "root without capabilities instead of refusing")
+    # AF_INET and AF_INET6 sockets
+    plugin_network: bool = Field(False, description="let plugins open network sockets (default: off)")
+    plugin_env: str = Field("", description="extra environment variables passed to plugins (default: none beyond "
+                            "PATH, LANG, LC_*, TZ)")
+    plugin_write_dirs: str = Field("", description="directories plugins may write besides a private temporary one "
+                                   "(default: none)")
+    # RLIMIT_NPROC counts the processes and threads of the plugin user
+    plugin_max_procs: int = Field(256, ge=8, description="RLIMIT_NPROC of a plugin worker (default 256)")
+    plugin_max_files: int = Field(256, ge=32, description="RLIMIT_NOFILE of a plugin worker (default 256)")
+    plugin_max_file_mb: int = Field(64, ge=1, description="RLIMIT_FSIZE of a plugin worker (default 64)")
 
     # host facts (docs/facts.md)
-    facts: bool = Field(True, description="keep a host facts cache fed by the agents (scoring, balancer, gateway)")
-    facts_max_age: float | None = Field(None, gt=0, description="host facts older than this are stale, seconds; default 3 agent intervals")
-    facts_host_map: Path | None = Field(None, description="file of 'engine host ID = agent host ID' lines")
-    engine_link_file: Path | None = Field(None, description="YAML file of the optional, read-only engine link: url, "
-                                          "username, password (docs/facts.md); unset: no engine link")
-    engine_link_ca: Path | None = Field(None, description="CA of the engine's HTTPS certificate (default: the system's)")
-    engine_link_timeout: float = Field(5.0, gt=0, le=60, description="timeout of one engine REST call, seconds")
-    engine_link_ttl: float = Field(300.0, ge=1, description="how long the engine link keeps an answer, seconds")
-    engine_link_wait: float = Field(0.5, ge=0, le=10, description="how long a plugin call waits for the engine link's "
-                                    "first answer about a VM, seconds (0: never; the call then says 'not known yet')")
+    facts: bool = Field(True, description="keep a host facts cache fed by the policy agents, for the plugins, "
+                        "/v1/facts and the decisions (default on; --no-facts: none)")
+    facts_max_age: float | None = Field(None, gt=0, description="host facts older than this are stale (env "
+                                        "VMSCHED_FACTS_MAX_AGE; default 3 agent intervals)")
+    facts_host_map: Path | None = Field(None, description="engine host ID = agent host ID lines, for agents not "
+                                        "started with the engine's ID (docs/facts.md)")
+    engine_link_file: Path | None = Field(None, description="the optional, read-only engine link: a file with url, "
+                                          "username and password of the engine's REST API, to map engine host IDs by "
+                                          "hw_id and to learn a starting VM's memory and vCPUs (env "
+                                          "VMSCHED_ENGINE_LINK_FILE; docs/facts.md)")
+    engine_link_ca: Path | None = Field(None, description="CA of the engine's HTTPS certificate (default: the "
+                                        "system's)")
+    engine_link_timeout: float = Field(5.0, gt=0, le=60, description="timeout of one engine REST call (default 5)")
+    engine_link_ttl: float = Field(300.0, ge=1, description="how long the engine link keeps an answer (default 300)")
+    # 0: never; the plugin call then says 'not known yet'
+    engine_link_wait: float = Field(0.5, ge=0, le=10, description="how long a call waits for the link's first answer "
+                                    "about a VM (default 0.5; 0: never)")
 
     # recording of the engine's calls (docs/testing-policies.md)
-    record: Path | None = Field(None, description="folder to record the engine's calls and what their units could "
-                                "read in (gateway and services); unset: no recording")
-    record_max_mb: int = Field(1024, ge=4, description="most MiB of recordings in the --record folder (the oldest "
-                               "files go first)")
-    record_omit: str = Field("", description="property keys left out of the recording, KEY,...")
-    whatif_reports: Path | None = Field(None, description="folder of `vmsched replay --json` reports the console's "
-                                        "what-if view lists (gateway); unset: none")
+    record: Path | None = Field(None, description="record the engine's calls and what their units could read in DIR, "
+                                "for `vmsched replay` (default: off; docs/testing-policies.md)")
+    # the oldest files go first
+    record_max_mb: int = Field(1024, ge=4, description="most MiB of recordings in DIR (default 1024)")
+    record_omit: str = Field("", description="property keys left out of the recording (secrets)")
+    whatif_reports: Path | None = Field(None, description="a folder of `vmsched replay --json` reports (*.json) the "
+                                        "console's what-if view lists (default: none; docs/console.md)")
 
     # a shadow candidate on live calls (docs/testing-policies.md)
-    shadow: Path | None = Field(None, description="plugins folder of a candidate policy run beside the live one "
-                                "on live calls (scoring, balancer), compared, never answered; unset: no shadow")
-    shadow_rate: float = Field(1.0, gt=0, le=1, description="share of live calls the shadow candidate runs, 0-1")
-    shadow_factors: str = Field("", description="score units whose factor the candidate changes, UNIT=N,...")
-    shadow_drop: str = Field("", description="units the candidate leaves out, UNIT,...")
-    shadow_queue: int = Field(16, ge=1, le=10000, description="calls waiting for the shadow at most; more are shed")
-    shadow_workers: int = Field(1, ge=1, le=64, description="plugin workers of the shadow candidate (and calls it "
-                                "runs at once)")
+    shadow: Path | None = Field(None, description="run the candidate plugins folder DIR beside the live policy on "
+                                "live calls, after each reply, and compare (never answered; default: off; "
+                                "docs/testing-policies.md)")
+    shadow_rate: float = Field(1.0, gt=0, le=1, description="share of live calls the candidate runs, 0-1 (default 1)")
+    shadow_factors: str = Field("", description="score units whose factor the candidate changes")
+    shadow_drop: str = Field("", description="units the candidate leaves out")
+    shadow_queue: int = Field(16, ge=1, le=10000, description="calls waiting for the candidate at most; more are shed "
+                              "(default 16)")
+    # also the calls the candidate runs at once
+    shadow_workers: int = Field(1, ge=1, le=64, description="the candidate's plugin workers (default 1)")
 
     # observability
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port of a worker service")
-    metrics_host: str = Field("127.0.0.1", description="metrics listener address")
-    metrics_tls_cert: Path | None = Field(None, description="metrics listener HTTPS certificate (PEM)")
-    metrics_tls_key: Path | None = Field(None, description="metrics listener HTTPS key (PEM)")
-    metrics_auth: bool = Field(False, description="/metrics requires a token with the read role")
-    log_level: str = Field("INFO", description="logging level")
-    log_format: Literal["text", "json"] = Field("text", description="every log line as text, or as one JSON "
-                                                "object (audit lines: their fields alone; vmsched/logs.py)")
+    metrics_host: str = Field("127.0.0.1", description="metrics listen address (env VMSCHED_METRICS_HOST; default "
+                              "127.0.0.1)")
+    metrics_tls_cert: Path | None = Field(None, description="serve metrics over HTTPS with this certificate")
+    metrics_tls_key: Path | None = Field(None, description="the metrics certificate's private key")
+    metrics_auth: bool = Field(False, description="/metrics requires a bearer token with the read role (needs "
+                               "--tokens-file; env VMSCHED_METRICS_AUTH)")
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR (env VMSCHED_LOG_LEVEL; default INFO)")
+    # an audit line in JSON is its fields alone (vmsched/logs.py)
+    log_format: Literal["text", "json"] = Field("text", description="every log line, audit lines included, as text or "
+                                                "as one JSON object (env VMSCHED_LOG_FORMAT; default text)")
 
     @field_validator("engine_allow")
     @classmethod
