@@ -30,7 +30,7 @@ def start(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement
     progress = Progress.create()
     try:
         proc = subprocess.Popen(
-            command(plugins_dirs, limits, confinement) + ["--progress-fd", str(progress.fd)],
+            command(plugins_dirs, limits, confinement) + ["--progress-fd", str(progress)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,  # fd 1 and 2 of the worker: drained, never our log
@@ -39,12 +39,12 @@ def start(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement
             bufsize=0,
             close_fds=True,
             process_group=0,  # so a kill also reaches what the plugin spawned
-            pass_fds=(progress.fd,),
+            pass_fds=(progress,),
         )
     except BaseException:
-        progress.close()
+        os.close(progress)
         raise
-    return Worker(proc, max_frame, progress)
+    return Worker(proc, max_frame, Progress(progress))
 
 
 def command(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement) -> list[str]:

@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(plugins_dirs[0])
     sys.path[0:0] = plugins_dirs  # sibling imports: the first folder that has the module
     channel = Channel(read_fd, write_fd)
-    progress = Progress.attach(options.progress_fd) if options.progress_fd >= 0 else None  # before the sandbox
+    progress = Progress(options.progress_fd) if options.progress_fd >= 0 else None  # before the sandbox
     confinement = _confine(options, plugins_dirs, channel)  # before any thread starts
     _exit_with_parent(read_fd)
     runner = Runner(plugins_dirs, options.limits.cpu_seconds, options.limits.max_output, progress)
