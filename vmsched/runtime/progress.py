@@ -28,23 +28,16 @@ class Progress:
     """One worker's progress page (either side)."""
 
     def __init__(self, fd: int) -> None:
-        self.fd = fd
+        """The page of memfd ``fd`` (:meth:`create`), mapped; ``fd`` is closed (the mapping keeps the page)."""
         self._page = mmap.mmap(fd, _LAYOUT.size)
+        os.close(fd)
 
-    @classmethod
-    def create(cls) -> Progress:
-        """A new page for a worker (the pool's side); pass ``fd`` to the worker."""
+    @staticmethod
+    def create() -> int:
+        """A new page for a worker (the pool's side): its descriptor, to pass to the worker, then to map."""
         fd = os.memfd_create("vmsched-progress", os.MFD_CLOEXEC)  # a worker gets it through pass_fds
         os.ftruncate(fd, _LAYOUT.size)
-        return cls(fd)
-
-    @classmethod
-    def attach(cls, fd: int) -> Progress:
-        """The page the pool passed (the worker's side); the descriptor is closed once mapped."""
-        page = cls(fd)
-        os.close(fd)
-        page.fd = -1
-        return page
+        return fd
 
     def mark(self, index: int) -> None:
         """The worker starts unit ``index`` now."""
@@ -54,16 +47,10 @@ class Progress:
         """(index, start) of the unit in progress, bounded to a batch of ``count`` started at ``since``."""
         started, index = _LAYOUT.unpack_from(self._page, 0)
         index = min(max(int(index), 0), count - 1)
-        if not since <= started <= now:  # not written for this batch yet (or nonsense): its first unit
+        # not written for this batch yet (an earlier batch's mark is older than ``since``), or nonsense: its first unit
+        if not since <= started <= now:
             return 0, since
         return index, started
 
-    def reset(self) -> None:
-        """Before a batch is sent: no unit started."""
-        _LAYOUT.pack_into(self._page, 0, 0.0, 0)
-
     def close(self) -> None:
         self._page.close()
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1

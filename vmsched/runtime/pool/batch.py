@@ -14,7 +14,6 @@ import select
 import time
 from collections import deque
 from collections.abc import Sequence
-from contextlib import suppress
 from typing import Protocol
 
 from vmsched.runtime.pool.bundle import Bundle, seconds_text
@@ -64,28 +63,24 @@ class Waiter:
     def __init__(self) -> None:
         self.wanted = 0
         self.granted: list[Worker] = []
-        self.read_fd = -1
-        self._write_fd = -1
+        self.fd = -1  # an eventfd, readable once woken
 
     @property
     def registered(self) -> bool:
-        return self.read_fd >= 0
+        return self.fd >= 0
 
     def open(self) -> None:
-        self.read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._write_fd, False)
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
     def wake(self) -> None:
-        with suppress(OSError):  # BlockingIOError: already awake
-            os.write(self._write_fd, b"!")
+        os.eventfd_write(self.fd, 1)  # adds to a counter: never blocks, whatever the wake-ups pending
 
     def drain(self) -> None:
-        os.read(self.read_fd, 4096)
+        os.eventfd_read(self.fd)
 
     def close(self) -> None:
         if self.registered:
-            os.close(self.read_fd)
-            os.close(self._write_fd)
+            os.close(self.fd)
 
 
 class Batch:
@@ -128,7 +123,7 @@ class Batch:
                 return
             if worker is None:
                 if not self._waiter_polled:
-                    self._poller.register(self._waiter.read_fd, select.POLLIN)
+                    self._poller.register(self._waiter.fd, select.POLLIN)
                     self._waiter_polled = True
                     self._grow_at = time.monotonic() + GROW_AFTER
                 return
@@ -158,7 +153,7 @@ class Batch:
         nearest = min(ends)
         timeout = None if nearest == _INF else max(0, math.ceil((nearest - now) * 1000))
         for fd, _event in self._poller.poll(timeout):
-            if fd == self._waiter.read_fd:
+            if fd == self._waiter.fd:
                 self._waiter.drain()
             else:
                 self._receive(*self._running[fd])

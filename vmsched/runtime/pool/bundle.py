@@ -83,15 +83,13 @@ class Bundle:
         """The frame goes to ``worker`` now: the first unit's time budget starts."""
         self.started = now
         worker.max_frame = self.frame_size * len(self.units) + 4096
-        if worker.progress is not None:
-            worker.progress.reset()
         first = self.units[0]
         first.started = now
         self.end = min(now + first.budget, first.hard_end)
 
     def _running_unit(self, worker: Worker, now: float) -> int:
         """Index of the unit the worker is running (from its progress page); sets its start."""
-        if worker.progress is None or len(self.units) == 1:
+        if len(self.units) == 1:
             return 0
         index, started = worker.progress.read(len(self.units), self.started, now)
         self.units[index].started = started

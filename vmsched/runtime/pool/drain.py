@@ -25,8 +25,8 @@ class OutputDrain:
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
         self._tails: dict[int, bytearray] = {}
-        self._wake_r, self._wake_w = os.pipe()
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._wake = os.eventfd(0, os.EFD_CLOEXEC)
+        self._selector.register(self._wake, selectors.EVENT_READ, None)
         self._written = PLUGIN_RAW_OUTPUT.labels(pool=pool, fate="written")
         self._dropped = PLUGIN_RAW_OUTPUT.labels(pool=pool, fate="dropped")
         self._closed = False
@@ -38,7 +38,7 @@ class OutputDrain:
         with self._lock:
             self._tails[fd] = bytearray()
             self._selector.register(fd, selectors.EVENT_READ, fd)
-        os.write(self._wake_w, b"x")
+        os.eventfd_write(self._wake, 1)
 
     def tail(self, fd: int) -> str:
         """What the worker wrote last, escaped, for a log line."""
@@ -48,18 +48,17 @@ class OutputDrain:
 
     def close(self) -> None:
         self._closed = True
-        os.write(self._wake_w, b"x")
+        os.eventfd_write(self._wake, 1)
 
     def _run(self) -> None:
         while not self._closed:
             for key, _ in self._selector.select():
                 if key.data is None:
-                    os.read(self._wake_r, 4096)
+                    os.eventfd_read(self._wake)
                     continue
                 self._read(key.data)
         self._selector.close()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        os.close(self._wake)
 
     def _read(self, fd: int) -> None:
         with self._lock:

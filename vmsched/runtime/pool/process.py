@@ -50,7 +50,7 @@ class WorkerGone(Exception):
 class Worker:
     """One worker process and the pool's ends of its two pipes."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], max_frame: int, progress: Progress | None = None) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], max_frame: int, progress: Progress) -> None:
         assert proc.stdin is not None and proc.stdout is not None
         self.proc = proc
         self.pid = proc.pid
@@ -139,9 +139,7 @@ class Worker:
         for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()
-        if self.progress is not None:
-            self.progress.close()
-            self.progress = None
+        self.progress.close()
 
 
 def descendants(pid: int) -> list[int]:

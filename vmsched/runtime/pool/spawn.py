@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from vmsched.runtime.pool.process import Worker, WorkerGone
@@ -29,7 +30,7 @@ def start(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement
     progress = Progress.create()
     try:
         proc = subprocess.Popen(
-            command(plugins_dirs, limits, confinement) + ["--progress-fd", str(progress.fd)],
+            command(plugins_dirs, limits, confinement) + ["--progress-fd", str(progress)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,  # fd 1 and 2 of the worker: drained, never our log
@@ -38,41 +39,29 @@ def start(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement
             bufsize=0,
             close_fds=True,
             process_group=0,  # so a kill also reaches what the plugin spawned
-            pass_fds=(progress.fd,),
+            pass_fds=(progress,),
         )
     except BaseException:
-        progress.close()
+        os.close(progress)
         raise
-    return Worker(proc, max_frame, progress)
+    return Worker(proc, max_frame, Progress(progress))
 
 
 def command(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement) -> list[str]:
     """The worker's command line (its options: no secret)."""
+    write_dirs = tuple(str(Path(d).absolute()) for d in confinement.write_dirs)  # the worker's cwd is elsewhere
     return [
         sys.executable,
         "-P",  # keep the plugins folder (cwd) from shadowing the worker's own imports
         "-m",
         "vmsched.runtime.worker.main",
         *(item for folder in plugins_dirs for item in ("--plugins-dir", str(folder))),
-        "--cpu-seconds",
-        str(limits.cpu_seconds),
-        "--max-output",
-        str(limits.max_output),
-        "--sandbox",
-        json.dumps(
-            {
-                "user": confinement.user,
-                "allow_root": confinement.allow_root,
-                "network": confinement.network,
-                "memory_mb": limits.memory_mb,
-                "extra_write": [str(Path(d).absolute()) for d in confinement.write_dirs],
-                "max_procs": limits.max_procs,
-                "max_files": limits.max_files,
-                "max_file_mb": limits.max_file_mb,
-                "nice": limits.nice,
-                "tmp_parent": tempfile.gettempdir(),
-            }
-        ),
+        "--limits",
+        json.dumps(asdict(limits)),
+        "--confinement",
+        json.dumps(asdict(replace(confinement, write_dirs=write_dirs))),
+        "--tmp-parent",
+        tempfile.gettempdir(),
     ]
 
 

@@ -32,13 +32,12 @@ def of(pid: int | str = "self") -> list[int]:
     return pids
 
 
-def kill_all() -> int:
-    """SIGKILL and reap every descendant; how many were reaped."""
+def kill_all() -> None:
+    """SIGKILL and reap every descendant."""
     try:
         os.waitpid(-1, os.WNOHANG)  # children exist (one may have just been reaped too)
     except ChildProcessError:
-        return 0  # the usual case: the plugin left nothing behind
-    reaped = 0
+        return  # the usual case: the plugin left nothing behind
     for _ in range(_ROUNDS):
         pids = of()
         if not pids:
@@ -47,17 +46,8 @@ def kill_all() -> int:
             with suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         for pid in pids:
-            try:
+            with suppress(ChildProcessError):
                 os.waitpid(pid, 0)  # its orphans are ours once it is gone
-                reaped += 1
-            except ChildProcessError:
-                pass
-    while True:  # anything that exited on its own in between
-        try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
-        reaped += 1
-    return reaped
+    with suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:  # anything that exited on its own in between
+            pass

@@ -55,6 +55,7 @@ from vmsched.runtime.worker.capture import Capture
 from vmsched.runtime.contract import KIND, aligned_scores
 from vmsched.runtime.progress import Progress
 from vmsched.runtime.protocol import Channel, encode_frame, encode_json, reply_frame
+from vmsched.runtime.types import Confinement, Limits
 from vmsched.runtime.worker.errors import PluginError, describe_exception, parse_output
 from vmsched.runtime.worker.modules import Modules, list_units, reads_facts
 from vmsched.plugin import facts
@@ -285,14 +286,12 @@ def _exit_with_parent(read_fd: int) -> None:
 
 def _confine(options: argparse.Namespace, plugins_dirs: list[str], channel: Channel) -> sandbox.Report:
     """Apply the sandbox; on refusal tell the pool why and exit."""
-    settings = sandbox.Options(**json.loads(options.sandbox), plugins_dir=plugins_dirs[0])
-    settings.extra_read = [*settings.extra_read, *plugins_dirs[1:]]  # the other plugin folders: read-only too
     try:
-        report = sandbox.confine(settings)
+        report = sandbox.confine(plugins_dirs, options.limits, options.confinement, options.tmp_parent)
     except (sandbox.SandboxError, OSError) as exc:
         channel.send(encode_frame({"ok": False, "error": f"sandbox: {exc}"}))
         sys.exit(1)
-    worker_errors.NETWORK_OFF = not settings.network and report.features.get("no_network", "").startswith("on")
+    worker_errors.NETWORK_OFF = report.features.get("no_network", "").startswith("on")  # never with the network on
     return report
 
 
@@ -300,10 +299,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="vmsched.runtime.worker.main")
     parser.add_argument("--plugins-dir", required=True, action="append",
                         help="a plugins folder; several: on sys.path in this order, the first is the working directory")
-    parser.add_argument("--cpu-seconds", type=int, default=30)
-    parser.add_argument("--max-output", type=int, default=1 << 20)
+    parser.add_argument("--limits", type=lambda text: Limits(**json.loads(text)), default=Limits(),
+                        help="resource limits as JSON (vmsched.runtime.types.Limits)")
+    parser.add_argument("--confinement", type=lambda text: Confinement(**json.loads(text)), default=Confinement(),
+                        help="confinement as JSON (vmsched.runtime.types.Confinement)")
+    parser.add_argument("--tmp-parent", default="/tmp", help="the folder of its private temporary directory")
     parser.add_argument("--progress-fd", type=int, default=-1, help="the pool's progress page (a memfd)")
-    parser.add_argument("--sandbox", default="{}", help="sandbox options as JSON (vmsched.runtime.worker.sandbox.Options)")
     return parser.parse_args(argv)
 
 
@@ -318,10 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(plugins_dirs[0])
     sys.path[0:0] = plugins_dirs  # sibling imports: the first folder that has the module
     channel = Channel(read_fd, write_fd)
-    progress = Progress.attach(options.progress_fd) if options.progress_fd >= 0 else None  # before the sandbox
+    progress = Progress(options.progress_fd) if options.progress_fd >= 0 else None  # before the sandbox
     confinement = _confine(options, plugins_dirs, channel)  # before any thread starts
     _exit_with_parent(read_fd)
-    runner = Runner(plugins_dirs, options.cpu_seconds, options.max_output, progress)
+    runner = Runner(plugins_dirs, options.limits.cpu_seconds, options.limits.max_output, progress)
     channel.send(encode_frame({"ok": True, "ready": True, "pid": os.getpid(), "sandbox": asdict(confinement)}))
     while (request := channel.receive()) is not None:
         channel.send(runner.handle(request))

@@ -28,6 +28,7 @@ import tempfile
 from contextlib import suppress
 from dataclasses import dataclass, field
 
+from vmsched.runtime.types import Confinement, Limits
 from vmsched.runtime.worker import landlock, seccomp
 
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 4, 36, 24, 47
@@ -40,24 +41,6 @@ FEATURES = ("user", "capabilities", "no_new_privs", "landlock", "seccomp", "no_n
 
 class SandboxError(RuntimeError):
     """The worker cannot run plugins as configured (e.g. it would stay root)."""
-
-
-@dataclass
-class Options:
-    """What the pool asks of the worker (sent as JSON on its command line)."""
-
-    plugins_dir: str
-    user: str = "nobody"  # the plugin user when started as root
-    allow_root: bool = False
-    network: bool = False
-    memory_mb: int = 1024
-    max_procs: int = 256
-    max_files: int = 256
-    max_file_mb: int = 64
-    nice: int = 0
-    tmp_parent: str = "/tmp"
-    extra_read: list[str] = field(default_factory=list)
-    extra_write: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -88,37 +71,39 @@ def make_non_dumpable() -> None:
     _prctl(PR_SET_DUMPABLE, 0)
 
 
-def confine(options: Options) -> Report:
+def confine(plugins_dirs: list[str], limits: Limits, confinement: Confinement, tmp_parent: str) -> Report:
+    """Confine this process as the pool asks (``plugins_dirs``: the first is the worker's own folder; the
+    private temporary directory is made under ``tmp_parent``)."""
     report = Report()
-    _limits(options)
-    _switch_user(options, report)
+    _limits(limits)
+    _switch_user(confinement, plugins_dirs[0], report)
     _drop_capabilities(report)
     _prctl(seccomp.PR_SET_NO_NEW_PRIVS, 1)
     report.on("no_new_privs")
-    resource.setrlimit(resource.RLIMIT_NPROC, (options.max_procs, options.max_procs))
-    report.tmp_dir = tempfile.mkdtemp(prefix="vmsched-plugin-", dir=options.tmp_parent)
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_procs, limits.max_procs))
+    report.tmp_dir = tempfile.mkdtemp(prefix="vmsched-plugin-", dir=tmp_parent)
     for name in ("TMPDIR", "HOME"):
         os.environ[name] = report.tmp_dir
     tempfile.tempdir = report.tmp_dir
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the plugin come back to us, to be killed
-    signals_scoped = _landlock(options, report)
-    _seccomp(options, report, signals_scoped)
+    signals_scoped = _landlock(plugins_dirs, confinement, report)
+    _seccomp(confinement.network, report, signals_scoped)
     report.on(
         "limits",
-        f"memory {options.memory_mb} MiB, {options.max_procs} processes, {options.max_files} files, "
-        f"file size {options.max_file_mb} MiB",
+        f"memory {limits.memory_mb} MiB, {limits.max_procs} processes, {limits.max_files} files, "
+        f"file size {limits.max_file_mb} MiB",
     )
     return report
 
 
-def _limits(options: Options) -> None:
+def _limits(limits: Limits) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core files in the plugins folder
-    if options.memory_mb > 0:
-        _lower(resource.RLIMIT_AS, options.memory_mb << 20)
-    _lower(resource.RLIMIT_NOFILE, options.max_files)
-    _lower(resource.RLIMIT_FSIZE, options.max_file_mb << 20)
-    if options.nice > 0:
-        os.nice(options.nice)
+    if limits.memory_mb > 0:
+        _lower(resource.RLIMIT_AS, limits.memory_mb << 20)
+    _lower(resource.RLIMIT_NOFILE, limits.max_files)
+    _lower(resource.RLIMIT_FSIZE, limits.max_file_mb << 20)
+    if limits.nice > 0:
+        os.nice(limits.nice)
 
 
 def _lower(which: int, value: int) -> None:
@@ -128,20 +113,20 @@ def _lower(which: int, value: int) -> None:
     resource.setrlimit(which, (value, value))
 
 
-def _switch_user(options: Options, report: Report) -> None:
+def _switch_user(confinement: Confinement, plugins_dir: str, report: Report) -> None:
     if os.geteuid() != 0:
         report.on("user", f"uid {os.geteuid()}: the service's own user")
         return
-    why = _try_switch(options.user, options.plugins_dir)
+    why = _try_switch(confinement.user, plugins_dir)
     if why is None:
-        report.on("user", f"{options.user} (uid {os.getuid()}), switched from root")
+        report.on("user", f"{confinement.user} (uid {os.getuid()}), switched from root")
         return
-    if not options.allow_root:
+    if not confinement.allow_root:
         raise SandboxError(
-            f"the service runs as root and cannot switch plugin workers to user {options.user!r}: {why}; "
+            f"the service runs as root and cannot switch plugin workers to user {confinement.user!r}: {why}; "
             "choose another --plugin-user, or run plugins as root (without capabilities) with --allow-root-plugins"
         )
-    report.off("user", f"root (--allow-root-plugins): cannot switch to {options.user!r}: {why}")
+    report.off("user", f"root (--allow-root-plugins): cannot switch to {confinement.user!r}: {why}")
 
 
 def _try_switch(user: str, plugins_dir: str) -> str | None:
@@ -226,24 +211,25 @@ def _status_field(name: str) -> int:
     raise SandboxError(f"no {name} in /proc/self/status")
 
 
-def read_paths(options: Options) -> list[str]:
-    """What the plugins may read: their folder, Python, shared libraries, a few files."""
-    paths = [options.plugins_dir, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+def read_paths(plugins_dirs: list[str], network: bool) -> list[str]:
+    """What the plugins may read: their folders, Python, shared libraries, a few files."""
+    paths = [*plugins_dirs, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
     paths += [p for p in sys.path if p and os.path.isabs(p)]
     paths += [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # the vmsched package
     paths += ["/usr", "/bin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group",
               "/dev/urandom", "/dev/random", "/dev/zero", f"/proc/{os.getpid()}"]
-    if options.network:
+    if network:
         paths += ["/etc/ssl", "/etc/pki", "/etc/ca-certificates", "/etc/hosts", "/etc/resolv.conf",
                   "/etc/nsswitch.conf", "/etc/gai.conf", "/etc/host.conf"]
-    return paths + list(options.extra_read)
+    return paths
 
 
-def _landlock(options: Options, report: Report) -> bool:
+def _landlock(plugins_dirs: list[str], confinement: Confinement, report: Report) -> bool:
     """Apply Landlock; whether signals are scoped by it."""
+    write = [report.tmp_dir, "/dev/null", "/dev/full", *confinement.write_dirs]
     try:
-        result = landlock.restrict(read_paths(options), [report.tmp_dir, "/dev/null", "/dev/full", *options.extra_write],
-                                   deny_tcp=not options.network)
+        result = landlock.restrict(read_paths(plugins_dirs, confinement.network), write,
+                                   deny_tcp=not confinement.network)
     except OSError as exc:
         report.off("landlock", f"{exc.strerror or exc} (needs Linux >= 5.13 with the landlock LSM)")
         return False
@@ -255,17 +241,17 @@ def _landlock(options: Options, report: Report) -> bool:
     return result.signals_scoped
 
 
-def _seccomp(options: Options, report: Report, signals_scoped: bool) -> None:
+def _seccomp(network: bool, report: Report, signals_scoped: bool) -> None:
     try:
-        seccomp.install(options.network, not signals_scoped, os.getpid(), os.getppid())
+        seccomp.install(network, not signals_scoped, os.getpid(), os.getppid())
     except OSError as exc:
         report.off("seccomp", str(exc))
-        report.off("no_network", "network allowed (--plugin-network)" if options.network else "seccomp unavailable")
+        report.off("no_network", "network allowed (--plugin-network)" if network else "seccomp unavailable")
         return
     rules = "ptrace, mount, modules, keys refused"
     rules += ", signals to the parent and other groups refused" if not signals_scoped else ""
     report.on("seccomp", rules)
-    if options.network:
+    if network:
         report.off("no_network", "network allowed (--plugin-network)")
     else:
         report.on("no_network", "AF_INET/AF_INET6/AF_PACKET sockets refused")
