@@ -157,7 +157,7 @@ class Agent:
         if stored.problem is not None:
             metrics.ERRORS.labels("store").inc()
         self.enforcer = Enforcer(self.machine, pools, self.inventory, Applier(caps, topology.cpumap_length, cpus),
-                                 self._publish, self._save, self.release_on_stop, transient=TransientPolicies(stored))
+                                 self._publish, self._save, TransientPolicies(stored), self.release_on_stop)
         snaps = self.enforcer.scan(conn)
         for snap in snaps:
             self.enforcer.observe(snap)
@@ -197,7 +197,7 @@ class Agent:
     def _layout(self) -> tuple[frozenset[int], frozenset[int], dict[str, frozenset[int]], dict[str, Any]]:
         with self.enforcer.lock:
             pools = self.enforcer.pools
-            stored = self.enforcer.transient.store.all()  # type: ignore[union-attr]  # the agent's enforcer has one
+            stored = self.enforcer.transient.store.all()
             policies = {**{e.uuid: e.policy for e in stored}, **{g.uuid: g.policy for g in self.inventory.all()
                                                                   if g.policy is not None}}
             return frozenset(pools.pool), frozenset(pools.shared), dict(pools.allocations), policies
@@ -321,7 +321,7 @@ class Agent:
         with self.enforcer.lock:
             guests = sorted(self.inventory.all(), key=lambda g: g.name)
             views = [self.enforcer.view(g) for g in guests if g.policy is not None]
-            views += self.enforcer.transient.absent_views(self.inventory)  # type: ignore[union-attr]
+            views += self.enforcer.transient.absent_views(self.inventory)
             return {"policies": sorted(views, key=lambda v: v["guest"])}
 
     def cpus(self) -> dict:

@@ -205,15 +205,15 @@ def test_reporter_sends_guests_only_when_they_change(tmp_path: Path) -> None:
     assert changed.guests is not None and changed.reason == "event" and changed.host.guests_running == 0
     assert [reporter.collect().guests is None for _ in range(3)] == [True, True, False]  # every 3rd at the latest
     assert reporter.collect({"snapshot"}).guests is not None
-    assert len(reporter.history.cpu()) == 5  # interval collections only (not the event or the snapshot)
+    assert len(reporter.history) == 5  # interval collections only (not the event or the snapshot)
     reporter.collector.close()
 
 
 def test_history_keeps_ten_minutes() -> None:
-    history = calc.History(interval=5.0)
+    history = FactsReporter("hv1", None, lambda: None, lambda: None, lambda *_: None, interval=5.0).history
     for i in range(200):
-        history.add(float(i))
-    assert len(history.cpu()) == 120 and history.cpu()[-1] == 199.0
+        history.append(float(i))
+    assert len(history) == 120 and history[-1] == 199.0
 
 
 def test_a_cache_payload_reaches_the_plugin_api_intact() -> None:

@@ -25,7 +25,6 @@ from ..guests.inventory import Guest
 from ..tuners.config import TunerConfig
 from ..tuners.engine import Engine
 from ..tuners.samples import HostCounter, VcpuCounters, guest_sample, vcpu_counters
-from ..tuners.state import TunedState
 from ..tuners.types import Decision, GuestView, Proposal
 from ..virt.snapshot import Snapshot
 from . import metrics as tm
@@ -42,9 +41,8 @@ class TunerLoop:
                  publish: Publish, proc: Path = Path("/proc")) -> None:
         self.config = config
         self.engine = Engine(config)
-        self.state = TunedState()
+        self.state = enforcer.tuned
         self.enforcer = enforcer
-        enforcer.tuned = self.state
         self._conn, self._publish, self._proc = conn, publish, Path(proc)
         self._host = HostCounter()
         self._counters: dict[str, VcpuCounters] = {}

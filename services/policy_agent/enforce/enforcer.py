@@ -48,8 +48,8 @@ CHANGED_RETRIES = 3  # repairs decided again when another writer keeps changing 
 
 class Enforcer:
     def __init__(self, machine: str, pools: Pools, inventory: Inventory, applier: Applier,
-                 publish: Publish, save: Callable[[], None], release_on_stop: bool = False,
-                 transient: TransientPolicies | None = None):
+                 publish: Publish, save: Callable[[], None], transient: TransientPolicies,
+                 release_on_stop: bool = False):
         self.machine = machine  # libvirt's host UUID: what allocation hints are written with
         self.pools = pools
         self.inv = inventory
@@ -62,7 +62,7 @@ class Enforcer:
         self._drift_times: dict[str, collections.deque[float]] = {}
         self._foreign: set[str] = set()  # guests left to their manager's own pinning (logged once)
         self.overlaps = OverlapReporter(publish)
-        self.tuned: TunedState | None = None  # the tuners' live values: part of the desired state (adaptive/loop.py)
+        self.tuned = TunedState()  # the tuners' live values: part of the desired state (adaptive/loop.py)
 
     # --- reading -----------------------------------------------------------------
     def lookup(self, conn: "libvirt.virConnect", key: str) -> "libvirt.virDomain":
@@ -77,12 +77,11 @@ class Enforcer:
 
     def source(self, snap: Snapshot) -> DomainXml:
         """The guest's definition, with the stored policy of a transient guest (transient.py)."""
-        return snap.xml if self.transient is None else self.transient.source(snap)
+        return self.transient.source(snap)
 
     def observe(self, snap: Snapshot) -> Guest:
         """Refresh the cached guest from a snapshot (no changes to the guest)."""
-        if self.transient is not None:
-            self.transient.track(snap)
+        self.transient.track(snap)
         src = self.source(snap)
         g = self.inv.upsert(snap.uuid, snap.name)
         g.persistent, g.nvcpus = snap.persistent, src.nvcpus
@@ -147,8 +146,7 @@ class Enforcer:
             if not (isinstance(exc, libvirt.libvirtError) and snapshot.gone(exc)):
                 self._record_error(g, f"applying the policy of {snap.name!r} failed: {exc}", "apply")
             return None
-        if self.transient is not None:
-            self.transient.mirror(snap, g, self._hint(self.pools.allocations.get(g.uuid)))
+        self.transient.mirror(snap, g, self._hint(self.pools.allocations.get(g.uuid)))
         self._sync_hint(snap, g)
         g.desired = desired
         g.warnings = [*g.warnings, *(w for w in result.deferred if w not in g.warnings)]
@@ -313,8 +311,7 @@ class Enforcer:
                 checked.allocation = None
                 stopped = policy.model_copy(update={"dedicated": None, "vcpu_pins": {}})
                 checked.desired = desired_for(stopped, info, self.pools, None)
-            if self.tuned is not None:
-                self.tuned.drop(snap.uuid)  # a new static policy: the tuners start again from it
+            self.tuned.drop(snap.uuid)  # a new static policy: the tuners start again from it
             hint = self._hint(checked.allocation)
             store = self.transient if not snap.persistent else None
             old_stored = store.store.get(snap.uuid) if store is not None else None
@@ -363,7 +360,7 @@ class Enforcer:
             try:
                 dom = self.lookup(conn, key)
             except GuestNotFound:
-                stored = self.transient.store.find(key) if self.transient is not None else None
+                stored = self.transient.store.find(key)
                 if stored is None:
                     raise
                 self.transient.remove(stored.uuid)
@@ -374,8 +371,7 @@ class Enforcer:
             old = src.policy
             if old is None and self.pools.allocations.get(snap.uuid) is None:
                 return {"guest": snap.name, "uuid": snap.uuid, "deleted": False}
-            if self.transient is not None:
-                self.transient.remove(snap.uuid)  # first: a failure below must not bring it back
+            self.transient.remove(snap.uuid)  # first: a failure below must not bring it back
             metadata.clear(dom)
             self.pools.release(snap.uuid)
             self.save()

@@ -25,10 +25,8 @@ def run_of(snap: Snapshot) -> int | None:
         return None
 
 
-def verify(applier: Applier, snap: Snapshot, g: Guest, desired: Desired, tuned: TunedState | None,
+def verify(applier: Applier, snap: Snapshot, g: Guest, desired: Desired, tuned: TunedState,
            shared: CpuSet) -> Result:
-    if tuned is None:
-        return applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent, snap.cfg, snap.live)
     cfg_d, live_d = tuned.split(snap.uuid, desired, run_of(snap), g.policy, shared)
     if live_d is desired:  # not tuned
         return applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent, snap.cfg, snap.live)

@@ -1,12 +1,11 @@
 """Pure aggregation of host facts: CPU use from /proc/stat counters, the
-oVirt-style free memory, the short history and what changed.
+oVirt-style free memory, the length of the short history and what changed.
 
 No libvirt and no I/O: the collector (virt/collector.py) reads, this computes.
 """
 
 from __future__ import annotations
 
-import collections
 import hashlib
 from dataclasses import dataclass
 
@@ -88,19 +87,6 @@ def guest_cpu_pct(before_ns: int | None, after_ns: int, seconds: float, vcpus: i
     if before_ns is None or seconds <= 0 or vcpus <= 0 or after_ns < before_ns:
         return 0.0
     return round(min(100.0, 100.0 * (after_ns - before_ns) / (seconds * 1e9 * vcpus)), 2)
-
-
-class History:
-    """The last ``HISTORY_SECONDS`` of host CPU samples at the collection interval."""
-
-    def __init__(self, interval: float, seconds: float = HISTORY_SECONDS) -> None:
-        self._cpu: collections.deque[float] = collections.deque(maxlen=max(1, int(seconds // interval)))
-
-    def add(self, cpu_pct: float) -> None:
-        self._cpu.append(round(cpu_pct, 1))
-
-    def cpu(self) -> list[float]:
-        return list(self._cpu)
 
 
 def guests_digest(guests: list[GuestFacts]) -> str:

@@ -8,6 +8,7 @@ caller's (the agent bus's event queue: best effort, never blocking).
 
 from __future__ import annotations
 
+import collections
 import logging
 import secrets
 import threading
@@ -19,7 +20,7 @@ from vmsched.facts.model import FACTS_EVENT, FactsMessage, GuestFacts, HostFacts
 
 from .. import metrics
 from ..policy.model import GuestPolicy
-from .arithmetic import History, dedicated_summary, guests_digest, pinned
+from .arithmetic import HISTORY_SECONDS, dedicated_summary, guests_digest, pinned
 
 log = logging.getLogger("vmsched.agent.facts")
 
@@ -39,7 +40,8 @@ class FactsReporter:
         self.guests_every = guests_every
         self.instance = secrets.token_hex(8)
         self.seq = 0
-        self.history = History(interval)
+        #: the host's CPU use of the last HISTORY_SECONDS, one sample an interval
+        self.history: collections.deque[float] = collections.deque(maxlen=max(1, int(HISTORY_SECONDS // interval)))
         self._digest = ""
         self._since_guests = 0
         self._wake = threading.Event()
@@ -94,7 +96,7 @@ class FactsReporter:
         pool, shared, allocations, policies = self._layout()
         guests = self._annotate(self.collector.guests(conn), allocations, policies)
         if "interval" in reasons:
-            self.history.add(host.cpu_pct)
+            self.history.append(round(host.cpu_pct, 1))
         running = [g for g in guests if g.state in ("running", "blocked")]
         host = host.model_copy(update={
             "dedicated_pool": cpuset.fmt(pool), "shared_cpus": cpuset.fmt(shared),
@@ -102,7 +104,7 @@ class FactsReporter:
             **dedicated_summary(pool, allocations, policies, self.collector.topology),
             "guests_running": len(running), "guests_total": len(guests),
             "guest_memory_mib": sum(g.memory_mib for g in running), "guest_vcpus": sum(g.vcpus for g in running),
-            "history_interval": self.interval, "cpu_history": self.history.cpu(),
+            "history_interval": self.interval, "cpu_history": list(self.history),
         })
         digest = guests_digest(guests)
         self._since_guests += 1

@@ -27,10 +27,6 @@ _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a 
           stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
 
 
-class Unfit(Exception):
-    """What is at the path is not a document to read (the message says why)."""
-
-
 def digest(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -53,18 +49,28 @@ def write(path: Path, key: str, payload: dict) -> None:
 
 
 def read(path: Path, key: str) -> tuple[Any, str | None]:
-    """(payload, None), or (None, reason) when the file is missing, unreadable, not JSON or fails its checksum.
+    """(payload, None), or (None, reason) when the file is missing, unreadable, not a regular file, larger
+    than MAX_BYTES, not JSON or fails its checksum.
 
-    A missing file's reason is ``"missing"``.
+    A missing file's reason is ``"missing"``. The file is opened without blocking (a FIFO would wait for a
+    writer forever) and checked before a byte is read.
     """
     try:
-        raw = read_regular(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                return None, f"not a regular file but {_KINDS.get(stat.S_IFMT(mode), 'something else')}"
+            with open(fd, "rb", closefd=False) as fh:
+                raw = fh.read(MAX_BYTES + 1)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return None, "missing"
     except OSError as exc:
         return None, f"cannot read: {exc.strerror or exc}"
-    except Unfit as exc:
-        return None, str(exc)
+    if len(raw) > MAX_BYTES:
+        return None, f"larger than {MAX_BYTES} bytes: not written by the agent"
     try:
         doc = json.loads(raw)
         payload = doc[key]
@@ -76,25 +82,6 @@ def read(path: Path, key: str) -> tuple[Any, str | None]:
     if not intact:
         return None, "checksum mismatch (truncated or edited file)"
     return payload, None
-
-
-def read_regular(path: Path, max_bytes: int = MAX_BYTES) -> bytes:
-    """The bytes of the regular file at ``path``; raises Unfit for anything else or anything larger.
-
-    Opened without blocking (a FIFO would wait for a writer forever) and checked before a byte is read.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise Unfit(f"not a regular file but {_KINDS.get(stat.S_IFMT(mode), 'something else')}")
-        with open(fd, "rb", closefd=False) as fh:
-            data = fh.read(max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise Unfit(f"larger than {max_bytes} bytes: not written by the agent")
-    return data
 
 
 def quarantine(path: Path) -> Path | None:

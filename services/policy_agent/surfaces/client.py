@@ -41,18 +41,31 @@ class SocketClient:
         deadline = time.monotonic() + self.timeout
         pause = RETRY_FIRST
         while True:
-            reply = self._exchange(op, body, deadline)
-            if reply.ok or reply.body.get("state") != STARTING or deadline - time.monotonic() <= pause:
+            reply = self._exchange(op, body, deadline, pause)
+            if reply is not None and (reply.ok or reply.body.get("state") != STARTING
+                                      or deadline - time.monotonic() <= pause):
                 break
-            time.sleep(pause)  # the agent is starting: ask again
+            time.sleep(pause)  # the agent is busy or starting: ask again
             pause = min(pause * 2, RETRY_MAX)
         error = reply_error(reply, f"the agent at {self.path}")
         if error is not None:
             raise from_reply(error.code, str(error), error.details)
         return reply.body
 
-    def _exchange(self, op: AgentOp | str, body: dict | None, deadline: float) -> ReplyEnvelope:
-        with self._connect(deadline) as s:
+    def _exchange(self, op: AgentOp | str, body: dict | None, deadline: float, pause: float) -> ReplyEnvelope | None:
+        """The agent's reply; None when its backlog is full (busy, not absent) and ``pause`` leaves time to ask
+        again."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(max(deadline - time.monotonic(), 0.001))
+        try:
+            s.connect(self.path)
+        except OSError as exc:
+            s.close()
+            if exc.errno == errno.EAGAIN and deadline - time.monotonic() > pause:
+                return None
+            hint = f"; {self.hint}" if self.hint and exc.errno in ABSENT else ""
+            raise AgentUnavailable(f"no agent at {self.path}: {exc.strerror or exc}{hint}") from None
+        with s:
             request = {"v": CONTRACT_VERSION, "op": _name(op), "body": body or {}}
             s.sendall((json.dumps(request) + "\n").encode())
             buf = b""
@@ -69,23 +82,6 @@ class SocketClient:
             return ReplyEnvelope.model_validate_json(buf)
         except ValidationError as exc:
             raise AgentUnavailable(f"agent at {self.path} sent a malformed reply: {exc.errors()[0]['msg']}") from None
-
-    def _connect(self, deadline: float) -> socket.socket:
-        pause = RETRY_FIRST
-        while True:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(max(deadline - time.monotonic(), 0.001))
-            try:
-                s.connect(self.path)
-                return s
-            except OSError as exc:
-                s.close()
-                if exc.errno == errno.EAGAIN and deadline - time.monotonic() > pause:
-                    time.sleep(pause)  # the agent's backlog is full: busy, not absent
-                    pause = min(pause * 2, RETRY_MAX)
-                    continue
-                hint = f"; {self.hint}" if self.hint and exc.errno in ABSENT else ""
-                raise AgentUnavailable(f"no agent at {self.path}: {exc.strerror or exc}{hint}") from None
 
 
 def call_bus(bus: str | BusOptions | Transport, host: str, op: AgentOp | str, body: dict, timeout: float) -> dict:

@@ -9,6 +9,7 @@ chooses exactly where the manager's define lands.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,10 +21,12 @@ pytestmark = pytest.mark.libvirt
 INACTIVE = 2  # libvirt.VIR_DOMAIN_XML_INACTIVE (libvirt is imported only once the fixtures found it)
 
 
-def _enforcer(conn: Any, pool: frozenset[int]) -> Any:
+def _enforcer(conn: Any, pool: frozenset[int], state_dir: Path) -> Any:
     from vmsched.services.policy_agent.enforce.enforcer import Enforcer
+    from vmsched.services.policy_agent.enforce.transient import TransientPolicies
     from vmsched.services.policy_agent.policy.allocation import Pools
     from vmsched.services.policy_agent.guests.inventory import Inventory
+    from vmsched.services.policy_agent.state.store import FILENAME, PolicyStore
     from vmsched.services.policy_agent.virt.apply import Applier, Caps
     from vmsched.services.policy_agent.virt.host import read_topology
 
@@ -31,7 +34,7 @@ def _enforcer(conn: Any, pool: frozenset[int]) -> Any:
     topology = read_topology(conn)
     cpus, ncpus = topology.online, topology.cpumap_length
     return Enforcer("e2e", Pools(cpus, pool), Inventory(), Applier(caps, ncpus, cpus), lambda *_: None,
-                    lambda: None)
+                    lambda: None, TransientPolicies(PolicyStore(state_dir / FILENAME)))
 
 
 class AfterFirst:
@@ -55,9 +58,9 @@ class AfterFirst:
         return call
 
 
-def test_a_define_between_the_agents_read_and_its_repair_keeps_the_managers_pin(env, guests):
+def test_a_define_between_the_agents_read_and_its_repair_keeps_the_managers_pin(env, guests, tmp_path):
     hi = max(env.host_cpus)
-    enf = _enforcer(env.conn, frozenset({hi}))
+    enf = _enforcer(env.conn, frozenset({hi}), tmp_path)
     name = guests.define(vcpus=1)
     dom = guests.dom(name)
     stale = enf.read(dom)  # the agent has read the new guest (no placement: it will confine it)
@@ -70,9 +73,9 @@ def test_a_define_between_the_agents_read_and_its_repair_keeps_the_managers_pin(
     assert g.vcpu_pins() == {0: frozenset({hi})}
 
 
-def test_a_define_landing_between_the_agents_writes_is_decided_again(env, guests):
+def test_a_define_landing_between_the_agents_writes_is_decided_again(env, guests, tmp_path):
     hi = max(env.host_cpus)
-    enf = _enforcer(env.conn, frozenset({hi}))
+    enf = _enforcer(env.conn, frozenset({hi}), tmp_path)
     name = guests.define(vcpus=1)
     dom = guests.dom(name)
     manager = h.with_cputune(dom.XMLDesc(INACTIVE), f"<vcpupin vcpu='0' cpuset='{hi}'/>")
