@@ -33,15 +33,17 @@ XML_REQUIRES = ("<domain type='qemu'><name>dep</name><uuid>11111111-2222-3333-44
 
 class StandInAgent:
     """Answers check_start like the agent does, always with the same verdict; ``starting``: with the agent's
-    reply while it starts, to every request."""
+    reply while it starts, to every request; ``mute_after``: after that many requests, it answers none (it holds
+    each connection for a second, then closes it)."""
 
-    def __init__(self, path: Path, allowed: bool, starting: bool = False) -> None:
+    def __init__(self, path: Path, allowed: bool, starting: bool = False, mute_after: int | None = None) -> None:
         self.requests: list[dict] = []
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(path))
         self.server.listen()
         self.allowed = allowed
         self.starting = starting
+        self.mute_after = mute_after
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -53,6 +55,9 @@ class StandInAgent:
             with conn:
                 request = json.loads(conn.makefile("rb").readline())
                 self.requests.append(request)
+                if self.mute_after is not None and len(self.requests) > self.mute_after:
+                    time.sleep(1.0)
+                    continue
                 body = {"allowed": self.allowed, "message": "" if self.allowed else "requirement 'req' is not running"}
                 reply = STARTING if self.starting else {"ok": True, "error": None, "code": None, "body": body}
                 conn.sendall((json.dumps(reply) + "\n").encode())
@@ -152,6 +157,19 @@ def test_a_starting_agent_is_busy_not_absent(env: dict[str, str], tmp_path: Path
         out = hook(fast, "dep", "prepare", "begin")
         assert out.returncode == 0 and "unchecked" in out.stderr and "the agent is starting" in out.stderr
         assert hook({**fast, "VMSCHED_HOOK_ON_UNREACHABLE": "deny"}, "dep", "prepare", "begin").returncode == 1
+    finally:
+        agent.close()
+
+
+def test_time_running_out_on_a_starting_agent_names_the_start(env: dict[str, str], tmp_path: Path):
+    """An agent that answered "starting" and then gives no answer before the budget ends (a loaded host): the
+    refusal says the agent is starting, the reason it was asked again, not only that time ran out."""
+    agent = StandInAgent(tmp_path / "agent.sock", allowed=True, starting=True, mute_after=1)
+    try:
+        out = hook({**env, "VMSCHED_HOOK_TIMEOUT": "0.5"}, "dep", "prepare", "begin", XML_REQUIRES)
+        assert out.returncode == 1, out.stderr
+        assert "refusing to start dep: it requires 'req'" in out.stderr and "the agent is starting" in out.stderr
+        assert len(agent.requests) >= 2, "asked again after the first answer"
     finally:
         agent.close()
 
