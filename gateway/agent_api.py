@@ -10,11 +10,9 @@ answering in time -> 504. The detail is ``{"code", "error", "details", "host"}``
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Coroutine
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.routing import APIRoute
+from fastapi import APIRouter, HTTPException, Path, Request
 from pydantic import BaseModel, Field
 
 from vmsched.agent_contract import (
@@ -32,7 +30,6 @@ from vmsched.agent_contract import (
 )
 from vmsched.bus import BusTimeout, BusUnavailable, RequestError
 from vmsched.bus.topology import agent_queue
-from vmsched.gateway.strict_json import invalid_request
 from vmsched.messages import ErrorCode
 
 HOST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -54,21 +51,6 @@ class ErrorReply(BaseModel):
     detail: ErrorDetail
 
 
-class InvalidAs400Route(APIRoute):
-    """A malformed path or body is a 400 with every problem listed, like an agent's refusal."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def route(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as exc:
-                return await invalid_request(request, exc)
-
-        return route
-
-
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorReply, "description": "refused: malformed request or invalid policy (every reason listed)"},
     404: {"model": ErrorReply, "description": "no such guest on the host"},
@@ -77,7 +59,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     504: {"model": ErrorReply, "description": "no answer from the host's agent in time"},
     "4XX": {"description": "other client errors of the gateway (e.g. 413 body too large)"},
 }
-router = APIRouter(prefix="/v1/hosts", tags=["policy agent"], route_class=InvalidAs400Route, responses=_ERRORS)
+router = APIRouter(prefix="/v1/hosts", tags=["policy agent"], responses=_ERRORS)
 
 
 async def _call(request: Request, host: str, op: AgentOp, body: dict[str, Any], timeout: float = TIMEOUT) -> dict:

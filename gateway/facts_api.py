@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from vmsched.facts.cache import FactsCache
 
-from vmsched.gateway.agent_api import ErrorDetail, ErrorReply, Host, InvalidAs400Route
+from vmsched.gateway.agent_api import ErrorDetail, ErrorReply, Host
 
 
 class EngineHostId(BaseModel):
@@ -47,7 +47,7 @@ class FactsList(BaseModel):
     stale: int
 
 
-router = APIRouter(tags=["host facts"], route_class=InvalidAs400Route)
+router = APIRouter(tags=["host facts"])
 
 
 def _cache(request: Request) -> FactsCache:

@@ -43,7 +43,7 @@ def page(store: ShadowStore, reports: Path | None, status: str, op: str) -> str:
     wanted = (status,) if status in STATUSES[1:] else STATUSES[1:]
     listed = store.recent(SHOWN, statuses=wanted, op=op if op in OPS else None)
     counts = "".join(f'<tr class="{"problem" if s != "same" and n else ""}"><td>{s}</td><td>{n}</td></tr>'
-                     for s, n in listed.counts.items())
+                     for s, n in store.counts().items())
     options = "".join(f'<option value="{s}"{" selected" if s == status else ""}>{s or "changed, unknown, error"}'
                       "</option>" for s in ("", *STATUSES[1:]))
     op_options = "".join(f'<option value="{o}"{" selected" if o == op else ""}>{o or "any"}</option>'
@@ -51,7 +51,7 @@ def page(store: ShadowStore, reports: Path | None, status: str, op: str) -> str:
     form = ('<form method="get" action="/console/whatif" class="search">'
             f'<label>status <select name="status">{options}</select></label>'
             f'<label>operation <select name="op">{op_options}</select></label><button type="submit">Show</button></form>')
-    rows = "".join(_row(c) for c in listed.comparisons)
+    rows = "".join(_row(c) for c in listed)
     table = ('<table id="shadow-table"><thead><tr><th>time</th><th>op</th><th>VM</th><th>status</th><th>what</th>'
              f'<th>candidate</th><th>decision</th></tr></thead><tbody>{rows}</tbody></table>' if rows
              else '<p id="shadow-none">No comparison matches.</p>')

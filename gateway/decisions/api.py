@@ -83,7 +83,7 @@ async def list_shadow(
 ) -> ShadowList:
     store: ShadowStore = request.app.state.shadow
     listed = store.recent(limit, statuses=(status,) if status else None, op=op, vm=vm or None)
-    return ShadowList(comparisons=listed.comparisons, count=len(listed.comparisons), counts=listed.counts,
+    return ShadowList(comparisons=listed, count=len(listed), counts=store.counts(),
                       size=store.size, received=store.received, invalid=store.invalid)
 
 

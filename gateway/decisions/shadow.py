@@ -19,7 +19,6 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Collection
-from dataclasses import dataclass
 
 import prometheus_client
 from pydantic import ValidationError
@@ -53,16 +52,8 @@ def first_problem(exc: ValidationError, whole: str) -> str:
     return f"{'.'.join(str(p) for p in first['loc']) or whole}: {first['msg']}"
 
 
-@dataclass
-class Listed:
-    """What a reader gets: the comparisons that match, newest first, and the counts of all kept."""
-
-    comparisons: list[ShadowComparison]
-    counts: dict[str, int]
-
-
 class ShadowStore:
-    """The newest :data:`KEEP` comparisons by ID, their counts by status, and the subscription that feeds them."""
+    """The newest :data:`KEEP` comparisons by ID and the subscription that feeds them."""
 
     def __init__(self, transport: Transport, size: int = KEEP) -> None:
         self.size = size
@@ -73,7 +64,6 @@ class ShadowStore:
         self.received = 0  # comparisons kept since start
         self.invalid = 0  # messages refused since start
         self._kept: OrderedDict[str, ShadowComparison] = OrderedDict()  # oldest first
-        self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._unlogged = 0  # invalid messages since the last log line
         self._logged_at = float("-inf")
@@ -92,12 +82,12 @@ class ShadowStore:
     def counts(self) -> dict[str, int]:
         """Kept comparisons by status (every status, 0 when none)."""
         with self._lock:
-            return {status: self._counts[status] for status in STATUSES}
+            counts = Counter(c.status for c in self._kept.values())
+        return {status: counts[status] for status in STATUSES}
 
     def recent(self, limit: int = 100, statuses: Collection[str] | None = None, op: str | None = None,
-               vm: str | None = None) -> Listed:
-        """The newest ``limit`` comparisons matching every filter given (``statuses``: any of them), and the
-        counts of all kept."""
+               vm: str | None = None) -> list[ShadowComparison]:
+        """The newest ``limit`` comparisons matching every filter given (``statuses``: any of them)."""
         found: list[ShadowComparison] = []
         with self._lock:
             for c in reversed(self._kept.values()):
@@ -106,21 +96,16 @@ class ShadowStore:
                 if ((statuses is None or c.status in statuses) and (op is None or c.op == op)
                         and (vm is None or c.vm == vm)):
                     found.append(c)
-            counts = {s: self._counts[s] for s in STATUSES}
-        return Listed(found, counts)
+        return found
 
     # --- the subscription's thread ---------------------------------------------------------------------
     def keep(self, comparison: ShadowComparison) -> None:
         """Keep ``comparison`` as the newest (one with the same ID is replaced); the oldest leaves past the size."""
         with self._lock:
-            old = self._kept.pop(comparison.id, None)
-            if old is not None:
-                self._counts[old.status] -= 1
+            self._kept.pop(comparison.id, None)
             self._kept[comparison.id] = comparison
-            self._counts[comparison.status] += 1
             while len(self._kept) > self.size:
-                _, gone = self._kept.popitem(last=False)
-                self._counts[gone.status] -= 1
+                self._kept.popitem(last=False)
             self.received += 1
 
     def _received(self, body: bytes, routing_key: str) -> None:

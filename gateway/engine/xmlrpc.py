@@ -47,11 +47,8 @@ SERVER_ERROR = -32500
 MAX_DEPTH = 32
 
 
-class Fault(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+#: What every check raises and the engine gets: the stdlib's fault (``faultCode``, ``faultString``).
+Fault = xmlrpc.client.Fault
 
 
 _repr = reprlib.Repr()
@@ -264,7 +261,7 @@ def dump_response(value: Any) -> bytes:
 
 
 def dump_fault(fault: Fault) -> bytes:
-    return xmlrpc.client.dumps(xmlrpc.client.Fault(fault.code, fault.message), methodresponse=True).encode()
+    return xmlrpc.client.dumps(fault, methodresponse=True).encode()
 
 
 # --- argument checks ---------------------------------------------------------

@@ -257,8 +257,12 @@ def test_bus_rpc_and_events(conn, make_agent):
 
 @pytest.fixture
 def gateway():
-    """The gateway's /v1/hosts router on an agent's in-process bus, through the gateway's own client of it."""
+    """The gateway's /v1/hosts router on an agent's in-process bus, through the gateway's own client of it, with the
+    gateway's answer to an invalid request."""
+    from fastapi.exceptions import RequestValidationError
+
     from vmsched.gateway.agent_api import router
+    from vmsched.gateway.strict_json import invalid_request
 
     opened: list[TestClient] = []
 
@@ -273,6 +277,7 @@ def gateway():
 
         app = FastAPI(lifespan=lifespan)
         app.include_router(router)
+        app.add_exception_handler(RequestValidationError, invalid_request)
         app.state.bus = client
         opened.append(TestClient(app).__enter__())  # the lifespan runs: the client starts in the app's loop
         return app, opened[-1]

@@ -52,10 +52,10 @@ def test_a_published_comparison_is_kept_by_its_id_with_its_sender_and_time(memor
     assert store.get(IDS[1]).service == "balancer"
     assert store.counts() == {"same": 1, "changed": 1, "unknown": 0, "error": 0}
     listed = store.recent(10)
-    assert [c.id for c in listed.comparisons] == [IDS[1], IDS[0]]  # newest first
-    assert [c.id for c in store.recent(10, statuses=("changed",)).comparisons] == [IDS[0]]
-    assert [c.id for c in store.recent(10, op="score").comparisons] == [IDS[1]]
-    assert store.recent(10, vm="another").comparisons == []
+    assert [c.id for c in listed] == [IDS[1], IDS[0]]  # newest first
+    assert [c.id for c in store.recent(10, statuses=("changed",))] == [IDS[0]]
+    assert [c.id for c in store.recent(10, op="score")] == [IDS[1]]
+    assert store.recent(10, vm="another") == []
 
 
 def test_the_sender_is_the_routing_keys_whatever_the_body_claims(memory) -> None:
@@ -73,7 +73,7 @@ def test_a_comparison_sent_again_replaces_the_first(memory) -> None:
     publish(transport, comparison(IDS[0], status="unknown", what="the candidate lacks KeepEven", rows=[]))
     publish(transport, comparison(IDS[0], status="error", what="KeepEven timed out", rows=[]))
     wait_until(lambda: store.received == 2, 10, 0.02, "both")
-    assert store.get(IDS[0]).status == "error" and len(store.recent(10).comparisons) == 1
+    assert store.get(IDS[0]).status == "error" and len(store.recent(10)) == 1
     assert store.counts() == {"same": 0, "changed": 0, "unknown": 0, "error": 1}
 
 
@@ -112,7 +112,7 @@ def test_the_store_is_bounded_the_oldest_leave() -> None:
         for i, record_id in enumerate(IDS[:12]):  # one at a time: the queue is bounded by the size too
             publish(transport, comparison(record_id, status="same" if i % 2 else "changed", rows=[]))
             wait_until(lambda: store.received == i + 1, 10, 0.01, f"comparison {i}")
-        assert [c.id for c in store.recent(100).comparisons] == list(reversed(IDS[7:12]))
+        assert [c.id for c in store.recent(100)] == list(reversed(IDS[7:12]))
         assert store.get(IDS[6]) is None and sum(store.counts().values()) == 5
         assert store.counts() == {"same": 3, "changed": 2, "unknown": 0, "error": 0}  # IDS[7..11]
         assert store.received == 12

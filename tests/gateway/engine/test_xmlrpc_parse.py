@@ -60,8 +60,8 @@ def test_a_body_parses_to(body: bytes, expected: tuple[str, tuple[Any, ...]]) ->
 def test_a_body_gets_the_parse_fault(body: bytes, reason: str) -> None:
     with pytest.raises(xmlrpc.Fault) as raised:
         xmlrpc.parse_call(body)
-    assert raised.value.code == xmlrpc.PARSE_ERROR
-    assert raised.value.message.startswith(reason), raised.value.message
+    assert raised.value.faultCode == xmlrpc.PARSE_ERROR
+    assert raised.value.faultString.startswith(reason), raised.value.faultString
 
 
 def _call(params: bytes, method: bytes = b"<methodName>m</methodName>") -> bytes:
@@ -113,9 +113,9 @@ def _member(*inner: bytes) -> bytes:
 def test_a_well_formed_body_that_is_no_call_gets_the_invalid_request_fault(body: bytes, reason: str) -> None:
     with pytest.raises(xmlrpc.Fault) as raised:
         xmlrpc.parse_call(body)
-    assert raised.value.code == xmlrpc.INVALID_REQUEST
-    assert raised.value.message.startswith("invalid XML-RPC request: ") and reason in raised.value.message, \
-        raised.value.message
+    assert raised.value.faultCode == xmlrpc.INVALID_REQUEST
+    assert raised.value.faultString.startswith("invalid XML-RPC request: ") and reason in raised.value.faultString, \
+        raised.value.faultString
 
 
 def _nested(depth: int) -> bytes:
@@ -130,7 +130,7 @@ def test_nesting_is_counted_open_arrays_and_structs_only() -> None:
     assert xmlrpc.parse_call(_one_param(_nested(xmlrpc.MAX_DEPTH)))[1][0] is not None
     with pytest.raises(xmlrpc.Fault) as raised:
         xmlrpc.parse_call(_one_param(_nested(xmlrpc.MAX_DEPTH + 1)))
-    assert raised.value.code == xmlrpc.INVALID_PARAMS and "deeper than 32 levels" in raised.value.message
+    assert raised.value.faultCode == xmlrpc.INVALID_PARAMS and "deeper than 32 levels" in raised.value.faultString
     struct = b"<value><ex:struct><member><name>k</name>" + _nested(xmlrpc.MAX_DEPTH) + b"</member></ex:struct></value>"
     with pytest.raises(xmlrpc.Fault):  # a namespaced struct counts too
         xmlrpc.parse_call(_one_param(struct))
@@ -205,11 +205,11 @@ def test_what_is_written_is_read_or_refused(params: list[Any], method: str, ws: 
     if _NOT_XML & set(method + _texts(params)):
         with pytest.raises(xmlrpc.Fault) as raised:
             xmlrpc.parse_call(body)
-        assert raised.value.code == xmlrpc.PARSE_ERROR
+        assert raised.value.faultCode == xmlrpc.PARSE_ERROR
         return
     if not _read_back(method):
         with pytest.raises(xmlrpc.Fault) as raised:
             xmlrpc.parse_call(body)
-        assert raised.value.code == xmlrpc.INVALID_REQUEST and "<methodName> is empty" in raised.value.message
+        assert raised.value.faultCode == xmlrpc.INVALID_REQUEST and "<methodName> is empty" in raised.value.faultString
         return
     assert xmlrpc.parse_call(body) == (_read_back(method), tuple(_read_back(params)))

@@ -40,8 +40,8 @@ def test_parses_ex_nil_and_i4():
 def test_malformed_bodies_are_faults(body, fragment):
     with pytest.raises(xmlrpc.Fault) as info:
         xmlrpc.parse_call(body)
-    assert info.value.code == xmlrpc.PARSE_ERROR
-    assert fragment in info.value.message.lower()
+    assert info.value.faultCode == xmlrpc.PARSE_ERROR
+    assert fragment in info.value.faultString.lower()
 
 
 def test_reply_never_contains_nil_double_or_int64():
@@ -65,7 +65,7 @@ def test_fault_reply_is_a_real_fault():
 def test_bad_cost_function_entries_are_invalid_params(value):
     with pytest.raises(xmlrpc.Fault) as info:
         xmlrpc.score_units(value)
-    assert info.value.code == xmlrpc.INVALID_PARAMS
+    assert info.value.faultCode == xmlrpc.INVALID_PARAMS
 
 
 def test_arity_and_types_checked():
@@ -131,7 +131,8 @@ def test_parser_answers_a_call_or_a_fault_for_any_bytes(body):
     try:
         method, params = xmlrpc.parse_call(body)
     except xmlrpc.Fault as fault:
-        assert fault.code in (xmlrpc.PARSE_ERROR, xmlrpc.INVALID_REQUEST, xmlrpc.INVALID_PARAMS) and fault.message
+        assert fault.faultCode in (xmlrpc.PARSE_ERROR, xmlrpc.INVALID_REQUEST, xmlrpc.INVALID_PARAMS)
+        assert fault.faultString
     else:
         assert isinstance(method, str) and isinstance(params, tuple)
 
