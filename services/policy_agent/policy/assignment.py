@@ -198,7 +198,8 @@ def _refusal(topology: Topology, cap: dict[int, int], request: Request, who: str
 
 
 def _take_cores(topology: Topology, cores: list[CpuSet], current: CpuSet, request: Request) -> CpuSet:
-    """Whole cores: the guest's own first, then whole free sockets, then cores of the fullest socket."""
+    """Whole cores: the guest's own first, then whole free sockets, then cores of the fullest socket; none beyond
+    the need (what :func:`_still_fits` keeps when asked again)."""
     free_in_socket = collections.Counter(topology.cpus[min(core)].socket for core in cores)
     socket_size = {s: len({topology.core_of(c) for c in cpus}) for s, cpus in topology.socket_cpus().items()}
     whole_sockets = {s for s, n in free_in_socket.items() if n == socket_size.get(s)}
@@ -225,6 +226,11 @@ def _take_cores(topology: Topology, cores: list[CpuSet], current: CpuSet, reques
             continue
         taken.append(core)
         got += 1 if request.threads == "isolate" else len(core)
+    if request.threads == "require":  # no core beyond the need (a core of one thread may be): smallest first
+        for core in sorted(taken, key=lambda c: (len(c), bool(c & current))):
+            if got - len(core) >= want:
+                taken.remove(core)
+                got -= len(core)
     return frozenset().union(*taken)
 
 

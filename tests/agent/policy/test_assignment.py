@@ -143,9 +143,26 @@ def test_epyc_strict_requests_fill_nodes_one_by_one() -> None:
 # --- offline CPUs -----------------------------------------------------------------------------------
 def test_offline_threads_are_never_allocated() -> None:
     p = pools("intel-1s-8c-smt2-offline", "1-6,8,10-14")
-    held = take(p, "r", 4, dedicated=4, thread_policy="require")
+    held = take(p, "r", 5, dedicated=5, thread_policy="require")
     assert held == S("1-3,10-11")  # core 1 keeps one thread online: a whole core of one thread
-    assert p.request_for("uuid-r", "r", parse_policy({"dedicated": 4, "thread_policy": "require"}), 4) == held
+    assert p.request_for("uuid-r", "r", parse_policy({"dedicated": 5, "thread_policy": "require"}), 5) == held
+
+
+def test_require_takes_no_core_beyond_the_need_and_keeps_what_it_got() -> None:
+    """Four CPUs need two whole cores of two threads; the one-thread core 1 comes first but is not needed. Asked
+    again, a guest keeps what it got (a core beyond the need made it move to other CPUs the second time)."""
+    p = pools("intel-1s-8c-smt2-offline", "1-6,8,10-14")
+    policy = {"dedicated": 4, "thread_policy": "require"}
+    held = take(p, "r", 4, **policy)
+    assert held == S("2-3,10-11")
+    assert p.request_for("uuid-r", "r", parse_policy(policy), 4) == held
+    # a guest holding the one-thread core asks for two CPUs: one whole core of two threads, not both cores
+    p = pools("intel-1s-8c-smt2-offline", "1-6,8,10-14")
+    take(p, "g", 1, dedicated=1)
+    assert p.allocations["uuid-g"] == S("1")
+    policy = {"dedicated": 2, "thread_policy": "require"}
+    held = take(p, "g", 2, **policy)
+    assert len(held) == 2 and p.request_for("uuid-g", "g", parse_policy(policy), 2) == held
 
 
 # --- a pool change re-validates every allocation under these rules ------------------------------------------
