@@ -145,13 +145,14 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory, test_tokens_file: Path) ->
                    timeout=30, headers=AUTH)
         httpx.post(f"{base}/v1/balance", json={"unit": "DrainHosts", "hosts": ["h1", "h2"]}, timeout=30, headers=AUTH)
         texts = {"gateway": wait_http(f"http://127.0.0.1:{gateway_metrics}/metrics", procs["gateway"]).text}
+        # a worker is scraped once ready (its catalog loaded): its listener answers from before the load
         for name in WORKERS:
+            wait_http(f"http://127.0.0.1:{worker_ports[name]}/readyz", procs[name])
             texts[name] = wait_http(f"http://127.0.0.1:{worker_ports[name]}/metrics", procs[name]).text
         # the probes the chart and compose use answer on the same ports
         wait_http(f"{base}/healthz", procs["gateway"], timeout=5)
         for name in WORKERS:
-            for path in ("/healthz", "/readyz"):
-                wait_http(f"http://127.0.0.1:{worker_ports[name]}{path}", procs[name], timeout=5)
+            wait_http(f"http://127.0.0.1:{worker_ports[name]}/healthz", procs[name], timeout=5)
         texts[FRESH] = fresh
         yield texts
     finally:
