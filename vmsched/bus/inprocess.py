@@ -20,7 +20,6 @@ that hands each message to its callback.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import time
@@ -37,7 +36,7 @@ from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, reply_body
 from vmsched.bus.options import BusOptions
 from vmsched.bus.interface import BusClient, Mark, OnMessage, Publish, Subscription, Topic, Transport, event_bytes, \
-    request_bytes, wait_reply
+    request_bytes, settle
 from vmsched.bus.replies import Handler, Replier
 from vmsched.bus.topology import EVENTS_EXCHANGE
 
@@ -185,10 +184,8 @@ class InProcessClient(BusClient):
     """The gateway's client: a request goes to its worker's inbox, the reply comes back through the loop."""
 
     def __init__(self, inboxes: Inboxes, service: str) -> None:
-        self.service = service
+        super().__init__(service)
         self._inboxes = inboxes
-        self._ids = itertools.count()
-        self._pending: dict[str, asyncio.Future[bytes]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -200,9 +197,7 @@ class InProcessClient(BusClient):
     async def close(self) -> None:
         self._closed = True
         metrics.BUS_UP.labels(self.service).set(0)
-        for future in list(self._pending.values()):
-            if not future.done():
-                future.set_exception(BusUnavailable("gateway shutting down"))
+        await super().close()
 
     @property
     def connected(self) -> bool:
@@ -212,30 +207,18 @@ class InProcessClient(BusClient):
     def last_error(self) -> str:
         return "" if self.connected else "not started" if self._loop is None else "closed"
 
-    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float, mark: Mark = ("", False),
-                        ) -> bytes:
+    def send(self, cid: str, future: asyncio.Future[bytes], queue: str, op: str, body: dict[str, Any],
+             deadline: float, mark: Mark) -> None:
         loop = self._loop
         if loop is None or self._closed:
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
-        cid = str(next(self._ids))
-        future: asyncio.Future[bytes] = loop.create_future()
-        self._pending[cid] = future
-        try:
-            self._inboxes.put(Request(queue, request_bytes(op, time.time() + timeout, body, mark), cid,
-                                      lambda raw: _settle_threadsafe(loop, future, raw)))
-            return await wait_reply(future, op, queue, timeout)
-        finally:
-            del self._pending[cid]
+        self._inboxes.put(Request(queue, request_bytes(op, deadline, body, mark), cid,
+                                  lambda raw: _settle_threadsafe(loop, future, raw)))
 
 
 def _settle_threadsafe(loop: asyncio.AbstractEventLoop, future: asyncio.Future[bytes], raw: bytes) -> None:
     with suppress(RuntimeError):  # the loop is closed: nobody waits for it
-        loop.call_soon_threadsafe(_settle, future, raw)
-
-
-def _settle(future: asyncio.Future[bytes], raw: bytes) -> None:
-    if not future.done():  # else the caller gave up already
-        future.set_result(raw)
+        loop.call_soon_threadsafe(settle, future, raw)
 
 
 def topic_matches(pattern: str, key: str) -> bool:

@@ -12,6 +12,7 @@ event publishers. The bytes are the same on both: the request and reply envelope
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import json
 import threading
@@ -129,15 +130,23 @@ class Topic:
 class BusClient(ABC):
     """The gateway's request client, driven from its asyncio event loop.
 
-    ``call`` and ``ping`` are the same on every transport; a transport gives :meth:`roundtrip`:
-    the reply's bytes to one request, or :class:`BusTimeout`/:class:`BusUnavailable`.
+    ``call``, ``ping`` and :meth:`roundtrip` (the reply's bytes to one request, or
+    :class:`BusTimeout`/:class:`BusUnavailable`) are the same on every transport; a transport gives :meth:`send`.
     """
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self._ids = itertools.count()
+        self._pending: dict[str, asyncio.Future[bytes]] = {}  # request ID -> the caller's future
 
     @abstractmethod
     async def start(self) -> None: ...
 
-    @abstractmethod
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Fail the calls still waiting (a transport's own close stops it first)."""
+        for future in list(self._pending.values()):
+            if not future.done():
+                future.set_exception(BusUnavailable("gateway shutting down"))
 
     @property
     @abstractmethod
@@ -147,10 +156,30 @@ class BusClient(ABC):
     @abstractmethod
     def last_error(self) -> str: ...
 
-    @abstractmethod
+    def request_id(self) -> str:
+        """A new request's ID (its correlation ID)."""
+        return str(next(self._ids))
+
+    def send(self, cid: str, future: asyncio.Future[bytes], queue: str, op: str, body: dict[str, Any],
+             deadline: float, mark: Mark) -> None:
+        """Send request ``cid`` (or raise :class:`BusUnavailable`); its reply's bytes or its error settle ``future``
+        (:func:`settle`)."""
+        raise NotImplementedError
+
     async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float, mark: Mark = ("", False),
                         ) -> bytes:
-        """Send one request and return its reply's bytes, within ``timeout`` seconds (``mark``: :func:`request_bytes`)."""
+        """Send one request and return its reply's bytes, within ``timeout`` seconds
+        (``mark``: :func:`request_bytes`)."""
+        cid = self.request_id()
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._pending[cid] = future
+        try:
+            self.send(cid, future, queue, op, body, time.time() + timeout, mark)
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise BusTimeout(f"no {op} reply from {queue} within {timeout:g} s") from None
+        finally:
+            self._pending.pop(cid, None)
 
     @overload
     async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> dict[str, Any]: ...
@@ -178,17 +207,19 @@ class BusClient(ABC):
             return False
 
 
+def settle(future: asyncio.Future[bytes] | None, outcome: bytes | BaseException) -> None:
+    """Hand a request's reply (or its error) to its caller's ``future``, unless the caller gave up already."""
+    if future is None or future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
 def request_bytes(op: str, deadline: float, body: dict[str, Any], mark: Mark = ("", False)) -> bytes:
     """A request envelope as it goes on the bus; ``mark``: the call's ID and whether its gateway records it."""
     return Envelope(op=op, deadline=deadline, body=body, call=mark[0], record=mark[1]).model_dump_json().encode()
-
-
-async def wait_reply(future: asyncio.Future[bytes], op: str, queue: str, timeout: float) -> bytes:
-    """The reply ``future`` gets within ``timeout`` seconds, else :class:`BusTimeout`."""
-    try:
-        return await asyncio.wait_for(future, timeout)
-    except asyncio.TimeoutError:
-        raise BusTimeout(f"no {op} reply from {queue} within {timeout:g} s") from None
 
 
 class Transport(ABC):

@@ -10,14 +10,12 @@ and every call is answered (a reply, or an error) by its deadline.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import time
 from contextlib import suppress
 from typing import Any
 
 from vmsched.bus import BusUnavailable
 from vmsched.bus.options import BusOptions
-from vmsched.bus.interface import BusClient, Mark, request_bytes, wait_reply
+from vmsched.bus.interface import BusClient, Mark, request_bytes, settle
 from vmsched.bus.rabbitmq.link import Link, Outgoing
 from vmsched.bus.tokens import Unguessable
 from vmsched.bus.topology import AGENT_EXCHANGE, route
@@ -28,12 +26,10 @@ _START_SLACK = 10.0
 
 class AsyncBusClient(BusClient):
     def __init__(self, options: BusOptions, declare: tuple[str, ...] = (), service: str = "gateway") -> None:
+        super().__init__(service)
         self.options = options
-        self.service = service
         self._declare = declare
-        self._ids = itertools.count()
         self._token = Unguessable()  # used on the event loop's thread only
-        self._pending: dict[str, asyncio.Future[bytes]] = {}  # correlation id -> the caller's future
         self._link: Link | None = None
 
     # --- lifecycle ---------------------------------------------------------
@@ -49,9 +45,7 @@ class AsyncBusClient(BusClient):
         link, self._link = self._link, None
         if link is not None:
             await link.stop()
-        for future in list(self._pending.values()):
-            if not future.done():
-                future.set_exception(BusUnavailable("gateway shutting down"))
+        await super().close()
 
     @property
     def connected(self) -> bool:
@@ -62,30 +56,19 @@ class AsyncBusClient(BusClient):
         return self._link.last_error if self._link is not None else "not started"
 
     # --- calls ---------------------------------------------------------------
-    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float, mark: Mark = ("", False),
-                        ) -> bytes:
+    def request_id(self) -> str:
+        # unguessable, so that no other user of the reply exchange can answer in an agent's place
+        return f"{self._token()}-{next(self._ids)}"
+
+    def send(self, cid: str, future: asyncio.Future[bytes], queue: str, op: str, body: dict[str, Any],
+             deadline: float, mark: Mark) -> None:
         link = self._link
         if link is None or not (link.up or link.recovering):  # else no node answers: it fails at once
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
-        # unguessable, so that no other user of the reply exchange can answer in an agent's place
-        cid = f"{self._token()}-{next(self._ids)}"
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        deadline = time.time() + timeout
         exchange, key = route(queue)
-        self._pending[cid] = future
         link.submit(cid, Outgoing(queue, exchange, key, request_bytes(op, deadline, body, mark), deadline,
                                   resend=exchange is not AGENT_EXCHANGE))
-        try:
-            return await wait_reply(future, op, queue, timeout)
-        finally:
-            self._pending.pop(cid, None)
 
     def _settle(self, cid: str, outcome: bytes | BaseException) -> None:
         """A request's reply or error."""
-        future = self._pending.get(cid)
-        if future is None or future.done():
-            return  # the caller gave up already
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
+        settle(self._pending.get(cid), outcome)
