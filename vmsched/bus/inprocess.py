@@ -26,6 +26,7 @@ import time
 from collections import deque
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import Any, Callable, Iterable
@@ -35,8 +36,7 @@ from kombu import Exchange
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, reply_body
 from vmsched.bus.options import BusOptions
-from vmsched.bus.interface import BusClient, Mark, OnMessage, Publish, Subscription, Topic, Transport, event_bytes, \
-    request_bytes, settle
+from vmsched.bus.interface import BusClient, Mark, Subscription, Transport, event_bytes, request_bytes, settle
 from vmsched.bus.replies import Handler, Replier
 from vmsched.bus.topology import EVENTS_EXCHANGE
 
@@ -286,25 +286,24 @@ class Exchanges:
 class InProcessSubscription(Subscription):
     """A subscriber's mailbox and the thread that hands its messages over."""
 
-    def __init__(self, exchanges: Exchanges, name: str, topic: Topic, on_message: OnMessage,
-                 on_subscribed: Callable[[Publish], None] | None, linger: float,
-                 tick: Callable[[], None] | None) -> None:
-        super().__init__(name, topic, on_message, on_subscribed, linger, tick)
-        self._exchanges = exchanges
-        self._mailbox = Mailbox(topic.max_length)
+    transport: InProcessTransport
+
+    @cached_property
+    def _mailbox(self) -> Mailbox:
+        return Mailbox(self.topic.max_length)
 
     def start(self) -> None:
-        self._exchanges.bind(self.topic.exchange, self.topic.keys, self._mailbox)
+        self.transport.exchanges.bind(self.topic.exchange, self.topic.keys, self._mailbox)
         super().start()
 
     def interrupt(self) -> None:
-        self._exchanges.unbind(self._mailbox)
+        self.transport.exchanges.unbind(self._mailbox)
         self._mailbox.wake()
 
     def serve(self) -> None:
         self.ready.set()
         if self.on_subscribed is not None:
-            self.guarded(self.on_subscribed, self._exchanges.publish)
+            self.guarded(self.on_subscribed, self.transport.exchanges.publish)
         while not self.stopping.is_set():
             batch = self._mailbox.take(WAIT)
             if batch and self.linger > 0 and not self.stopping.wait(self.linger):
@@ -333,6 +332,7 @@ class InProcessTransport(Transport):
     """The bus of one process: request inboxes and topic exchanges, shared by every party it is handed to."""
 
     spans_processes = False
+    subscription = InProcessSubscription
 
     def __init__(self, options: BusOptions | None = None) -> None:
         self.options = options or BusOptions(url="memory://")
@@ -356,8 +356,3 @@ class InProcessTransport(Transport):
 
     def events(self, service: str, *, confirm: bool = False) -> InProcessEvents:
         return InProcessEvents(self.exchanges, service)  # delivered at once: nothing to confirm
-
-    def subscribe(self, name: str, topic: Topic, on_message: OnMessage, *,
-                  on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
-                  tick: Callable[[], None] | None = None) -> InProcessSubscription:
-        return InProcessSubscription(self.exchanges, name, topic, on_message, on_subscribed, linger, tick)

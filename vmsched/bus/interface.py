@@ -62,9 +62,10 @@ class Subscription:
     publisher once subscribed, waits ``linger`` seconds after a message to take what follows with it, and calls
     ``tick`` about every second. A failure of a callback is logged, never raised."""
 
-    def __init__(self, name: str, topic: Topic, on_message: OnMessage,
+    def __init__(self, transport: Transport, name: str, topic: Topic, on_message: OnMessage,
                  on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
                  tick: Callable[[], None] | None = None) -> None:
+        self.transport = transport
         self.name = name
         self.topic = topic
         self.on_message = on_message
@@ -229,6 +230,8 @@ class Transport(ABC):
     #: Whether other processes use this bus (other replicas, other releases): RabbitMQ. The in-process bus
     #: serves one process, whose gateway and services are of one release.
     spans_processes: bool
+    #: The class of this transport's subscriptions.
+    subscription: type[Subscription]
 
     @abstractmethod
     def worker(self, service: str, routes: dict[str, Handler], *, consumers: int = 1, prefetch: int = 2,
@@ -248,13 +251,13 @@ class Transport(ABC):
         """A publisher of ``service``'s events; ``confirm``: an event counts as sent once the broker confirmed
         it (sent again on a new connection, else reported dropped)."""
 
-    @abstractmethod
     def subscribe(self, name: str, topic: Topic, on_message: OnMessage, *,
                   on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
                   tick: Callable[[], None] | None = None) -> Subscription:
         """A subscription of ``topic``, not started: ``on_message`` gets every message on its thread,
         ``on_subscribed`` runs after each (re)subscription, ``tick`` about every second. ``linger``: seconds
         to wait after a message has woken the thread for the others arriving meanwhile (one wake-up a batch)."""
+        return self.subscription(self, name, topic, on_message, on_subscribed, linger, tick)
 
 
 def event_bytes(service: str, body: dict[str, Any]) -> bytes:

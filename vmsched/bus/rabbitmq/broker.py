@@ -8,13 +8,13 @@ blocking requests (:mod:`vmsched.bus.rabbitmq.rpc`), event publishers (:mod:`vms
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vmsched.bus.rabbitmq import rpc
 from vmsched.bus.rabbitmq.client import AsyncBusClient
 from vmsched.bus.options import BusOptions
 from vmsched.bus.rabbitmq.events import EventPublisher
-from vmsched.bus.interface import OnMessage, Publish, Topic, Transport
+from vmsched.bus.interface import Transport
 from vmsched.bus.rabbitmq.loop import BrokerSubscription
 from vmsched.bus.replies import Handler
 from vmsched.bus.rabbitmq.worker import ServiceWorker
@@ -22,6 +22,7 @@ from vmsched.bus.rabbitmq.worker import ServiceWorker
 
 class BrokerTransport(Transport):
     spans_processes = True
+    subscription = BrokerSubscription
 
     def __init__(self, options: BusOptions) -> None:
         self.options = options  # a broker's (memory:// is the in-process bus: open_connection refuses it)
@@ -39,8 +40,3 @@ class BrokerTransport(Transport):
 
     def events(self, service: str, *, confirm: bool = False) -> EventPublisher:
         return EventPublisher(self.options, service=service, confirm=confirm)
-
-    def subscribe(self, name: str, topic: Topic, on_message: OnMessage, *,
-                  on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
-                  tick: Callable[[], None] | None = None) -> BrokerSubscription:
-        return BrokerSubscription(self.options, name, topic, on_message, on_subscribed, linger, tick)

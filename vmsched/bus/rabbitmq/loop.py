@@ -19,7 +19,7 @@ from kombu.message import Message
 from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, ensure_exchanges, note_lost, open_connection, \
     safe_release
 from vmsched.bus.options import BusOptions, mask
-from vmsched.bus.interface import OnMessage, Publish, Subscription, Topic
+from vmsched.bus.interface import Subscription
 from vmsched.logs import BROKER_TROUBLE, broker
 
 log = logging.getLogger(__name__)
@@ -65,14 +65,8 @@ class BrokerSubscription(Subscription):
     """A subscriber's own queue on RabbitMQ (:class:`~vmsched.bus.interface.Topic`): one thread with its own
     connection, reconnecting with backoff; an exclusive queue, gone with its connection."""
 
-    def __init__(self, options: BusOptions, name: str, topic: Topic, on_message: OnMessage,
-                 on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
-                 tick: Callable[[], None] | None = None) -> None:
-        super().__init__(name, topic, on_message, on_subscribed, linger, tick)
-        self.options = options
-
     def serve(self) -> None:
-        run_reconnecting(self.options, self.name, self.stopping, self._serve)
+        run_reconnecting(self.transport.options, self.name, self.stopping, self._serve)
 
     def _serve(self, conn: Connection) -> None:
         topic = self.topic
