@@ -36,8 +36,9 @@ from kombu import Exchange
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, reply_body
 from vmsched.bus.options import BusOptions
-from vmsched.bus.interface import BusClient, Mark, Subscription, Transport, event_bytes, request_bytes, settle
-from vmsched.bus.replies import Handler, Replier
+from vmsched.bus.interface import BusClient, Mark, Subscription, Transport, Worker, event_bytes, request_bytes, \
+    settle
+from vmsched.bus.replies import Handler
 from vmsched.bus.topology import EVENTS_EXCHANGE
 
 log = logging.getLogger("vmsched.bus")
@@ -125,22 +126,14 @@ def serve(inbox: Inbox, stop: threading.Event, answer: Callable[[Request], bytes
             request.reply(reply)
 
 
-class InProcessWorker:
+class InProcessWorker(Worker):
     """A service's consumer threads, taking the requests of its queues from their inbox."""
 
     def __init__(self, inboxes: Inboxes, service: str, routes: dict[str, Handler], consumers: int,
                  delivery_limit: int) -> None:
-        if not routes:
-            raise ValueError("a worker needs at least one queue and handler")
-        self.service = service
-        self.routes = dict(routes)
-        self.consumers = consumers
-        self.replier = Replier(service, self.routes, delivery_limit)
-        self.ready = threading.Event()
+        super().__init__(service, routes, consumers, delivery_limit)
         self._inboxes = inboxes
         self._inbox: Inbox | None = None
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         self._stop.clear()

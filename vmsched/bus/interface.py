@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from vmsched.bus import BusTimeout, BusUnavailable, parse_reply, reply_body
 from vmsched.bus.options import BusOptions
-from vmsched.bus.replies import Handler
+from vmsched.bus.replies import Handler, Replier
 from vmsched.bus.topology import PING
 from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
 
@@ -43,17 +43,28 @@ OnMessage = Callable[[bytes, str], object]
 Publish = Callable[[Exchange, str, bytes], None]
 
 
-class Worker(Protocol):
-    """A service's consumer of its request queues: runs a handler per request and replies."""
+class Worker(ABC):
+    """A service's consumer of its request queues: runs a handler per request and replies (the transport's
+    subclass moves the requests and the replies)."""
 
-    ready: threading.Event  # set once it takes requests
+    connected: bool
 
+    def __init__(self, service: str, routes: dict[str, Handler], consumers: int, delivery_limit: int) -> None:
+        if not routes:
+            raise ValueError("a worker needs at least one queue and handler")
+        self.service = service
+        self.routes = dict(routes)
+        self.consumers = consumers
+        self.replier = Replier(service, self.routes, delivery_limit)
+        self.ready = threading.Event()  # set once it takes requests
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @abstractmethod
     def start(self) -> None: ...
 
+    @abstractmethod
     def stop(self, timeout: float = 5.0) -> None: ...
-
-    @property
-    def connected(self) -> bool: ...
 
 
 class Subscription:

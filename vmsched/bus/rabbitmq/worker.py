@@ -36,7 +36,8 @@ from vmsched.bus.rabbitmq.journal import Journal
 from vmsched.bus.rabbitmq.loop import run_reconnecting
 from vmsched.bus.rabbitmq.poison import HELD_MAX, HOLD_CHECK, HeldOutcome, HeldSecondChances, PoisonTriage, Triage, Turns, \
     Verdict, correlation_id
-from vmsched.bus.replies import Handler, Replier
+from vmsched.bus.interface import Worker
+from vmsched.bus.replies import Handler
 from vmsched.bus.topology import DEAD_EXCHANGE, REPLY_EXCHANGE, dead_letter_queue, is_versioned, request_queue, \
     route
 
@@ -47,7 +48,7 @@ log = logging.getLogger("vmsched.bus")
 _Item = tuple[str, Message, Triage]  # queue, message, how it runs
 
 
-class ServiceWorker:
+class ServiceWorker(Worker):
     def __init__(
         self,
         options: BusOptions,
@@ -58,20 +59,13 @@ class ServiceWorker:
         prefetch: int = 2,
         journal_dir: Path | None = None,
     ) -> None:
+        super().__init__(service, routes, consumers, options.delivery_limit)
         self.options = options
-        self.service = service
-        self.routes: dict[str, Handler] = dict(routes)
-        if not self.routes:
-            raise ValueError("a worker needs at least one queue and handler")
-        self.consumers = consumers
         self.prefetch = prefetch
-        self.limit = self.options.delivery_limit
-        self.replier = Replier(service, self.routes, self.limit)
+        self.limit = options.delivery_limit
         self.journal_dir = journal_dir
         self.journal: Journal | None = None
         self.triage = PoisonTriage(service, self.limit, None)
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
         self.connected = False
         self._work: queues.SimpleQueue[_Item | None] = queues.SimpleQueue()
         self._done: queues.SimpleQueue[tuple[Message, bytes | None]] = queues.SimpleQueue()
@@ -83,7 +77,6 @@ class ServiceWorker:
         self._acks: Confirms[Message] = Confirms(on_ack=lambda messages: [m.ack() for m in messages],
                                                  on_nack=self._nacked)
         self._refused = False  # the broker refused a reply or a copy: take a new connection
-        self.ready = threading.Event()  # set once the consumers have subscribed
 
     # --- lifecycle ---------------------------------------------------------
     def start(self) -> None:
