@@ -150,12 +150,8 @@ def ensure_exchanges(conn: Connection, exchanges: Iterable[Exchange]) -> None:
                 raise BusUnavailable(f"exchange {exchange.name!r} does not exist yet and this broker user may not "
                                      "create it; the gateway or deploy/rabbitmq/setup-users.sh creates it") from None
             finally:
-                _close(channel)
-
-
-def _close(channel: object) -> None:
-    with suppress(Exception):  # a channel the broker closed already
-        channel.close()  # type: ignore[attr-defined]
+                with suppress(Exception):  # a channel the broker closed already
+                    channel.close()  # type: ignore[attr-defined]
 
 
 def publish_json(producer: Producer, body: bytes, exchange: Exchange, key: str, **properties: Any) -> None:

@@ -21,6 +21,7 @@ import logging
 import queue as queues
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -141,11 +142,11 @@ class ServiceWorker(Worker):
         for name in self.routes:
             if is_versioned(name):
                 Consumer(channel, [dead_letter_queue(name)], no_ack=False,
-                         on_message=self._callback(name, True, producer)).consume()
+                         on_message=partial(self._on_message, name, True, producer)).consume()
         channel.basic_qos(0, self.prefetch, False)  # RabbitMQ: per consumer, as it subscribes
         for name in self.routes:
             Consumer(channel, [request_queue(name, self.limit)], no_ack=False,
-                     on_message=self._callback(name, False, producer)).consume()
+                     on_message=partial(self._on_message, name, False, producer)).consume()
         self.connected = True
         metrics.BUS_UP.labels(self.service).set(1)
         try:
@@ -198,11 +199,8 @@ class ServiceWorker(Worker):
         if self._wakeup is not None:
             self._wakeup.wake()
 
-    def _callback(self, name: str, dead_letter: bool, producer: Producer) -> Callable[[Message], None]:
-        return lambda message: self._on_message(name, dead_letter, message, producer)
-
     # --- one message (on the bus thread) -----------------------------------
-    def _on_message(self, name: str, dead_letter: bool, message: Message, producer: Producer) -> None:
+    def _on_message(self, name: str, dead_letter: bool, producer: Producer, message: Message) -> None:
         triage = self.triage.decide(name, dead_letter, message)
         verdict = triage.verdict
         if verdict is Verdict.RUN:
