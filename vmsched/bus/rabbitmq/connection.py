@@ -84,7 +84,7 @@ def _open(options: BusOptions, url: str, blocking_confirms: bool) -> Connection:
         connect_timeout=options.connect_timeout,
         heartbeat=options.heartbeat,
         ssl=options.ssl_options(url) or False,
-        transport_options={"confirm_publish": blocking_confirms and options.confirms},
+        transport_options={"confirm_publish": blocking_confirms},
     )
     try:
         conn.connect()

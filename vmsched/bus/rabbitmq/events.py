@@ -57,7 +57,7 @@ class EventPublisher:
     def __init__(self, url: str | BusOptions, service: str = "agent", confirm: bool = False) -> None:
         self.options = url if isinstance(url, BusOptions) else BusOptions(url=url, connect_timeout=1.0)
         self.service = service
-        self.confirm = confirm and self.options.confirms
+        self.confirm = confirm
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._producer: Producer | None = None

@@ -157,8 +157,7 @@ class Link:
             self._lost(exc)  # else not sent: goes out again once reconnected
             return
         request.sent += 1
-        if self.options.confirms:
-            self._confirms.published(cid)
+        self._confirms.published(cid)
 
     def _send_waiting(self) -> None:
         """After a reconnection: send what waited for it, and again the scheduling requests sent before."""
@@ -348,8 +347,7 @@ class Link:
                 request_queue(name, self.options.delivery_limit)(channel).declare()
                 self._declared.add(name)
             self._producer = Producer(channel, auto_declare=False)
-            if self.options.confirms:
-                self._confirms.watch(channel)  # a refused or missing confirm sends the request again or fails it
+            self._confirms.watch(channel)  # a refused or missing confirm sends the request again or fails it
             return conn
         except BaseException:
             note_lost(conn)

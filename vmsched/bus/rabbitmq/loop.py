@@ -43,19 +43,17 @@ def run_reconnecting(options: BusOptions, name: str, stop: threading.Event, serv
                     on_reconnect()
             attempt = 0
             serve(conn)
-        except CONNECTION_ERRORS as exc:
-            note_lost(conn)
+        except Exception as exc:  # noqa: BLE001 - a consumer thread must survive anything
             delay = backoff(attempt, options.reconnect_max_delay)
             attempt += 1
-            held = BROKER_TROUBLE.allow(options.url)  # one line for all the threads of the process
-            if held is not None:
-                log.warning("%s: bus connection to %s failed (%s); retrying in %.1f s%s", name, broker(options.url),
-                            mask(str(exc)), delay, held)
-            stop.wait(delay)
-        except Exception:  # noqa: BLE001 - a consumer thread must survive anything
-            delay = backoff(attempt, options.reconnect_max_delay)
-            attempt += 1
-            log.exception("%s: consumer failed; restarting in %.1f s", name, delay)
+            if not isinstance(exc, CONNECTION_ERRORS):
+                log.exception("%s: consumer failed; restarting in %.1f s", name, delay)
+            else:
+                note_lost(conn)
+                held = BROKER_TROUBLE.allow(options.url)  # one line for all the threads of the process
+                if held is not None:
+                    log.warning("%s: bus connection to %s failed (%s); retrying in %.1f s%s", name,
+                                broker(options.url), mask(str(exc)), delay, held)
             stop.wait(delay)
         finally:
             safe_release(conn)
