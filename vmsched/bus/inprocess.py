@@ -26,7 +26,7 @@ import time
 from collections import deque
 from contextlib import suppress
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import Any, Callable, Iterable
@@ -139,10 +139,7 @@ class InProcessWorker(Worker):
         self._stop.clear()
         inbox = self._inbox = self._inboxes.bind(self.routes)
         for i in range(self.consumers):
-            thread = threading.Thread(target=serve, args=(inbox, self._stop, self._answer),
-                                      name=f"{self.service}-consumer-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+            self._spawn(partial(serve, inbox, self._stop, self._answer), f"{self.service}-consumer-{i}")
         metrics.BUS_UP.labels(self.service).set(1)
         self.ready.set()
 

@@ -66,6 +66,11 @@ class Worker(ABC):
     @abstractmethod
     def stop(self, timeout: float = 5.0) -> None: ...
 
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
 
 class Subscription:
     """A subscriber's own queue on a topic exchange, served by a thread of its own (each transport's

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import logging
 import queue as queues
-import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 from kombu import Connection, Consumer, Producer
 from kombu.message import Message
@@ -94,11 +92,6 @@ class ServiceWorker(Worker):
         self._spawn(self._run, f"{self.service}-bus")
         for i in range(self.consumers):
             self._spawn(lambda slot=i: self._handler_thread(slot), f"{self.service}-handler-{i}")
-
-    def _spawn(self, target: Callable[[], None], name: str) -> None:
-        t = threading.Thread(target=target, name=name, daemon=True)
-        t.start()
-        self._threads.append(t)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Let the handlers finish what they run (their replies still go out), then close the connection."""
