@@ -85,6 +85,7 @@ class AsyncBusClient(BusClient):
     Every method runs on the loop that called :meth:`start`.
     """
 
+    connected = False  # connected and subscribed
     last_error = "not started"  # then the last connection's error ("" while connected)
 
     def __init__(self, options: BusOptions, declare: tuple[str, ...] = (), service: str = "gateway") -> None:
@@ -93,7 +94,6 @@ class AsyncBusClient(BusClient):
         self._declare = declare
         self._token = Unguessable()  # used on the event loop's thread only
         self.io_timeout = max(IO_TIMEOUT_FLOOR, options.confirm_timeout)
-        self.up = False  # connected and subscribed
         self.recovering = False  # a lost connection is being replaced: requests wait instead of failing
         self.attempted = asyncio.Event()  # the first connection attempt is over (made or failed)
         self._disconnected = asyncio.Event()  # set when the connection is lost: connect again
@@ -140,10 +140,6 @@ class AsyncBusClient(BusClient):
         self._fail_all("gateway shutting down")
         await super().close()
 
-    @property
-    def connected(self) -> bool:
-        return self.up
-
     # --- requests -------------------------------------------------------------
     def request_id(self) -> str:
         # unguessable, so that no other user of the reply exchange can answer in an agent's place
@@ -151,7 +147,7 @@ class AsyncBusClient(BusClient):
 
     def send(self, cid: str, future: asyncio.Future[bytes], queue: str, op: str, body: dict[str, Any],
              deadline: float, mark: Mark) -> None:
-        if not (self.up or self.recovering):  # no node answers: it fails at once
+        if not (self.connected or self.recovering):  # no node answers: it fails at once
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
         exchange, key = route(queue)
         request = self._requests[cid] = Outgoing(queue, exchange, key, request_bytes(op, deadline, body, mark),
@@ -341,7 +337,7 @@ class AsyncBusClient(BusClient):
         self._fd = conn.connection.sock.fileno()
         self._loop.add_reader(self._fd, self._readable)
         BROKER_TROUBLE.clear(self.options.url)
-        self.up, self.recovering, self.last_error = True, False, ""
+        self.connected, self.recovering, self.last_error = True, False, ""
         self._heard = time.monotonic()
         metrics.BUS_UP.labels(self.service).set(1)
         if not first:
@@ -381,8 +377,8 @@ class AsyncBusClient(BusClient):
         if self._fd >= 0 and self._loop is not None:
             self._loop.remove_reader(self._fd)  # before the socket is closed: its number may be reused
             self._fd = -1
-        if self.up:
-            self.up = False
+        if self.connected:
+            self.connected = False
             metrics.BUS_UP.labels(self.service).set(0)
         return conn
 

@@ -64,7 +64,10 @@ def open_connection(options: BusOptions, blocking_confirms: bool = False) -> Con
     if options.embedded:
         raise ValueError("memory:// is the in-process bus, not a broker: open it with "
                          "vmsched.bus.transport.open_transport and hand it to every party of the process")
-    urls = _by_preference(options.urls)
+    now = time.monotonic()
+    with _failed_lock:
+        recent = {n for n, at in _failed_at.items() if now - at < FAILED_NODE_PENALTY}
+    urls = sorted(options.urls, key=lambda u: _node_of(u) in recent)  # stable: the configured order otherwise
     errors: list[str] = []
     for url in urls:
         try:
@@ -121,13 +124,6 @@ _failed_lock = threading.Lock()
 def _note_failure(host_port: str) -> None:
     with _failed_lock:
         _failed_at[host_port] = time.monotonic()
-
-
-def _by_preference(urls: tuple[str, ...]) -> list[str]:
-    now = time.monotonic()
-    with _failed_lock:
-        recent = {n for n, at in _failed_at.items() if now - at < FAILED_NODE_PENALTY}
-    return sorted(urls, key=lambda u: _node_of(u) in recent)  # stable: the configured order otherwise
 
 
 def ensure_exchanges(conn: Connection, exchanges: Iterable[Exchange]) -> None:

@@ -97,7 +97,10 @@ class EventPublisher:
             ensure_exchanges(self._conn, (EVENTS_EXCHANGE,))
             self._producer = Producer(self._conn.default_channel, auto_declare=False)
             self._down_since = 0.0
-            self._start_beating()
+            if self.options.heartbeat and self._beating is None:  # the heartbeat thread lasts until close()
+                self._beating = threading.Event()
+                threading.Thread(target=self._beat, args=(self._beating,), name=f"{self.service}-events-heartbeat",
+                                 daemon=True).start()
             return self._producer
         except CONNECTION_ERRORS as exc:
             log.warning("%s: cannot reach the bus for events: %s", self.service, mask(str(exc)))
@@ -118,13 +121,6 @@ class EventPublisher:
             self._conn = self._producer = None
 
     # --- heartbeats between events ------------------------------------------
-    def _start_beating(self) -> None:
-        """Start the heartbeat thread with the first connection (it lasts until :meth:`close`)."""
-        if self.options.heartbeat and self._beating is None:
-            self._beating = threading.Event()
-            threading.Thread(target=self._beat, args=(self._beating,), name=f"{self.service}-events-heartbeat",
-                             daemon=True).start()
-
     def _beat(self, stop: threading.Event) -> None:
         while not stop.wait(self._beat_every):
             with self._lock:

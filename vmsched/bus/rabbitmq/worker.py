@@ -89,7 +89,8 @@ class ServiceWorker(Worker):
                             "killed it, within --delivery-limit", self.service, exc)
         self.triage = PoisonTriage(self.service, self.limit, self.journal)
         self._wakeup = Wakeup()
-        self._spawn(self._run, f"{self.service}-bus")
+        self._spawn(partial(run_reconnecting, self.options, self.service, self._stop, self._serve, self._reconnected),
+                    f"{self.service}-bus")
         for i in range(self.consumers):
             self._spawn(lambda slot=i: self._handler_thread(slot), f"{self.service}-handler-{i}")
 
@@ -112,9 +113,6 @@ class ServiceWorker(Worker):
             self.journal = None
 
     # --- the bus thread ----------------------------------------------------
-    def _run(self) -> None:
-        run_reconnecting(self.options, self.service, self._stop, self._serve, self._reconnected)
-
     def _nacked(self, messages: list[Message]) -> None:
         self._refused = True  # not acknowledged: delivered again on the next connection
 
