@@ -173,25 +173,22 @@ class InProcessWorker(Worker):
 class InProcessClient(BusClient):
     """The gateway's client: a request goes to its worker's inbox, the reply comes back through the loop."""
 
+    connected = False  # started and not closed
+
     def __init__(self, inboxes: Inboxes, service: str) -> None:
         super().__init__(service)
         self._inboxes = inboxes
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._closed = False
+        self.connected = True
         metrics.BUS_UP.labels(self.service).set(1)
 
     async def close(self) -> None:
-        self._closed = True
+        self.connected = False
         metrics.BUS_UP.labels(self.service).set(0)
         await super().close()
-
-    @property
-    def connected(self) -> bool:
-        return self._loop is not None and not self._closed
 
     @property
     def last_error(self) -> str:
@@ -200,7 +197,7 @@ class InProcessClient(BusClient):
     def send(self, cid: str, future: asyncio.Future[bytes], queue: str, op: str, body: dict[str, Any],
              deadline: float, mark: Mark) -> None:
         loop = self._loop
-        if loop is None or self._closed:
+        if loop is None or not self.connected:
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
         self._inboxes.put(Request(queue, request_bytes(op, deadline, body, mark), cid,
                                   lambda raw: _settle_threadsafe(loop, future, raw)))
