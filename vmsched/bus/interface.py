@@ -18,7 +18,7 @@ import json
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar, overload
 
@@ -72,26 +72,24 @@ class Worker(ABC):
         self._threads.append(thread)
 
 
+@dataclass(eq=False)
 class Subscription:
     """A subscriber's own queue on a topic exchange, served by a thread of its own (each transport's
     subclass writes :meth:`serve`): it hands every message to ``on_message``, calls ``on_subscribed`` with a
     publisher once subscribed, waits ``linger`` seconds after a message to take what follows with it, and calls
     ``tick`` about every second. A failure of a callback is logged, never raised."""
 
-    def __init__(self, transport: Transport, name: str, topic: Topic, on_message: OnMessage,
-                 on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
-                 tick: Callable[[], None] | None = None) -> None:
-        self.transport = transport
-        self.name = name
-        self.topic = topic
-        self.on_message = on_message
-        self.on_subscribed = on_subscribed
-        self.linger = linger
-        self.tick = tick
-        self.ready = threading.Event()  # set once subscribed
-        self.stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._next_tick = 0.0
+    transport: Transport
+    name: str
+    topic: Topic
+    on_message: OnMessage
+    on_subscribed: Callable[[Publish], None] | None = None
+    linger: float = 0.0
+    tick: Callable[[], None] | None = None
+    ready: threading.Event = field(default_factory=threading.Event, init=False)  # set once subscribed
+    stopping: threading.Event = field(default_factory=threading.Event, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False)
+    _next_tick: float = field(default=0.0, init=False)
 
     def start(self) -> None:
         self.stopping.clear()
