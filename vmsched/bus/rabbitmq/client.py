@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections import OrderedDict
@@ -45,7 +46,6 @@ from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, drop, en
     open_connection, publish_json, read_messages, safe_release
 from vmsched.bus.interface import BusClient, Mark, request_bytes, settle
 from vmsched.bus.options import BusOptions, mask
-from vmsched.bus.tokens import Unguessable
 from vmsched.bus.topology import AGENT_EXCHANGE, EXCHANGES, reply_queue, request_queue, route
 from vmsched.logs import BROKER_TROUBLE, broker
 
@@ -62,6 +62,26 @@ _TICK = 0.1  # how often confirms and deadlines are looked at while requests wai
 _RESENT_MEMORY = 4096  # answered re-sent requests remembered, to tell a duplicate reply from a late one
 #: The longest wait of :meth:`AsyncBusClient.start` for the first connection attempt, beyond its own timeouts.
 _START_SLACK = 10.0
+
+
+class Unguessable:
+    """8 random bytes from the OS, as hex, per call; read ``batch`` calls' worth at a time.
+
+    ``os.urandom`` releases the GIL around its system call, and in a busy process (the all-in-one's gateway
+    and services share one) each release can hand the GIL to another thread. Not thread-safe: one per thread.
+    """
+
+    def __init__(self, batch: int = 512) -> None:
+        self._size = 8 * batch
+        self._pool = b""
+        self._at = 0
+
+    def __call__(self) -> str:
+        if self._at >= len(self._pool):
+            self._pool, self._at = os.urandom(self._size), 0
+        token = self._pool[self._at:self._at + 8].hex()
+        self._at += 8
+        return token
 
 
 @dataclass
