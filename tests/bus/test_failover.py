@@ -225,9 +225,8 @@ def test_an_overdue_confirm_sends_again_and_the_second_reply_is_dropped(rabbit_v
             resent, dropped = _resent("confirm_timeout"), duplicates()
             call = asyncio.ensure_future(client.call(queue, "x", {}, 15))
             await asyncio.sleep(0)  # the call hands its request to the link
-            link = client
-            assert link is not None  # after the request: as if its confirm were overdue
-            link._confirm_overdue(next(iter(link._requests)))
+            # after the request: as if its confirm were overdue
+            client._confirm_overdue(next(iter(client._requests)))
             for _ in range(100):
                 if _resent("confirm_timeout") > resent:
                     break
