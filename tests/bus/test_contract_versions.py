@@ -21,7 +21,7 @@ from vmsched.bus import RequestError
 from vmsched.bus.rabbitmq.client import AsyncBusClient
 from vmsched.bus.rabbitmq.connection import ensure_exchanges, open_connection
 from vmsched.bus.options import BusOptions
-from vmsched.bus.rabbitmq.rpc import call
+from vmsched.bus.rabbitmq.broker import BrokerTransport
 from vmsched.bus.topology import EXCHANGES, REPLY_EXCHANGE, agent_queue, request_queue
 from vmsched.bus.topology import reply_queue as make_reply_queue, route
 from vmsched.bus.transport import open_transport
@@ -126,7 +126,8 @@ def test_the_agent_refuses_another_version_by_name(conn, make_agent, rabbit_vhos
     assert reply["ok"] is False and reply["code"] == "unsupported_version"
     assert f"contract version {version}, and this reader speaks {CONTRACT_VERSION}" in reply["error"]
     # and it keeps serving
-    assert call(rabbit_vhost, agent_queue(host), "cpus", {}, timeout=10)["dedicated_pool"] == "4-7"
+    reply = BrokerTransport(BusOptions(url=rabbit_vhost)).call(agent_queue(host), "cpus", {}, timeout=10)
+    assert reply["dedicated_pool"] == "4-7"
 
 
 # --- a reader (gateway, CLI) against a service of another version ----------------------------------------
@@ -136,7 +137,7 @@ def test_clients_refuse_a_reply_of_another_version_by_name(rabbit_vhost: str, ot
     reply = {"v": version, "ok": True, "error": None, "body": {"whatever": 1}}
     other = other_version(reply)
     with pytest.raises(RequestError, match=f"contract version {version}, and this reader speaks") as exc:
-        call(rabbit_vhost, other.queue, "cpus", {}, timeout=10)
+        BrokerTransport(BusOptions(url=rabbit_vhost)).call(other.queue, "cpus", {}, timeout=10)
     assert exc.value.code == "unsupported_version"
     assert other.requests[0]["v"] == CONTRACT_VERSION
 

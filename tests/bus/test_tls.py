@@ -13,7 +13,7 @@ from tests.support.tls_certs import CertSet, make_certs
 from vmsched.bus import BusUnavailable
 from vmsched.bus.rabbitmq.client import AsyncBusClient
 from vmsched.bus.options import BusOptions
-from vmsched.bus.rabbitmq.rpc import call
+from vmsched.bus.rabbitmq.broker import BrokerTransport
 from vmsched.bus.rabbitmq.worker import ServiceWorker
 from vmsched.messages import Envelope
 
@@ -42,7 +42,7 @@ def test_a_service_and_the_gateway_client_talk_over_amqps(tls_broker):
     worker.start()
     try:
         assert worker.ready.wait(20)
-        assert call(options, "test.tls", "x", {"a": 1}, timeout=10) == {"echo": {"a": 1}}
+        assert BrokerTransport(options).call("test.tls", "x", {"a": 1}, timeout=10) == {"echo": {"a": 1}}
 
         async def gateway_side() -> dict:
             client = AsyncBusClient(options, declare=("test.tls",))
@@ -63,7 +63,7 @@ def test_a_broker_certificate_from_another_ca_is_refused_promptly(tls_broker):
                          connect_timeout=5)
     # the handshake's error (BusUnavailable naming the cause), not a BusTimeout at the request's deadline
     with pytest.raises(BusUnavailable, match="CERTIFICATE_VERIFY_FAILED") as exc:
-        call(options, "test.tls", "x", {}, timeout=30)
+        BrokerTransport(options).call("test.tls", "x", {}, timeout=30)
     assert ":guest@" not in str(exc.value)  # the URL shown without its password
 
 
@@ -71,7 +71,7 @@ def test_the_system_trust_store_does_not_trust_a_private_ca(tls_broker):
     node, certs = tls_broker  # no --amqp-ca: verification stays on, against the system's CAs
     options = BusOptions(url=node.url(tls=True), cert=certs.client_cert, key=certs.client_key)
     with pytest.raises(BusUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
-        call(options, "test.tls", "x", {}, timeout=10)
+        BrokerTransport(options).call("test.tls", "x", {}, timeout=10)
 
 
 def test_tls_options_are_checked_up_front(tmp_path: Path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from vmsched.bus.tokens import Unguessable
+from vmsched.bus.rabbitmq.client import Unguessable
 
 
 def test_tokens_are_8_random_bytes_in_hex_and_the_pool_refills():

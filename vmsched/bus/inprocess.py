@@ -20,13 +20,13 @@ that hands each message to its callback.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import time
 from collections import deque
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import cached_property, partial
 from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import Any, Callable, Iterable
@@ -36,9 +36,9 @@ from kombu import Exchange
 from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, reply_body
 from vmsched.bus.options import BusOptions
-from vmsched.bus.interface import BusClient, Mark, OnMessage, Publish, Subscription, Topic, Transport, event_bytes, \
-    request_bytes, wait_reply
-from vmsched.bus.replies import Handler, Replier
+from vmsched.bus.interface import BusClient, Mark, Subscription, Transport, Worker, event_bytes, request_bytes, \
+    settle
+from vmsched.bus.replies import Handler
 from vmsched.bus.topology import EVENTS_EXCHANGE
 
 log = logging.getLogger("vmsched.bus")
@@ -126,31 +126,20 @@ def serve(inbox: Inbox, stop: threading.Event, answer: Callable[[Request], bytes
             request.reply(reply)
 
 
-class InProcessWorker:
+class InProcessWorker(Worker):
     """A service's consumer threads, taking the requests of its queues from their inbox."""
 
     def __init__(self, inboxes: Inboxes, service: str, routes: dict[str, Handler], consumers: int,
                  delivery_limit: int) -> None:
-        if not routes:
-            raise ValueError("a worker needs at least one queue and handler")
-        self.service = service
-        self.routes = dict(routes)
-        self.consumers = consumers
-        self.replier = Replier(service, self.routes, delivery_limit)
-        self.ready = threading.Event()
+        super().__init__(service, routes, consumers, delivery_limit)
         self._inboxes = inboxes
         self._inbox: Inbox | None = None
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         self._stop.clear()
         inbox = self._inbox = self._inboxes.bind(self.routes)
         for i in range(self.consumers):
-            thread = threading.Thread(target=serve, args=(inbox, self._stop, self._answer),
-                                      name=f"{self.service}-consumer-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+            self._spawn(partial(serve, inbox, self._stop, self._answer), f"{self.service}-consumer-{i}")
         metrics.BUS_UP.labels(self.service).set(1)
         self.ready.set()
 
@@ -184,58 +173,39 @@ class InProcessWorker:
 class InProcessClient(BusClient):
     """The gateway's client: a request goes to its worker's inbox, the reply comes back through the loop."""
 
+    connected = False  # started and not closed
+
     def __init__(self, inboxes: Inboxes, service: str) -> None:
-        self.service = service
+        super().__init__(service)
         self._inboxes = inboxes
-        self._ids = itertools.count()
-        self._pending: dict[str, asyncio.Future[bytes]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._closed = False
+        self.connected = True
         metrics.BUS_UP.labels(self.service).set(1)
 
     async def close(self) -> None:
-        self._closed = True
+        self.connected = False
         metrics.BUS_UP.labels(self.service).set(0)
-        for future in list(self._pending.values()):
-            if not future.done():
-                future.set_exception(BusUnavailable("gateway shutting down"))
-
-    @property
-    def connected(self) -> bool:
-        return self._loop is not None and not self._closed
+        await super().close()
 
     @property
     def last_error(self) -> str:
         return "" if self.connected else "not started" if self._loop is None else "closed"
 
-    async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float, mark: Mark = ("", False),
-                        ) -> bytes:
+    def send(self, cid: str, future: asyncio.Future[bytes], queue: str, op: str, body: dict[str, Any],
+             deadline: float, mark: Mark) -> None:
         loop = self._loop
-        if loop is None or self._closed:
+        if loop is None or not self.connected:
             raise BusUnavailable(f"message bus unavailable: {self.last_error}")
-        cid = str(next(self._ids))
-        future: asyncio.Future[bytes] = loop.create_future()
-        self._pending[cid] = future
-        try:
-            self._inboxes.put(Request(queue, request_bytes(op, time.time() + timeout, body, mark), cid,
-                                      lambda raw: _settle_threadsafe(loop, future, raw)))
-            return await wait_reply(future, op, queue, timeout)
-        finally:
-            del self._pending[cid]
+        self._inboxes.put(Request(queue, request_bytes(op, deadline, body, mark), cid,
+                                  lambda raw: _settle_threadsafe(loop, future, raw)))
 
 
 def _settle_threadsafe(loop: asyncio.AbstractEventLoop, future: asyncio.Future[bytes], raw: bytes) -> None:
     with suppress(RuntimeError):  # the loop is closed: nobody waits for it
-        loop.call_soon_threadsafe(_settle, future, raw)
-
-
-def _settle(future: asyncio.Future[bytes], raw: bytes) -> None:
-    if not future.done():  # else the caller gave up already
-        future.set_result(raw)
+        loop.call_soon_threadsafe(settle, future, raw)
 
 
 def topic_matches(pattern: str, key: str) -> bool:
@@ -303,25 +273,24 @@ class Exchanges:
 class InProcessSubscription(Subscription):
     """A subscriber's mailbox and the thread that hands its messages over."""
 
-    def __init__(self, exchanges: Exchanges, name: str, topic: Topic, on_message: OnMessage,
-                 on_subscribed: Callable[[Publish], None] | None, linger: float,
-                 tick: Callable[[], None] | None) -> None:
-        super().__init__(name, topic, on_message, on_subscribed, linger, tick)
-        self._exchanges = exchanges
-        self._mailbox = Mailbox(topic.max_length)
+    transport: InProcessTransport
+
+    @cached_property
+    def _mailbox(self) -> Mailbox:
+        return Mailbox(self.topic.max_length)
 
     def start(self) -> None:
-        self._exchanges.bind(self.topic.exchange, self.topic.keys, self._mailbox)
+        self.transport.exchanges.bind(self.topic.exchange, self.topic.keys, self._mailbox)
         super().start()
 
     def interrupt(self) -> None:
-        self._exchanges.unbind(self._mailbox)
+        self.transport.exchanges.unbind(self._mailbox)
         self._mailbox.wake()
 
     def serve(self) -> None:
         self.ready.set()
         if self.on_subscribed is not None:
-            self.guarded(self.on_subscribed, self._exchanges.publish)
+            self.guarded(self.on_subscribed, self.transport.exchanges.publish)
         while not self.stopping.is_set():
             batch = self._mailbox.take(WAIT)
             if batch and self.linger > 0 and not self.stopping.wait(self.linger):
@@ -350,6 +319,7 @@ class InProcessTransport(Transport):
     """The bus of one process: request inboxes and topic exchanges, shared by every party it is handed to."""
 
     spans_processes = False
+    subscription = InProcessSubscription
 
     def __init__(self, options: BusOptions | None = None) -> None:
         self.options = options or BusOptions(url="memory://")
@@ -373,8 +343,3 @@ class InProcessTransport(Transport):
 
     def events(self, service: str, *, confirm: bool = False) -> InProcessEvents:
         return InProcessEvents(self.exchanges, service)  # delivered at once: nothing to confirm
-
-    def subscribe(self, name: str, topic: Topic, on_message: OnMessage, *,
-                  on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
-                  tick: Callable[[], None] | None = None) -> InProcessSubscription:
-        return InProcessSubscription(self.exchanges, name, topic, on_message, on_subscribed, linger, tick)

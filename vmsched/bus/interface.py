@@ -12,12 +12,13 @@ event publishers. The bytes are the same on both: the request and reply envelope
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import json
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar, overload
 
@@ -26,7 +27,7 @@ from pydantic import BaseModel
 
 from vmsched.bus import BusTimeout, BusUnavailable, parse_reply, reply_body
 from vmsched.bus.options import BusOptions
-from vmsched.bus.replies import Handler
+from vmsched.bus.replies import Handler, Replier
 from vmsched.bus.topology import PING
 from vmsched.messages import Envelope, ReplyEnvelope, TypedReply
 
@@ -42,38 +43,53 @@ OnMessage = Callable[[bytes, str], object]
 Publish = Callable[[Exchange, str, bytes], None]
 
 
-class Worker(Protocol):
-    """A service's consumer of its request queues: runs a handler per request and replies."""
+class Worker(ABC):
+    """A service's consumer of its request queues: runs a handler per request and replies (the transport's
+    subclass moves the requests and the replies)."""
 
-    ready: threading.Event  # set once it takes requests
+    connected: bool
 
+    def __init__(self, service: str, routes: dict[str, Handler], consumers: int, delivery_limit: int) -> None:
+        if not routes:
+            raise ValueError("a worker needs at least one queue and handler")
+        self.service = service
+        self.routes = dict(routes)
+        self.consumers = consumers
+        self.replier = Replier(service, self.routes, delivery_limit)
+        self.ready = threading.Event()  # set once it takes requests
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @abstractmethod
     def start(self) -> None: ...
 
+    @abstractmethod
     def stop(self, timeout: float = 5.0) -> None: ...
 
-    @property
-    def connected(self) -> bool: ...
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
 
 
+@dataclass(eq=False)
 class Subscription:
     """A subscriber's own queue on a topic exchange, served by a thread of its own (each transport's
     subclass writes :meth:`serve`): it hands every message to ``on_message``, calls ``on_subscribed`` with a
     publisher once subscribed, waits ``linger`` seconds after a message to take what follows with it, and calls
     ``tick`` about every second. A failure of a callback is logged, never raised."""
 
-    def __init__(self, name: str, topic: Topic, on_message: OnMessage,
-                 on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
-                 tick: Callable[[], None] | None = None) -> None:
-        self.name = name
-        self.topic = topic
-        self.on_message = on_message
-        self.on_subscribed = on_subscribed
-        self.linger = linger
-        self.tick = tick
-        self.ready = threading.Event()  # set once subscribed
-        self.stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._next_tick = 0.0
+    transport: Transport
+    name: str
+    topic: Topic
+    on_message: OnMessage
+    on_subscribed: Callable[[Publish], None] | None = None
+    linger: float = 0.0
+    tick: Callable[[], None] | None = None
+    ready: threading.Event = field(default_factory=threading.Event, init=False)  # set once subscribed
+    stopping: threading.Event = field(default_factory=threading.Event, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False)
+    _next_tick: float = field(default=0.0, init=False)
 
     def start(self) -> None:
         self.stopping.clear()
@@ -129,15 +145,23 @@ class Topic:
 class BusClient(ABC):
     """The gateway's request client, driven from its asyncio event loop.
 
-    ``call`` and ``ping`` are the same on every transport; a transport gives :meth:`roundtrip`:
-    the reply's bytes to one request, or :class:`BusTimeout`/:class:`BusUnavailable`.
+    ``call``, ``ping`` and :meth:`roundtrip` (the reply's bytes to one request, or
+    :class:`BusTimeout`/:class:`BusUnavailable`) are the same on every transport; a transport gives :meth:`send`.
     """
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self._ids = itertools.count()
+        self._pending: dict[str, asyncio.Future[bytes]] = {}  # request ID -> the caller's future
 
     @abstractmethod
     async def start(self) -> None: ...
 
-    @abstractmethod
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Fail the calls still waiting (a transport's own close stops it first)."""
+        for future in list(self._pending.values()):
+            if not future.done():
+                future.set_exception(BusUnavailable("gateway shutting down"))
 
     @property
     @abstractmethod
@@ -147,10 +171,30 @@ class BusClient(ABC):
     @abstractmethod
     def last_error(self) -> str: ...
 
-    @abstractmethod
+    def request_id(self) -> str:
+        """A new request's ID (its correlation ID)."""
+        return str(next(self._ids))
+
+    def send(self, cid: str, future: asyncio.Future[bytes], queue: str, op: str, body: dict[str, Any],
+             deadline: float, mark: Mark) -> None:
+        """Send request ``cid`` (or raise :class:`BusUnavailable`); its reply's bytes or its error settle ``future``
+        (:func:`settle`)."""
+        raise NotImplementedError
+
     async def roundtrip(self, queue: str, op: str, body: dict[str, Any], timeout: float, mark: Mark = ("", False),
                         ) -> bytes:
-        """Send one request and return its reply's bytes, within ``timeout`` seconds (``mark``: :func:`request_bytes`)."""
+        """Send one request and return its reply's bytes, within ``timeout`` seconds
+        (``mark``: :func:`request_bytes`)."""
+        cid = self.request_id()
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._pending[cid] = future
+        try:
+            self.send(cid, future, queue, op, body, time.time() + timeout, mark)
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise BusTimeout(f"no {op} reply from {queue} within {timeout:g} s") from None
+        finally:
+            self._pending.pop(cid, None)
 
     @overload
     async def call(self, queue: str, op: str, body: dict[str, Any], timeout: float) -> dict[str, Any]: ...
@@ -178,17 +222,19 @@ class BusClient(ABC):
             return False
 
 
+def settle(future: asyncio.Future[bytes] | None, outcome: bytes | BaseException) -> None:
+    """Hand a request's reply (or its error) to its caller's ``future``, unless the caller gave up already."""
+    if future is None or future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
 def request_bytes(op: str, deadline: float, body: dict[str, Any], mark: Mark = ("", False)) -> bytes:
     """A request envelope as it goes on the bus; ``mark``: the call's ID and whether its gateway records it."""
     return Envelope(op=op, deadline=deadline, body=body, call=mark[0], record=mark[1]).model_dump_json().encode()
-
-
-async def wait_reply(future: asyncio.Future[bytes], op: str, queue: str, timeout: float) -> bytes:
-    """The reply ``future`` gets within ``timeout`` seconds, else :class:`BusTimeout`."""
-    try:
-        return await asyncio.wait_for(future, timeout)
-    except asyncio.TimeoutError:
-        raise BusTimeout(f"no {op} reply from {queue} within {timeout:g} s") from None
 
 
 class Transport(ABC):
@@ -198,6 +244,8 @@ class Transport(ABC):
     #: Whether other processes use this bus (other replicas, other releases): RabbitMQ. The in-process bus
     #: serves one process, whose gateway and services are of one release.
     spans_processes: bool
+    #: The class of this transport's subscriptions.
+    subscription: type[Subscription]
 
     @abstractmethod
     def worker(self, service: str, routes: dict[str, Handler], *, consumers: int = 1, prefetch: int = 2,
@@ -217,13 +265,13 @@ class Transport(ABC):
         """A publisher of ``service``'s events; ``confirm``: an event counts as sent once the broker confirmed
         it (sent again on a new connection, else reported dropped)."""
 
-    @abstractmethod
     def subscribe(self, name: str, topic: Topic, on_message: OnMessage, *,
                   on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
                   tick: Callable[[], None] | None = None) -> Subscription:
         """A subscription of ``topic``, not started: ``on_message`` gets every message on its thread,
         ``on_subscribed`` runs after each (re)subscription, ``tick`` about every second. ``linger``: seconds
         to wait after a message has woken the thread for the others arriving meanwhile (one wake-up a batch)."""
+        return self.subscription(self, name, topic, on_message, on_subscribed, linger, tick)
 
 
 def event_bytes(service: str, body: dict[str, Any]) -> bytes:

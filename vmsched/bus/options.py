@@ -91,7 +91,6 @@ class BusOptions:
     confirm_timeout: float = 2.0
     heartbeat: int = 10
     reconnect_max_delay: float = 2.0  # a broker back is found within 2 s (a logout shared within 5 s)
-    confirms: bool = True  # publisher confirms (RabbitMQ); replies go without
     ca: Path | None = None  # amqps: CA bundle that signed the broker's certificate (default: the system's)
     cert: Path | None = None  # amqps: client certificate chain (optional)
     key: Path | None = None  # amqps: its private key

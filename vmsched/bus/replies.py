@@ -30,11 +30,6 @@ class Replier:
         self.routes = routes
         self.delivery_limit = delivery_limit
 
-    def handle(self, queue: str, body: bytes | str) -> bytes | None:
-        """The reply to a request on ``queue`` (None: nobody waits for one)."""
-        reply = self._reply(queue, body)
-        return _dump(reply) if isinstance(reply, ReplyEnvelope) else reply
-
     def dead(self, queue: str, body: bytes | str, cid: str | None, why: str) -> bytes | None:
         """The error reply to a request never to be run again: it names its units and ``why``."""
         try:
@@ -54,30 +49,31 @@ class Replier:
                    f"{self.delivery_limit} deliveries); units: {', '.join(units) or 'none'}"))
         return _dump(reply)
 
-    def _reply(self, queue: str, body: bytes | str) -> ReplyEnvelope | bytes | None:
+    def handle(self, queue: str, body: bytes | str) -> bytes | None:
+        """The reply to a request on ``queue`` (None: nobody waits for one)."""
         try:
             env = Envelope.model_validate_json(body)
         except ValidationError as exc:
             metrics.REQUESTS.labels(self.service, "invalid", "error").inc()
-            return ReplyEnvelope(ok=False, error=f"malformed request: {_describe(exc.errors()[0])}",
-                                 code=ErrorCode.INVALID)
+            return _dump(ReplyEnvelope(ok=False, error=f"malformed request: {_describe(exc.errors()[0])}",
+                                       code=ErrorCode.INVALID))
         problem = env.version_problem()
         if problem is not None:
             metrics.REQUESTS.labels(self.service, "invalid", "error").inc()
-            return ReplyEnvelope(ok=False, error=f"{self.service}: request of {problem}",
-                                 code=ErrorCode.UNSUPPORTED_VERSION)
+            return _dump(ReplyEnvelope(ok=False, error=f"{self.service}: request of {problem}",
+                                       code=ErrorCode.UNSUPPORTED_VERSION))
         if env.op == PING:
-            return ReplyEnvelope(ok=True, body={"service": self.service})
+            return _dump(ReplyEnvelope(ok=True, body={"service": self.service}))
         if env.remaining() <= 0:
             metrics.BUS_EXPIRED.labels(self.service, env.op).inc()
             log.info("%s: dropped expired %s request (caller gave up)", self.service, env.op)
             return None
         handler = self.routes.get(queue)
         if handler is None:
-            return ReplyEnvelope(ok=False, error=f"no handler for queue {queue!r}", code=ErrorCode.INTERNAL)
+            return _dump(ReplyEnvelope(ok=False, error=f"no handler for queue {queue!r}", code=ErrorCode.INTERNAL))
         return self._invoke(handler, env)
 
-    def _invoke(self, handler: Handler, env: Envelope) -> ReplyEnvelope | bytes:
+    def _invoke(self, handler: Handler, env: Envelope) -> bytes:
         op = env.op
         in_flight = metrics.child(metrics.IN_FLIGHT, self.service, op)  # looked up once per series
         in_flight.inc()
@@ -87,17 +83,17 @@ class Replier:
             return _ok(handler(env))
         except RequestError as exc:
             outcome = "error"
-            return ReplyEnvelope(ok=False, error=str(exc), code=exc.code, details=exc.details)
+            return _dump(ReplyEnvelope(ok=False, error=str(exc), code=exc.code, details=exc.details))
         except ValidationError as exc:
             outcome = "error"
             details = [_describe(err) for err in exc.errors()]
-            return ReplyEnvelope(ok=False, error=f"invalid {op} request: {'; '.join(details)}",
-                                 code=ErrorCode.INVALID, details=details)
+            return _dump(ReplyEnvelope(ok=False, error=f"invalid {op} request: {'; '.join(details)}",
+                                       code=ErrorCode.INVALID, details=details))
         except Exception as exc:  # noqa: BLE001 - a bug must not kill the consumer
             outcome = "error"
             log.exception("%s: %s handler failed", self.service, op)
-            return ReplyEnvelope(ok=False, error=f"internal error in {self.service}: {type(exc).__name__}: {exc}",
-                                 code=ErrorCode.INTERNAL)
+            return _dump(ReplyEnvelope(ok=False, code=ErrorCode.INTERNAL,
+                                       error=f"internal error in {self.service}: {type(exc).__name__}: {exc}"))
         finally:
             in_flight.dec()
             metrics.child(metrics.REQUESTS, self.service, op, outcome).inc()

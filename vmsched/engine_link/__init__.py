@@ -205,7 +205,10 @@ class EngineLink:
                 problem = ""
             except EngineError as exc:
                 if exc.kind != "not_found":
-                    self._remember_problem(vm_id, f"VM {vm_id!r}: engine link: {exc}")
+                    with self._lock:  # a VM never answered keeps the error as its problem; a known answer is kept
+                        if vm_id not in self._vms:
+                            self._vms[vm_id] = (0.0, None, f"VM {vm_id!r}: engine link: {exc}")  # asked again later
+                            self._answered.notify_all()
                     raise
                 answer, problem = None, f"VM {vm_id!r}: the engine knows no such VM"
             with self._lock:
@@ -214,13 +217,6 @@ class EngineLink:
                 while len(self._vms) > MAX_VMS:
                     self._vms.popitem(last=False)
                 self._wanted_vms.pop(vm_id, None)
-                self._answered.notify_all()
-
-    def _remember_problem(self, vm_id: str, problem: str) -> None:
-        """A VM never answered keeps the error as its problem; a known answer is kept (and still served)."""
-        with self._lock:
-            if vm_id not in self._vms:
-                self._vms[vm_id] = (0.0, None, problem)  # time 0: asked again after the retry wait
                 self._answered.notify_all()
 
     def _map_hosts(self) -> None:

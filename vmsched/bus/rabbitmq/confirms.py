@@ -1,6 +1,6 @@
 """Publisher confirms of one channel, awaited without blocking: what each publish was, until the broker settles it.
 
-Two parties publish in confirm mode. The gateway's link (:mod:`link`) keeps each request's correlation ID
+Two parties publish in confirm mode. The gateway's client (:mod:`client`) keeps each request's correlation ID
 until it is confirmed, sends again what a nack refused and finds the confirms overdue. A service worker
 (:mod:`worker`) acknowledges a request only once what it published for it (its reply, or its second chance's
 copy) is confirmed: a reply published without a confirm can be lost when a broker node dies while the

@@ -64,7 +64,10 @@ def open_connection(options: BusOptions, blocking_confirms: bool = False) -> Con
     if options.embedded:
         raise ValueError("memory:// is the in-process bus, not a broker: open it with "
                          "vmsched.bus.transport.open_transport and hand it to every party of the process")
-    urls = _by_preference(options.urls)
+    now = time.monotonic()
+    with _failed_lock:
+        recent = {n for n, at in _failed_at.items() if now - at < FAILED_NODE_PENALTY}
+    urls = sorted(options.urls, key=lambda u: _node_of(u) in recent)  # stable: the configured order otherwise
     errors: list[str] = []
     for url in urls:
         try:
@@ -84,7 +87,7 @@ def _open(options: BusOptions, url: str, blocking_confirms: bool) -> Connection:
         connect_timeout=options.connect_timeout,
         heartbeat=options.heartbeat,
         ssl=options.ssl_options(url) or False,
-        transport_options={"confirm_publish": blocking_confirms and options.confirms},
+        transport_options={"confirm_publish": blocking_confirms},
     )
     try:
         conn.connect()
@@ -123,13 +126,6 @@ def _note_failure(host_port: str) -> None:
         _failed_at[host_port] = time.monotonic()
 
 
-def _by_preference(urls: tuple[str, ...]) -> list[str]:
-    now = time.monotonic()
-    with _failed_lock:
-        recent = {n for n, at in _failed_at.items() if now - at < FAILED_NODE_PENALTY}
-    return sorted(urls, key=lambda u: _node_of(u) in recent)  # stable: the configured order otherwise
-
-
 def ensure_exchanges(conn: Connection, exchanges: Iterable[Exchange]) -> None:
     """Make sure ``exchanges`` exist: look first (no permission needed), declare only what is missing.
 
@@ -150,12 +146,8 @@ def ensure_exchanges(conn: Connection, exchanges: Iterable[Exchange]) -> None:
                 raise BusUnavailable(f"exchange {exchange.name!r} does not exist yet and this broker user may not "
                                      "create it; the gateway or deploy/rabbitmq/setup-users.sh creates it") from None
             finally:
-                _close(channel)
-
-
-def _close(channel: object) -> None:
-    with suppress(Exception):  # a channel the broker closed already
-        channel.close()  # type: ignore[attr-defined]
+                with suppress(Exception):  # a channel the broker closed already
+                    channel.close()  # type: ignore[attr-defined]
 
 
 def publish_json(producer: Producer, body: bytes, exchange: Exchange, key: str, **properties: Any) -> None:

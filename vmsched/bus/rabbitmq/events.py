@@ -57,7 +57,7 @@ class EventPublisher:
     def __init__(self, url: str | BusOptions, service: str = "agent", confirm: bool = False) -> None:
         self.options = url if isinstance(url, BusOptions) else BusOptions(url=url, connect_timeout=1.0)
         self.service = service
-        self.confirm = confirm and self.options.confirms
+        self.confirm = confirm
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._producer: Producer | None = None
@@ -97,7 +97,10 @@ class EventPublisher:
             ensure_exchanges(self._conn, (EVENTS_EXCHANGE,))
             self._producer = Producer(self._conn.default_channel, auto_declare=False)
             self._down_since = 0.0
-            self._start_beating()
+            if self.options.heartbeat and self._beating is None:  # the heartbeat thread lasts until close()
+                self._beating = threading.Event()
+                threading.Thread(target=self._beat, args=(self._beating,), name=f"{self.service}-events-heartbeat",
+                                 daemon=True).start()
             return self._producer
         except CONNECTION_ERRORS as exc:
             log.warning("%s: cannot reach the bus for events: %s", self.service, mask(str(exc)))
@@ -118,13 +121,6 @@ class EventPublisher:
             self._conn = self._producer = None
 
     # --- heartbeats between events ------------------------------------------
-    def _start_beating(self) -> None:
-        """Start the heartbeat thread with the first connection (it lasts until :meth:`close`)."""
-        if self.options.heartbeat and self._beating is None:
-            self._beating = threading.Event()
-            threading.Thread(target=self._beat, args=(self._beating,), name=f"{self.service}-events-heartbeat",
-                             daemon=True).start()
-
     def _beat(self, stop: threading.Event) -> None:
         while not stop.wait(self._beat_every):
             with self._lock:

@@ -19,7 +19,7 @@ from kombu.message import Message
 from vmsched.bus.rabbitmq.connection import CONNECTION_ERRORS, backoff, ensure_exchanges, note_lost, open_connection, \
     safe_release
 from vmsched.bus.options import BusOptions, mask
-from vmsched.bus.interface import OnMessage, Publish, Subscription, Topic
+from vmsched.bus.interface import Subscription
 from vmsched.logs import BROKER_TROUBLE, broker
 
 log = logging.getLogger(__name__)
@@ -43,19 +43,17 @@ def run_reconnecting(options: BusOptions, name: str, stop: threading.Event, serv
                     on_reconnect()
             attempt = 0
             serve(conn)
-        except CONNECTION_ERRORS as exc:
-            note_lost(conn)
+        except Exception as exc:  # noqa: BLE001 - a consumer thread must survive anything
             delay = backoff(attempt, options.reconnect_max_delay)
             attempt += 1
-            held = BROKER_TROUBLE.allow(options.url)  # one line for all the threads of the process
-            if held is not None:
-                log.warning("%s: bus connection to %s failed (%s); retrying in %.1f s%s", name, broker(options.url),
-                            mask(str(exc)), delay, held)
-            stop.wait(delay)
-        except Exception:  # noqa: BLE001 - a consumer thread must survive anything
-            delay = backoff(attempt, options.reconnect_max_delay)
-            attempt += 1
-            log.exception("%s: consumer failed; restarting in %.1f s", name, delay)
+            if not isinstance(exc, CONNECTION_ERRORS):
+                log.exception("%s: consumer failed; restarting in %.1f s", name, delay)
+            else:
+                note_lost(conn)
+                held = BROKER_TROUBLE.allow(options.url)  # one line for all the threads of the process
+                if held is not None:
+                    log.warning("%s: bus connection to %s failed (%s); retrying in %.1f s%s", name,
+                                broker(options.url), mask(str(exc)), delay, held)
             stop.wait(delay)
         finally:
             safe_release(conn)
@@ -65,14 +63,8 @@ class BrokerSubscription(Subscription):
     """A subscriber's own queue on RabbitMQ (:class:`~vmsched.bus.interface.Topic`): one thread with its own
     connection, reconnecting with backoff; an exclusive queue, gone with its connection."""
 
-    def __init__(self, options: BusOptions, name: str, topic: Topic, on_message: OnMessage,
-                 on_subscribed: Callable[[Publish], None] | None = None, linger: float = 0.0,
-                 tick: Callable[[], None] | None = None) -> None:
-        super().__init__(name, topic, on_message, on_subscribed, linger, tick)
-        self.options = options
-
     def serve(self) -> None:
-        run_reconnecting(self.options, self.name, self.stopping, self._serve)
+        run_reconnecting(self.transport.options, self.name, self.stopping, self._serve)
 
     def _serve(self, conn: Connection) -> None:
         topic = self.topic

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import logging
 import queue as queues
-import threading
 import time
+from functools import partial
 from pathlib import Path
-from typing import Callable
 
 from kombu import Connection, Consumer, Producer
 from kombu.message import Message
@@ -36,7 +35,8 @@ from vmsched.bus.rabbitmq.journal import Journal
 from vmsched.bus.rabbitmq.loop import run_reconnecting
 from vmsched.bus.rabbitmq.poison import HELD_MAX, HOLD_CHECK, HeldOutcome, HeldSecondChances, PoisonTriage, Triage, Turns, \
     Verdict, correlation_id
-from vmsched.bus.replies import Handler, Replier
+from vmsched.bus.interface import Worker
+from vmsched.bus.replies import Handler
 from vmsched.bus.topology import DEAD_EXCHANGE, REPLY_EXCHANGE, dead_letter_queue, is_versioned, request_queue, \
     route
 
@@ -47,7 +47,7 @@ log = logging.getLogger("vmsched.bus")
 _Item = tuple[str, Message, Triage]  # queue, message, how it runs
 
 
-class ServiceWorker:
+class ServiceWorker(Worker):
     def __init__(
         self,
         options: BusOptions,
@@ -58,20 +58,13 @@ class ServiceWorker:
         prefetch: int = 2,
         journal_dir: Path | None = None,
     ) -> None:
+        super().__init__(service, routes, consumers, options.delivery_limit)
         self.options = options
-        self.service = service
-        self.routes: dict[str, Handler] = dict(routes)
-        if not self.routes:
-            raise ValueError("a worker needs at least one queue and handler")
-        self.consumers = consumers
         self.prefetch = prefetch
-        self.limit = self.options.delivery_limit
-        self.replier = Replier(service, self.routes, self.limit)
+        self.limit = options.delivery_limit
         self.journal_dir = journal_dir
         self.journal: Journal | None = None
         self.triage = PoisonTriage(service, self.limit, None)
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
         self.connected = False
         self._work: queues.SimpleQueue[_Item | None] = queues.SimpleQueue()
         self._done: queues.SimpleQueue[tuple[Message, bytes | None]] = queues.SimpleQueue()
@@ -83,7 +76,6 @@ class ServiceWorker:
         self._acks: Confirms[Message] = Confirms(on_ack=lambda messages: [m.ack() for m in messages],
                                                  on_nack=self._nacked)
         self._refused = False  # the broker refused a reply or a copy: take a new connection
-        self.ready = threading.Event()  # set once the consumers have subscribed
 
     # --- lifecycle ---------------------------------------------------------
     def start(self) -> None:
@@ -97,14 +89,10 @@ class ServiceWorker:
                             "killed it, within --delivery-limit", self.service, exc)
         self.triage = PoisonTriage(self.service, self.limit, self.journal)
         self._wakeup = Wakeup()
-        self._spawn(self._run, f"{self.service}-bus")
+        self._spawn(partial(run_reconnecting, self.options, self.service, self._stop, self._serve, self._reconnected),
+                    f"{self.service}-bus")
         for i in range(self.consumers):
             self._spawn(lambda slot=i: self._handler_thread(slot), f"{self.service}-handler-{i}")
-
-    def _spawn(self, target: Callable[[], None], name: str) -> None:
-        t = threading.Thread(target=target, name=name, daemon=True)
-        t.start()
-        self._threads.append(t)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Let the handlers finish what they run (their replies still go out), then close the connection."""
@@ -125,9 +113,6 @@ class ServiceWorker:
             self.journal = None
 
     # --- the bus thread ----------------------------------------------------
-    def _run(self) -> None:
-        run_reconnecting(self.options, self.service, self._stop, self._serve, self._reconnected)
-
     def _nacked(self, messages: list[Message]) -> None:
         self._refused = True  # not acknowledged: delivered again on the next connection
 
@@ -148,11 +133,11 @@ class ServiceWorker:
         for name in self.routes:
             if is_versioned(name):
                 Consumer(channel, [dead_letter_queue(name)], no_ack=False,
-                         on_message=self._callback(name, True, producer)).consume()
+                         on_message=partial(self._on_message, name, True, producer)).consume()
         channel.basic_qos(0, self.prefetch, False)  # RabbitMQ: per consumer, as it subscribes
         for name in self.routes:
             Consumer(channel, [request_queue(name, self.limit)], no_ack=False,
-                     on_message=self._callback(name, False, producer)).consume()
+                     on_message=partial(self._on_message, name, False, producer)).consume()
         self.connected = True
         metrics.BUS_UP.labels(self.service).set(1)
         try:
@@ -205,11 +190,8 @@ class ServiceWorker:
         if self._wakeup is not None:
             self._wakeup.wake()
 
-    def _callback(self, name: str, dead_letter: bool, producer: Producer) -> Callable[[Message], None]:
-        return lambda message: self._on_message(name, dead_letter, message, producer)
-
     # --- one message (on the bus thread) -----------------------------------
-    def _on_message(self, name: str, dead_letter: bool, message: Message, producer: Producer) -> None:
+    def _on_message(self, name: str, dead_letter: bool, producer: Producer, message: Message) -> None:
         triage = self.triage.decide(name, dead_letter, message)
         verdict = triage.verdict
         if verdict is Verdict.RUN:
