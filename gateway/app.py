@@ -19,7 +19,7 @@ from vmsched.gateway.decisions import api as decisions_api
 from vmsched.gateway.engine import calls as engine
 from vmsched.gateway.engine import xmlrpc
 from vmsched.gateway.console.logouts import LogoutLink
-from vmsched.gateway.console.sessions import Sessions
+from vmsched.gateway.console.sessions import Sessions, read_secret
 from vmsched.gateway.decisions.log import DecisionLog
 from vmsched.gateway.decisions.record import gateway_label
 from vmsched.gateway.decisions.shadow import ShadowStore
@@ -176,12 +176,14 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
     shadow = ShadowStore(transport)  # the shadow candidates' comparisons, joined to decisions by ID
     own_writer = record_writer(settings, "gateway") if recording is None else None
     writer = recording or own_writer
-    scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings),
+    scheduler = Scheduler(bus, settings.request_timeout,
+                          Limits(settings.max_hosts, settings.max_units, settings.max_string),
                           decision_log.submit if settings.decisions_size else None,
                           RenderOptions(score_per_unit=settings.score_per_unit),
                           CallRecording(writer, label, _items(settings.record_omit))
                           if writer is not None else None)
-    sessions = Sessions.from_settings(settings.console_secret_file, tokens, settings.console_session_ttl)
+    secret_file = settings.console_secret_file
+    sessions = Sessions(read_secret(secret_file) if secret_file else None, tokens, ttl=settings.console_session_ttl)
     logouts = (LogoutLink(transport, label, sessions.logouts)
                if transport.spans_processes else None)  # the in-process bus: one process, one gateway
     app.state.console_sessions = sessions
