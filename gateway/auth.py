@@ -71,24 +71,20 @@ NO_TOKENS_FILE = ("this gateway has no tokens file, so the JSON API accepts no c
                   "--tokens-file tokens.yaml (see docs/api-auth.md)")
 
 
-def check_routes(app: FastAPI) -> None:
-    """Every route ``app`` documents is open or has a declared role, and every declared role names a route."""
-    present = {(method.upper(), path) for path, ops in app.openapi()["paths"].items() for method in ops}
-    undeclared = sorted(f"{m} {p}" for m, p in present if p not in OPEN_PATHS and (m, p) not in ROUTE_ROLES)
-    stale = sorted(f"{m} {p}" for m, p in ROUTE_ROLES if (m, p) not in present)
-    if undeclared or stale:
-        raise RuntimeError(f"gateway routes without a role in vmsched.gateway.auth.ROUTE_ROLES: {undeclared}; "
-                           f"roles declared for routes that do not exist: {stale}")
-
-
-def operation_names(app: FastAPI) -> dict[tuple[str, str], str]:
-    """(method, path) -> the endpoint's name (e.g. ``set_policy``), from its OpenAPI operationId."""
-    out = {}
+def check_routes(app: FastAPI) -> dict[tuple[str, str], str]:
+    """Every route ``app`` documents is open or has a declared role, and every declared role names a route; returns
+    (method, path) -> the endpoint's name (e.g. ``set_policy``), from its OpenAPI operationId."""
+    names = {}
     for path, ops in app.openapi()["paths"].items():
         for method, op in ops.items():
             suffix = re.sub(r"\W", "_", path) + "_" + method
-            out[(method.upper(), path)] = str(op.get("operationId", "")).removesuffix(suffix)
-    return out
+            names[(method.upper(), path)] = str(op.get("operationId", "")).removesuffix(suffix)
+    undeclared = sorted(f"{m} {p}" for m, p in names if p not in OPEN_PATHS and (m, p) not in ROUTE_ROLES)
+    stale = sorted(f"{m} {p}" for m, p in ROUTE_ROLES if (m, p) not in names)
+    if undeclared or stale:
+        raise RuntimeError(f"gateway routes without a role in vmsched.gateway.auth.ROUTE_ROLES: {undeclared}; "
+                           f"roles declared for routes that do not exist: {stale}")
+    return names
 
 
 _DECLARED = [(method, path, compile_path(path)[0], role) for (method, path), role in ROUTE_ROLES.items()]
@@ -177,11 +173,10 @@ class Guard:
     """Authenticate and authorise every non-open request before the app sees it; audit the result."""
 
     def __init__(self, app: FastAPI, store: TokenStore, sessions: Sessions) -> None:
-        check_routes(app)
+        self.operations = check_routes(app)  # (method, path) -> the endpoint's name
         self.app = app
         self.store = store
         self.sessions = sessions
-        self.operations = operation_names(app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIXES):
