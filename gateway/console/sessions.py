@@ -190,10 +190,6 @@ class Sessions:
             return None, None
         return Session(parts[1], name, int(parts[2])), token
 
-    def logout(self, session: Session, now: float | None = None) -> bool:
-        """Remember the session as logged out (on this replica; the caller shares it); False if it expired."""
-        return self.logouts.add(session.sid, session.expires, now)
-
     # --- CSRF -------------------------------------------------------------------------------------
     def login_form(self, now: float | None = None) -> tuple[str, str]:
         """(cookie value, form token) of a login form: the token is the MAC of the cookie's nonce and expiry."""
