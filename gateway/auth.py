@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 from fastapi import FastAPI
 from starlette.routing import compile_path
@@ -105,31 +104,23 @@ def match(method: str, path: str) -> tuple[Role | None, str, dict[str, str], boo
 
 
 def add_security_scheme(app: FastAPI) -> None:
-    """OpenAPI: the HTTP bearer scheme on every protected operation, with its role and 401/403."""
-    original = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = original()
-        schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
-            "type": "http", "scheme": "bearer",
-            "description": "a token from the gateway's tokens file (`vmsched token new`); a verified client "
-                           "certificate whose subject the tokens file maps to roles is accepted too",
-        }
-        for (method, path), role in ROUTE_ROLES.items():
-            op = schema["paths"][path][method.lower()]
-            op["security"] = [{"bearer": []}]
-            op["x-vmsched-role"] = role.value
-            op["description"] = (op.get("description", "") + f"\n\nRequires the `{role.value}` role.").strip()
-            op.setdefault("responses", {}).update({
-                "401": {"description": "no valid credential (JSON reason; WWW-Authenticate: Bearer)"},
-                "403": {"description": f"the credential lacks the {role.value} role (JSON reason)"},
-            })
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+    """OpenAPI: the HTTP bearer scheme on every protected operation, with its role and 401/403; in the schema the
+    app makes once and keeps (call this when every route is in)."""
+    schema = app.openapi()
+    schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+        "type": "http", "scheme": "bearer",
+        "description": "a token from the gateway's tokens file (`vmsched token new`); a verified client "
+                       "certificate whose subject the tokens file maps to roles is accepted too",
+    }
+    for (method, path), role in ROUTE_ROLES.items():
+        op = schema["paths"][path][method.lower()]
+        op["security"] = [{"bearer": []}]
+        op["x-vmsched-role"] = role.value
+        op["description"] = (op.get("description", "") + f"\n\nRequires the `{role.value}` role.").strip()
+        op.setdefault("responses", {}).update({
+            "401": {"description": "no valid credential (JSON reason; WWW-Authenticate: Bearer)"},
+            "403": {"description": f"the credential lacks the {role.value} role (JSON reason)"},
+        })
 
 
 def identify(scope: Scope, store: TokenStore) -> tuple[Identity | None, str]:
