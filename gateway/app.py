@@ -19,7 +19,7 @@ from vmsched.gateway.decisions import api as decisions_api
 from vmsched.gateway.engine import calls as engine
 from vmsched.gateway.engine import xmlrpc
 from vmsched.gateway.console.logouts import LogoutLink
-from vmsched.gateway.console.sessions import Sessions
+from vmsched.gateway.console.sessions import Sessions, read_secret
 from vmsched.gateway.decisions.log import DecisionLog
 from vmsched.gateway.decisions.record import gateway_label
 from vmsched.gateway.decisions.shadow import ShadowStore
@@ -59,35 +59,6 @@ async def refuse_too_large(send: Send, limit: int) -> None:
     await respond(send, 413, body, [(b"content-type", b"application/json")])
 
 
-class BodyLimit:
-    """Refuse request bodies over ``limit`` bytes with 413, declared or streamed."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = header(scope, b"content-length") or b""
-        if declared.isdigit() and int(declared) > self.limit:
-            return await refuse_too_large(send, self.limit)
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise TooLarge()
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except TooLarge:
-            await refuse_too_large(send, self.limit)
-
-
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 #: XML-RPC fault code of a client outside --engine-allow
 FAULT_NOT_ALLOWED = 403
@@ -107,38 +78,57 @@ def allowed(client: tuple[str, int] | None, networks: list[Network]) -> bool:
     return any(address in net for net in networks)
 
 
-class EngineFastPath:
-    """POST / and /RPC2 go straight to the XML-RPC handler; everything else to FastAPI.
+class Front:
+    """What the gateway does before the framework: the body limit, and the engine's calls.
 
-    The engine's calls are the hot path: they skip the framework's middleware
-    and routing layers, which cost as much as the rest of the request. Body
-    size is limited around this app, by :class:`BodyLimit`. The engine sends
-    no credential: these two paths are open, or limited to ``networks``
-    (``--engine-allow``); another client gets an XML-RPC fault saying so.
+    A request body over ``limit`` bytes is refused with 413, declared or streamed. POST / and /RPC2 go straight
+    to the XML-RPC handler; everything else to ``app`` (FastAPI). The engine's calls are the hot path: they skip
+    the framework's middleware and routing layers, which cost as much as the rest of the request. The engine
+    sends no credential: these two paths are open, or limited to ``networks`` (``--engine-allow``); another
+    client gets an XML-RPC fault saying so.
     """
 
-    def __init__(self, app: ASGIApp, scheduler: Scheduler, networks: list[Network] | None = None) -> None:
+    def __init__(self, app: ASGIApp, scheduler: Scheduler, limit: int, networks: list[Network] | None = None) -> None:
         self.app = app
         self.scheduler = scheduler
+        self.limit = limit
         self.networks = networks or []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in ENGINE_PATHS:
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if not allowed(scope.get("client"), self.networks):
-            metrics.ENGINE_REFUSED.inc()
-            peer = (scope.get("client") or ("unknown",))[0]
-            log.warning("XML-RPC call from %s refused: not in --engine-allow", peer)
-            fault = xmlrpc.Fault(FAULT_NOT_ALLOWED, f"client {peer} is not allowed to call the scheduler "
-                                                    "(the gateway's --engine-allow networks)")
-            return await respond(send, 200, xmlrpc.dump_fault(fault), XML)
-        body = await read_body(receive)
-        if body is not None:
-            await respond(send, 200, await engine.handle(self.scheduler, body), XML)
+        declared = header(scope, b"content-length") or b""
+        if declared.isdigit() and int(declared) > self.limit:
+            return await refuse_too_large(send, self.limit)
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise TooLarge()
+            return message
+
+        try:
+            if scope["method"] != "POST" or scope["path"] not in ENGINE_PATHS:
+                return await self.app(scope, limited, send)
+            if not allowed(scope.get("client"), self.networks):
+                metrics.ENGINE_REFUSED.inc()
+                peer = (scope.get("client") or ("unknown",))[0]
+                log.warning("XML-RPC call from %s refused: not in --engine-allow", peer)
+                fault = xmlrpc.Fault(FAULT_NOT_ALLOWED, f"client {peer} is not allowed to call the scheduler "
+                                                        "(the gateway's --engine-allow networks)")
+                return await respond(send, 200, xmlrpc.dump_fault(fault), XML)
+            body = await read_body(limited)
+            if body is not None:
+                await respond(send, 200, await engine.handle(self.scheduler, body), XML)
+        except TooLarge:
+            await refuse_too_large(send, self.limit)
 
 
 def create_app(settings: Settings, transport: Transport, tokens: TokenStore | None = None,
-               metrics_url: Callable[[], str | None] = lambda: None, recording: RecordWriter | None = None) -> BodyLimit:
+               metrics_url: Callable[[], str | None] = lambda: None, recording: RecordWriter | None = None) -> Front:
     """The gateway's ASGI app on ``transport``, the process's bus (the runner's, shared with the services of an
     all-in-one); ``/metrics`` is served on its own listener (runner), at ``metrics_url()`` (known once that
     listener is up). ``recording``: the process's recording (the runner's); else, with ``--record``, one of its
@@ -176,12 +166,14 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
     shadow = ShadowStore(transport)  # the shadow candidates' comparisons, joined to decisions by ID
     own_writer = record_writer(settings, "gateway") if recording is None else None
     writer = recording or own_writer
-    scheduler = Scheduler(bus, settings.request_timeout, Limits.from_settings(settings),
+    scheduler = Scheduler(bus, settings.request_timeout,
+                          Limits(settings.max_hosts, settings.max_units, settings.max_string),
                           decision_log.submit if settings.decisions_size else None,
                           RenderOptions(score_per_unit=settings.score_per_unit),
                           CallRecording(writer, label, _items(settings.record_omit))
                           if writer is not None else None)
-    sessions = Sessions.from_settings(settings.console_secret_file, tokens, settings.console_session_ttl)
+    secret_file = settings.console_secret_file
+    sessions = Sessions(read_secret(secret_file) if secret_file else None, tokens, ttl=settings.console_session_ttl)
     logouts = (LogoutLink(transport, label, sessions.logouts)
                if transport.spans_processes else None)  # the in-process bus: one process, one gateway
     app.state.console_sessions = sessions
@@ -224,4 +216,4 @@ def create_app(settings: Settings, transport: Transport, tokens: TokenStore | No
         return JSONResponse({"ready": ready, "bus": "connected", "queues": queues}, status_code=200 if ready else 503)
 
     add_security_scheme(app)
-    return BodyLimit(EngineFastPath(Guard(app, tokens, sessions), scheduler, settings.engine_networks), settings.max_body_bytes)
+    return Front(Guard(app, tokens, sessions), scheduler, settings.max_body_bytes, settings.engine_networks)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 from fastapi import FastAPI
 from starlette.routing import compile_path
@@ -71,24 +70,20 @@ NO_TOKENS_FILE = ("this gateway has no tokens file, so the JSON API accepts no c
                   "--tokens-file tokens.yaml (see docs/api-auth.md)")
 
 
-def check_routes(app: FastAPI) -> None:
-    """Every route ``app`` documents is open or has a declared role, and every declared role names a route."""
-    present = {(method.upper(), path) for path, ops in app.openapi()["paths"].items() for method in ops}
-    undeclared = sorted(f"{m} {p}" for m, p in present if p not in OPEN_PATHS and (m, p) not in ROUTE_ROLES)
-    stale = sorted(f"{m} {p}" for m, p in ROUTE_ROLES if (m, p) not in present)
-    if undeclared or stale:
-        raise RuntimeError(f"gateway routes without a role in vmsched.gateway.auth.ROUTE_ROLES: {undeclared}; "
-                           f"roles declared for routes that do not exist: {stale}")
-
-
-def operation_names(app: FastAPI) -> dict[tuple[str, str], str]:
-    """(method, path) -> the endpoint's name (e.g. ``set_policy``), from its OpenAPI operationId."""
-    out = {}
+def check_routes(app: FastAPI) -> dict[tuple[str, str], str]:
+    """Every route ``app`` documents is open or has a declared role, and every declared role names a route; returns
+    (method, path) -> the endpoint's name (e.g. ``set_policy``), from its OpenAPI operationId."""
+    names = {}
     for path, ops in app.openapi()["paths"].items():
         for method, op in ops.items():
             suffix = re.sub(r"\W", "_", path) + "_" + method
-            out[(method.upper(), path)] = str(op.get("operationId", "")).removesuffix(suffix)
-    return out
+            names[(method.upper(), path)] = str(op.get("operationId", "")).removesuffix(suffix)
+    undeclared = sorted(f"{m} {p}" for m, p in names if p not in OPEN_PATHS and (m, p) not in ROUTE_ROLES)
+    stale = sorted(f"{m} {p}" for m, p in ROUTE_ROLES if (m, p) not in names)
+    if undeclared or stale:
+        raise RuntimeError(f"gateway routes without a role in vmsched.gateway.auth.ROUTE_ROLES: {undeclared}; "
+                           f"roles declared for routes that do not exist: {stale}")
+    return names
 
 
 _DECLARED = [(method, path, compile_path(path)[0], role) for (method, path), role in ROUTE_ROLES.items()]
@@ -109,31 +104,23 @@ def match(method: str, path: str) -> tuple[Role | None, str, dict[str, str], boo
 
 
 def add_security_scheme(app: FastAPI) -> None:
-    """OpenAPI: the HTTP bearer scheme on every protected operation, with its role and 401/403."""
-    original = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = original()
-        schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
-            "type": "http", "scheme": "bearer",
-            "description": "a token from the gateway's tokens file (`vmsched token new`); a verified client "
-                           "certificate whose subject the tokens file maps to roles is accepted too",
-        }
-        for (method, path), role in ROUTE_ROLES.items():
-            op = schema["paths"][path][method.lower()]
-            op["security"] = [{"bearer": []}]
-            op["x-vmsched-role"] = role.value
-            op["description"] = (op.get("description", "") + f"\n\nRequires the `{role.value}` role.").strip()
-            op.setdefault("responses", {}).update({
-                "401": {"description": "no valid credential (JSON reason; WWW-Authenticate: Bearer)"},
-                "403": {"description": f"the credential lacks the {role.value} role (JSON reason)"},
-            })
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+    """OpenAPI: the HTTP bearer scheme on every protected operation, with its role and 401/403; in the schema the
+    app makes once and keeps (call this when every route is in)."""
+    schema = app.openapi()
+    schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+        "type": "http", "scheme": "bearer",
+        "description": "a token from the gateway's tokens file (`vmsched token new`); a verified client "
+                       "certificate whose subject the tokens file maps to roles is accepted too",
+    }
+    for (method, path), role in ROUTE_ROLES.items():
+        op = schema["paths"][path][method.lower()]
+        op["security"] = [{"bearer": []}]
+        op["x-vmsched-role"] = role.value
+        op["description"] = (op.get("description", "") + f"\n\nRequires the `{role.value}` role.").strip()
+        op.setdefault("responses", {}).update({
+            "401": {"description": "no valid credential (JSON reason; WWW-Authenticate: Bearer)"},
+            "403": {"description": f"the credential lacks the {role.value} role (JSON reason)"},
+        })
 
 
 def identify(scope: Scope, store: TokenStore) -> tuple[Identity | None, str]:
@@ -177,11 +164,10 @@ class Guard:
     """Authenticate and authorise every non-open request before the app sees it; audit the result."""
 
     def __init__(self, app: FastAPI, store: TokenStore, sessions: Sessions) -> None:
-        check_routes(app)
+        self.operations = check_routes(app)  # (method, path) -> the endpoint's name
         self.app = app
         self.store = store
         self.sessions = sessions
-        self.operations = operation_names(app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIXES):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Iterable
+from typing import Iterable
 
 from pydantic import BaseModel
 
@@ -31,10 +31,6 @@ class Limits:
     max_hosts: int = 10000
     max_units: int = 200
     max_string: int = 4096
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> "Limits":
-        return cls(settings.max_hosts, settings.max_units, settings.max_string)
 
     def check(self, req: BaseModel) -> None:
         """Raise :class:`OverLimit` naming every limit ``req`` (a filter, score or balance request) is over."""

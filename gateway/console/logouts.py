@@ -123,13 +123,8 @@ class LogoutLink:
         if routing_key == HELLO_KEY:
             for answer in self._bodies(self.logouts.entries()):
                 self._send_here(LOGOUT_KEY, answer)
-        elif routing_key == LOGOUT_KEY:
-            self._add(message.get("logouts"))
-
-    def _add(self, entries: Any) -> None:
-        if not isinstance(entries, list):
-            return
-        now = time.time()
-        for entry in entries[:CHUNK]:
-            if isinstance(entry, list) and len(entry) == 2:
-                self.logouts.add(entry[0], entry[1], now)
+        elif routing_key == LOGOUT_KEY and isinstance(message.get("logouts"), list):
+            now = time.time()
+            for entry in message["logouts"][:CHUNK]:
+                if isinstance(entry, list) and len(entry) == 2:
+                    self.logouts.add(entry[0], entry[1], now)

@@ -136,7 +136,7 @@ async def logout(request: Request) -> Response:
             return page(request, "vmsched console - not logged out", "<h1>Not logged out</h1><p class=\"error\">"
                         'The log-out form did not come from this console. Use the <a href="/">console</a>\'s Log out '
                         "button.</p>", 403)
-        sessions.logout(session)
+        sessions.logouts.add(session.sid, session.expires)  # on this replica; shared below
         link = request.app.state.console_logouts
         if link is not None and not await asyncio.to_thread(link.share, [(session.sid, session.expires)]):
             log.warning("console logout of a session of %r not shared with the other gateway replicas now: the bus "

@@ -133,19 +133,15 @@ class Logouts:
 class Sessions:
     """Makes and checks console sessions and the CSRF tokens of the login and logout forms."""
 
-    def __init__(self, secret: bytes, tokens: TokenStore, logouts: Logouts | None = None,
-                 ttl: float = DEFAULT_TTL, shared: bool = True) -> None:
+    def __init__(self, secret: bytes | None, tokens: TokenStore, logouts: Logouts | None = None,
+                 ttl: float = DEFAULT_TTL) -> None:
+        """``secret``: the console secret (:func:`read_secret`), None for a random one of this process."""
+        self.shared = secret is not None  # False: a random secret of this process
+        secret = secrets.token_bytes(32) if secret is None else secret
         self._key = hashlib.sha256(b"vmsched console v1\0" + secret).digest()
         self.tokens = tokens
         self.logouts = logouts or Logouts()
         self.ttl = ttl
-        self.shared = shared  # False: a random secret of this process
-
-    @classmethod
-    def from_settings(cls, secret_file: Path | None, tokens: TokenStore, ttl: float) -> "Sessions":
-        if secret_file is not None:
-            return cls(read_secret(secret_file), tokens, ttl=ttl)
-        return cls(secrets.token_bytes(32), tokens, ttl=ttl, shared=False)
 
     def _mac(self, purpose: str, *parts: str) -> str:
         message = "\0".join((purpose, *parts)).encode()
@@ -193,10 +189,6 @@ class Sessions:
         if not hmac.compare_digest(parts[4].encode(), self._mac("session", parts[1], parts[2], name, digest).encode()):
             return None, None
         return Session(parts[1], name, int(parts[2])), token
-
-    def logout(self, session: Session, now: float | None = None) -> bool:
-        """Remember the session as logged out (on this replica; the caller shares it); False if it expired."""
-        return self.logouts.add(session.sid, session.expires, now)
 
     # --- CSRF -------------------------------------------------------------------------------------
     def login_form(self, now: float | None = None) -> tuple[str, str]:

@@ -17,6 +17,8 @@ import time
 from collections import deque
 from typing import Any
 
+import orjson
+
 from vmsched.bus.interface import Transport
 from vmsched.facts.cache import FactsCache
 from vmsched.gateway.decisions.peers import MAX_ANSWER, Gathered, PeerLink
@@ -60,7 +62,7 @@ class DecisionLog:
         """Keep the decision in the ring, as one bytes object (the request's objects die with it); ``record_id``:
         its ID (the call's, vmsched.gateway.engine.scheduler), else a new one."""
         try:
-            data = keep(op, req, decision, outcomes, bus_failed, duration, self._ages(req.hosts)).dumps()
+            data = orjson.dumps(keep(op, req, decision, outcomes, bus_failed, duration, self._ages(req.hosts)))
         except Exception:  # noqa: BLE001 - the log must never fail a scheduling request
             log.exception("keeping a %s decision failed", op)
             self.skipped += 1

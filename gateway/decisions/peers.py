@@ -184,22 +184,18 @@ class PeerLink:
         token, label = message.get("token") or message.get("from"), message.get("gateway")
         if not replica_messages.from_another(token, self.token) or not isinstance(label, str):
             return  # our own question or presence, or not well formed
-        if routing_key == PRESENCE_KEY:
-            self._on_presence(token, label, message)
+        if routing_key == PRESENCE_KEY and message.get("gone") is True:
+            with self._lock:
+                self._peers.pop(token, None)
+        elif routing_key == PRESENCE_KEY:
+            self._heard(token, label)
+            if message.get("hello") is True:
+                self._presence()  # a newcomer learns of us at once
         elif routing_key == QUERY_KEY:
             self._heard(token, label)
             self._on_question(token, message)
         elif routing_key == ANSWER_PREFIX + self.token:
             self._on_answer(token, label, message)
-
-    def _on_presence(self, token: str, label: str, message: dict[str, Any]) -> None:
-        if message.get("gone") is True:
-            with self._lock:
-                self._peers.pop(token, None)
-            return
-        self._heard(token, label)
-        if message.get("hello") is True:
-            self._presence()  # a newcomer learns of us at once
 
     def _on_question(self, token: str, message: dict[str, Any]) -> None:
         qid = message.get("qid")

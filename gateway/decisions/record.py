@@ -1,8 +1,8 @@
-"""A decision as the log keeps it: plain values by name (:class:`Kept`), and the record a reader gets.
+"""A decision as the log keeps it: plain values by name (:func:`keep`), and the record a reader gets.
 
 :func:`keep` takes what the log keeps of one decision: no object of the request, the units' outcomes or the
-engine's decision outlives it. :meth:`Kept.dumps` serialises it into one bytes object (JSON) on the request
-path; :meth:`Kept.record` builds the JSON-able record a reader gets from it, with its plain-language summary
+engine's decision outlives it. ``orjson.dumps`` serialises it into one bytes object (JSON) on the request
+path; :func:`record_of` builds the JSON-able record a reader gets from it, with its plain-language summary
 (:mod:`vmsched.gateway.decisions.summary`). :func:`matches` answers the ``GET /v1/decisions`` filters.
 Everything a plugin supplied (errors, host IDs it returned) is kept as data; whoever renders it must escape it.
 """
@@ -13,10 +13,7 @@ import itertools
 import re
 import secrets
 import socket
-from dataclasses import dataclass, field, fields
 from typing import Any
-
-import orjson
 
 from vmsched.gateway.decisions.summary import SUMMARIES
 from vmsched.decide.rules import ALL_FILTERS_FAILED, Decision
@@ -39,71 +36,46 @@ def gateway_label(configured: str = "") -> str:
     return label or "gateway"
 
 
-@dataclass(frozen=True)
-class Kept:
-    """One decision as the ring keeps it: plain values (strings, numbers, lists, dicts), by name.
-
-    ``units`` holds each unit's outcome as a dict: ``unit``, ``kind``, ``ok``, ``error``, ``timed_out``,
-    ``duration``, ``reasons``, and by kind ``dropped`` (filter: the requested hosts it dropped), ``factor`` and
-    ``scores`` (score: its ``(host, score)`` pairs), ``vm``, ``hosts`` and ``reason`` (balance).
-    """
-
-    op: str
-    vm: str
-    unit: str  # the balancer asked (balance); "" otherwise
-    hosts: list[str]
-    units: list[dict[str, Any]]
-    result: Any
-    plugin_errors: dict[str, list[str]]
-    errors: list[str]
-    bus_failed: bool
-    duration: float
-    facts_age: dict[str, float] = field(default_factory=dict)
-    missing_facts: dict[str, Any] | None = None  # messages.MissingFacts as a dict
-
-    def dumps(self) -> bytes:
-        """One bytes object, JSON (TypeError for a value JSON cannot carry: a bug upstream). A non-finite float
-        is written as null, as the record shows it."""
-        return orjson.dumps({name: getattr(self, name) for name in _FIELDS})
-
-    @classmethod
-    def loads(cls, data: bytes) -> Kept:
-        return cls(**orjson.loads(data))
-
-    def record(self, record_id: str, at: float, gateway: str) -> dict[str, Any]:
-        """The record readers get (the API, the console, the other replicas, the stdout line)."""
-        units = [_unit_record(u, self.hosts) for u in self.units]
-        record: dict[str, Any] = {
-            "id": record_id,
-            "time": at,
-            "op": self.op,
-            "gateway": gateway,
-            "vm": self.vm,
-            "hosts": list(self.hosts),
-            "units": units,
-            "result": self.result,
-            "result_code": 1 if self.plugin_errors or self.errors else 0,
-            "plugin_errors": self.plugin_errors,
-            "errors": list(self.errors),
-            # nothing ran, or every unit failed
-            "fallback": self.bus_failed or not any(u["ok"] for u in units) or ALL_FILTERS_FAILED in self.errors,
-            "duration": round(self.duration, 6),
-            "facts_age": self.facts_age,
-            "missing_facts": self.missing_facts,
-        }
-        if self.op == "balance":
-            record["unit"] = self.unit
-        record["summary"] = SUMMARIES[self.op](record)
-        return record
-
-
-_FIELDS = tuple(f.name for f in fields(Kept))
+def record_of(kept: dict[str, Any], record_id: str, at: float, gateway: str) -> dict[str, Any]:
+    """The record readers get (the API, the console, the other replicas, the stdout line) of what :func:`keep`
+    kept."""
+    units = [_unit_record(u, kept["hosts"]) for u in kept["units"]]
+    record: dict[str, Any] = {
+        "id": record_id,
+        "time": at,
+        "op": kept["op"],
+        "gateway": gateway,
+        "vm": kept["vm"],
+        "hosts": list(kept["hosts"]),
+        "units": units,
+        "result": kept["result"],
+        "result_code": 1 if kept["plugin_errors"] or kept["errors"] else 0,
+        "plugin_errors": kept["plugin_errors"],
+        "errors": list(kept["errors"]),
+        # nothing ran, or every unit failed
+        "fallback": kept["bus_failed"] or not any(u["ok"] for u in units) or ALL_FILTERS_FAILED in kept["errors"],
+        "duration": round(kept["duration"], 6),
+        "facts_age": kept["facts_age"],
+        "missing_facts": kept["missing_facts"],
+    }
+    if kept["op"] == "balance":
+        record["unit"] = kept["unit"]
+    record["summary"] = SUMMARIES[kept["op"]](record)
+    return record
 
 
 def keep(op: str, req: Any, decision: Decision, outcomes: Any, bus_failed: bool, duration: float,
-         facts_age: dict[str, float] | None = None) -> Kept:
-    """What the log keeps of one decision; ``outcomes`` as the operation's ``outcomes``/``no_outcomes`` gave them
-    (a list of outcomes, or a balance's one outcome or None)."""
+         facts_age: dict[str, float] | None = None) -> dict[str, Any]:
+    """What the log keeps of one decision: plain values (strings, numbers, lists, dicts) by name, which
+    ``orjson.dumps`` makes one bytes object (a non-finite float is written as null, as the record shows it);
+    ``outcomes`` as the operation's ``outcomes``/``no_outcomes`` gave them (a list of outcomes, or a balance's one
+    outcome or None).
+
+    ``units`` holds each unit's outcome as a dict: ``unit``, ``kind``, ``ok``, ``error``, ``timed_out``,
+    ``duration``, ``reasons``, and by kind ``dropped`` (filter: the requested hosts it dropped), ``factor`` and
+    ``scores`` (score: its ``(host, score)`` pairs), ``vm``, ``hosts`` and ``reason`` (balance). ``unit`` is the
+    balancer asked (balance), "" otherwise; ``missing_facts`` a messages.MissingFacts as a dict.
+    """
     hosts = list(req.hosts)
     if op == "filter":
         units = _filter_units(hosts, outcomes or [], decision.dropped)
@@ -114,10 +86,10 @@ def keep(op: str, req: Any, decision: Decision, outcomes: Any, bus_failed: bool,
     else:
         units = []
     # req.unit only on a balance request: getattr(req, "unit", "") on another one makes pydantic raise (slow)
-    return Kept(op=op, vm=req.vm if op != "balance" else "", unit=req.unit if op == "balance" else "", hosts=hosts,
-                units=units, result=decision.result, plugin_errors=decision.plugin_errors,
-                errors=decision.errors, bus_failed=bus_failed, duration=duration, facts_age=facts_age or {},
-                missing_facts=decision.missing_facts.model_dump() if decision.missing_facts is not None else None)
+    return {"op": op, "vm": req.vm if op != "balance" else "", "unit": req.unit if op == "balance" else "",
+            "hosts": hosts, "units": units, "result": decision.result, "plugin_errors": decision.plugin_errors,
+            "errors": decision.errors, "bus_failed": bus_failed, "duration": duration, "facts_age": facts_age or {},
+            "missing_facts": decision.missing_facts.model_dump() if decision.missing_facts is not None else None}
 
 
 def _head(o: Any) -> dict[str, Any]:
@@ -135,17 +107,16 @@ def _filter_units(hosts: list[str], outcomes: list[Any], dropped: list[set[str] 
 
 
 def _unit_record(kept: dict[str, Any], hosts: list[str]) -> dict[str, Any]:
-    unit = {"unit": kept["unit"], "kind": kept["kind"], "ok": kept["ok"], "error": kept["error"],
-            "timed_out": kept["timed_out"], "duration": round(kept["duration"], 6), "reasons": dict(kept["reasons"])}
+    """A unit's part of the record: what :func:`keep` kept of it, in the same order."""
+    unit = {**kept, "duration": round(kept["duration"], 6), "reasons": dict(kept["reasons"])}
     if "dropped" in kept:
         gone = set(kept["dropped"])
         unit["dropped"] = [h for h in hosts if h in gone]  # in the engine's order
     if "scores" in kept:
-        unit["factor"] = kept["factor"]
         # JSON has no infinity: a plugin's infinite score shows as null (strict JSON for the API and the log lines)
         unit["scores"] = {h: s if finite(s) else None for h, s in kept["scores"]}
     if "reason" in kept:
-        unit["vm"], unit["hosts"], unit["reason"] = kept["vm"], list(kept["hosts"]), kept["reason"]
+        unit["hosts"] = list(kept["hosts"])
     return unit
 
 

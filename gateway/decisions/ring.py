@@ -12,7 +12,9 @@ import threading
 from array import array
 from typing import Any
 
-from vmsched.gateway.decisions.record import OPS, Kept, matches
+import orjson
+
+from vmsched.gateway.decisions.record import OPS, matches, record_of
 
 log = logging.getLogger("vmsched.gateway.decisions")
 
@@ -31,9 +33,9 @@ class _Slots:
 
 
 class Ring:
-    """The newest ``size`` decisions of each operation, each one bytes object (:meth:`Kept.dumps`), and an index
-    by ID. Thread-safe: the event loop writes and reads, the output thread and the link to the other replicas
-    read."""
+    """The newest ``size`` decisions of each operation, each one bytes object (what
+    :func:`~vmsched.gateway.decisions.record.keep` keeps, as JSON), and an index by ID. Thread-safe: the event loop
+    writes and reads, the output thread and the link to the other replicas read."""
 
     def __init__(self, size: int, gateway: str = "") -> None:
         self.size = size
@@ -60,7 +62,7 @@ class Ring:
     def record(self, record_id: str, at: float, data: bytes) -> dict[str, Any] | None:
         """The record of a slot's bytes; None (logged) when that fails: the log must never take the gateway down."""
         try:
-            return Kept.loads(data).record(record_id, at, self.gateway)
+            return record_of(orjson.loads(data), record_id, at, self.gateway)
         except Exception:  # noqa: BLE001
             log.exception("reading decision %s failed", record_id)
             return None

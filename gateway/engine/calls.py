@@ -43,7 +43,6 @@ def _operation_method(operation: Operation) -> Method:
             raise xmlrpc.Fault(xmlrpc.INVALID_PARAMS, f"{name}: {exc}") from None
         return decision.envelope()
 
-    method.__name__ = method.__qualname__ = name
     return method
 
 

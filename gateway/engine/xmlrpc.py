@@ -60,12 +60,20 @@ def shown(value: Any) -> str:
     return _repr.repr(value)
 
 
-#: The value types read (Apache's extensions included), and what the text of each must be.
-_SCALARS: dict[str, str] = {
-    "string": "text", "nil": "nothing", "boolean": "0 or 1", "base64": "base64 data",
-    "dateTime.iso8601": "a time as YYYYMMDDTHH:MM:SS", "double": "a number", "float": "a number",
-    "bigdecimal": "a decimal number",
-    **{name: "an integer of at most 4300 digits" for name in ("int", "i1", "i2", "i4", "i8", "biginteger")},
+def _boolean(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError(text)
+    return text == "1"
+
+
+#: The value types read (Apache's extensions included): how the text of each becomes its value (as the stdlib's
+#: unmarshaller reads it, builtin types on), and what that text must be.
+_SCALARS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "string": (str, "text"), "nil": (lambda text: None, "nothing"), "boolean": (_boolean, "0 or 1"),
+    "base64": (lambda text: base64.decodebytes(text.encode("ascii")), "base64 data"),
+    "dateTime.iso8601": (lambda text: datetime.strptime(text, "%Y%m%dT%H:%M:%S"), "a time as YYYYMMDDTHH:MM:SS"),
+    "double": (float, "a number"), "float": (float, "a number"), "bigdecimal": (Decimal, "a decimal number"),
+    **dict.fromkeys(("int", "i1", "i2", "i4", "i8", "biginteger"), (int, "an integer of at most 4300 digits")),
 }
 _TYPES = frozenset(_SCALARS) | {"array", "struct"}
 #: The elements each element holds (None: the document), those it holds at most once, those it must hold.
@@ -83,21 +91,6 @@ _TYPE_NAMES = ", ".join(sorted(_SCALARS, key=str.lower)) + ", array, struct"
 
 #: An open element: its name, the names of its children so far, its text so far.
 _Open = tuple[str, list[str], list[str]]
-
-
-def _boolean(text: str) -> bool:
-    if text not in ("0", "1"):
-        raise ValueError(text)
-    return text == "1"
-
-
-#: How the text of each scalar becomes its value (as the stdlib's unmarshaller reads it, builtin types on).
-_READ: dict[str, Callable[[str], Any]] = {
-    "string": str, "nil": lambda text: None, "boolean": _boolean, "double": float, "float": float,
-    "bigdecimal": Decimal, "base64": lambda text: base64.decodebytes(text.encode("ascii")),
-    "dateTime.iso8601": lambda text: datetime.strptime(text, "%Y%m%dT%H:%M:%S"),
-    **dict.fromkeys(("int", "i1", "i2", "i4", "i8", "biginteger"), int),
-}
 
 
 class _Reader:
@@ -160,12 +153,12 @@ class _Reader:
         for needed in _NEEDS.get(name, ()):
             if needed not in children:
                 raise _invalid(f"<{name}> has no <{needed}>")
-        read = _READ.get(name)
-        if read is not None:
+        scalar = _SCALARS.get(name)
+        if scalar is not None:
             try:
-                self._values.append(read("".join(text)))
+                self._values.append(scalar[0]("".join(text)))
             except Exception:  # noqa: BLE001 - the text is not of the element's type
-                raise _invalid(f"<{name}> must hold {_SCALARS[name]}, got {shown(''.join(text))}") from None
+                raise _invalid(f"<{name}> must hold {scalar[1]}, got {shown(''.join(text))}") from None
         elif name == "name" or (name == "value" and not children):  # a member's name, or a bare value: a string
             self._values.append("".join(text))
         elif name == "array" or name == "struct":

@@ -101,7 +101,7 @@ def gateway_in_process(tmp: Path, tokens: Path, **settings: Any) -> Iterator[InP
         with TestClient(app, follow_redirects=False) as client:
             gateway = InProcess(transport, client, config)
             wait_until(lambda: gateway.get("/readyz").status_code == 200, 30, 0.1, "the services to answer")
-            wait_until(lambda: app.app.app.app.state.shadow.ready.is_set(), 10, 0.05, "the shadow subscription")
+            wait_until(lambda: app.app.app.state.shadow.ready.is_set(), 10, 0.05, "the shadow subscription")
             yield gateway
     finally:
         for service in services:

@@ -8,6 +8,7 @@ import re
 import time
 from typing import Any
 
+import orjson
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -37,7 +38,8 @@ def app() -> FastAPI:
 def _page(app: FastAPI, op: str, req: Any, decision: Any, outcomes: Any) -> str:
     """The console page of a decision put in the app's log."""
     record_id = new_id()
-    app.state.decisions.ring.put(op, record_id, time.time(), keep(op, req, decision, outcomes, False, 0.01).dumps())
+    kept = orjson.dumps(keep(op, req, decision, outcomes, False, 0.01))
+    app.state.decisions.ring.put(op, record_id, time.time(), kept)
     r = TestClient(app).get(f"/console/decisions/{record_id}")
     assert r.status_code == 200, r.text
     assert "'unsafe-inline'" not in r.headers["content-security-policy"]

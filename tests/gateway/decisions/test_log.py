@@ -9,6 +9,7 @@ import time
 import uuid
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,7 +25,7 @@ from vmsched.gateway.decisions import log as decision_log
 from vmsched.gateway.decisions import peers as decision_peers
 from vmsched.gateway.decisions import record as decisions
 from vmsched.gateway.decisions.log import DecisionLog
-from vmsched.gateway.decisions.record import Kept, gateway_label
+from vmsched.gateway.decisions.record import gateway_label, record_of
 from vmsched.gateway.decisions.ring import Ring
 from tests.support.decisions import build
 from vmsched.gateway.engine.operations import paired_scores
@@ -182,7 +183,7 @@ def test_filters_of_the_api() -> None:
 def _kept_filter(hosts: list[str] = H[:5]) -> bytes:
     req = FilterRequest(units=["A"], hosts=hosts, vm=VM)
     outcomes = [FilterOutcome(unit="A", ok=True, hosts=hosts[:1])]
-    return decisions.keep("filter", req, filter_decision(hosts, outcomes), outcomes, False, 0.01).dumps()
+    return orjson.dumps(decisions.keep("filter", req, filter_decision(hosts, outcomes), outcomes, False, 0.01))
 
 
 def test_the_ring_never_grows_past_its_size_per_operation() -> None:
@@ -193,7 +194,7 @@ def test_the_ring_never_grows_past_its_size_per_operation() -> None:
         assert len(ring.recent(op="filter")) <= 3
     score = uuid.uuid4().hex
     sreq = ScoreRequest.model_validate({"units": [], "hosts": H[:2], "vm": VM})
-    ring.put("score", score, 0.5, decisions.keep("score", sreq, Decision(result=[]), [], False, 0.01).dumps())
+    ring.put("score", score, 0.5, orjson.dumps(decisions.keep("score", sreq, Decision(result=[]), [], False, 0.01)))
     assert [r["id"] for r in ring.recent(op="filter")] == list(reversed(ids[-3:]))
     assert ring.get(ids[0]) is None and ring.get(ids[-1]) == ring.recent(limit=1)[0]
     assert ring.get(score)["id"] == score  # another operation's ring is not evicted by filters
@@ -270,8 +271,8 @@ def _plain(value: Any) -> bool:
 def _through_the_ring(op: str, req: Any, decision: Decision, outcomes: Any, **args: Any) -> dict[str, Any]:
     """The record of a decision kept in a ring (serialised, read back), with ``args`` as for build."""
     kept = decisions.keep(op, req, decision, outcomes, args["bus_failed"], args["duration"], args.get("facts_age"))
-    assert all(_plain(getattr(kept, name)) for name in ("hosts", "units", "result", "plugin_errors", "errors"))
-    return Kept.loads(kept.dumps()).record(args["record_id"], args["at"], args["gateway"])
+    assert all(_plain(kept[name]) for name in ("hosts", "units", "result", "plugin_errors", "errors"))
+    return record_of(orjson.loads(orjson.dumps(kept)), args["record_id"], args["at"], args["gateway"])
 
 
 def test_a_kept_decision_reads_back_as_its_record() -> None:
@@ -303,7 +304,7 @@ def test_a_filter_keeps_only_what_it_dropped_and_its_record_is_the_same() -> Non
                 FilterOutcome(unit="B", ok=False, error="boom")]  # a failing one drops nothing
     req = FilterRequest(units=["A", "B"], hosts=H[:3], vm=VM)
     decision = filter_decision(req.hosts, outcomes)
-    unit_a = decisions.keep("filter", req, decision, outcomes, False, 0.0).units[0]
+    unit_a = decisions.keep("filter", req, decision, outcomes, False, 0.0)["units"][0]
     assert set(unit_a["dropped"]) == {H[1], H[2]} and "not-offered" not in repr(unit_a)  # (the errors name it)
     args: dict[str, Any] = dict(bus_failed=False, gateway="g", duration=0.0, at=1.0, record_id="4" * 32)
     assert _through_the_ring("filter", req, decision, outcomes, **args) == build(
