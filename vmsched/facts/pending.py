@@ -36,7 +36,7 @@ MAX_ENTRIES = 10000
 
 
 class VmFacts(Protocol):
-    def payload(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> dict[str, Any]: ...
+    def vm(self, vm: str) -> tuple[dict[str, Any] | None, str | None]: ...
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class PendingBook:
         ``units`` is read only then (a generator may build the pairs lazily)."""
         if not vm:
             return None
-        view = facts.payload([], vm).get("vm")
+        view = facts.vm(vm)[0]
         if not isinstance(view, dict) or int(view.get("memory_mib") or 0) <= 0:
             return None
         host = best_host(hosts, units)
@@ -123,7 +123,7 @@ class PendingBook:
 
 def _arrived(facts: VmFacts, vm: str, placement: Placement) -> bool:
     """The VM runs on a host with facts other than the one it ran on when it was ranked."""
-    view = facts.payload([], vm).get("vm")
+    view = facts.vm(vm)[0]
     return (isinstance(view, dict) and view.get("source") == "host facts"
             and str(view.get("host_id") or "") != placement.was_on)
 
