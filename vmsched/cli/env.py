@@ -102,8 +102,8 @@ class EnvParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.options: list[argparse.Action] = []
         self.lists: set[str] = set()  # dests of options given several times (action append)
-        self.commands: dict[str, EnvParser] = {}
-        self.path: tuple[str, ...] = ()
+        self.subcommands: argparse.Action | None = None
+        self.path: tuple[str, ...] = ()  # the command's, set by the root's walk()
         super().__init__(*args, **kwargs)  # adds -h through add_argument
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
@@ -118,7 +118,12 @@ class EnvParser(argparse.ArgumentParser):
         return _Recording(super().add_mutually_exclusive_group(*args, **kwargs), self)
 
     def add_subparsers(self, *args: Any, **kwargs: Any) -> Any:
-        return _Commands(super().add_subparsers(*args, **kwargs), self)
+        self.subcommands = super().add_subparsers(*args, **kwargs)  # its children: EnvParsers, of the parent's class
+        return self.subcommands
+
+    @property
+    def commands(self) -> dict[str, EnvParser]:
+        return self.subcommands.choices if self.subcommands is not None else {}  # type: ignore[return-value]
 
     def keep(self, action: argparse.Action, kwargs: dict[str, Any]) -> None:
         """Remember an option added to this parser or one of its groups (``kwargs``: how it was added)."""
@@ -129,9 +134,10 @@ class EnvParser(argparse.ArgumentParser):
                 self.lists.add(action.dest)
 
     def walk(self) -> list[tuple[tuple[str, ...], argparse.Action]]:
-        """(command path, option) of this parser and every sub-command, depth first."""
+        """(command path, option) of this parser and every sub-command, depth first; each learns its path."""
         found = [(self.path, action) for action in self.options]
-        for child in self.commands.values():
+        for name, child in self.commands.items():
+            child.path = (*self.path, name)
             found += child.walk()
         return found
 
@@ -219,18 +225,3 @@ class _Recording:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._group, name)
 
-
-class _Commands:
-    """The sub-commands of an :class:`EnvParser`: each new one learns its path."""
-
-    def __init__(self, action: Any, parser: EnvParser) -> None:
-        self._action, self._parser = action, parser
-
-    def add_parser(self, name: str, **kwargs: Any) -> EnvParser:
-        child = self._action.add_parser(name, **kwargs)  # an EnvParser: argparse makes them of the parent's class
-        child.path = (*self._parser.path, name)
-        self._parser.commands[name] = child
-        return child
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._action, name)
