@@ -63,15 +63,6 @@ class Variable:
     reader: str  # who reads it: "settings" (Settings), "broker" (where a client or the agent picks its
     #              broker: the URL may hold a password, which no flag may), "parser" (EnvParser, as a default)
 
-    @property
-    def applied(self) -> bool:
-        return self.reader == "parser"
-
-
-def flag_name(action: argparse.Action) -> str:
-    long = [o for o in action.option_strings if o.startswith("--")] or list(action.option_strings)
-    return long[0].lstrip("-").upper().replace("-", "_")
-
 
 def variable(command: Sequence[str], action: argparse.Action) -> Variable:
     """The variable(s) of ``action``, an option of ``command`` (e.g. ``("policy", "set")``)."""
@@ -84,7 +75,8 @@ def variable(command: Sequence[str], action: argparse.Action) -> Variable:
     if dest == "file" and top in FILE_SETTING:
         return Variable(variables(FILE_SETTING[top])[:1], FILE_SETTING[top], "parser")
     scope = "AGENT" if top == "agent" or (top in ("policy", "domain") and dest in AGENT_PLACE) else top.upper()
-    option = flag_name(action)
+    long = [o for o in action.option_strings if o.startswith("--")] or list(action.option_strings)
+    option = long[0].lstrip("-").upper().replace("-", "_")  # its long flag
     names = [option if option.startswith(f"{scope}_") else f"{scope}_{option}"]
     if top == "agent" and dest in AGENT_FALLBACK:
         names.append(AGENT_FALLBACK[dest].removeprefix("VMSCHED_"))
@@ -179,7 +171,7 @@ class EnvParser(argparse.ArgumentParser):
     def _from_environment(self, action: argparse.Action) -> Any:
         """The option's value from its variable; None when no variable is set (or a switch is off)."""
         var = variable(self.path, action)
-        if not var.applied:
+        if var.reader != "parser":
             return None
         found = next(((n, os.environ[n]) for n in var.names if n in os.environ), None)
         if found is None:

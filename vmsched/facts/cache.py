@@ -343,8 +343,8 @@ _CACHES: "weakref.WeakSet[FactsCache]" = weakref.WeakSet()
 
 
 class _Collector:
-    def describe(self) -> list:
-        return []
+    """The families of every cache, at scrape time (registered, the registry collects them once to learn their
+    names)."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         age = GaugeMetricFamily("vmsched_facts_age_seconds", "Age of the newest facts of each host, by service "
