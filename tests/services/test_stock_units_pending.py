@@ -22,7 +22,7 @@ from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts
 from vmsched.messages import Envelope
 from vmsched.facts.pending import PendingBook, attach, best_host
 from vmsched.bus.inprocess import InProcessTransport
-from vmsched.services.scoring.service import ScoringService
+from vmsched.services.scoring import ScoringService
 
 A, B = "hv-small", "hv-big"
 VM_MIB, RESERVE, OVERHEAD = 2048, 321, 65
