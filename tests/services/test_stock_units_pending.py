@@ -21,6 +21,7 @@ from vmsched.config import Settings, stock_plugins_dir
 from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts
 from vmsched.messages import Envelope
 from vmsched.facts.pending import PendingBook, attach, best_host
+from vmsched.facts.wire import PreparedFacts
 from vmsched.bus.inprocess import InProcessTransport
 from vmsched.services.scoring import ScoringService
 
@@ -159,19 +160,18 @@ def test_a_ranking_is_not_read_when_the_vms_memory_is_unknown() -> None:
 
 
 def test_attach_puts_the_view_in_the_calls_vm_facts() -> None:
-    payload = {"hosts": {}, "vm": {"id": "vm1", "memory_mib": 1}}
-    assert attach(payload, lambda: {"a": [5]})["vm"]["pending"] == {"a": [5]}
+    def prepared(vm: dict | None) -> PreparedFacts:
+        return PreparedFacts(time.time(), {}, {}, vm, None if vm else "unknown VM")
+
+    found = attach(prepared({"id": "vm1", "memory_mib": 1}), lambda: {"a": [5]})
+    assert found.vm["pending"] == {"a": [5]}
 
     def never() -> dict:
         raise AssertionError("the view is not needed for a VM of unknown size")
 
-    assert attach({"vm": None}, never) == {"vm": None} and attach(None, never) is None
-
-    class Held:
-        vm = {"id": "vm1"}
-
-    assert attach(Held(), lambda: {"a": [5]}).vm == {"id": "vm1", "pending": {"a": [5]}}
-    assert attach(Held(), dict).vm == {"id": "vm1"}  # nothing pending: the VM's facts unchanged
+    assert attach(prepared(None), never).vm is None and attach(None, never) is None
+    assert attach(prepared({"id": "vm1"}), lambda: {"a": [5]}).vm == {"id": "vm1", "pending": {"a": [5]}}
+    assert attach(prepared({"id": "vm1"}), dict).vm == {"id": "vm1"}  # nothing pending: the VM's facts unchanged
 
 
 def test_the_guest_and_memory_weights_count_pending_placements() -> None:

@@ -129,17 +129,13 @@ def _arrived(facts: VmFacts, vm: str, placement: Placement) -> bool:
 
 
 def attach(call_facts: Any, pending: Callable[[], dict[str, list[int]]]) -> Any:
-    """Add the pending view to a call's VM facts (a payload dict, or an object with a ``vm`` dict).
+    """Add the pending view to a call's VM facts (its ``vm`` dict: :class:`~vmsched.facts.wire.PreparedFacts`).
 
     ``pending`` is asked only when the call's VM is known (a VM of unknown size gets nothing to count).
     """
-    found = call_facts.get("vm") if isinstance(call_facts, dict) else getattr(call_facts, "vm", None)
-    if not isinstance(found, dict):
-        return call_facts
-    view = pending()
-    if view:
-        if isinstance(call_facts, dict):
-            call_facts["vm"] = {**found, "pending": view}
-        else:
+    found = getattr(call_facts, "vm", None)
+    if isinstance(found, dict):
+        view = pending()
+        if view:
             call_facts.vm = {**found, "pending": view}
     return call_facts
