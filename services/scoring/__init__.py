@@ -71,7 +71,5 @@ def _pairs(outcome: ScoreOutcomeOnBus, hosts: list[str]) -> list[tuple[str, floa
 def _align(outcome: ScoreOutcomeOnBus, hosts: list[str]) -> None:
     """Only the numbers, when the unit scored every requested host once and in order (the sender pairs them)."""
     pairs = outcome.scores
-    if outcome.values is not None:
-        return
-    if outcome.ok and len(pairs) == len(hosts) and [p[0] for p in pairs] == hosts:
+    if outcome.values is None and outcome.ok and len(pairs) == len(hosts) and [p[0] for p in pairs] == hosts:
         outcome.values, outcome.scores = [p[1] for p in pairs], []

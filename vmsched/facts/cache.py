@@ -228,12 +228,7 @@ class FactsCache:
         are left out (the decision log's ``facts_age``). One pass, no lock for hosts whose agent reports the
         engine's ID (the common case)."""
         now = time.time() if now is None else now
-        ages: dict[str, float] = {}
-        for host_id in hosts:
-            entry = self.resolve(host_id)[0]
-            if entry is not None:
-                ages[host_id] = round(self.age(entry, now), 3)
-        return ages
+        return {h: round(self.age(e, now), 3) for h in hosts if (e := self.resolve(h)[0]) is not None}
 
     def hosts(self) -> list[str]:
         with self._lock:
