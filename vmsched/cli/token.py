@@ -77,9 +77,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         raise ValueError(f"tokens file {path} does not exist (`vmsched token new --file {path}` makes one)")
     doc = read_document(path)
     if args.json:
-        print(json.dumps({"tokens": [{"name": t.name, "roles": [r.value for r in t.roles]} for t in doc.tokens],
-                          "clients": [{"subject": c.subject, "roles": [r.value for r in c.roles]}
-                                      for c in doc.clients]}, indent=2))
+        shown = doc.model_dump(mode="json", exclude={"tokens": {"__all__": {"sha256"}}})  # names and roles only
+        print(json.dumps(shown, indent=2))
         return 0
     rows = [("token", t.name, t.roles) for t in doc.tokens] + [("client", c.subject, c.roles) for c in doc.clients]
     width = max([len("NAME"), *(len(name) for _, name, _ in rows)])
