@@ -72,13 +72,6 @@ class PendingBook:
         self._entries: OrderedDict[str, Placement] = OrderedDict()  # VM ID -> its placement
         self._lock = threading.Lock()
 
-    def record(self, vm: str, host: str, memory_mib: int, was_on: str = "", now: float | None = None) -> None:
-        with self._lock:
-            self._entries.pop(vm, None)
-            self._entries[vm] = Placement(host, memory_mib, time.time() if now is None else now, was_on)
-            while len(self._entries) > MAX_ENTRIES:
-                self._entries.popitem(last=False)
-
     def placed(self, facts: VmFacts, vm: str, hosts: Sequence[str],
                units: Iterable[tuple[int, Sequence[tuple[str, float]]]]) -> str | None:
         """Record a ranking's best host for ``vm`` when its memory is known; the host, or None.
@@ -95,7 +88,11 @@ class PendingBook:
         was_on = str(view.get("host_id") or "") if view.get("source") == "host facts" else ""
         if host == was_on:
             return None  # it stays where it runs
-        self.record(vm, host, int(view["memory_mib"]), was_on)
+        with self._lock:  # the newest last: the oldest go first
+            self._entries.pop(vm, None)
+            self._entries[vm] = Placement(host, int(view["memory_mib"]), time.time(), was_on)
+            while len(self._entries) > MAX_ENTRIES:
+                self._entries.popitem(last=False)
         return host
 
     def view(self, facts: VmFacts, exclude: str = "", now: float | None = None) -> dict[str, list[int]]:
