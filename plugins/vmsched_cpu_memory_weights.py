@@ -27,6 +27,11 @@ def _memory_move(found, args):
     return (guest, targets) if targets else None
 
 
+def _added(guest, f):
+    """The guest's CPU load on host ``f``, in host % (100 when the host's CPUs are not known)."""
+    return guest.cpu_pct * guest.vcpus / f.cpus if f.cpus else 100.0
+
+
 def _answer(move):
     return (move[0].uuid, move[1]) if move else ("", [])
 
@@ -52,11 +57,7 @@ class vmsched_CpuEvenDistribution:
         if hot:
             source = max(hot, key=lambda h: _cpu(found[h], args))
             guest = max(movable(found[source]), key=lambda g: (g.cpu_pct * g.vcpus, g.uuid))
-            targets = []
-            for h, f in found.items():
-                added = guest.cpu_pct * guest.vcpus / f.cpus if f.cpus else 100.0  # the guest's load in host %
-                if h != source and _cpu(f, args) + added <= high:
-                    targets.append(h)
+            targets = [h for h, f in found.items() if h != source and _cpu(f, args) + _added(guest, f) <= high]
             if targets:
                 return guest.uuid, sorted(targets, key=lambda h: _cpu(found[h], args))
         return _answer(_memory_move(found, args))
@@ -80,7 +81,7 @@ class vmsched_CpuPowerSaving:
         for source in sorted(idle, key=lambda h: (len(movable(found[h])), h)):
             guest = min(movable(found[source]), key=lambda g: (g.memory_mib, g.uuid))
             targets = [h for h, f in found.items() if h not in idle and f.memory_free_mib >= guest.memory_mib
-                       and _cpu(f, args) + (guest.cpu_pct * guest.vcpus / f.cpus if f.cpus else 100.0) <= high]
+                       and _cpu(f, args) + _added(guest, f) <= high]
             if targets:
                 return guest.uuid, sorted(targets, key=lambda h: -_cpu(found[h], args))  # busiest first
         return "", []

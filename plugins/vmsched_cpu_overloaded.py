@@ -15,9 +15,4 @@ class vmsched_CpuOverloaded:
         # From the facts' CPU history; hosts without fresh facts are kept.
         high = number(args, "HighUtilization", 80)
         seconds = 60 * number(args, "CpuOverCommitDurationMinutes", 2)
-        kept = []
-        for h in hosts:
-            f = facts.host(h)
-            if f is None or f.stale or f.cpu_above_for(high) < seconds:
-                kept.append(h)
-        return kept
+        return [h for h in hosts if (f := facts.host(h)) is None or f.stale or f.cpu_above_for(high) < seconds]

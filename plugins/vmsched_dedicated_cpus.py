@@ -23,14 +23,8 @@ class vmsched_DedicatedCpus:
         # Hosts without fresh facts are kept; the VM's own CPUs on a host count as free there.
         found = {h: f for h in hosts if (f := facts.host(h)) is not None}
         need = _need(vm, found, facts.vm())
-        kept = []
-        for h in hosts:
-            f = found.get(h)
-            if f is None or f.stale or f.dedicated_free_cpus is None or need[0] == 0:
-                kept.append(h)
-            elif _fit(f, vm, need) is not None:
-                kept.append(h)
-        return kept
+        return [h for h in hosts if (f := found.get(h)) is None or f.stale or f.dedicated_free_cpus is None
+                or need[0] == 0 or _fit(f, vm, need) is not None]
 
     def do_score(self, hosts, vm, args):
         """Weight = dedicated CPUs left in the NUMA node the VM fits best (tight fits first); across nodes, more."""
@@ -40,12 +34,7 @@ class vmsched_DedicatedCpus:
         need = _need(vm, found, facts.vm())
         if need[0] == 0:
             return [(h, 0) for h in found]
-        out = []
-        for h, f in found.items():
-            left = _fit(f, vm, need)
-            if left is not None:
-                out.append((h, left))
-        return out
+        return [(h, left) for h, f in found.items() if (left := _fit(f, vm, need)) is not None]
 
 
 def _need(vm, found, the_vm):

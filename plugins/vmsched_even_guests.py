@@ -1,6 +1,6 @@
 """Stock weight and balancer: the same number of guests on every host (oVirt's even guest distribution)."""
 
-from _vmsched_util import fresh, guests_with_pending, number
+from _vmsched_util import fresh, guests_with_pending, movable, number
 
 from vmsched.plugin import facts
 
@@ -29,9 +29,8 @@ class vmsched_EvenGuestDistribution:
             return "", []
         targets = sorted((h for h in counts if h != source and counts[h] + 1 <= high
                           and counts[source] - counts[h] >= threshold), key=lambda h: counts[h])
-        movable = [g for g in facts.host(source).guests
-                   if g.state == "running" and not g.dedicated and not g.has_policy]
-        if not targets or not movable:
+        guests = movable(facts.host(source))
+        if not targets or not guests:
             return "", []
-        guest = min(movable, key=lambda g: (g.memory_mib, g.uuid))  # the cheapest to migrate
+        guest = min(guests, key=lambda g: (g.memory_mib, g.uuid))  # the cheapest to migrate
         return guest.uuid, targets

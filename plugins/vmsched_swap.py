@@ -14,9 +14,5 @@ class vmsched_Swap:
         """Drop hosts whose used swap is over MaximumAllowedSwapUsage % (20) of their physical memory."""
         # Hosts without fresh facts are kept.
         limit = number(args, "MaximumAllowedSwapUsage", 20)
-        kept = []
-        for h in hosts:
-            f = facts.host(h)
-            if f is None or f.stale or f.memory_total_mib <= 0 or f.swap_used_mib * 100 <= limit * f.memory_total_mib:
-                kept.append(h)
-        return kept
+        return [h for h in hosts if (f := facts.host(h)) is None or f.stale or f.memory_total_mib <= 0
+                or f.swap_used_mib * 100 <= limit * f.memory_total_mib]

@@ -13,7 +13,8 @@ from pathlib import Path
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field, ValidationInfo, field_validator
+from pydantic import model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from vmsched.bus.options import read_url_file
@@ -71,6 +72,31 @@ def parse_factors(value: str) -> dict[str, int]:
     return dict(parse_factor(item) for item in value.split(",") if item.strip())
 
 
+def _networks(value: str) -> str:
+    """``--engine-allow``: CIDR networks or addresses, separated by commas."""
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if value and not items:  # a list given (even blanks or commas only) but empty must not mean "any client"
+        raise ValueError("lists no network; give CIDR,... or leave it unset "
+                         "(unset or empty: any client may call the XML-RPC)")
+    for item in items:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise ValueError(f"{item!r} is not an address or CIDR network") from None
+    return value
+
+
+def _factors(value: str) -> str:
+    parse_factors(value)
+    return value
+
+
+def _url_file(value: Path | None) -> Path | None:
+    if value is not None:
+        read_url_file(value)  # readable and holding a URL: said against the option that names the file
+    return value
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VMSCHED_", extra="ignore", hide_input_in_errors=True)  # the URL holds a password
     # Each description but amqp_url's and metrics_port's is the --help of the setting's option (vmsched.cli makes
@@ -78,8 +104,9 @@ class Settings(BaseSettings):
 
     # bus
     amqp_url: str = Field(DEFAULT_AMQP_URL, description="AMQP broker URL; memory:// is the embedded bus")
-    amqp_url_file: Path | None = Field(None, description="file holding the broker URL with its password (env "
-                                       "VMSCHED_AMQP_URL_FILE)")
+    amqp_url_file: Annotated[Path | None, AfterValidator(_url_file)] = Field(None, description="file holding the "
+                                                                             "broker URL with its password (env "
+                                                                             "VMSCHED_AMQP_URL_FILE)")
     amqp_ca: Path | None = Field(None, description="amqps: CA of the broker's certificate (default: the system's)")
     amqp_cert: Path | None = Field(None, description="amqps: client certificate chain")
     amqp_key: Path | None = Field(None, description="amqps: the client certificate's private key")
@@ -138,8 +165,9 @@ class Settings(BaseSettings):
     tls_key: Path | None = Field(None, description="the certificate's private key (env VMSCHED_TLS_KEY)")
     tls_client_ca: Path | None = Field(None, description="accept client certificates signed by this CA, mapped to "
                                        "roles by the tokens file's clients: list")
-    engine_allow: str = Field("", description="only these networks may call XML-RPC POST / and /RPC2 (env "
-                              "VMSCHED_ENGINE_ALLOW; default: any)")
+    engine_allow: Annotated[str, AfterValidator(_networks)] = Field("", description="only these networks may call "
+                                                                    "XML-RPC POST / and /RPC2 (env "
+                                                                    "VMSCHED_ENGINE_ALLOW; default: any)")
     console_secret_file: Path | None = Field(None, description="the secret that signs console sessions, the same file "
                                              "on every gateway replica (`vmsched console-secret` makes one; env "
                                              "VMSCHED_CONSOLE_SECRET_FILE; default: a random secret of this process)")
@@ -168,9 +196,8 @@ class Settings(BaseSettings):
                                     "own worker")
     plugin_timeout: float = Field(10.0, gt=0, le=110, description="default timeout of one plugin call in seconds "
                                   "(default 10)")
-    plugin_timeouts: Annotated[dict[str, float], NoDecode] = Field(default_factory=dict, description="per-unit "
-                                                                                   "timeouts, e.g. "
-                                                                                   "'SlowFilter=30,Quick=2'")
+    plugin_timeouts: Annotated[dict[str, float], NoDecode, BeforeValidator(parse_timeouts)] = Field(
+        default_factory=dict, description="per-unit timeouts, e.g. 'SlowFilter=30,Quick=2'")
     plugin_memory_mb: int = Field(1024, ge=32, description="address-space limit of a plugin worker (default 1024)")
     plugin_cpu_seconds: int = Field(30, ge=1, description="CPU-time limit of one plugin call (default 30)")
     plugin_max_output: int = Field(1 << 20, ge=1024, description="largest stdout a plugin call may print (default "
@@ -225,7 +252,8 @@ class Settings(BaseSettings):
                                 "live calls, after each reply, and compare (never answered; default: off; "
                                 "docs/testing-policies.md)")
     shadow_rate: float = Field(1.0, gt=0, le=1, description="share of live calls the candidate runs, 0-1 (default 1)")
-    shadow_factors: str = Field("", description="score units whose factor the candidate changes")
+    shadow_factors: Annotated[str, AfterValidator(_factors)] = Field("", description="score units whose factor the "
+                                                                     "candidate changes")
     shadow_drop: str = Field("", description="units the candidate leaves out")
     shadow_queue: int = Field(16, ge=1, le=10000, description="calls waiting for the candidate at most; more are shed "
                               "(default 16)")
@@ -245,36 +273,9 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field("text", description="every log line, audit lines included, as text or "
                                                 "as one JSON object (env VMSCHED_LOG_FORMAT; default text)")
 
-    @field_validator("engine_allow")
-    @classmethod
-    def _networks(cls, value: str) -> str:
-        items = [v.strip() for v in value.split(",") if v.strip()]
-        if value and not items:  # a list given (even blanks or commas only) but empty must not mean "any client"
-            raise ValueError("lists no network; give CIDR,... or leave it unset "
-                             "(unset or empty: any client may call the XML-RPC)")
-        for item in items:
-            try:
-                ipaddress.ip_network(item, strict=False)
-            except ValueError:
-                raise ValueError(f"{item!r} is not an address or CIDR network") from None
-        return value
-
     @property
     def engine_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
         return [ipaddress.ip_network(v.strip(), strict=False) for v in self.engine_allow.split(",") if v.strip()]
-
-    @field_validator("shadow_factors")
-    @classmethod
-    def _factors(cls, value: str) -> str:
-        parse_factors(value)
-        return value
-
-    @field_validator("amqp_url_file")
-    @classmethod
-    def _url_file(cls, value: Path | None) -> Path | None:
-        if value is not None:
-            read_url_file(value)  # readable and holding a URL: said against the option that names the file
-        return value
 
     @model_validator(mode="after")
     def _url_from_file(self) -> "Settings":
@@ -298,11 +299,6 @@ class Settings(BaseSettings):
         if self.pool_size is not None:
             return self.pool_size, self.pool_size
         return self.pool_min, self.pool_max
-
-    @field_validator("plugin_timeouts", mode="before")
-    @classmethod
-    def _timeouts(cls, value: Any) -> dict[str, float]:
-        return parse_timeouts(value)
 
     @property
     def plugin_folders(self) -> list[Path]:

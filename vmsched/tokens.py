@@ -97,11 +97,6 @@ def new_token() -> str:
     return "vms_" + secrets.token_urlsafe(32)
 
 
-def entry_yaml(entry: TokenEntry) -> str:
-    """The YAML list item to add under ``tokens:`` for ``entry``."""
-    return yaml.safe_dump([entry.model_dump(mode="json")], sort_keys=False)
-
-
 #: What every refusal of a file's shape ends with: how to say "no token" on purpose.
 REVOKE_ALL = "write 'tokens: []' to revoke every token"
 

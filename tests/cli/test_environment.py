@@ -44,7 +44,7 @@ def candidates(tmp_path: Path) -> list[str]:
 def effect(path: tuple[str, ...], action: argparse.Action, var: Variable) -> Any:
     """The value the option ends with when only the environment speaks."""
     args = PARSER.parse_args(argv(path))
-    if var.applied:
+    if var.reader == "parser":
         return getattr(args, action.dest)
     if var.reader == "settings":
         return getattr(settings_from(args), var.setting)

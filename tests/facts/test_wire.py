@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts
-from tests.support.facts import reading
+from tests.support.facts import full_form, reading
 from vmsched.facts.cache import FactsCache
 from vmsched.plugin import facts as api
 from vmsched.runtime import Call, Limits, PluginPool
@@ -143,7 +143,7 @@ def test_the_held_form_reads_like_the_full_form() -> None:
     assert cache.ingest(message("hv1", 1, age=120.0, **fields))  # older than max_age: stale
     held, worker, wire = HeldFacts(), FakeWorker(), FactsWire()
     for _ in range(2):  # the first call brings the data, the second only refs: both read the same
-        with reading(json.loads(json.dumps(cache.payload(["hv0", "hv1", "x"])))):
+        with reading(json.loads(json.dumps(full_form(cache, ["hv0", "hv1", "x"])))):
             full = {h: dataclasses.asdict(api.host(h)) for h in ("hv0", "hv1")}
             full_age = {h: api.host(h).age for h in ("hv0", "hv1")}
         with reading(held.for_call(frame(wire, worker, cache, ["hv0", "hv1", "x"]))):

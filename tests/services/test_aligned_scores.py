@@ -11,7 +11,7 @@ from vmsched.gateway.engine.operations import SCORE, paired_scores
 from vmsched.messages import Envelope, Kind, ScoreOutcomeOnBus, ScoreReply, ScoreRequest, TypedReply
 from vmsched.runtime.types import CallResult
 from vmsched.service import UnitRun
-from vmsched.services.scoring.service import ScoringService
+from vmsched.services.scoring import ScoringService
 
 HOSTS = [f"h{i}" for i in range(5)]
 

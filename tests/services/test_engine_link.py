@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.net import free_port
 from tests.support.waiting import wait_until
-from tests.support.facts import reading
+from tests.support.facts import full_form, reading
 from tests.support.fake_engine import API, FakeEngine
 from tests.support.tls_certs import CertSet, make_certs
 from vmsched.config import Settings
@@ -106,12 +106,12 @@ def test_engine_hosts_map_to_agents_by_hw_id_and_hardware_uuid(engine: FakeEngin
     for engine_id, reason in [("E-d", "more than one"), ("E-x", "found no agent"), ("E-none", "found no agent")]:
         wait_until(lambda: reason in cache.resolve(engine_id)[1], 10, what=f"{engine_id}: {reason}")
         assert cache.resolve(engine_id)[0] is None
-    payload = cache.payload(["E-a", "E-x"])
+    payload = full_form(cache, ["E-a", "E-x"])
     assert payload["hosts"]["E-a"]["agent_host_id"] == "hv-a" and "no facts" in payload["missing"]["E-x"]
     assert "engine link" in cache.view("E-a")["source"] and cache.view("E-x") is None
     searches = engine.calls[f"{API}/hosts"]
     for _ in range(50):
-        cache.payload(["E-a", "E-b", "E-x"])  # answers come from the cache
+        cache.prepared(["E-a", "E-b", "E-x"])  # answers come from the cache
     time.sleep(0.5)
     assert engine.calls[f"{API}/hosts"] == searches and engine.calls[f"{API}/hosts/E-x"] == 1
 
@@ -139,22 +139,22 @@ def test_a_starting_vm_from_the_engine_and_a_running_one_from_facts(engine: Fake
     engine.add_vm("vm-running", 999)
     start(cache, engine, certs, first_wait=0)
 
-    first = cache.payload(["hv-a"], "vm-new")  # no first wait: the first call is told, and nothing blocks
+    first = full_form(cache, ["hv-a"], "vm-new")  # no first wait: the first call is told, and nothing blocks
     assert first["vm"] is None and "not known yet" in first["vm_problem"]
-    payload = wait_until(lambda: (p := cache.payload(["hv-a"], "vm-new"))["vm"] and p, 10, what="the VM from the engine")
+    payload = wait_until(lambda: (p := full_form(cache, ["hv-a"], "vm-new"))["vm"] and p, 10, what="the VM from the engine")
     assert payload["vm"]["memory_mib"] == 3072 and payload["vm"]["vcpus"] == 4 and payload["vm"]["source"] == "engine"
     assert payload["vm"]["cpu_pinning_policy"] == "dedicated"
     with reading(payload):  # what a unit sees
         assert api.vm().memory_mib == 3072 and api.vm().vcpus == 4 and api.vm().source == "engine"
 
-    on_host = cache.payload(["hv-a"], "vm-running")["vm"]
+    on_host = cache.vm("vm-running")[0]
     assert on_host["memory_mib"] == 1024 and on_host["source"] == "host facts"
     assert engine.calls[f"{API}/vms/vm-running"] == 0  # a running VM needs no engine call
 
-    cache.payload([], "vm-gone")
-    wait_until(lambda: "knows no such VM" in cache.payload([], "vm-gone")["vm_problem"], 10, what="an unknown VM")
-    cache.payload([], "../../hosts")
-    wait_until(lambda: "knows no such VM" in cache.payload([], "../../hosts")["vm_problem"], 10, what="a bad ID")
+    cache.vm("vm-gone")
+    wait_until(lambda: "knows no such VM" in cache.vm("vm-gone")[1], 10, what="an unknown VM")
+    cache.vm("../../hosts")
+    wait_until(lambda: "knows no such VM" in cache.vm("../../hosts")[1], 10, what="a bad ID")
     assert not any("hosts" in path for path in engine.calls)  # a bad ID never goes into a URL
 
 
@@ -162,16 +162,16 @@ def test_the_first_call_about_a_vm_waits_a_bounded_time_for_the_engine(engine: F
                                                                       cache: FactsCache) -> None:
     engine.add_vm("vm-new", 2048, sockets=1, cores=2, threads=1)
     start(cache, engine, certs, first_wait=2.0)
-    first = cache.payload([], "vm-new")  # the engine's first call (runFilters) already knows the VM
-    assert first["vm"] is not None and first["vm"]["memory_mib"] == 2048, first
+    first, _ = cache.vm("vm-new")  # the engine's first call (runFilters) already knows the VM
+    assert first is not None and first["memory_mib"] == 2048, first
 
     engine.delay = 1.5  # a slow engine: the wait ends at its bound, the call is told "not known yet"
     link = start(cache, engine, certs, first_wait=0.3, timeout=5.0)
     try:
         t0 = time.monotonic()
-        slow = cache.payload([], "vm-slow")
+        slow = cache.vm("vm-slow")
         waited = time.monotonic() - t0
-        assert slow["vm"] is None and "not known yet" in slow["vm_problem"], slow
+        assert slow[0] is None and "not known yet" in slow[1], slow
         assert 0.25 <= waited < 1.4, waited  # bounded by first_wait, not by the engine's delay
     finally:
         link.stop()
@@ -180,13 +180,13 @@ def test_the_first_call_about_a_vm_waits_a_bounded_time_for_the_engine(engine: F
 def test_answers_are_cached_for_the_ttl(engine: FakeEngine, certs: CertSet, cache: FactsCache) -> None:
     engine.add_vm("vm-1", 512)
     start(cache, engine, certs, ttl=3.0)
-    cache.payload([], "vm-1")
-    wait_until(lambda: cache.payload([], "vm-1")["vm"], 10, what="the first answer")
+    cache.vm("vm-1")
+    wait_until(lambda: cache.vm("vm-1")[0], 10, what="the first answer")
     for _ in range(20):
-        assert cache.payload([], "vm-1")["vm"]["memory_mib"] == 512
+        assert cache.vm("vm-1")[0]["memory_mib"] == 512
     assert engine.calls[f"{API}/vms/vm-1"] == 1
     engine.add_vm("vm-1", 2048)  # hot-plugged memory: seen after the TTL
-    wait_until(lambda: cache.payload([], "vm-1")["vm"]["memory_mib"] == 2048, 15, 0.2, "the answer after the TTL")
+    wait_until(lambda: cache.vm("vm-1")[0]["memory_mib"] == 2048, 15, 0.2, "the answer after the TTL")
     assert engine.calls[f"{API}/vms/vm-1"] == 2
 
 
@@ -196,7 +196,7 @@ def test_an_engine_that_is_down_or_slow_never_holds_a_request(engine: FakeEngine
     config = LinkConfig(f"https://localhost:{free_port()}/ovirt-engine/api", "u", "p")
     down.link = EngineLink(config, ca=certs.ca, timeout=1.0, retry=0.2, service="link-down").start(down.identities)
     try:
-        wait_until(lambda: "cannot reach the engine" in down.payload([], "vm-1")["vm_problem"], 10, what="down")
+        wait_until(lambda: "cannot reach the engine" in down.vm("vm-1")[1], 10, what="down")
         calls()  # the counter is registered on first use
         errors = REGISTRY.get_sample_value("vmsched_engine_link_calls_total",
                                            {"service": "link-down", "resource": "vm", "outcome": "error"})
@@ -209,11 +209,11 @@ def test_an_engine_that_is_down_or_slow_never_holds_a_request(engine: FakeEngine
     start(cache, engine, certs, timeout=0.5)
     begun = time.monotonic()
     for _ in range(5):
-        assert cache.payload([], "vm-slow")["vm"] is None  # answered from the cache while the engine is stuck
+        assert cache.vm("vm-slow")[0] is None  # answered from the cache while the engine is stuck
     assert time.monotonic() - begun < engine.delay
-    wait_until(lambda: "in time" in cache.payload([], "vm-slow")["vm_problem"], 15, what="the timeout as the problem")
+    wait_until(lambda: "in time" in cache.vm("vm-slow")[1], 15, what="the timeout as the problem")
     engine.delay = 0.0
-    wait_until(lambda: cache.payload([], "vm-slow")["vm"], 15, what="the answer once the engine is quick again")
+    wait_until(lambda: cache.vm("vm-slow")[0], 15, what="the answer once the engine is quick again")
     begun = time.monotonic()
     cache.link.stop()
     assert time.monotonic() - begun < 5
@@ -224,7 +224,7 @@ def test_bad_credentials_say_so_and_never_show_the_password(engine: FakeEngine, 
     caplog.set_level(logging.INFO, logger="vmsched.engine_link")
     engine.add_vm("vm-1", 512)
     start(cache, engine, certs, password="wrong-password-42")
-    problem = wait_until(lambda: (p := cache.payload([], "vm-1")["vm_problem"]) and "login" in p and p, 10,
+    problem = wait_until(lambda: (p := cache.vm("vm-1")[1]) and "login" in p and p, 10,
                          what="the refused login as the problem")
     assert "refused the login of 'vmsched@internal'" in problem and "incorrect" in problem
     # the problem is stored (and a waiting call woken) just before the failure is logged
@@ -236,11 +236,11 @@ def test_an_expired_token_means_one_new_login(engine: FakeEngine, certs: CertSet
     engine.add_vm("vm-1", 512)
     engine.add_vm("vm-2", 768)
     start(cache, engine, certs)
-    cache.payload([], "vm-1")
-    wait_until(lambda: cache.payload([], "vm-1")["vm"], 10, what="vm-1")
+    cache.vm("vm-1")
+    wait_until(lambda: cache.vm("vm-1")[0], 10, what="vm-1")
     engine.expire_tokens()
-    cache.payload([], "vm-2")
-    wait_until(lambda: cache.payload([], "vm-2")["vm"], 10, what="vm-2 after the token expired")
+    cache.vm("vm-2")
+    wait_until(lambda: cache.vm("vm-2")[0], 10, what="vm-2 after the token expired")
     assert engine.logins == 2
     cache.link.stop()
     assert not engine.tokens  # the SSO session ended with the link
@@ -249,8 +249,8 @@ def test_an_expired_token_means_one_new_login(engine: FakeEngine, certs: CertSet
 def test_basic_authentication(engine: FakeEngine, certs: CertSet, cache: FactsCache) -> None:
     engine.add_vm("vm-1", 640)
     start(cache, engine, certs, auth="basic")
-    cache.payload([], "vm-1")
-    assert wait_until(lambda: cache.payload([], "vm-1")["vm"], 10, what="vm-1")["memory_mib"] == 640
+    cache.vm("vm-1")
+    assert wait_until(lambda: cache.vm("vm-1")[0], 10, what="vm-1")["memory_mib"] == 640
     assert engine.logins == 0
 
 
@@ -260,8 +260,8 @@ def test_the_engine_certificate_is_verified(engine: FakeEngine, certs: CertSet, 
     cache = facts_cache(settings, "link-tls")
     assert cache is not None and cache.link is not None
     try:
-        cache.payload([], "vm-1")
-        wait_until(lambda: "CERTIFICATE_VERIFY_FAILED" in cache.payload([], "vm-1")["vm_problem"], 10,
+        cache.vm("vm-1")
+        wait_until(lambda: "CERTIFICATE_VERIFY_FAILED" in cache.vm("vm-1")[1], 10,
                    what="a verification failure")
         assert engine.logins == 0  # the password never left
     finally:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.facts import reading
+from tests.support.facts import full_form, reading
 from vmsched.facts.model import FACTS_VERSION, MAX_BYTES, FactsMessage, GuestFacts, HostFacts, Rejected, read
 from vmsched.facts.cache import FactsCache
 from vmsched.facts.host_map import load_host_map
@@ -60,14 +60,14 @@ def test_cache_order_guest_lists_and_identity() -> None:
     assert cache.ingest(message(seq=2, guests=None, guests_running=1))  # summary only: the guest list stays
     assert [x.name for x in cache.resolve("hv1")[0].guests] == ["vm1"]
     # the explicit map resolves the engine's ID; an unknown ID has no facts and says why
-    payload = cache.payload(["engine-guid-1", "nope"], vm="u1")
+    payload = full_form(cache, ["engine-guid-1", "nope"], vm="u1")
     assert payload["hosts"]["engine-guid-1"]["agent_host_id"] == "hv1"
     assert "no agent reports host 'nope'" in payload["missing"]["nope"]
     assert payload["vm"] == {"id": "u1", "memory_mib": 1024, "vcpus": 2, "host_id": "hv1", "source": "host facts"}
-    assert "no engine link" in cache.payload([], vm="unknown-vm")["vm_problem"]
+    assert "no engine link" in cache.vm("unknown-vm")[1]
     # a restarted agent (new instance) starts again at seq 1, and is accepted
     assert cache.ingest(message(seq=1, instance="i2", guests=[]))
-    assert cache.resolve("hv1")[0].guests == [] and cache.payload([], vm="u1")["vm"] is None
+    assert cache.resolve("hv1")[0].guests == [] and cache.vm("u1")[0] is None
 
 
 def test_cache_staleness() -> None:
@@ -220,7 +220,7 @@ def test_a_cache_payload_reaches_the_plugin_api_intact() -> None:
     cache = FactsCache("unit")
     cache.ingest(message(cpu_pct=95.0, pcpu_pct=[90.0, 100.0], cpu_history=[10.0, 85.5, 95.0], history_interval=5.0,
                          guests_running=3))
-    with reading(json.loads(json.dumps(cache.payload(["hv1"])))):  # as the worker gets it
+    with reading(json.loads(json.dumps(full_form(cache, ["hv1"])))):  # as the worker gets it
         h = api.host("hv1")
         assert h.pcpu_pct == (90.0, 100.0) and h.cpu_history == (10.0, 85.5, 95.0) and h.cpu_above_for(80) == 10.0
         assert h.guests_running == 3 and not h.stale and api.hosts() == {"hv1": h}

@@ -1,7 +1,7 @@
 """The stock units (plugins/vmsched_*.py) on crafted host facts, with oVirt's parameter defaults.
 
-Each call runs in a real plugin worker, in the sandbox, with the facts payload
-the services send (vmsched/facts/cache.py ``payload()``).
+Each call runs in a real plugin worker, in the sandbox, with facts in the full
+form (the shape of a ``vmsched plugin run --facts`` file).
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ from vmsched.config import Settings, stock_plugins_dir
 from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts
 from vmsched.messages import Envelope
 from vmsched.facts.pending import PendingBook, attach, best_host
+from vmsched.facts.wire import PreparedFacts
 from vmsched.bus.inprocess import InProcessTransport
-from vmsched.services.scoring.service import ScoringService
+from vmsched.services.scoring import ScoringService
 
 A, B = "hv-small", "hv-big"
 VM_MIB, RESERVE, OVERHEAD = 2048, 321, 65
@@ -39,7 +40,7 @@ class FakeVms:
     """The cache's VM look-up: the facts' own answer for a running VM, else the size an engine link would give."""
 
     def __init__(self, cache: Any, sizes: dict[str, int]) -> None:
-        self.own, self.sizes = cache._vm, sizes
+        self.own, self.sizes = cache.vm, sizes
 
     def __call__(self, vm: str) -> tuple[dict | None, str | None]:
         view, problem = self.own(vm)
@@ -80,7 +81,7 @@ def test_a_burst_of_starts_does_not_double_book_a_host_that_fits_only_some(servi
     cache = service.facts
     assert cache is not None
     burst = [str(uuid.UUID(int=i + 1)) for i in range(5)]
-    cache._vm = FakeVms(cache, dict.fromkeys(burst, VM_MIB))  # type: ignore[method-assign]
+    cache.vm = FakeVms(cache, dict.fromkeys(burst, VM_MIB))  # type: ignore[method-assign]
     small_free = RESERVE + FITS * (VM_MIB + OVERHEAD) + 100  # room for FITS VMs, not one more
     big = [GuestFacts(uuid=str(uuid.uuid4()), state="running", memory_mib=512) for _ in range(4)]
     assert cache.ingest(raw(A, 1, small_free, [])) and cache.ingest(raw(B, 1, 64 * 1024, big))
@@ -100,7 +101,7 @@ def test_without_pending_placements_the_same_burst_double_books(service: Scoring
     cache = service.facts
     assert cache is not None
     burst = [str(uuid.UUID(int=i + 100)) for i in range(5)]
-    cache._vm = FakeVms(cache, dict.fromkeys(burst, VM_MIB))  # type: ignore[method-assign]
+    cache.vm = FakeVms(cache, dict.fromkeys(burst, VM_MIB))  # type: ignore[method-assign]
     assert cache.ingest(raw(A, 1, RESERVE + FITS * (VM_MIB + OVERHEAD) + 100, []))
     assert cache.ingest(raw(B, 1, 64 * 1024, [GuestFacts(uuid=str(uuid.uuid4()), state="running")]))
     chosen = []
@@ -114,11 +115,11 @@ class Cache:
     def __init__(self, running: dict[str, str] | None = None) -> None:
         self.running = running or {}
 
-    def payload(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> dict[str, Any]:
+    def vm(self, vm: str) -> tuple[dict | None, str | None]:
         on = self.running.get(vm)
         view = {"id": vm, "memory_mib": 1024, "host_id": on, "source": "host facts"} if on else \
             {"id": vm, "memory_mib": 1024, "source": "engine"}
-        return {"hosts": {}, "missing": {}, "vm": view, "vm_problem": None}
+        return view, None
 
 
 def test_best_host_is_the_unique_lowest_total_with_unscored_hosts_worst() -> None:
@@ -146,8 +147,8 @@ def test_a_placement_expires_moves_with_a_migration_and_is_replaced_by_a_new_ran
 
 def test_a_ranking_is_not_read_when_the_vms_memory_is_unknown() -> None:
     class NoMemory(Cache):
-        def payload(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> dict[str, Any]:
-            return {"hosts": {}, "missing": {}, "vm": None, "vm_problem": "unknown VM"}
+        def vm(self, vm: str) -> tuple[dict | None, str | None]:
+            return None, "unknown VM"
 
     def ranking():  # the scoring service pairs each unit's numbers with the hosts only when read
         raise AssertionError("the ranking was read for a VM whose memory is unknown")
@@ -159,19 +160,18 @@ def test_a_ranking_is_not_read_when_the_vms_memory_is_unknown() -> None:
 
 
 def test_attach_puts_the_view_in_the_calls_vm_facts() -> None:
-    payload = {"hosts": {}, "vm": {"id": "vm1", "memory_mib": 1}}
-    assert attach(payload, lambda: {"a": [5]})["vm"]["pending"] == {"a": [5]}
+    def prepared(vm: dict | None) -> PreparedFacts:
+        return PreparedFacts(time.time(), {}, {}, vm, None if vm else "unknown VM")
+
+    found = attach(prepared({"id": "vm1", "memory_mib": 1}), lambda: {"a": [5]})
+    assert found.vm["pending"] == {"a": [5]}
 
     def never() -> dict:
         raise AssertionError("the view is not needed for a VM of unknown size")
 
-    assert attach({"vm": None}, never) == {"vm": None} and attach(None, never) is None
-
-    class Held:
-        vm = {"id": "vm1"}
-
-    assert attach(Held(), lambda: {"a": [5]}).vm == {"id": "vm1", "pending": {"a": [5]}}
-    assert attach(Held(), dict).vm == {"id": "vm1"}  # nothing pending: the VM's facts unchanged
+    assert attach(prepared(None), never).vm is None and attach(None, never) is None
+    assert attach(prepared({"id": "vm1"}), lambda: {"a": [5]}).vm == {"id": "vm1", "pending": {"a": [5]}}
+    assert attach(prepared({"id": "vm1"}), dict).vm == {"id": "vm1"}  # nothing pending: the VM's facts unchanged
 
 
 def test_the_guest_and_memory_weights_count_pending_placements() -> None:

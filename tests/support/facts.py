@@ -7,6 +7,7 @@ send malformed or forged messages. Every call opens one connection for all its m
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -15,6 +16,7 @@ from kombu import Producer
 from vmsched.bus.rabbitmq.connection import ensure_exchanges, open_connection
 from vmsched.bus.options import BusOptions
 from vmsched.bus.topology import EVENTS_EXCHANGE
+from vmsched.facts.cache import FactsCache
 from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts, facts_key
 from vmsched.plugin.facts import CALL, CallFacts
 
@@ -52,3 +54,20 @@ def reading(call: CallFacts | dict | None) -> Iterator[CallFacts]:
         yield found
     finally:
         CALL.reset(token)
+
+
+def full_form(cache: FactsCache, hosts: list[str], vm: str = "", with_guests: bool = False) -> dict:
+    """A call's facts from ``cache`` in the full form (the shape of a ``vmsched plugin run --facts`` file), each
+    host's fields as the pool sends them (its plugin view), to compare with what the wire form gives a worker."""
+    now, found, missing = time.time(), {}, {}
+    for host_id in dict.fromkeys(hosts):
+        entry, resolved = cache.resolve(host_id)
+        if entry is None:
+            missing[host_id] = resolved
+            continue
+        found[host_id] = {**json.loads(entry.fragment), "agent_host_id": resolved,
+                          "stale": cache.is_stale(entry, now), "age": round(cache.age(entry, now), 3)}
+        if with_guests:
+            found[host_id]["guests"] = [g.model_dump() for g in entry.guests]
+    view, problem = cache.vm(vm)
+    return {"hosts": found, "missing": missing, "vm": view, "vm_problem": problem}

@@ -11,7 +11,6 @@ import os
 import sys
 import typing
 from pathlib import Path
-from typing import Callable
 
 from vmsched import __version__, logs
 from vmsched.bus.options import url_argument
@@ -26,8 +25,6 @@ from vmsched.cli.plugin import register as register_plugin_commands
 from vmsched.cli.replay import register as register_replay_command
 from vmsched.cli.secret import register as register_secret_command
 from vmsched.cli.token import register as register_token_commands
-
-Command = Callable[[argparse.Namespace], int]
 
 
 #: The settings each group of options sets, in the order of their --help (each option: :func:`_options`).
@@ -104,22 +101,19 @@ def run_settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
-def _command(name: str) -> Command:
-    """The command that starts ``name``: ``run`` (the all-in-one), ``gateway`` or a service."""
+def _start(args: argparse.Namespace) -> int:
+    """Start what the command names: ``run`` (the all-in-one), ``gateway`` or a service."""
+    from vmsched.cli import runner
 
-    def command(args: argparse.Namespace) -> int:
-        from vmsched.cli import runner
-
-        settings = run_settings(args) if name == "run" else settings_from(args)
-        logs.setup(settings.log_level, settings.log_format)
-        origin = broker_origin(vars(args))
-        if name == "run":
-            return runner.run_all_in_one(settings, origin)
-        if name == "gateway":
-            return runner.run_gateway(settings, origin)
-        return runner.run_service(name, settings, origin)
-
-    return command
+    name = args.command
+    settings = run_settings(args) if name == "run" else settings_from(args)
+    logs.setup(settings.log_level, settings.log_format)
+    origin = broker_origin(vars(args))
+    if name == "run":
+        return runner.run_all_in_one(settings, origin)
+    if name == "gateway":
+        return runner.run_gateway(settings, origin)
+    return runner.run_service(name, settings, origin)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     _options(p, GATEWAY + TOKENS + FACTS)
     _metrics(p, "9100")
     _options(p, PLUGINS + RECORD + ("record_omit",) + SHADOW + COMMON)
-    p.set_defaults(func=_command("run"))
+    p.set_defaults(func=_start)
 
     p = sub.add_parser("gateway", help="the XML-RPC/JSON gateway (publishes requests to the bus)",
                        description="Serve the engine's XML-RPC at / and /RPC2, the JSON API at /v1, "
@@ -146,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     _options(p, GATEWAY + TOKENS + FACTS)
     _metrics(p, "9100")
     _options(p, RECORD + ("record_omit",) + COMMON)
-    p.set_defaults(func=_command("gateway"))
+    p.set_defaults(func=_start)
 
     for name, service, what in (("discovery", DiscoveryService, "the plugin catalog service"),
                                 ("scoring", ScoringService, "the filter and score service"),
@@ -158,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         _options(p, PLUGINS)
         _metrics(p)
         _options(p, TOKENS + FACTS + (RECORD + SHADOW if service.runs_units else ()) + COMMON)
-        p.set_defaults(func=_command(name))
+        p.set_defaults(func=_start)
 
     register_agent_commands(sub, _serve_agent)
     register_token_commands(sub)

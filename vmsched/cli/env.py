@@ -63,15 +63,6 @@ class Variable:
     reader: str  # who reads it: "settings" (Settings), "broker" (where a client or the agent picks its
     #              broker: the URL may hold a password, which no flag may), "parser" (EnvParser, as a default)
 
-    @property
-    def applied(self) -> bool:
-        return self.reader == "parser"
-
-
-def flag_name(action: argparse.Action) -> str:
-    long = [o for o in action.option_strings if o.startswith("--")] or list(action.option_strings)
-    return long[0].lstrip("-").upper().replace("-", "_")
-
 
 def variable(command: Sequence[str], action: argparse.Action) -> Variable:
     """The variable(s) of ``action``, an option of ``command`` (e.g. ``("policy", "set")``)."""
@@ -84,7 +75,8 @@ def variable(command: Sequence[str], action: argparse.Action) -> Variable:
     if dest == "file" and top in FILE_SETTING:
         return Variable(variables(FILE_SETTING[top])[:1], FILE_SETTING[top], "parser")
     scope = "AGENT" if top == "agent" or (top in ("policy", "domain") and dest in AGENT_PLACE) else top.upper()
-    option = flag_name(action)
+    long = [o for o in action.option_strings if o.startswith("--")] or list(action.option_strings)
+    option = long[0].lstrip("-").upper().replace("-", "_")  # its long flag
     names = [option if option.startswith(f"{scope}_") else f"{scope}_{option}"]
     if top == "agent" and dest in AGENT_FALLBACK:
         names.append(AGENT_FALLBACK[dest].removeprefix("VMSCHED_"))
@@ -102,8 +94,8 @@ class EnvParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.options: list[argparse.Action] = []
         self.lists: set[str] = set()  # dests of options given several times (action append)
-        self.commands: dict[str, EnvParser] = {}
-        self.path: tuple[str, ...] = ()
+        self.subcommands: argparse.Action | None = None
+        self.path: tuple[str, ...] = ()  # the command's, set by the root's walk()
         super().__init__(*args, **kwargs)  # adds -h through add_argument
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
@@ -118,7 +110,12 @@ class EnvParser(argparse.ArgumentParser):
         return _Recording(super().add_mutually_exclusive_group(*args, **kwargs), self)
 
     def add_subparsers(self, *args: Any, **kwargs: Any) -> Any:
-        return _Commands(super().add_subparsers(*args, **kwargs), self)
+        self.subcommands = super().add_subparsers(*args, **kwargs)  # its children: EnvParsers, of the parent's class
+        return self.subcommands
+
+    @property
+    def commands(self) -> dict[str, EnvParser]:
+        return self.subcommands.choices if self.subcommands is not None else {}  # type: ignore[return-value]
 
     def keep(self, action: argparse.Action, kwargs: dict[str, Any]) -> None:
         """Remember an option added to this parser or one of its groups (``kwargs``: how it was added)."""
@@ -129,9 +126,10 @@ class EnvParser(argparse.ArgumentParser):
                 self.lists.add(action.dest)
 
     def walk(self) -> list[tuple[tuple[str, ...], argparse.Action]]:
-        """(command path, option) of this parser and every sub-command, depth first."""
+        """(command path, option) of this parser and every sub-command, depth first; each learns its path."""
         found = [(self.path, action) for action in self.options]
-        for child in self.commands.values():
+        for name, child in self.commands.items():
+            child.path = (*self.path, name)
             found += child.walk()
         return found
 
@@ -173,7 +171,7 @@ class EnvParser(argparse.ArgumentParser):
     def _from_environment(self, action: argparse.Action) -> Any:
         """The option's value from its variable; None when no variable is set (or a switch is off)."""
         var = variable(self.path, action)
-        if not var.applied:
+        if var.reader != "parser":
             return None
         found = next(((n, os.environ[n]) for n in var.names if n in os.environ), None)
         if found is None:
@@ -219,18 +217,3 @@ class _Recording:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._group, name)
 
-
-class _Commands:
-    """The sub-commands of an :class:`EnvParser`: each new one learns its path."""
-
-    def __init__(self, action: Any, parser: EnvParser) -> None:
-        self._action, self._parser = action, parser
-
-    def add_parser(self, name: str, **kwargs: Any) -> EnvParser:
-        child = self._action.add_parser(name, **kwargs)  # an EnvParser: argparse makes them of the parent's class
-        child.path = (*self._parser.path, name)
-        self._parser.commands[name] = child
-        return child
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._action, name)

@@ -68,22 +68,16 @@ def build(given: Mapping[str, Any], flags: Mapping[str, str] | None = None) -> S
 
 def describe(exc: ValidationError, given: Mapping[str, Any], flags: Mapping[str, str] | None = None) -> list[str]:
     """One line per refused option: ``OPTION VALUE: what is allowed`` (a check across options: its message)."""
-    lines: list[str] = []
-    seen: set[str] = set()
+    lines: dict[str, str] = {}  # the first line of each option (or of each check of several settings)
     for error in exc.errors(include_url=False, include_input=False):
         field = _field(error["loc"])
         message = str(error["msg"]).removeprefix("Value error, ")
         if field is None:  # a check of several settings together: its message names them
-            line = message
-        else:
-            if field in seen:
-                continue
-            seen.add(field)
+            lines.setdefault(message, message)
+        elif field not in lines:
             said = message if error["type"] == "value_error" else f"expected {allowed(field)}"
-            line = f"{_shown(field, given, flags)}: {said}"
-        if line not in lines:
-            lines.append(line)
-    return lines
+            lines[field] = f"{_shown(field, given, flags)}: {said}"
+    return list(dict.fromkeys(lines.values()))
 
 
 def allowed(field: str) -> str:

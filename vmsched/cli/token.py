@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from vmsched.tokens import Role, TokenEntry, TokensDocument, digest, entry_yaml, new_token, parse
+from vmsched.tokens import Role, TokenEntry, TokensDocument, digest, new_token, parse
 
 HEADER = "# vmsched tokens: sha256 digests only (vmsched token new); re-read on change\n"
 
@@ -28,9 +28,7 @@ def write_document(path: Path, doc: TokensDocument) -> None:
     ``tokens:`` is always written, ``tokens: []`` when none is left: the gateway
     reads that as "revoke every token", and an empty file as a broken one.
     """
-    data = doc.model_dump(mode="json", exclude_defaults=False)
-    if not data["clients"]:
-        del data["clients"]
+    data = doc.model_dump(mode="json", exclude=None if doc.clients else {"clients"})
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
@@ -68,7 +66,7 @@ def cmd_new(args: argparse.Namespace) -> int:
     else:
         print("# add this under 'tokens:' in the tokens file (the token itself is printed once, on stdout):",
               file=sys.stderr)
-        print(entry_yaml(entry), end="", file=sys.stderr)
+        print(yaml.safe_dump([entry.model_dump(mode="json")], sort_keys=False), end="", file=sys.stderr)
     print(token)
     return 0
 
@@ -79,9 +77,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         raise ValueError(f"tokens file {path} does not exist (`vmsched token new --file {path}` makes one)")
     doc = read_document(path)
     if args.json:
-        print(json.dumps({"tokens": [{"name": t.name, "roles": [r.value for r in t.roles]} for t in doc.tokens],
-                          "clients": [{"subject": c.subject, "roles": [r.value for r in c.roles]}
-                                      for c in doc.clients]}, indent=2))
+        shown = doc.model_dump(mode="json", exclude={"tokens": {"__all__": {"sha256"}}})  # names and roles only
+        print(json.dumps(shown, indent=2))
         return 0
     rows = [("token", t.name, t.roles) for t in doc.tokens] + [("client", c.subject, c.roles) for c in doc.clients]
     width = max([len("NAME"), *(len(name) for _, name, _ in rows)])

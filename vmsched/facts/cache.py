@@ -90,7 +90,6 @@ class Entry:
     time: float = 0.0  # UNIX time of the collection (message.time)
     _fragment: str = ""
     guests_text: str | None = field(default=None, repr=False)  # guests_json() once made (shared while the list stays)
-    _view: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.guests_gen = self.guests_gen or self.gen
@@ -110,13 +109,6 @@ class Entry:
                              "time": m.time, "interval": m.interval})
             self._fragment = f"{head[:-1]},{tail[1:]}" if head != "{}" else tail
         return self._fragment
-
-    @property
-    def plugin_view(self) -> dict[str, Any]:
-        """What a plugin call gets of this host, as a dict (the full-form payload; made on first use)."""
-        if self._view is None:
-            self._view = json.loads(self.fragment)
-        return self._view
 
     def guests_json(self) -> str:
         """The guest list as JSON (balance calls; made on first use, shared while the list stays)."""
@@ -236,35 +228,16 @@ class FactsCache:
         are left out (the decision log's ``facts_age``). One pass, no lock for hosts whose agent reports the
         engine's ID (the common case)."""
         now = time.time() if now is None else now
-        ages: dict[str, float] = {}
-        for host_id in hosts:
-            entry = self.resolve(host_id)[0]
-            if entry is not None:
-                ages[host_id] = round(self.age(entry, now), 3)
-        return ages
+        return {h: round(self.age(e, now), 3) for h in hosts if (e := self.resolve(h)[0]) is not None}
 
     def hosts(self) -> list[str]:
         with self._lock:
             return sorted(self._hosts)
 
-    def payload(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> dict[str, Any]:
-        """The facts of one plugin call, as :mod:`vmsched.plugin.facts` reads them."""
-        now = time.time()
-        found: dict[str, dict] = {}
-        missing: dict[str, str] = {}
-        for host_id in dict.fromkeys(hosts):
-            entry, resolved = self.resolve(host_id)
-            if entry is None:
-                missing[host_id] = resolved
-                continue
-            found[host_id] = self._plugin_host(entry, resolved, now, with_guests)
-        vm_view, problem = self._vm(vm)
-        return {"hosts": found, "missing": missing, "vm": vm_view, "vm_problem": problem}
-
     def prepared(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> PreparedFacts:
         """The facts of one request's plugin calls, for the pool to send each worker what it lacks.
 
-        The same facts as :meth:`payload`, by reference: each host's stored message with its generation.
+        By reference: each host's stored message with its generation (:mod:`vmsched.facts.wire`).
         """
         with self._lock:  # an agent reporting the engine's ID: the common case, one lock for all
             get = self._hosts.get
@@ -283,19 +256,13 @@ class FactsCache:
                     missing[host_id] = resolved
                 else:
                     refs[host_id], agents[host_id] = entry, resolved
-        vm_view, problem = self._vm(vm)
+        vm_view, problem = self.vm(vm)
         # a host resolved through the map or the link: what it resolves to may change without a store
         return PreparedFacts(time.time(), refs, missing, vm_view, problem, with_guests, agents,  # type: ignore[arg-type]
                          epoch=-1 if agents else epoch)
 
-    def _plugin_host(self, entry: Entry, agent_id: str, now: float, with_guests: bool) -> dict[str, Any]:
-        view = {**entry.plugin_view, "agent_host_id": agent_id, "stale": self.is_stale(entry, now),
-                "age": round(self.age(entry, now), 3)}
-        if with_guests:
-            view["guests"] = [g.model_dump() for g in entry.guests]
-        return view
-
-    def _vm(self, vm: str) -> tuple[dict | None, str | None]:
+    def vm(self, vm: str) -> tuple[dict | None, str | None]:
+        """A call's VM as plugins read it (``vmsched.plugin.facts.vm``), or (None, why it is not known)."""
         if not vm:
             return None, "the call has no VM"
         with self._lock:
@@ -371,8 +338,8 @@ _CACHES: "weakref.WeakSet[FactsCache]" = weakref.WeakSet()
 
 
 class _Collector:
-    def describe(self) -> list:
-        return []
+    """The families of every cache, at scrape time (registered, the registry collects them once to learn their
+    names)."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         age = GaugeMetricFamily("vmsched_facts_age_seconds", "Age of the newest facts of each host, by service "

@@ -36,7 +36,7 @@ MAX_ENTRIES = 10000
 
 
 class VmFacts(Protocol):
-    def payload(self, hosts: list[str], vm: str = "", with_guests: bool = False) -> dict[str, Any]: ...
+    def vm(self, vm: str) -> tuple[dict[str, Any] | None, str | None]: ...
 
 
 @dataclass(frozen=True)
@@ -72,13 +72,6 @@ class PendingBook:
         self._entries: OrderedDict[str, Placement] = OrderedDict()  # VM ID -> its placement
         self._lock = threading.Lock()
 
-    def record(self, vm: str, host: str, memory_mib: int, was_on: str = "", now: float | None = None) -> None:
-        with self._lock:
-            self._entries.pop(vm, None)
-            self._entries[vm] = Placement(host, memory_mib, time.time() if now is None else now, was_on)
-            while len(self._entries) > MAX_ENTRIES:
-                self._entries.popitem(last=False)
-
     def placed(self, facts: VmFacts, vm: str, hosts: Sequence[str],
                units: Iterable[tuple[int, Sequence[tuple[str, float]]]]) -> str | None:
         """Record a ranking's best host for ``vm`` when its memory is known; the host, or None.
@@ -86,7 +79,7 @@ class PendingBook:
         ``units`` is read only then (a generator may build the pairs lazily)."""
         if not vm:
             return None
-        view = facts.payload([], vm).get("vm")
+        view = facts.vm(vm)[0]
         if not isinstance(view, dict) or int(view.get("memory_mib") or 0) <= 0:
             return None
         host = best_host(hosts, units)
@@ -95,7 +88,11 @@ class PendingBook:
         was_on = str(view.get("host_id") or "") if view.get("source") == "host facts" else ""
         if host == was_on:
             return None  # it stays where it runs
-        self.record(vm, host, int(view["memory_mib"]), was_on)
+        with self._lock:  # the newest last: the oldest go first
+            self._entries.pop(vm, None)
+            self._entries[vm] = Placement(host, int(view["memory_mib"]), time.time(), was_on)
+            while len(self._entries) > MAX_ENTRIES:
+                self._entries.popitem(last=False)
         return host
 
     def view(self, facts: VmFacts, exclude: str = "", now: float | None = None) -> dict[str, list[int]]:
@@ -123,23 +120,19 @@ class PendingBook:
 
 def _arrived(facts: VmFacts, vm: str, placement: Placement) -> bool:
     """The VM runs on a host with facts other than the one it ran on when it was ranked."""
-    view = facts.payload([], vm).get("vm")
+    view = facts.vm(vm)[0]
     return (isinstance(view, dict) and view.get("source") == "host facts"
             and str(view.get("host_id") or "") != placement.was_on)
 
 
 def attach(call_facts: Any, pending: Callable[[], dict[str, list[int]]]) -> Any:
-    """Add the pending view to a call's VM facts (a payload dict, or an object with a ``vm`` dict).
+    """Add the pending view to a call's VM facts (its ``vm`` dict: :class:`~vmsched.facts.wire.PreparedFacts`).
 
     ``pending`` is asked only when the call's VM is known (a VM of unknown size gets nothing to count).
     """
-    found = call_facts.get("vm") if isinstance(call_facts, dict) else getattr(call_facts, "vm", None)
-    if not isinstance(found, dict):
-        return call_facts
-    view = pending()
-    if view:
-        if isinstance(call_facts, dict):
-            call_facts["vm"] = {**found, "pending": view}
-        else:
+    found = getattr(call_facts, "vm", None)
+    if isinstance(found, dict):
+        view = pending()
+        if view:
             call_facts.vm = {**found, "pending": view}
     return call_facts

@@ -144,11 +144,8 @@ class FactsWire:
 
     def forget(self, worker: Any) -> None:
         """``worker`` lost track (it answered ``facts_resync``): send it everything next time."""
-        with self._lock:
-            held = self._held.pop(worker, None)
-        if held is not None:
-            held.hosts.clear()
-            held.guests.clear()
+        with self._lock:  # what it held goes with its record: the next encode() starts a new one, with a reset
+            self._held.pop(worker, None)
 
     def held(self, worker: Any) -> int:
         """Hosts ``worker`` holds as far as the pool knows (tests, diagnostics)."""

@@ -26,7 +26,7 @@ from vmsched.runtime.pool.planning import Planner
 from vmsched.runtime.types import Call, CallResult
 from vmsched.runtime.worker.main import Runner
 from vmsched.service import UnitRun
-from vmsched.services.scoring.service import ScoringService
+from vmsched.services.scoring import ScoringService
 
 HOSTS = ["h0", "h1", "h2"]
 
