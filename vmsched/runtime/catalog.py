@@ -225,7 +225,7 @@ class Catalog:
         """Analyses of the plugin files ``paths`` (by name; in parallel); files the pool could not take are
         left out."""
         names = list(paths)
-        parallel = min(len(names), max(1, self._pool.size // 2))  # leave workers for calls
+        parallel = min(len(names), max(1, self._pool.max_size // 2))  # leave workers for calls
         if parallel <= 1:
             results = [self._analyze_one(name, paths[name]) for name in names]
         else:

@@ -46,7 +46,7 @@ def restarts(pool: PluginPool, reason: str) -> float:
 
 
 def full(pool: PluginPool) -> bool:
-    return pool.idle == pool.size
+    return pool.idle == pool.max_size
 
 
 @pytest.fixture

@@ -17,14 +17,13 @@ docs/plugins.md); if the request deadline has passed they fail saying why.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from math import inf
 from typing import Any
 
 from vmsched.runtime.pool.process import Worker
 from vmsched.runtime.protocol import encode_frame_bytes
 
-_INF = math.inf
 
 
 def seconds_text(value: float) -> str:
@@ -67,7 +66,7 @@ class Bundle:
         self.created = created
         self.wait_until = min(u.wait_until for u in units)  # monotonic time after which waiting for a worker ends
         self.started = 0.0  # when its frame went to a worker (0: not sent)
-        self.end = _INF  # when to check its running unit's budget next
+        self.end = inf  # when to check its running unit's budget next
         self.error: str | None = None
         self.blamed = units[0].label  # the label of what failed (the unit that overran or crashed the worker)
 
@@ -133,7 +132,7 @@ class Bundle:
             if unit.hard_end <= now:
                 unit.fail(f"not run to its end: {why}, and the request deadline has passed", now, timed_out=True)
                 continue
-            unit.wait_until = unit.hard_end if unit.hard_end < _INF else now + unit.budget
+            unit.wait_until = unit.hard_end if unit.hard_end < inf else now + unit.budget
             again.append(Bundle([unit], self.wire, now, self.frame_size))
         return again
 

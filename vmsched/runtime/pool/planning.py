@@ -10,6 +10,7 @@ cheap is learnt: the mean run time of each unit, as its worker measured it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import inf
 from typing import Any
 
 from vmsched.runtime.pool.bundle import Bundle, Unit
@@ -21,7 +22,6 @@ from vmsched.runtime.types import Call, CallResult
 #: The units of a request share one worker while their expected run time together stays under this
 #: (seconds); a slower unit gets a worker of its own. 0: every unit alone.
 BUNDLE_SECONDS = 0.002
-_INF = float("inf")
 _SCORE_METHOD = KIND["score"].method
 
 
@@ -40,7 +40,7 @@ class Planner:
         args_json: dict[int, str] = {}  # the units of a request share their arguments: encoded once
         for call in calls:
             label = f"{call.plugin}.{call.cls}.{call.method}"
-            wait_until = hard_end if hard_end < _INF else now + call.timeout
+            wait_until = hard_end if hard_end < inf else now + call.timeout
             held = isinstance(call.facts, PreparedFacts)  # each worker gets the facts it lacks (vmsched.facts.wire)
             unit = Unit("", label, call.timeout, wait_until, hard_end, call.facts if held else None)
             units.append(unit)

@@ -18,13 +18,13 @@ of requests is run by :mod:`vmsched.runtime.pool.batch`.
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
+from math import inf
 from typing import Any
 from pathlib import Path
 
@@ -45,7 +45,6 @@ log = logging.getLogger("vmsched.plugins")
 READY_TIMEOUT = 30.0  # seconds a new worker may take to start
 IDLE_SECONDS = 60.0  # a worker above the minimum that stays idle this long is stopped
 _REASONS = ("timeout", "crash", "recycle")
-_INF = math.inf
 
 
 class PoolUnavailable(RuntimeError):
@@ -67,7 +66,6 @@ class PluginPool:
             raise ValueError(f"need 1 <= minimum ({self.min_size}) <= maximum ({self.max_size}) workers")
         self.folders = tuple(Path(d).absolute() for d in ([plugins_dir] if isinstance(plugins_dir, (str, Path))
                                                            else plugins_dir))
-        self.size = self.max_size  # the most workers it runs (a fixed pool: always)
         self.idle_seconds = idle_seconds
         #: units of a request share a worker while their mean run time together stays under this (seconds)
         self.bundle_seconds = bundle_seconds
@@ -167,7 +165,7 @@ class PluginPool:
         """
         self._check_started()
         now = time.monotonic()
-        hard_end = _INF if deadline is None else now + (deadline - time.time())
+        hard_end = inf if deadline is None else now + (deadline - time.time())
         units = self._plan.units(calls, now, hard_end, self.aligned_scores)
         Batch(self, self._plan.bundles([u for u in units if not u.done], now, self.bundle_seconds)).run()
         return [self._plan.result(unit) for unit in units]
@@ -213,7 +211,7 @@ class PluginPool:
         """A request to a worker that is not a unit call (analyze, warm): ``timeout`` to get a worker, as
         much to run."""
         now = time.monotonic()
-        unit = Unit(ENCODER.encode(message)[:-1], label, timeout, now + timeout, _INF)  # the closing brace comes later
+        unit = Unit(ENCODER.encode(message)[:-1], label, timeout, now + timeout, inf)  # the closing brace comes later
         return Bundle([unit], self._wire, now, self._max_frame)
 
     def _check_started(self) -> None:
