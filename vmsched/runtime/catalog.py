@@ -224,14 +224,10 @@ class Catalog:
     def _analyze(self, paths: dict[str, Path]) -> dict[str, Analysis]:
         """Analyses of the plugin files ``paths`` (by name; in parallel); files the pool could not take are
         left out."""
-        names = list(paths)
-        parallel = min(len(names), max(1, self._pool.max_size // 2))  # leave workers for calls
-        if parallel <= 1:
-            results = [self._analyze_one(name, paths[name]) for name in names]
-        else:
-            with ThreadPoolExecutor(parallel, thread_name_prefix="plugin-analyze") as executor:
-                results = list(executor.map(self._analyze_one, names, [paths[name] for name in names]))
-        return {name: analysis for name, analysis in zip(names, results) if analysis is not None}
+        parallel = max(1, min(len(paths), self._pool.max_size // 2))  # leave workers for calls
+        with ThreadPoolExecutor(parallel, thread_name_prefix="plugin-analyze") as executor:
+            results = list(executor.map(self._analyze_one, paths, paths.values()))
+        return {name: analysis for name, analysis in zip(paths, results) if analysis is not None}
 
     def _analyze_one(self, name: str, path: Path) -> Analysis | None:
         if not name.isidentifier():
