@@ -262,16 +262,6 @@ def _requested_hosts(call: dict[str, Any]) -> list[Any] | None:
 # --- process setup ---------------------------------------------------------------
 
 
-def _take_protocol_fds() -> tuple[int, int]:
-    """Move the protocol pipes off fd 0/1; fd 0 -> /dev/null, fd 1 -> stderr."""
-    read_fd, write_fd = os.dup(0), os.dup(1)  # os.dup: not inherited by children
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    os.dup2(2, 1)
-    os.close(devnull)
-    return read_fd, write_fd
-
-
 def _exit_with_parent(read_fd: int) -> None:
     """Exit when the pool's end of the request pipe closes, even mid-call."""
 
@@ -284,18 +274,7 @@ def _exit_with_parent(read_fd: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _confine(options: argparse.Namespace, plugins_dirs: list[str], channel: Channel) -> sandbox.Report:
-    """Apply the sandbox; on refusal tell the pool why and exit."""
-    try:
-        report = sandbox.confine(plugins_dirs, options.limits, options.confinement, options.tmp_parent)
-    except (sandbox.SandboxError, OSError) as exc:
-        channel.send(encode_frame({"ok": False, "error": f"sandbox: {exc}"}))
-        sys.exit(1)
-    worker_errors.NETWORK_OFF = report.features.get("no_network", "").startswith("on")  # never with the network on
-    return report
-
-
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vmsched.runtime.worker.main")
     parser.add_argument("--plugins-dir", required=True, action="append",
                         help="a plugins folder; several: on sys.path in this order, the first is the working directory")
@@ -305,13 +284,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="confinement as JSON (vmsched.runtime.types.Confinement)")
     parser.add_argument("--tmp-parent", default="/tmp", help="the folder of its private temporary directory")
     parser.add_argument("--progress-fd", type=int, default=-1, help="the pool's progress page (a memfd)")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    options = _parse_args(argv)
+    options = parser.parse_args(argv)
     plugins_dirs = [os.path.abspath(folder) for folder in options.plugins_dir]
-    read_fd, write_fd = _take_protocol_fds()
+    # the protocol pipes move off fd 0/1 (os.dup: not inherited by children); fd 0 -> /dev/null, fd 1 -> stderr
+    read_fd, write_fd = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    os.close(devnull)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool decides when we stop
     faulthandler.enable()  # a crashing plugin leaves a Python traceback on stderr
     sys.dont_write_bytecode = True  # never a stale .pyc for a rewritten plugin
@@ -320,7 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.path[0:0] = plugins_dirs  # sibling imports: the first folder that has the module
     channel = Channel(read_fd, write_fd)
     progress = Progress(options.progress_fd) if options.progress_fd >= 0 else None  # before the sandbox
-    confinement = _confine(options, plugins_dirs, channel)  # before any thread starts
+    try:  # before any thread starts; on refusal the pool is told why
+        confinement = sandbox.confine(plugins_dirs, options.limits, options.confinement, options.tmp_parent)
+    except (sandbox.SandboxError, OSError) as exc:
+        channel.send(encode_frame({"ok": False, "error": f"sandbox: {exc}"}))
+        return 1
+    worker_errors.NETWORK_OFF = confinement.features.get("no_network", "").startswith("on")  # never with the network on
     _exit_with_parent(read_fd)
     runner = Runner(plugins_dirs, options.limits.cpu_seconds, options.limits.max_output, progress)
     channel.send(encode_frame({"ok": True, "ready": True, "pid": os.getpid(), "sandbox": asdict(confinement)}))
