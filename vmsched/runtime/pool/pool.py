@@ -200,12 +200,12 @@ class PluginPool:
         with self._lock:
             self._warm_plugins = names
             workers, self._idle = self._idle, []
-        if not names or not workers:
-            for worker in workers:
-                self.release(worker)
-            return
-        jobs = [self._request({"op": "warm", "plugins": names}, "warm", timeout) for _ in workers]
-        Batch(self, jobs, workers).run()
+        self._warm(names, workers, timeout)
+
+    def _warm(self, names: list[str], workers: list[Worker], timeout: float) -> None:
+        """``workers`` import ``names``, then serve (without names: they serve at once)."""
+        jobs = [self._request({"op": "warm", "plugins": names}, "warm", timeout) for _ in workers] if names else []
+        Batch(self, jobs, workers).run()  # it releases the workers
 
     def _request(self, message: dict[str, Any], label: str, timeout: float) -> Bundle:
         """A request to a worker that is not a unit call (analyze, warm): ``timeout`` to get a worker, as
@@ -324,11 +324,7 @@ class PluginPool:
                     return
                 delay = min(delay * 2, 30.0)
                 continue
-            if self._warm_plugins:  # it imports what warm() named before it serves; the batch then releases it
-                warm = self._request({"op": "warm", "plugins": self._warm_plugins}, "warm", READY_TIMEOUT)
-                Batch(self, [warm], [worker]).run()
-            else:
-                self.release(worker)
+            self._warm(self._warm_plugins, [worker], READY_TIMEOUT)  # it imports what warm() named before it serves
             return
 
     def _shrink_loop(self) -> None:
