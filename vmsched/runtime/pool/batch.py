@@ -17,7 +17,7 @@ from math import ceil, inf
 from typing import Protocol
 
 from vmsched.runtime.pool.bundle import Bundle, seconds_text
-from vmsched.runtime.pool.process import Worker, WorkerGone, death_message
+from vmsched.runtime.pool.process import Worker, WorkerClosed, WorkerGone, death_message
 from vmsched.runtime.types import Limits
 
 #: Seconds a batch waits for a worker before it asks the pool to grow: a wait shorter than this is
@@ -167,7 +167,7 @@ class Batch:
             reply = worker.feed()
         except (WorkerGone, OSError) as exc:
             self._forget(worker)
-            eof = getattr(exc, "eof", False)
+            eof = isinstance(exc, WorkerClosed)
             if not eof:  # it broke the protocol: nothing it says can be trusted
                 worker.kill()
             code = worker.exit_code(timeout=0.5) if eof else None

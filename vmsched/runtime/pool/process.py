@@ -40,11 +40,11 @@ def loads(payload: bytes) -> Any:
 
 
 class WorkerGone(Exception):
-    """The worker closed its pipe (``eof``) or broke the protocol."""
+    """The worker broke the protocol, or closed its pipe (:class:`WorkerClosed`)."""
 
-    def __init__(self, message: str, eof: bool = False) -> None:
-        super().__init__(message)
-        self.eof = eof
+
+class WorkerClosed(WorkerGone):
+    """The worker closed its pipe: it exited or died."""
 
 
 class Worker:
@@ -70,7 +70,7 @@ class Worker:
         """Read what the pipe holds; the reply once complete, else None."""
         chunk = os.read(self.read_fd, 1 << 16)
         if not chunk:
-            raise WorkerGone("closed its pipe", eof=True)
+            raise WorkerClosed("closed its pipe")
         self._buffer += chunk
         if len(self._buffer) < HEADER.size:
             return None
