@@ -71,8 +71,7 @@ _SCORE_HOSTS = KIND["score"].params.index("hosts")
 class Runner:
     """Executes requests inside the worker; never raises for a plugin's fault."""
 
-    def __init__(self, plugins_dirs: str | list[str], cpu_seconds: int, max_output: int,
-                 progress: Progress | None = None) -> None:
+    def __init__(self, plugins_dirs: str | list[str], cpu_seconds: int, max_output: int, progress: Progress) -> None:
         self.dirs = [plugins_dirs] if isinstance(plugins_dirs, str) else list(plugins_dirs)  # the first: the cwd
         self.cpu_seconds = cpu_seconds
         self.max_output = max_output
@@ -90,8 +89,7 @@ class Runner:
         payload = request.get("facts")
         installed = False
         for index, call in enumerate(request.get("calls") or ()):
-            if self.progress is not None:
-                self.progress.mark(index)
+            self.progress.mark(index)
             began = time.monotonic()
             if call.get("held") and payload is not None:
                 call["facts"] = payload
@@ -283,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--confinement", type=lambda text: Confinement(**json.loads(text)), default=Confinement(),
                         help="confinement as JSON (vmsched.runtime.types.Confinement)")
     parser.add_argument("--tmp-parent", default="/tmp", help="the folder of its private temporary directory")
-    parser.add_argument("--progress-fd", type=int, default=-1, help="the pool's progress page (a memfd)")
+    parser.add_argument("--progress-fd", type=int, required=True, help="the pool's progress page (a memfd)")
     options = parser.parse_args(argv)
     plugins_dirs = [os.path.abspath(folder) for folder in options.plugins_dir]
     # the protocol pipes move off fd 0/1 (os.dup: not inherited by children); fd 0 -> /dev/null, fd 1 -> stderr
@@ -299,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(plugins_dirs[0])
     sys.path[0:0] = plugins_dirs  # sibling imports: the first folder that has the module
     channel = Channel(read_fd, write_fd)
-    progress = Progress(options.progress_fd) if options.progress_fd >= 0 else None  # before the sandbox
+    progress = Progress(options.progress_fd)  # before the sandbox
     try:  # before any thread starts; on refusal the pool is told why
         confinement = sandbox.confine(plugins_dirs, options.limits, options.confinement, options.tmp_parent)
     except (sandbox.SandboxError, OSError) as exc:
