@@ -34,14 +34,6 @@ from vmsched.runtime.types import Analysis
 from vmsched.runtime.validation import translate_validation
 
 log = logging.getLogger("vmsched.plugins")
-#: What a plugin file without units lacks (ovirt-scheduler-proxy too loads classes only).
-NO_UNITS = ("defines no unit: define a class with do_filter, do_score or do_balance (module-level functions are "
-            "not units); a helper module's file name starts with '_'")
-
-
-def no_units(plugin: str) -> str:
-    """The load error of plugin file ``plugin``.py that defines no unit."""
-    return f"{plugin}.py {NO_UNITS}"
 MAX_SOURCE = 1 << 20  # characters of a failed plugin file searched for a unit's class
 
 Stamp = tuple[int, int, int, int]  # st_mtime_ns, st_size, st_ino, st_ctime_ns
@@ -56,6 +48,13 @@ def environment_stamp(*plugins_dirs: Path) -> tuple[int, ...]:
         except OSError:
             stamp.append(-1)
     return tuple(stamp)
+
+
+def no_units(plugin: str) -> str:
+    """The load error of plugin file ``plugin``.py that defines no unit (what it lacks: ovirt-scheduler-proxy too
+    loads classes only)."""
+    return (f"{plugin}.py defines no unit: define a class with do_filter, do_score or do_balance (module-level "
+            "functions are not units); a helper module's file name starts with '_'")
 
 
 def module_name(entry: os.DirEntry[str]) -> str | None:
@@ -132,7 +131,7 @@ class Catalog:
         return list(self._errors)
 
     def without_units(self) -> list[PluginLoadError]:
-        """The plugin files that loaded but define no unit, each with :data:`NO_UNITS`."""
+        """The plugin files that loaded but define no unit, each with :func:`no_units`."""
         return [PluginLoadError(plugin=name, error=no_units(name)) for name, known in sorted(self._files.items())
                 if not known.analysis.error and not known.analysis.units]
 
