@@ -24,8 +24,8 @@ import site
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from vmsched.messages import Kind, PluginLoadError, UnitInfo
 from vmsched.metrics import PLUGIN_LOAD_ERRORS, PLUGIN_UNITS, init_units
@@ -80,8 +80,7 @@ def clash(name: str, first: Path, later: Path, plugin: bool) -> PluginLoadError:
     return PluginLoadError(plugin=name, error=error)
 
 
-@dataclass(frozen=True)
-class _PluginFile:
+class _PluginFile(NamedTuple):
     path: Path
     stamp: Stamp
     analysis: Analysis
@@ -158,7 +157,8 @@ class Catalog:
         with self._refresh_lock:
             clashes = self._clashes
             scan = self._scan()
-            changed = sorted(name for name, found in scan.items() if self._found(name) != found)
+            # added, or its path or stamp changed (the first two fields of what is known of it)
+            changed = sorted(name for name, found in scan.items() if self._files.get(name, ())[:2] != found)
             environment = environment_stamp(*self.folders)
             if environment != self._environment:  # retry failed imports: a helper or a package may have appeared
                 self._environment = environment
@@ -178,10 +178,6 @@ class Catalog:
                 return False
             self._publish()
             return True
-
-    def _found(self, name: str) -> tuple[Path, Stamp] | None:
-        known = self._files.get(name)
-        return None if known is None else (known.path, known.stamp)
 
     def _scan(self) -> dict[str, tuple[Path, Stamp]]:
         """Top-level plugin files (``*.py``, not ``_*`` or ``.*``) by module name, with the module names found in
