@@ -11,7 +11,7 @@ for a worker (a few ms) starts one more in the background; a worker above the
 minimum that stays idle for ``idle_seconds`` is stopped (``size=N``: a fixed
 pool of N). How a request's units are laid out on workers is
 :mod:`vmsched.runtime.pool.planning`; a worker process, as seen from here, is
-:mod:`vmsched.runtime.pool.process`, started by :mod:`vmsched.runtime.pool.spawn`; a batch
+:mod:`vmsched.runtime.pool.process`, which starts it too; a batch
 of requests is run by :mod:`vmsched.runtime.pool.batch`.
 """
 
@@ -29,13 +29,12 @@ from typing import Any
 from pathlib import Path
 
 from vmsched.metrics import PLUGIN_CONFINEMENT, PLUGIN_WORKER_RESTARTS, PLUGIN_WORKERS
-from vmsched.runtime.pool import spawn
 from vmsched.runtime.pool.batch import Batch, PoolClosed, Waiter
 from vmsched.runtime.pool.bundle import Bundle, Unit
 from vmsched.runtime.pool.drain import OutputDrain
 from vmsched.facts.wire import FactsWire
 from vmsched.runtime.pool.planning import BUNDLE_SECONDS, Planner
-from vmsched.runtime.pool.process import Worker
+from vmsched.runtime.pool.process import Worker, spawn
 from vmsched.runtime.protocol import ENCODER
 from vmsched.runtime.worker.sandbox import FEATURES, make_non_dumpable
 from vmsched.runtime.types import Analysis, AnalyzedUnit, Call, CallResult, Confinement, Limits
@@ -351,7 +350,7 @@ class PluginPool:
     def _spawn(self, growing: bool = False) -> Worker:
         """Start a worker process (``growing``: one counted in ``_growing`` until it is in ``_workers``)."""
         try:
-            worker = spawn.start(self.folders, self.limits, self.confinement, self._max_frame)
+            worker = spawn(self.folders, self.limits, self.confinement, self._max_frame)
         except BaseException:
             with self._lock:
                 self._growing -= growing
@@ -366,7 +365,7 @@ class PluginPool:
         return worker
 
     def _await_ready(self, worker: Worker) -> None:
-        features = spawn.await_ready(worker, READY_TIMEOUT)
+        features = worker.ready(READY_TIMEOUT)
         if features != self.sandbox:
             self.sandbox = features
             for feature in FEATURES:
