@@ -23,7 +23,7 @@ from vmsched.runtime import PluginPool
 from vmsched.runtime.pool.bundle import Unit
 from vmsched.runtime.contract import BadResult, aligned_scores, checked_aligned
 from vmsched.runtime.pool.planning import Planner
-from vmsched.runtime.progress import Progress
+from vmsched.runtime.protocol import Progress
 from vmsched.runtime.types import Call, CallResult
 from vmsched.runtime.worker.main import Runner
 from vmsched.service import UnitRun

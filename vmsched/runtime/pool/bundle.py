@@ -7,7 +7,7 @@ Every unit keeps its own outcome (:class:`Unit`): value or error, stderr, time b
 that is not a unit call (analyze, warm) travels the same way, as a bundle of one.
 
 The worker runs the units one after the other and marks on its progress page
-(:mod:`vmsched.runtime.progress`) which one it started and when. The batch checks a bundle when its
+(:class:`vmsched.runtime.protocol.Progress`) which one it started and when. The batch checks a bundle when its
 current unit's budget (or the request deadline) may have run out; if it has, the worker is killed and that
 unit alone times out. When a worker dies under a bundle, the unit it was running gets the error. The other
 units of the bundle lost nothing but their worker: those not finished in time are run again, each alone on

@@ -23,9 +23,8 @@ from typing import Any
 
 import orjson
 
-from vmsched.runtime.progress import Progress
 from vmsched.runtime.worker import children
-from vmsched.runtime.protocol import HEADER, LONG_NUMBERS, write_all
+from vmsched.runtime.protocol import HEADER, LONG_NUMBERS, Progress, write_all
 from vmsched.runtime.types import Confinement, Limits
 
 
@@ -65,7 +64,7 @@ class Worker:
         self.calls = 0
         self.tmp_dir = ""  # its private temporary directory (from its ready message)
         self.max_frame = max_frame  # largest reply frame accepted (a batch of units raises it)
-        self.progress = progress  # the progress page it shares with the pool (vmsched.runtime.progress)
+        self.progress = progress  # the progress page it shares with the pool (vmsched.runtime.protocol.Progress)
         self.idle_since = 0.0  # monotonic time it last went idle (the pool shrinks the longest idle)
         self._buffer = bytearray()
 
@@ -167,7 +166,7 @@ def spawn(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement
 
     Nothing of the service's environment reaches a plugin but an allow-list (no credential); the worker
     gets its protocol pipes, its stderr (drained by the pool, never the service's log) and its progress
-    page (:mod:`vmsched.runtime.progress`).
+    page (:class:`vmsched.runtime.protocol.Progress`).
     """
     progress = Progress.create()
     try:

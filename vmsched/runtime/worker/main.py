@@ -17,7 +17,7 @@ Requests (one at a time, each answered by exactly one reply) are batches:
   ``"aligned": true`` whose result is one finite number per requested host, in order, is answered
   ``{"ok": true, "scores": [numbers], "stderr", "t"}`` instead (:func:`vmsched.runtime.contract.aligned_scores`).
   Before each unit the worker writes its index and start time to the progress page
-  (:mod:`vmsched.runtime.progress`), so that the pool can tell which unit overran its budget or crashed
+  (:class:`vmsched.runtime.protocol.Progress`), so that the pool can tell which unit overran its budget or crashed
   the worker. ``facts`` (the held form of :mod:`vmsched.facts.wire`) is installed once, for the
   calls marked ``held``.
 
@@ -53,8 +53,7 @@ from vmsched.runtime.worker import children, sandbox
 from vmsched.runtime.worker import errors as worker_errors
 from vmsched.runtime.worker.capture import Capture
 from vmsched.runtime.contract import KIND, aligned_scores
-from vmsched.runtime.progress import Progress
-from vmsched.runtime.protocol import Channel, encode_frame, encode_json, reply_frame
+from vmsched.runtime.protocol import Channel, Progress, encode_frame, encode_json, reply_frame
 from vmsched.runtime.types import Confinement, Limits
 from vmsched.runtime.worker.errors import PluginError, describe_exception, parse_output
 from vmsched.runtime.worker.modules import Modules, list_units, reads_facts
