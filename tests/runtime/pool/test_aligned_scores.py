@@ -20,9 +20,8 @@ from tests.runtime.pool.test_pool import make_pool, write_plugin  # noqa: F401 (
 from vmsched.bus.replies import _ok
 from vmsched.messages import Envelope, Kind, ScoreRequest
 from vmsched.runtime import PluginPool
-from vmsched.runtime.pool.bundle import Unit
 from vmsched.runtime.contract import BadResult, aligned_scores, checked_aligned
-from vmsched.runtime.pool.planning import Planner
+from vmsched.runtime.pool.planning import Planner, Unit
 from vmsched.runtime.protocol import Progress
 from vmsched.runtime.types import Call, CallResult
 from vmsched.runtime.worker.main import Runner

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from math import ceil, inf
 from typing import Protocol
 
-from vmsched.runtime.pool.bundle import Bundle, seconds_text
+from vmsched.runtime.pool.planning import Bundle, seconds_text
 from vmsched.runtime.pool.process import Worker, WorkerClosed, WorkerGone, death_message
 from vmsched.runtime.types import Limits
 

@@ -30,10 +30,9 @@ from pathlib import Path
 
 from vmsched.metrics import PLUGIN_CONFINEMENT, PLUGIN_WORKER_RESTARTS, PLUGIN_WORKERS
 from vmsched.runtime.pool.batch import Batch, PoolClosed, Waiter
-from vmsched.runtime.pool.bundle import Bundle, Unit
 from vmsched.runtime.pool.drain import OutputDrain
 from vmsched.facts.wire import FactsWire
-from vmsched.runtime.pool.planning import BUNDLE_SECONDS, Planner
+from vmsched.runtime.pool.planning import BUNDLE_SECONDS, Bundle, Planner, Unit
 from vmsched.runtime.pool.process import Worker, spawn
 from vmsched.runtime.protocol import ENCODER
 from vmsched.runtime.worker.sandbox import FEATURES, make_non_dumpable
