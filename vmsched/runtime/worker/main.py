@@ -97,21 +97,17 @@ class Runner:
                     payload = {k: v for k, v in payload.items() if k not in _ONCE}
             hosts = _requested_hosts(call)  # a copy: the plugin gets the list and may change it
             stderr = Capture(self.max_output, strict=False)
-            reply = self._run({"op": "call", **call}, stderr)  # or the request it names (analyze, warm)
+            try:
+                reply = self._dispatch({"op": "call", **call}, stderr)  # or the request it names (analyze, warm)
+            except Exception as exc:
+                reply = {"ok": False, "error": f"internal worker error: {exc!r}"}
+            finally:
+                self._restore_cwd()
+                children.kill_all()  # nothing a plugin started outlives its call
+            reply["stderr"] = stderr.getvalue()
             reply["t"] = time.monotonic() - began
             parts.append((hosts is not None and self._encode_aligned(hosts, reply)) or self._encode(reply, stderr))
         return reply_frame(b'{"replies":[' + b",".join(parts) + b"]}")
-
-    def _run(self, request: dict[str, Any], stderr: Capture) -> dict[str, Any]:
-        try:
-            reply = self._dispatch(request, stderr)
-        except Exception as exc:
-            reply = {"ok": False, "error": f"internal worker error: {exc!r}"}
-        finally:
-            self._restore_cwd()
-            children.kill_all()  # nothing a plugin started outlives its call
-        reply["stderr"] = stderr.getvalue()
-        return reply
 
     def _dispatch(self, request: dict[str, Any], stderr: Capture) -> dict[str, Any]:
         op = request.get("op")
