@@ -172,8 +172,13 @@ class Catalog:
             analysed = self._analyze({name: scan[name][0] for name in changed})
             for name, analysis in analysed.items():
                 self._files[name] = _PluginFile(*scan[name], analysis)
-                if self.log_changes:
-                    self._log_analysis(analysis)
+                if self.log_changes and analysis.error:
+                    log.error("plugin %s failed to load: %s", analysis.plugin, analysis.error)
+                elif self.log_changes and not analysis.units:
+                    log.warning("plugin %s", no_units(analysis.plugin))
+                elif self.log_changes:
+                    units = ", ".join(f"{unit.name} ({unit.kind})" for unit in analysis.units)
+                    log.info("plugin %s loaded: %s", analysis.plugin, units)
             if not removed and not analysed and self._clashes == clashes:
                 return False
             self._publish()
@@ -233,16 +238,6 @@ class Catalog:
             log.warning("plugin %s not analysed yet (%s); will retry", name, exc)
             return None
 
-    @staticmethod
-    def _log_analysis(analysis: Analysis) -> None:
-        if analysis.error:
-            log.error("plugin %s failed to load: %s", analysis.plugin, analysis.error)
-        elif not analysis.units:
-            log.warning("plugin %s", no_units(analysis.plugin))
-        else:
-            units = ", ".join(f"{unit.name} ({unit.kind})" for unit in analysis.units)
-            log.info("plugin %s loaded: %s", analysis.plugin, units)
-
     def _publish(self) -> None:
         units: dict[tuple[Kind, str], UnitInfo] = {}
         errors: list[PluginLoadError] = []
@@ -272,7 +267,10 @@ class Catalog:
             self._log_news(units, duplicates + self._clashes)
         errors = sorted(errors + duplicates + self._clashes, key=lambda error: error.plugin)
         self._units, self._errors = units, errors
-        self._update_metrics()
+        for kind in Kind:
+            PLUGIN_UNITS.labels(kind=kind.value).set(sum(1 for key in units if key[0] == kind))
+        PLUGIN_LOAD_ERRORS.set(len({error.plugin for error in errors}))
+        init_units(name for _, name in units)  # each unit's plugin series at 0 from its load
 
     def _log_news(self, units: dict[tuple[Kind, str], UnitInfo], duplicates: list[PluginLoadError]) -> None:
         """Log duplicates (of units and of module names) and validation problems once, when they appear."""
@@ -284,12 +282,6 @@ class Catalog:
             old = self._units.get(key)
             if info.validation_error and (old is None or old.validation_error != info.validation_error):
                 log.warning("unit %s in plugin %s: %s (sent as \"\")", info.name, info.plugin, info.validation_error)
-
-    def _update_metrics(self) -> None:
-        for kind in Kind:
-            PLUGIN_UNITS.labels(kind=kind.value).set(sum(1 for key in self._units if key[0] == kind))
-        PLUGIN_LOAD_ERRORS.set(len({error.plugin for error in self._errors}))
-        init_units(name for _, name in self._units)  # each unit's plugin series at 0 from its load
 
     # -- watching
     def start_watching(self, interval: float) -> None:
