@@ -23,8 +23,8 @@ from vmsched.words import counted
 from vmsched.engine_link import facts_cache
 from vmsched.facts.cache import NO_CACHE, FactsCache, cause
 from vmsched.messages import Envelope, Kind, MissingFacts
-from vmsched.runtime import CallResult, Catalog, Limits, PluginPool
-from vmsched.runtime.types import Confinement
+from vmsched.runtime import Catalog, PluginPool
+from vmsched.runtime.types import CallResult, Confinement, Limits
 from vmsched.runtime.units import UnitRun, UnitRunner
 from vmsched.whatif.format import InputsItem
 from vmsched.whatif.replay import Change, Policy

@@ -22,10 +22,10 @@ from vmsched.facts.model import FactsMessage, GuestFacts, HostFacts
 from tests.support.facts import full_form, reading
 from vmsched.facts.cache import FactsCache
 from vmsched.plugin import facts as api
-from vmsched.runtime import Call, Limits, PluginPool
+from vmsched.runtime import Call, PluginPool
 from vmsched.facts.held import LOST, HeldFacts
 from vmsched.facts.wire import FactsWire
-from vmsched.runtime.types import Confinement
+from vmsched.runtime.types import Confinement, Limits
 
 
 def message(host: str, seq: int, guests: list[GuestFacts] | None = None, age: float = 0.0, **fields: Any) -> bytes:

@@ -13,8 +13,8 @@ import pytest
 
 from vmsched.messages import Kind, PluginLoadError, UnitInfo
 from vmsched.metrics import REGISTRY
-from vmsched.runtime.types import Confinement
-from vmsched.runtime import Catalog, Limits, PluginPool
+from vmsched.runtime.types import Confinement, Limits
+from vmsched.runtime import Catalog, PluginPool
 
 FILTER = '''
 class {name}:

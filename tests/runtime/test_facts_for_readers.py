@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vmsched.runtime import Call, Catalog, Limits, PluginPool
-from vmsched.runtime.types import Confinement
+from vmsched.runtime import Call, Catalog, PluginPool
+from vmsched.runtime.types import Confinement, Limits
 
 READER = '''
 from vmsched.plugin import facts

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from vmsched.messages import Kind
-from vmsched.runtime import Catalog, Limits, PluginPool
-from vmsched.runtime.types import Confinement
+from vmsched.runtime import Catalog, PluginPool
+from vmsched.runtime.types import Confinement, Limits
 
 PLUGIN = '''
 import {module}

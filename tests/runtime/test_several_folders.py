@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from vmsched.messages import Kind
-from vmsched.runtime import Call, Catalog, Limits, PluginPool
-from vmsched.runtime.types import Confinement
+from vmsched.runtime import Call, Catalog, PluginPool
+from vmsched.runtime.types import Confinement, Limits
 
 UNIT = '''
 import {helper}

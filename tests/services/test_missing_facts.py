@@ -9,7 +9,7 @@ from vmsched.facts.cache import NO_AGENT, NO_CACHE, SILENT_AGENT, FactsCache, ca
 from tests.support.decisions import build
 from vmsched.decide.rules import filter_decision
 from vmsched.messages import FilterOutcome, FilterRequest
-from vmsched.runtime import CallResult
+from vmsched.runtime.types import CallResult
 from vmsched.service import UnitRun, missing_facts
 
 HOSTS = ["h1", "h2", "h3", "h4"]

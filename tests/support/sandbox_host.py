@@ -12,8 +12,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from vmsched.runtime import Call, Limits, PluginPool
-from vmsched.runtime.types import Confinement
+from vmsched.runtime import Call, PluginPool
+from vmsched.runtime.types import Confinement, Limits
 
 
 def main() -> int:

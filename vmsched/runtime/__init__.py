@@ -13,25 +13,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vmsched.runtime.catalog import Catalog as Catalog
     from vmsched.runtime.pool.pool import PluginPool as PluginPool
-    from vmsched.runtime.pool.pool import PoolUnavailable as PoolUnavailable
-    from vmsched.runtime.types import Analysis as Analysis
-    from vmsched.runtime.types import AnalyzedUnit as AnalyzedUnit
     from vmsched.runtime.types import Call as Call
-    from vmsched.runtime.types import CallResult as CallResult
-    from vmsched.runtime.types import Limits as Limits
-    from vmsched.runtime.validation import ENGINE_VALIDATION as ENGINE_VALIDATION
     from vmsched.runtime.validation import translate_validation as translate_validation
 
 _EXPORTS = {
     "Catalog": "vmsched.runtime.catalog",
     "PluginPool": "vmsched.runtime.pool.pool",
-    "PoolUnavailable": "vmsched.runtime.pool.pool",
-    "Analysis": "vmsched.runtime.types",
-    "AnalyzedUnit": "vmsched.runtime.types",
     "Call": "vmsched.runtime.types",
-    "CallResult": "vmsched.runtime.types",
-    "Limits": "vmsched.runtime.types",
-    "ENGINE_VALIDATION": "vmsched.runtime.validation",
     "translate_validation": "vmsched.runtime.validation",
 }
 __all__ = sorted(_EXPORTS)

@@ -24,8 +24,8 @@ import site
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from vmsched.messages import Kind, PluginLoadError, UnitInfo
 from vmsched.metrics import PLUGIN_LOAD_ERRORS, PLUGIN_UNITS, init_units
@@ -34,14 +34,6 @@ from vmsched.runtime.types import Analysis
 from vmsched.runtime.validation import translate_validation
 
 log = logging.getLogger("vmsched.plugins")
-#: What a plugin file without units lacks (ovirt-scheduler-proxy too loads classes only).
-NO_UNITS = ("defines no unit: define a class with do_filter, do_score or do_balance (module-level functions are "
-            "not units); a helper module's file name starts with '_'")
-
-
-def no_units(plugin: str) -> str:
-    """The load error of plugin file ``plugin``.py that defines no unit."""
-    return f"{plugin}.py {NO_UNITS}"
 MAX_SOURCE = 1 << 20  # characters of a failed plugin file searched for a unit's class
 
 Stamp = tuple[int, int, int, int]  # st_mtime_ns, st_size, st_ino, st_ctime_ns
@@ -56,6 +48,13 @@ def environment_stamp(*plugins_dirs: Path) -> tuple[int, ...]:
         except OSError:
             stamp.append(-1)
     return tuple(stamp)
+
+
+def no_units(plugin: str) -> str:
+    """The load error of plugin file ``plugin``.py that defines no unit (what it lacks: ovirt-scheduler-proxy too
+    loads classes only)."""
+    return (f"{plugin}.py defines no unit: define a class with do_filter, do_score or do_balance (module-level "
+            "functions are not units); a helper module's file name starts with '_'")
 
 
 def module_name(entry: os.DirEntry[str]) -> str | None:
@@ -81,8 +80,7 @@ def clash(name: str, first: Path, later: Path, plugin: bool) -> PluginLoadError:
     return PluginLoadError(plugin=name, error=error)
 
 
-@dataclass(frozen=True)
-class _PluginFile:
+class _PluginFile(NamedTuple):
     path: Path
     stamp: Stamp
     analysis: Analysis
@@ -132,7 +130,7 @@ class Catalog:
         return list(self._errors)
 
     def without_units(self) -> list[PluginLoadError]:
-        """The plugin files that loaded but define no unit, each with :data:`NO_UNITS`."""
+        """The plugin files that loaded but define no unit, each with :func:`no_units`."""
         return [PluginLoadError(plugin=name, error=no_units(name)) for name, known in sorted(self._files.items())
                 if not known.analysis.error and not known.analysis.units]
 
@@ -159,7 +157,8 @@ class Catalog:
         with self._refresh_lock:
             clashes = self._clashes
             scan = self._scan()
-            changed = sorted(name for name, found in scan.items() if self._found(name) != found)
+            # added, or its path or stamp changed (the first two fields of what is known of it)
+            changed = sorted(name for name, found in scan.items() if self._files.get(name, ())[:2] != found)
             environment = environment_stamp(*self.folders)
             if environment != self._environment:  # retry failed imports: a helper or a package may have appeared
                 self._environment = environment
@@ -173,16 +172,17 @@ class Catalog:
             analysed = self._analyze({name: scan[name][0] for name in changed})
             for name, analysis in analysed.items():
                 self._files[name] = _PluginFile(*scan[name], analysis)
-                if self.log_changes:
-                    self._log_analysis(analysis)
+                if self.log_changes and analysis.error:
+                    log.error("plugin %s failed to load: %s", analysis.plugin, analysis.error)
+                elif self.log_changes and not analysis.units:
+                    log.warning("plugin %s", no_units(analysis.plugin))
+                elif self.log_changes:
+                    units = ", ".join(f"{unit.name} ({unit.kind})" for unit in analysis.units)
+                    log.info("plugin %s loaded: %s", analysis.plugin, units)
             if not removed and not analysed and self._clashes == clashes:
                 return False
             self._publish()
             return True
-
-    def _found(self, name: str) -> tuple[Path, Stamp] | None:
-        known = self._files.get(name)
-        return None if known is None else (known.path, known.stamp)
 
     def _scan(self) -> dict[str, tuple[Path, Stamp]]:
         """Top-level plugin files (``*.py``, not ``_*`` or ``.*``) by module name, with the module names found in
@@ -224,14 +224,10 @@ class Catalog:
     def _analyze(self, paths: dict[str, Path]) -> dict[str, Analysis]:
         """Analyses of the plugin files ``paths`` (by name; in parallel); files the pool could not take are
         left out."""
-        names = list(paths)
-        parallel = min(len(names), max(1, self._pool.size // 2))  # leave workers for calls
-        if parallel <= 1:
-            results = [self._analyze_one(name, paths[name]) for name in names]
-        else:
-            with ThreadPoolExecutor(parallel, thread_name_prefix="plugin-analyze") as executor:
-                results = list(executor.map(self._analyze_one, names, [paths[name] for name in names]))
-        return {name: analysis for name, analysis in zip(names, results) if analysis is not None}
+        parallel = max(1, min(len(paths), self._pool.max_size // 2))  # leave workers for calls
+        with ThreadPoolExecutor(parallel, thread_name_prefix="plugin-analyze") as executor:
+            results = list(executor.map(self._analyze_one, paths, paths.values()))
+        return {name: analysis for name, analysis in zip(paths, results) if analysis is not None}
 
     def _analyze_one(self, name: str, path: Path) -> Analysis | None:
         if not name.isidentifier():
@@ -241,16 +237,6 @@ class Catalog:
         except PoolUnavailable as exc:
             log.warning("plugin %s not analysed yet (%s); will retry", name, exc)
             return None
-
-    @staticmethod
-    def _log_analysis(analysis: Analysis) -> None:
-        if analysis.error:
-            log.error("plugin %s failed to load: %s", analysis.plugin, analysis.error)
-        elif not analysis.units:
-            log.warning("plugin %s", no_units(analysis.plugin))
-        else:
-            units = ", ".join(f"{unit.name} ({unit.kind})" for unit in analysis.units)
-            log.info("plugin %s loaded: %s", analysis.plugin, units)
 
     def _publish(self) -> None:
         units: dict[tuple[Kind, str], UnitInfo] = {}
@@ -281,7 +267,10 @@ class Catalog:
             self._log_news(units, duplicates + self._clashes)
         errors = sorted(errors + duplicates + self._clashes, key=lambda error: error.plugin)
         self._units, self._errors = units, errors
-        self._update_metrics()
+        for kind in Kind:
+            PLUGIN_UNITS.labels(kind=kind.value).set(sum(1 for key in units if key[0] == kind))
+        PLUGIN_LOAD_ERRORS.set(len({error.plugin for error in errors}))
+        init_units(name for _, name in units)  # each unit's plugin series at 0 from its load
 
     def _log_news(self, units: dict[tuple[Kind, str], UnitInfo], duplicates: list[PluginLoadError]) -> None:
         """Log duplicates (of units and of module names) and validation problems once, when they appear."""
@@ -293,12 +282,6 @@ class Catalog:
             old = self._units.get(key)
             if info.validation_error and (old is None or old.validation_error != info.validation_error):
                 log.warning("unit %s in plugin %s: %s (sent as \"\")", info.name, info.plugin, info.validation_error)
-
-    def _update_metrics(self) -> None:
-        for kind in Kind:
-            PLUGIN_UNITS.labels(kind=kind.value).set(sum(1 for key in self._units if key[0] == kind))
-        PLUGIN_LOAD_ERRORS.set(len({error.plugin for error in self._errors}))
-        init_units(name for _, name in self._units)  # each unit's plugin series at 0 from its load
 
     # -- watching
     def start_watching(self, interval: float) -> None:

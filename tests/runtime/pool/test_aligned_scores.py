@@ -20,9 +20,9 @@ from tests.runtime.pool.test_pool import make_pool, write_plugin  # noqa: F401 (
 from vmsched.bus.replies import _ok
 from vmsched.messages import Envelope, Kind, ScoreRequest
 from vmsched.runtime import PluginPool
-from vmsched.runtime.pool.bundle import Unit
 from vmsched.runtime.contract import BadResult, aligned_scores, checked_aligned
-from vmsched.runtime.pool.planning import Planner
+from vmsched.runtime.pool.planning import Planner, Unit
+from vmsched.runtime.protocol import Progress
 from vmsched.runtime.types import Call, CallResult
 from vmsched.runtime.worker.main import Runner
 from vmsched.service import UnitRun
@@ -213,7 +213,7 @@ def test_a_pool_asks_for_aligned_numbers_and_its_worker_sends_them(pools: tuple[
     calls = [Call("s", "Floats", "do_score", (HOSTS, "vm", {}), 10.0)]
     unit = new._plan.units(calls, time.monotonic(), math.inf, new.aligned_scores)[0]
     assert unit.head.endswith(',"aligned":true')
-    runner = Runner(".", 30, 1 << 20)
+    runner = Runner(".", 30, 1 << 20, Progress(Progress.create()))
     value = [[h, i * 0.1] for i, h in enumerate(HOSTS)]
     frame = runner._encode_aligned(list(HOSTS), {"ok": True, "value": value, "stderr": "", "t": 0.0})
     sent = json.loads(frame)

@@ -1,4 +1,4 @@
-"""The units of one request on one worker, one frame each way (vmsched.runtime.pool.bundle), with real workers."""
+"""The units of one request on one worker, one frame each way (vmsched.runtime.pool.planning), with real workers."""
 
 from __future__ import annotations
 

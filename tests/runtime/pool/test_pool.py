@@ -14,8 +14,8 @@ import pytest
 
 from tests.support.waiting import wait_until
 from vmsched.metrics import REGISTRY
-from vmsched.runtime import Call, CallResult, Limits, PluginPool
-from vmsched.runtime.types import Confinement
+from vmsched.runtime import Call, PluginPool
+from vmsched.runtime.types import CallResult, Confinement, Limits
 
 HOSTS = ["h1", "h2", "h3"]
 #: These tests are about the pool, not the switch to the plugin user (tests/runtime/worker/test_sandbox.py):
@@ -46,7 +46,7 @@ def restarts(pool: PluginPool, reason: str) -> float:
 
 
 def full(pool: PluginPool) -> bool:
-    return pool.idle == pool.size
+    return pool.idle == pool.max_size
 
 
 @pytest.fixture

@@ -8,19 +8,18 @@ pool); a job that cannot get a worker in time fails without running.
 
 from __future__ import annotations
 
-import math
 import os
 import select
 import time
 from collections import deque
 from collections.abc import Sequence
+from math import ceil, inf
 from typing import Protocol
 
-from vmsched.runtime.pool.bundle import Bundle, seconds_text
-from vmsched.runtime.pool.process import Worker, WorkerGone, death_message
+from vmsched.runtime.pool.planning import Bundle, seconds_text
+from vmsched.runtime.pool.process import Worker, WorkerClosed, WorkerGone, death_message
 from vmsched.runtime.types import Limits
 
-_INF = math.inf
 #: Seconds a batch waits for a worker before it asks the pool to grow: a wait shorter than this is
 #: a worker finishing its units (well under a millisecond for cheap ones), not a pool too small.
 GROW_AFTER = 0.005
@@ -94,7 +93,7 @@ class Batch:
         self._poller = select.poll()
         self._waiter = Waiter()
         self._waiter_polled = False
-        self._grow_at = _INF  # when to ask the pool for one more worker (while waiting)
+        self._grow_at = inf  # when to ask the pool for one more worker (while waiting)
 
     def run(self) -> None:
         try:
@@ -151,7 +150,7 @@ class Batch:
         if self._pending:
             ends.append(self._grow_at)
         nearest = min(ends)
-        timeout = None if nearest == _INF else max(0, math.ceil((nearest - now) * 1000))
+        timeout = None if nearest == inf else max(0, ceil((nearest - now) * 1000))
         for fd, _event in self._poller.poll(timeout):
             if fd == self._waiter.fd:
                 self._waiter.drain()
@@ -160,7 +159,7 @@ class Batch:
         now = time.monotonic()
         self._expire_running(now)
         if self._pending and self._grow_at <= now:
-            self._grow_at = _INF  # once per batch
+            self._grow_at = inf  # once per batch
             self._pool.grow()
 
     def _receive(self, worker: Worker, job: Bundle) -> None:
@@ -168,7 +167,7 @@ class Batch:
             reply = worker.feed()
         except (WorkerGone, OSError) as exc:
             self._forget(worker)
-            eof = getattr(exc, "eof", False)
+            eof = isinstance(exc, WorkerClosed)
             if not eof:  # it broke the protocol: nothing it says can be trusted
                 worker.kill()
             code = worker.exit_code(timeout=0.5) if eof else None

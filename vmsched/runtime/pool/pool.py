@@ -11,31 +11,29 @@ for a worker (a few ms) starts one more in the background; a worker above the
 minimum that stays idle for ``idle_seconds`` is stopped (``size=N``: a fixed
 pool of N). How a request's units are laid out on workers is
 :mod:`vmsched.runtime.pool.planning`; a worker process, as seen from here, is
-:mod:`vmsched.runtime.pool.process`, started by :mod:`vmsched.runtime.pool.spawn`; a batch
+:mod:`vmsched.runtime.pool.process`, which starts it too; a batch
 of requests is run by :mod:`vmsched.runtime.pool.batch`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
+from math import inf
 from typing import Any
 from pathlib import Path
 
 from vmsched.metrics import PLUGIN_CONFINEMENT, PLUGIN_WORKER_RESTARTS, PLUGIN_WORKERS
-from vmsched.runtime.pool import spawn
 from vmsched.runtime.pool.batch import Batch, PoolClosed, Waiter
-from vmsched.runtime.pool.bundle import Bundle, Unit
 from vmsched.runtime.pool.drain import OutputDrain
 from vmsched.facts.wire import FactsWire
-from vmsched.runtime.pool.planning import BUNDLE_SECONDS, Planner
-from vmsched.runtime.pool.process import Worker
+from vmsched.runtime.pool.planning import BUNDLE_SECONDS, Bundle, Planner, Unit
+from vmsched.runtime.pool.process import Worker, spawn
 from vmsched.runtime.protocol import ENCODER
 from vmsched.runtime.worker.sandbox import FEATURES, make_non_dumpable
 from vmsched.runtime.types import Analysis, AnalyzedUnit, Call, CallResult, Confinement, Limits
@@ -45,7 +43,6 @@ log = logging.getLogger("vmsched.plugins")
 READY_TIMEOUT = 30.0  # seconds a new worker may take to start
 IDLE_SECONDS = 60.0  # a worker above the minimum that stays idle this long is stopped
 _REASONS = ("timeout", "crash", "recycle")
-_INF = math.inf
 
 
 class PoolUnavailable(RuntimeError):
@@ -67,7 +64,6 @@ class PluginPool:
             raise ValueError(f"need 1 <= minimum ({self.min_size}) <= maximum ({self.max_size}) workers")
         self.folders = tuple(Path(d).absolute() for d in ([plugins_dir] if isinstance(plugins_dir, (str, Path))
                                                            else plugins_dir))
-        self.size = self.max_size  # the most workers it runs (a fixed pool: always)
         self.idle_seconds = idle_seconds
         #: units of a request share a worker while their mean run time together stays under this (seconds)
         self.bundle_seconds = bundle_seconds
@@ -167,7 +163,7 @@ class PluginPool:
         """
         self._check_started()
         now = time.monotonic()
-        hard_end = _INF if deadline is None else now + (deadline - time.time())
+        hard_end = inf if deadline is None else now + (deadline - time.time())
         units = self._plan.units(calls, now, hard_end, self.aligned_scores)
         Batch(self, self._plan.bundles([u for u in units if not u.done], now, self.bundle_seconds)).run()
         return [self._plan.result(unit) for unit in units]
@@ -202,18 +198,18 @@ class PluginPool:
         with self._lock:
             self._warm_plugins = names
             workers, self._idle = self._idle, []
-        if not names or not workers:
-            for worker in workers:
-                self.release(worker)
-            return
-        jobs = [self._request({"op": "warm", "plugins": names}, "warm", timeout) for _ in workers]
-        Batch(self, jobs, workers).run()
+        self._warm(names, workers, timeout)
+
+    def _warm(self, names: list[str], workers: list[Worker], timeout: float) -> None:
+        """``workers`` import ``names``, then serve (without names: they serve at once)."""
+        jobs = [self._request({"op": "warm", "plugins": names}, "warm", timeout) for _ in workers] if names else []
+        Batch(self, jobs, workers).run()  # it releases the workers
 
     def _request(self, message: dict[str, Any], label: str, timeout: float) -> Bundle:
         """A request to a worker that is not a unit call (analyze, warm): ``timeout`` to get a worker, as
         much to run."""
         now = time.monotonic()
-        unit = Unit(ENCODER.encode(message)[:-1], label, timeout, now + timeout, _INF)  # the closing brace comes later
+        unit = Unit(ENCODER.encode(message)[:-1], label, timeout, now + timeout, inf)  # the closing brace comes later
         return Bundle([unit], self._wire, now, self._max_frame)
 
     def _check_started(self) -> None:
@@ -326,11 +322,7 @@ class PluginPool:
                     return
                 delay = min(delay * 2, 30.0)
                 continue
-            if self._warm_plugins:  # it imports what warm() named before it serves; the batch then releases it
-                warm = self._request({"op": "warm", "plugins": self._warm_plugins}, "warm", READY_TIMEOUT)
-                Batch(self, [warm], [worker]).run()
-            else:
-                self.release(worker)
+            self._warm(self._warm_plugins, [worker], READY_TIMEOUT)  # it imports what warm() named before it serves
             return
 
     def _shrink_loop(self) -> None:
@@ -357,7 +349,7 @@ class PluginPool:
     def _spawn(self, growing: bool = False) -> Worker:
         """Start a worker process (``growing``: one counted in ``_growing`` until it is in ``_workers``)."""
         try:
-            worker = spawn.start(self.folders, self.limits, self.confinement, self._max_frame)
+            worker = spawn(self.folders, self.limits, self.confinement, self._max_frame)
         except BaseException:
             with self._lock:
                 self._growing -= growing
@@ -372,7 +364,7 @@ class PluginPool:
         return worker
 
     def _await_ready(self, worker: Worker) -> None:
-        features = spawn.await_ready(worker, READY_TIMEOUT)
+        features = worker.ready(READY_TIMEOUT)
         if features != self.sandbox:
             self.sandbox = features
             for feature in FEATURES:

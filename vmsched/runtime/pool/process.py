@@ -1,4 +1,4 @@
-"""One plugin worker process, as the pool sees it: the process and its pipes (service side only).
+"""One plugin worker process, as the pool sees it: how it starts, the process and its pipes (service side only).
 
 Also how a worker's death is explained to the caller whose call it killed.
 """
@@ -10,17 +10,22 @@ import math
 import os
 import select
 import signal
+import site
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import suppress
+from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import orjson
 
-from vmsched.runtime.progress import Progress
 from vmsched.runtime.worker import children
-from vmsched.runtime.protocol import HEADER, LONG_NUMBERS, write_all
-from vmsched.runtime.types import Limits
+from vmsched.runtime.protocol import HEADER, LONG_NUMBERS, Progress, write_all
+from vmsched.runtime.types import Confinement, Limits
 
 
 def loads(payload: bytes) -> Any:
@@ -40,11 +45,11 @@ def loads(payload: bytes) -> Any:
 
 
 class WorkerGone(Exception):
-    """The worker closed its pipe (``eof``) or broke the protocol."""
+    """The worker broke the protocol, or closed its pipe (:class:`WorkerClosed`)."""
 
-    def __init__(self, message: str, eof: bool = False) -> None:
-        super().__init__(message)
-        self.eof = eof
+
+class WorkerClosed(WorkerGone):
+    """The worker closed its pipe: it exited or died."""
 
 
 class Worker:
@@ -59,7 +64,7 @@ class Worker:
         self.calls = 0
         self.tmp_dir = ""  # its private temporary directory (from its ready message)
         self.max_frame = max_frame  # largest reply frame accepted (a batch of units raises it)
-        self.progress = progress  # the progress page it shares with the pool (vmsched.runtime.progress)
+        self.progress = progress  # the progress page it shares with the pool (vmsched.runtime.protocol.Progress)
         self.idle_since = 0.0  # monotonic time it last went idle (the pool shrinks the longest idle)
         self._buffer = bytearray()
 
@@ -70,7 +75,7 @@ class Worker:
         """Read what the pipe holds; the reply once complete, else None."""
         chunk = os.read(self.read_fd, 1 << 16)
         if not chunk:
-            raise WorkerGone("closed its pipe", eof=True)
+            raise WorkerClosed("closed its pipe")
         self._buffer += chunk
         if len(self._buffer) < HEADER.size:
             return None
@@ -90,19 +95,29 @@ class Worker:
             raise WorkerGone("sent a frame that is not an object")
         return message
 
-    def receive(self, timeout: float) -> dict[str, Any]:
-        """Block for one reply (start-up handshake only)."""
+    def ready(self, timeout: float) -> dict[str, str]:
+        """Wait for the worker's ready message; its sandbox features (feature -> "on (...)" / "off: why")."""
         poller = select.poll()
         poller.register(self.read_fd, select.POLLIN)
         end = time.monotonic() + timeout
-        while True:
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"no answer within {timeout:g} s")
-            if poller.poll(math.ceil(remaining * 1000)):
-                message = self.feed()
-                if message is not None:
-                    return message
+        reply = None
+        try:
+            while reply is None:
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no answer within {timeout:g} s")
+                if poller.poll(math.ceil(remaining * 1000)):
+                    reply = self.feed()
+        except (WorkerGone, OSError, TimeoutError) as exc:
+            code = self.exit_code(timeout=1.0)
+            raise RuntimeError(f"plugin worker {self.pid} did not start ({exc}; exit status {code})") from None
+        if not reply.get("ready"):
+            if reply.get("ok") is False and isinstance(reply.get("error"), str):
+                raise RuntimeError(f"plugin worker {self.pid} refused to start: {reply['error']}")
+            raise RuntimeError(f"plugin worker {self.pid} sent {reply!r} instead of its ready message")
+        report = reply.get("sandbox") or {}
+        self.tmp_dir = str(report.get("tmp_dir") or "")
+        return {str(k): str(v) for k, v in (report.get("features") or {}).items()}
 
     def kill(self) -> None:
         """SIGKILL the worker and whatever the plugin started in its process group.
@@ -140,6 +155,72 @@ class Worker:
             if pipe is not None:
                 pipe.close()
         self.progress.close()
+
+
+#: The only environment variables a worker inherits (plus Confinement.env): never a credential.
+ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "PYTHONIOENCODING", "PYTHONUTF8")
+
+
+def spawn(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement, max_frame: int) -> Worker:
+    """Start one worker process with its progress page (it answers with its ready message: :meth:`Worker.ready`).
+
+    Nothing of the service's environment reaches a plugin but an allow-list (no credential); the worker
+    gets its protocol pipes, its stderr (drained by the pool, never the service's log) and its progress
+    page (:class:`vmsched.runtime.protocol.Progress`).
+    """
+    progress = Progress.create()
+    try:
+        proc = subprocess.Popen(
+            command(plugins_dirs, limits, confinement) + ["--progress-fd", str(progress)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,  # fd 1 and 2 of the worker: drained, never our log
+            cwd=plugins_dirs[0],
+            env=environment(confinement),
+            bufsize=0,
+            close_fds=True,
+            process_group=0,  # so a kill also reaches what the plugin spawned
+            pass_fds=(progress,),
+        )
+    except BaseException:
+        os.close(progress)
+        raise
+    return Worker(proc, max_frame, Progress(progress))
+
+
+def command(plugins_dirs: Sequence[Path], limits: Limits, confinement: Confinement) -> list[str]:
+    """The worker's command line (its options: no secret)."""
+    write_dirs = tuple(str(Path(d).absolute()) for d in confinement.write_dirs)  # the worker's cwd is elsewhere
+    return [
+        sys.executable,
+        "-P",  # keep the plugins folder (cwd) from shadowing the worker's own imports
+        "-m",
+        "vmsched.runtime.worker.main",
+        *(item for folder in plugins_dirs for item in ("--plugins-dir", str(folder))),
+        "--limits",
+        json.dumps(asdict(limits)),
+        "--confinement",
+        json.dumps(asdict(replace(confinement, write_dirs=write_dirs))),
+        "--tmp-parent",
+        tempfile.gettempdir(),
+    ]
+
+
+def environment(confinement: Confinement) -> dict[str, str]:
+    """An allow-list of the service's environment, with vmsched importable by the worker.
+
+    No credential reaches a plugin: only ENV_ALLOWED, LC_* and the names in
+    Confinement.env are passed. A source checkout found through the current directory (not installed,
+    not on PYTHONPATH) is added to PYTHONPATH; an installed vmsched is not,
+    so site-packages never moves ahead of the standard library.
+    """
+    allowed = set(ENV_ALLOWED) | set(confinement.env)
+    env = {k: v for k, v in os.environ.items() if k in allowed or k.startswith("LC_")}
+    root = str(Path(__file__).resolve().parents[2])
+    on_path = {os.path.abspath(entry or os.curdir) for entry in sys.path}
+    if root in on_path and root not in site.getsitepackages():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return env
 
 
 def descendants(pid: int) -> list[int]:

@@ -69,17 +69,6 @@ class Result:
     signals_scoped: bool  # signals only within the domain (ABI >= 6)
 
 
-def _handled_fs(abi: int) -> int:
-    rights = _ALL_FS_V1
-    if abi >= 2:
-        rights |= REFER
-    if abi >= 3:
-        rights |= TRUNCATE
-    if abi >= 5:
-        rights |= IOCTL_DEV
-    return rights
-
-
 def restrict(read: Iterable[str], write: Iterable[str], deny_tcp: bool) -> Result:
     """Confine this thread (and later threads, children) to ``read`` and ``write`` paths.
 
@@ -90,7 +79,13 @@ def restrict(read: Iterable[str], write: Iterable[str], deny_tcp: bool) -> Resul
     abi = abi_version()
     if abi < 1:
         raise OSError("Landlock is not available (Linux < 5.13, or the LSM is not enabled)")
-    handled = _handled_fs(abi)
+    handled = _ALL_FS_V1
+    if abi >= 2:
+        handled |= REFER
+    if abi >= 3:
+        handled |= TRUNCATE
+    if abi >= 5:
+        handled |= IOCTL_DEV
     attr = _RulesetAttr(handled_access_fs=handled)
     size = 8
     if abi >= 4 and deny_tcp:

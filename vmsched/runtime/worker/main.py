@@ -17,7 +17,7 @@ Requests (one at a time, each answered by exactly one reply) are batches:
   ``"aligned": true`` whose result is one finite number per requested host, in order, is answered
   ``{"ok": true, "scores": [numbers], "stderr", "t"}`` instead (:func:`vmsched.runtime.contract.aligned_scores`).
   Before each unit the worker writes its index and start time to the progress page
-  (:mod:`vmsched.runtime.progress`), so that the pool can tell which unit overran its budget or crashed
+  (:class:`vmsched.runtime.protocol.Progress`), so that the pool can tell which unit overran its budget or crashed
   the worker. ``facts`` (the held form of :mod:`vmsched.facts.wire`) is installed once, for the
   calls marked ``held``.
 
@@ -53,8 +53,7 @@ from vmsched.runtime.worker import children, sandbox
 from vmsched.runtime.worker import errors as worker_errors
 from vmsched.runtime.worker.capture import Capture
 from vmsched.runtime.contract import KIND, aligned_scores
-from vmsched.runtime.progress import Progress
-from vmsched.runtime.protocol import Channel, encode_frame, encode_json, reply_frame
+from vmsched.runtime.protocol import Channel, Progress, encode_frame, encode_json, reply_frame
 from vmsched.runtime.types import Confinement, Limits
 from vmsched.runtime.worker.errors import PluginError, describe_exception, parse_output
 from vmsched.runtime.worker.modules import Modules, list_units, reads_facts
@@ -71,8 +70,7 @@ _SCORE_HOSTS = KIND["score"].params.index("hosts")
 class Runner:
     """Executes requests inside the worker; never raises for a plugin's fault."""
 
-    def __init__(self, plugins_dirs: str | list[str], cpu_seconds: int, max_output: int,
-                 progress: Progress | None = None) -> None:
+    def __init__(self, plugins_dirs: str | list[str], cpu_seconds: int, max_output: int, progress: Progress) -> None:
         self.dirs = [plugins_dirs] if isinstance(plugins_dirs, str) else list(plugins_dirs)  # the first: the cwd
         self.cpu_seconds = cpu_seconds
         self.max_output = max_output
@@ -90,8 +88,7 @@ class Runner:
         payload = request.get("facts")
         installed = False
         for index, call in enumerate(request.get("calls") or ()):
-            if self.progress is not None:
-                self.progress.mark(index)
+            self.progress.mark(index)
             began = time.monotonic()
             if call.get("held") and payload is not None:
                 call["facts"] = payload
@@ -100,21 +97,17 @@ class Runner:
                     payload = {k: v for k, v in payload.items() if k not in _ONCE}
             hosts = _requested_hosts(call)  # a copy: the plugin gets the list and may change it
             stderr = Capture(self.max_output, strict=False)
-            reply = self._run({"op": "call", **call}, stderr)  # or the request it names (analyze, warm)
+            try:
+                reply = self._dispatch({"op": "call", **call}, stderr)  # or the request it names (analyze, warm)
+            except Exception as exc:
+                reply = {"ok": False, "error": f"internal worker error: {exc!r}"}
+            finally:
+                self._restore_cwd()
+                children.kill_all()  # nothing a plugin started outlives its call
+            reply["stderr"] = stderr.getvalue()
             reply["t"] = time.monotonic() - began
             parts.append((hosts is not None and self._encode_aligned(hosts, reply)) or self._encode(reply, stderr))
         return reply_frame(b'{"replies":[' + b",".join(parts) + b"]}")
-
-    def _run(self, request: dict[str, Any], stderr: Capture) -> dict[str, Any]:
-        try:
-            reply = self._dispatch(request, stderr)
-        except Exception as exc:
-            reply = {"ok": False, "error": f"internal worker error: {exc!r}"}
-        finally:
-            self._restore_cwd()
-            children.kill_all()  # nothing a plugin started outlives its call
-        reply["stderr"] = stderr.getvalue()
-        return reply
 
     def _dispatch(self, request: dict[str, Any], stderr: Capture) -> dict[str, Any]:
         op = request.get("op")
@@ -262,16 +255,6 @@ def _requested_hosts(call: dict[str, Any]) -> list[Any] | None:
 # --- process setup ---------------------------------------------------------------
 
 
-def _take_protocol_fds() -> tuple[int, int]:
-    """Move the protocol pipes off fd 0/1; fd 0 -> /dev/null, fd 1 -> stderr."""
-    read_fd, write_fd = os.dup(0), os.dup(1)  # os.dup: not inherited by children
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    os.dup2(2, 1)
-    os.close(devnull)
-    return read_fd, write_fd
-
-
 def _exit_with_parent(read_fd: int) -> None:
     """Exit when the pool's end of the request pipe closes, even mid-call."""
 
@@ -284,18 +267,7 @@ def _exit_with_parent(read_fd: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _confine(options: argparse.Namespace, plugins_dirs: list[str], channel: Channel) -> sandbox.Report:
-    """Apply the sandbox; on refusal tell the pool why and exit."""
-    try:
-        report = sandbox.confine(plugins_dirs, options.limits, options.confinement, options.tmp_parent)
-    except (sandbox.SandboxError, OSError) as exc:
-        channel.send(encode_frame({"ok": False, "error": f"sandbox: {exc}"}))
-        sys.exit(1)
-    worker_errors.NETWORK_OFF = report.features.get("no_network", "").startswith("on")  # never with the network on
-    return report
-
-
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vmsched.runtime.worker.main")
     parser.add_argument("--plugins-dir", required=True, action="append",
                         help="a plugins folder; several: on sys.path in this order, the first is the working directory")
@@ -304,14 +276,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--confinement", type=lambda text: Confinement(**json.loads(text)), default=Confinement(),
                         help="confinement as JSON (vmsched.runtime.types.Confinement)")
     parser.add_argument("--tmp-parent", default="/tmp", help="the folder of its private temporary directory")
-    parser.add_argument("--progress-fd", type=int, default=-1, help="the pool's progress page (a memfd)")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    options = _parse_args(argv)
+    parser.add_argument("--progress-fd", type=int, required=True, help="the pool's progress page (a memfd)")
+    options = parser.parse_args(argv)
     plugins_dirs = [os.path.abspath(folder) for folder in options.plugins_dir]
-    read_fd, write_fd = _take_protocol_fds()
+    # the protocol pipes move off fd 0/1 (os.dup: not inherited by children); fd 0 -> /dev/null, fd 1 -> stderr
+    read_fd, write_fd = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    os.close(devnull)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool decides when we stop
     faulthandler.enable()  # a crashing plugin leaves a Python traceback on stderr
     sys.dont_write_bytecode = True  # never a stale .pyc for a rewritten plugin
@@ -319,8 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(plugins_dirs[0])
     sys.path[0:0] = plugins_dirs  # sibling imports: the first folder that has the module
     channel = Channel(read_fd, write_fd)
-    progress = Progress(options.progress_fd) if options.progress_fd >= 0 else None  # before the sandbox
-    confinement = _confine(options, plugins_dirs, channel)  # before any thread starts
+    progress = Progress(options.progress_fd)  # before the sandbox
+    try:  # before any thread starts; on refusal the pool is told why
+        confinement = sandbox.confine(plugins_dirs, options.limits, options.confinement, options.tmp_parent)
+    except (sandbox.SandboxError, OSError) as exc:
+        channel.send(encode_frame({"ok": False, "error": f"sandbox: {exc}"}))
+        return 1
+    worker_errors.NETWORK_OFF = confinement.features.get("no_network", "").startswith("on")  # never with the network on
     _exit_with_parent(read_fd)
     runner = Runner(plugins_dirs, options.limits.cpu_seconds, options.limits.max_output, progress)
     channel.send(encode_frame({"ok": True, "ready": True, "pid": os.getpid(), "sandbox": asdict(confinement)}))

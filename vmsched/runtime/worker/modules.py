@@ -105,6 +105,9 @@ def list_units(module: ModuleType) -> list[dict[str, str]]:
     for attr, obj in list(vars(module).items()):
         if not isinstance(obj, type) or obj.__module__ != module.__name__ or obj.__name__ != attr:
             continue
+        validation = getattr(obj, "properties_validation", "")
+        if isinstance(validation, dict):  # written as a dict instead of a string: keep it parseable
+            validation = repr(validation)
         for unit_kind in KINDS:
             func = getattr(obj, unit_kind.method, None)
             if callable(func):
@@ -113,16 +116,7 @@ def list_units(module: ModuleType) -> list[dict[str, str]]:
                         "name": attr,
                         "kind": unit_kind.kind,
                         "description": inspect.getdoc(func) or inspect.getdoc(obj) or "",  # old samples: class docstrings
-                        "validation": _validation_of(obj),
+                        "validation": validation if isinstance(validation, str) else "",
                     }
                 )
     return units
-
-
-def _validation_of(cls: type) -> str:
-    value = getattr(cls, "properties_validation", "")
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):  # written as a dict instead of a string: keep it parseable
-        return repr(value)
-    return ""
