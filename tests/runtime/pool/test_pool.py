@@ -586,3 +586,17 @@ def test_a_pool_with_a_niceness_runs_its_workers_that_much_nicer(plugins: Path, 
         [call("niceness", args=(hosts, "vm", {}))])
     assert plain.ok and nicer.ok, (plain.error, nicer.error)
     assert len(nicer.value) - len(plain.value) == 7  # type: ignore[arg-type]
+
+
+def test_a_source_checkout_on_the_path_reaches_the_workers_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from a checkout that is not installed, the workers import the same vmsched."""
+    import sys
+
+    from tests.support.paths import ROOT
+    from vmsched.runtime.pool.process import environment
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or os.curdir) != str(ROOT)])
+    assert environment(Confinement())["PYTHONPATH"] == "/elsewhere"
+    monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
+    assert environment(Confinement())["PYTHONPATH"] == f"{ROOT}{os.pathsep}/elsewhere"

@@ -216,7 +216,7 @@ def environment(confinement: Confinement) -> dict[str, str]:
     """
     allowed = set(ENV_ALLOWED) | set(confinement.env)
     env = {k: v for k, v in os.environ.items() if k in allowed or k.startswith("LC_")}
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])  # vmsched/runtime/pool/process.py
     on_path = {os.path.abspath(entry or os.curdir) for entry in sys.path}
     if root in on_path and root not in site.getsitepackages():
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
