@@ -85,7 +85,7 @@ def test_inputs_write_each_host_s_facts_once_per_generation_and_file():
     inputs = first[-1]
     assert set(inputs.hosts) == {"h1", "h2"} and set(inputs.missing) == {"h3"} and inputs.guests is None
     entry, _ = cache.resolve("h1")
-    assert first[0].facts == entry.plugin_view and first[0].stale_at == entry.stale_at
+    assert first[0].facts == json.loads(entry.fragment) and first[0].stale_at == entry.stale_at
     fresh_file = _line(fmt.InputsItem("c3", "scoring", cache.prepared(H, VM)), fmt.FileState())
     assert len(fresh_file) == 3  # a new file has them again: each file stands alone
 
