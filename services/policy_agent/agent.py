@@ -36,7 +36,7 @@ from .plural import plural
 from .policy import deps
 from .policy.allocation import Pools, plan_pool
 from .policy.model import GuestPolicy, parse_policy_partial
-from .state import checkpoint, recovery, store
+from .state import checkpoint, store
 from .surfaces.bus import AgentBus
 from .surfaces.socket import SocketServer
 from .tuners.config import TunerConfig
@@ -140,7 +140,7 @@ class Agent:
         topology = read_topology(conn)
         cpus = topology.online
         log.info("host CPUs %s: %s", cpuset.fmt(cpus), topology.describe())
-        found = recovery.load_or_rebuild(self.checkpoint_path, self.machine, cpus)
+        found = checkpoint.load_or_rebuild(self.checkpoint_path, self.machine, cpus)
         pools = found.pools
         pools.topology = topology
         if found.previous_host_id is not None and found.previous_host_id != self.host_id:
@@ -171,7 +171,7 @@ class Agent:
                 log.info("dedicated pool changes from %r to %r", cpuset.fmt(pools.pool), cpuset.fmt(wanted))
                 self.enforcer.adopt_pools(plan_pool(pools, wanted, self.inventory.all(), self.release_on_stop))
         elif found.rebuild:
-            pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), self.machine, pools)
+            pools.pool = checkpoint.pool_from_hints((g.hint for g in self.inventory.all()), self.machine, pools)
         summary = self.enforcer.sweep(conn, trigger="start", snaps=snaps, confine=True)
         self._save()
         log.info("agent for host %s on %s: %s, %d managed, pool %r, %d repaired at start", self.host_id,
