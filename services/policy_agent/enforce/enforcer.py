@@ -75,14 +75,10 @@ class Enforcer:
     def read(self, dom: "libvirt.virDomain") -> Snapshot:
         return snapshot.read(self.applier, dom, self._seq(dom.UUIDString()))
 
-    def source(self, snap: Snapshot) -> DomainXml:
-        """The guest's definition, with the stored policy of a transient guest (transient.py)."""
-        return self.transient.source(snap)
-
     def observe(self, snap: Snapshot) -> Guest:
         """Refresh the cached guest from a snapshot (no changes to the guest)."""
         self.transient.track(snap)
-        src = self.source(snap)
+        src = self.transient.source(snap)
         g = self.inv.upsert(snap.uuid, snap.name)
         g.persistent, g.nvcpus = snap.persistent, src.nvcpus
         g.policy, g.hint = src.policy, src.hint
@@ -93,14 +89,11 @@ class Enforcer:
 
     # --- one guest ---------------------------------------------------------------
     def sync(self, snap: Snapshot, trigger: str, received: float | None = None, confine: bool = False,
-             drift: bool = False) -> Result | None:
-        """Refresh the cache from ``snap`` and verify/repair the guest. Errors are recorded, not raised."""
-        return self._sync(snap, trigger, received, confine, drift)[0]
+             drift: bool = False) -> tuple[Result | None, Snapshot]:
+        """Refresh the cache from ``snap`` and verify/repair the guest. Errors are recorded, not raised.
 
-    def _sync(self, snap: Snapshot, trigger: str, received: float | None, confine: bool,
-              drift: bool) -> tuple[Result | None, Snapshot]:
-        """:meth:`sync`, deciding again from a new read while the definition changes under the repair
-        (another writer defined the guest after ``snap`` was read); returns the snapshot last used.
+        Decided again from a new read while the definition changes under the repair (another writer
+        defined the guest after ``snap`` was read); returns the result and the snapshot last used.
         Whatever it changed in the allocations (a release, a new count, CPUs recovered from the guest's
         metadata) is saved before the lock is let go."""
         with self.lock:
@@ -127,7 +120,7 @@ class Enforcer:
 
     def _sync_once(self, snap: Snapshot, trigger: str, received: float | None, confine: bool,
                    drift: bool) -> Result | None:
-        src = self.source(snap)
+        src = self.transient.source(snap)
         g = self.observe(snap)
         info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
         error = src.metadata_error
@@ -295,7 +288,7 @@ class Enforcer:
         with self.lock:
             dom = self.lookup(conn, key)
             snap = self.read(dom)
-            src = self.source(snap)
+            src = self.transient.source(snap)
             info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
             self.inv.upsert(snap.uuid, snap.name)  # known by name before its define event is handled: cycles close
             problems = list(problems or [])
@@ -367,7 +360,7 @@ class Enforcer:
                 log.info("stored policy of transient guest %r (%s, not running) deleted", stored.name, stored.uuid)
                 return {"guest": stored.name, "uuid": stored.uuid, "deleted": True}
             snap = self.read(dom)
-            src = self.source(snap)
+            src = self.transient.source(snap)
             old = src.policy
             if old is None and self.pools.allocations.get(snap.uuid) is None:
                 return {"guest": snap.name, "uuid": snap.uuid, "deleted": False}
@@ -417,14 +410,14 @@ class Enforcer:
                 self.save()
 
         def order(s: Snapshot) -> int:  # explicit sets, then current holders, then new requests
-            p = self.source(s).policy
+            p = self.transient.source(s).policy
             if p is not None and isinstance(p.dedicated, str):
                 return 0
             return 1 if s.uuid in self.pools.allocations else 2
 
         repaired, errors, used = 0, [], []
         for snap in sorted(snaps, key=order):
-            result, snap = self._sync(snap, trigger, None, confine, False)  # lock per guest: events interleave
+            result, snap = self.sync(snap, trigger, None, confine)  # lock per guest: events interleave
             used.append(snap)
             g = self.inv.get(snap.uuid)
             if result is not None and result.changed:
