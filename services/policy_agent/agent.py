@@ -30,7 +30,6 @@ from .enforce.jobs import JobQueue
 from .enforce.transient import TransientPolicies
 from .errors import AgentError, ApplyError, PolicyError
 from .facts.reporter import FactsReporter
-from .guests import orchestration
 from .guests.inventory import Inventory
 from .plural import plural
 from .policy import deps
@@ -45,7 +44,7 @@ from .virt.apply import Applier, Caps
 from .virt.collector import Collector
 from .virt.connection import DomainEvent, LibvirtConnection
 from .virt.host import host_uuid, read_topology
-from .virt.lifecycle import LibvirtDomains
+from .virt.lifecycle import start_in_order, stop_in_order
 
 log = logging.getLogger("vmsched.agent")
 
@@ -111,7 +110,6 @@ class Agent:
         self._server = SocketServer(self.socket_path)
         self._bus: AgentBus | None = None
         self._transport = transport  # the bus (None: the local socket only); its opener owns it
-        self._domains = LibvirtDomains(lambda: self.conn, self.inventory.name_of)
         self.facts_interval = facts_interval  # seconds between host facts (0: off); published on the bus only
         self._facts: FactsReporter | None = None
         self._snapshots: SnapshotListener | None = None
@@ -380,13 +378,13 @@ class Agent:
         """Start ``guest`` after its requirements (transitively, in order, each until it runs)."""
         target, order = self._plan(guest, deps.start_order)
         # no lock held from here: the QEMU hook calls back into this agent
-        return orchestration.start_in_order(self.inventory, self._domains, order, target, wait)
+        return start_in_order(self.inventory, lambda: self.conn, order, target, wait)
 
     @_libvirt_errors
     def stop_domain(self, guest: str, wait: float = 60.0, force: bool = False) -> dict:
         """Shut ``guest`` down after every guest that requires it (dependents first)."""
         _, order = self._plan(guest, deps.stop_order)
-        return orchestration.stop_in_order(self.inventory, self._domains, order, wait, force)
+        return stop_in_order(self.inventory, lambda: self.conn, order, wait, force)
 
     def _plan(self, guest: str, plan: Callable[..., list[str]]) -> tuple[str, list[str]]:
         """(the guest's UUID, the guests to start or stop, in order), with the guest verified first."""
