@@ -76,16 +76,12 @@ class TunerLoop:
                 log.exception("tuner round failed")
 
     # --- one round -------------------------------------------------------------------
-    def adaptive_guests(self) -> list[Guest]:
-        with self.enforcer.lock:
-            return [g for g in self.enforcer.inv.all()
-                    if g.running and g.policy is not None and g.policy.adaptive is not None and g.desired is not None]
-
     def run_once(self) -> list[Decision]:
         started = time.perf_counter()
-        guests = self.adaptive_guests()
         with self.enforcer.lock:
-            known = {g.uuid for g in self.enforcer.inv.all()}
+            known = {g.uuid: g for g in self.enforcer.inv.all()}
+            guests = [g for g in known.values()
+                      if g.running and g.policy is not None and g.policy.adaptive is not None and g.desired is not None]
         for uuid in [u for u in self.engine.decisions if u not in known]:
             self.engine.forget(uuid)  # the guest is gone: so is what explain kept of it
         now = time.monotonic()

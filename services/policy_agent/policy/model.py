@@ -118,13 +118,6 @@ class GuestPolicy(PolicyDocument):
     def base_weight(self) -> int:
         return self.weight if self.weight is not None else DEFAULT_SHARES
 
-    def base_cap(self) -> float | None:
-        """The cap the elastic-cap tuner starts from: the static one, else the top of the cap range."""
-        if self.cap_percent is not None:
-            return self.cap_percent
-        a = self.adaptive
-        return a.cap_percent[1] if a is not None and a.cap_percent is not None else None
-
     # --- derived values ----------------------------------------------------
     def effective_period(self) -> int | None:
         if self.period is not None:
