@@ -82,11 +82,6 @@ class DomainEvent:
 KEEPALIVE = (5, 3)  # libvirt keepalive: a probe every 5 s, the connection dead after 3 unanswered
 
 
-def backoff_delay(attempt: int, first: float = 0.25, maximum: float = 15.0) -> float:
-    """0.25, 0.5, 1, 2 ... bounded by ``maximum`` seconds."""
-    return min(maximum, first * (2 ** min(attempt, 16)))
-
-
 class LibvirtConnection:
     """One libvirt connection that stays open: reopened after a loss.
 
@@ -176,7 +171,7 @@ class LibvirtConnection:
             return self._open()
         except libvirt.libvirtError as exc:
             self.last_error = exc.get_error_message()
-        delay = backoff_delay(attempt)
+        delay = min(15.0, 0.25 * (2 ** min(attempt, 16)))  # 0.25, 0.5, 1, 2 ... bounded by 15 s
         if deadline is not None and time.monotonic() + delay > deadline:
             raise AgentUnavailable(f"cannot connect to libvirt at {self.uri}: {self.last_error}") from None
         log.warning(retry, self.uri, self.last_error, delay)
