@@ -55,17 +55,8 @@ def _run_loop() -> None:
             time.sleep(0.1)
 
 
-LIFECYCLE_NAMES = {
-    libvirt.VIR_DOMAIN_EVENT_DEFINED: "defined",
-    libvirt.VIR_DOMAIN_EVENT_UNDEFINED: "undefined",
-    libvirt.VIR_DOMAIN_EVENT_STARTED: "started",
-    libvirt.VIR_DOMAIN_EVENT_SUSPENDED: "suspended",
-    libvirt.VIR_DOMAIN_EVENT_RESUMED: "resumed",
-    libvirt.VIR_DOMAIN_EVENT_STOPPED: "stopped",
-    libvirt.VIR_DOMAIN_EVENT_SHUTDOWN: "shutdown",
-    libvirt.VIR_DOMAIN_EVENT_PMSUSPENDED: "pmsuspended",
-    libvirt.VIR_DOMAIN_EVENT_CRASHED: "crashed",
-}
+#: libvirt's lifecycle event number -> its name (``VIR_DOMAIN_EVENT_STARTED`` -> "started")
+LIFECYCLE_NAMES = {getattr(libvirt, f"VIR_DOMAIN_EVENT_{name.upper()}"): name for name in metrics.LIFECYCLE_EVENTS}
 
 
 @dataclass
