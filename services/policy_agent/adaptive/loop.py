@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 import libvirt
 
-from ..enforce import tuned_sync
 from ..enforce.enforcer import Enforcer
 from ..errors import ApplyError
 from ..guests.inventory import Guest
@@ -151,11 +150,11 @@ class TunerLoop:
             g = e.inv.get(d.uuid)
             try:
                 snap: Snapshot = e.read(self._conn().lookupByUUIDString(d.uuid))
-                run = tuned_sync.run_of(snap)
+                run = snap.run
                 if g is None or g.policy is None or g.desired is None or run is None:
                     raise ApplyError("the guest is no longer running with an adaptive policy")
                 self.state.set(d.uuid, run, g.policy, d.field, d.after)
-                tuned_sync.verify(e.applier, snap, g, g.desired, self.state, e.pools.shared)
+                e.verify(snap, g, g.desired)
                 return d
             except (ApplyError, libvirt.libvirtError) as exc:
                 self.state.drop(d.uuid)

@@ -35,7 +35,6 @@ from ..virt import metadata, snapshot
 from ..virt.apply import Applier, Result
 from ..virt.domxml import DomainXml
 from ..virt.snapshot import Snapshot
-from . import tuned_sync
 from .overlaps import OverlapReporter, manager_pinned
 from .transient import TransientPolicies
 
@@ -132,7 +131,7 @@ class Enforcer:
             except PolicyError as exc:
                 error = f"policy of {snap.name!r} cannot be enforced on this host: {exc}"
         try:
-            result = tuned_sync.verify(self.applier, snap, g, desired, self.tuned, self.pools.shared)
+            result = self.verify(snap, g, desired)
         except DefinitionChanged:
             raise
         except (ApplyError, libvirt.libvirtError) as exc:
@@ -149,6 +148,21 @@ class Enforcer:
             g.status, g.error = ("applied" if g.policy else "unmanaged"), None
         self._count(g, trigger, result, received, drift)
         return result
+
+    def verify(self, snap: Snapshot, g: Guest, desired: Desired) -> Result:
+        """Verify the guest against ``desired`` with the tuners' values in force (tuners/state.py): the
+        persistent config gets the static policy, the live domain the static policy with the tuned overlay.
+        Used by sync (events, sweeps, drift repair) and by the tuner to apply a change."""
+        cfg_d, live_d = self.tuned.split(snap.uuid, desired, snap.run, g.policy, self.pools.shared)
+        if live_d is desired:  # not tuned
+            return self.applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent, snap.cfg, snap.live)
+        # tuned: the live XML is read again here, under the enforcer's lock; a snapshot a sweep took before the
+        # tuner's change would otherwise count that change as a repair
+        if cfg_d is live_d:
+            return self.applier.verify_and_repair(snap.dom, live_d, snap.active, snap.persistent, None, None)
+        cfg = self.applier.verify_and_repair(snap.dom, cfg_d, False, snap.persistent, snap.cfg, None)
+        live = self.applier.verify_and_repair(snap.dom, live_d, snap.active, False, None, None)
+        return Result(cfg.config, live.live, live.deferred)
 
     def _desired(self, g: Guest, info: GuestInfo, active: bool, confine: bool, src: DomainXml) -> Desired:
         policy = g.policy

@@ -28,6 +28,16 @@ class Snapshot:
         return self.live is not None
 
     @property
+    def run(self) -> int | None:
+        """The guest's run: its domain ID (cached in the domain object, no call to libvirtd), None when stopped."""
+        if not self.active:
+            return None
+        try:
+            return int(self.dom.ID())
+        except libvirt.libvirtError:
+            return None
+
+    @property
     def xml(self) -> DomainXml:
         """The definition that is the source of truth: persistent, else (transient guest) the live one."""
         return self.cfg if self.cfg is not None else self.live  # type: ignore[return-value]
