@@ -320,17 +320,16 @@ class Enforcer:
                 checked.desired = desired_for(stopped, info, self.pools, None)
             self.tuned.drop(snap.uuid)  # a new static policy: the tuners start again from it
             hint = self._hint(checked.allocation)
-            store = self.transient if not snap.persistent else None
-            old_stored = store.store.get(snap.uuid) if store is not None else None
+            old_stored = self.transient.store.get(snap.uuid)
             try:
-                if store is not None:
-                    store.put(snap.uuid, snap.name, policy)  # on disk first: it must outlive the guest
+                if not snap.persistent:
+                    self.transient.put(snap.uuid, snap.name, policy)  # on disk first: it must outlive the guest
                 metadata.write(dom, policy, hint)
                 result = self.applier.verify_and_repair(dom, checked.desired, snap.active, snap.persistent)
             except (ApplyError, libvirt.libvirtError) as exc:
                 self._roll_back(snap, src)
-                if store is not None:
-                    store.restore(snap.uuid, old_stored)
+                if not snap.persistent:
+                    self.transient.restore(snap.uuid, old_stored)
                 metrics.APPLICATIONS.labels("error").inc()
                 raise ApplyError(f"applying the policy of {snap.name!r} failed, previous policy restored: {exc}") from exc
             if checked.allocation:
