@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -178,5 +179,5 @@ def explain(loop: TunerLoop | None, g: Guest | None, view: dict[str, Any]) -> di
     decisions = loop.engine.decisions.get(g.uuid, ()) if loop is not None and g is not None else ()
     return {"guest": view.get("guest"), "uuid": view.get("uuid"), "policy": view.get("policy"),
             "desired": view.get("desired"), "tuned": overlay.view() if overlay is not None else {},
-            "decisions": [d.view() for d in decisions], "tuner": loop.config.view() if loop else {"interval": 0}}
+            "decisions": [d.view() for d in decisions], "tuner": asdict(loop.config) if loop else {"interval": 0}}
 
