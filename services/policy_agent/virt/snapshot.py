@@ -79,4 +79,4 @@ def lookup(conn: "libvirt.virConnect", key: str, uuid: str | None) -> "libvirt.v
         except libvirt.libvirtError as exc:
             if exc.get_error_code() not in (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_INVALID_ARG):
                 raise
-    raise GuestNotFound(key)
+    raise GuestNotFound(f"no guest named or with UUID {key!r} on this host")
