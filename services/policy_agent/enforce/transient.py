@@ -107,7 +107,6 @@ class TransientPolicies:
 
     def absent_views(self, inv: Inventory) -> list[dict]:
         """Stored policies of transient guests that do not exist right now (for listing)."""
-        return [{"guest": e.name, "uuid": e.uuid, "state": "absent", "policy": e.policy.to_dict(),
-                 "allocation": None, "desired": None, "status": "pending", "error": None,
-                 "warnings": ["transient guest not running: its stored policy is applied when it starts"]}
-                for e in self.store.all() if inv.get(e.uuid) is None]
+        note = ["transient guest not running: its stored policy is applied when it starts"]
+        return [{**inv.view(Guest(e.uuid, e.name, policy=e.policy, status="pending", warnings=note), None),
+                 "state": "absent"} for e in self.store.all() if inv.get(e.uuid) is None]

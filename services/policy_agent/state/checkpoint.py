@@ -56,12 +56,6 @@ class Checkpoint(BaseModel):
             saved_at=time.time(),
         )
 
-    def to_pools(self, host_cpus: frozenset[int]) -> Pools:
-        pools = Pools(host_cpus=host_cpus, pool=cpuset.parse(self.pool, host=host_cpus) if self.pool else frozenset())
-        for uuid, held in self.allocations.items():
-            pools.assign(uuid, held.name, cpuset.parse(held.cpus, host=host_cpus))
-        return pools
-
 
 @dataclass
 class Recovered:
@@ -97,7 +91,9 @@ def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Recovered
     if len(ckpt.allocations) > len(host_cpus):  # each holds a CPU of its own: checked before any is parsed
         return None, f"inconsistent: {len(ckpt.allocations)} allocations on a host of {plural(len(host_cpus), 'CPU')}"
     try:
-        pools = ckpt.to_pools(host_cpus)
+        pools = Pools(host_cpus=host_cpus, pool=cpuset.parse(ckpt.pool, host=host_cpus) if ckpt.pool else frozenset())
+        for uuid, held in ckpt.allocations.items():
+            pools.assign(uuid, held.name, cpuset.parse(held.cpus, host=host_cpus))
     except ValueError as exc:
         return None, f"invalid CPU set: {exc}"
     if problems := pools.consistency_errors():
