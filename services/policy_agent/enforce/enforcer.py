@@ -295,8 +295,7 @@ class Enforcer:
             self.update_gauges()
 
     # --- requests: set and delete ------------------------------------------------
-    def set_policy(self, conn: "libvirt.virConnect", key: str, policy: GuestPolicy,
-                   problems: list[str] | None = None) -> dict:
+    def set_policy(self, conn: "libvirt.virConnect", key: str, policy: GuestPolicy, problems: list[str]) -> dict:
         """Validate and apply ``policy``. ``problems`` are the request's own errors found while parsing it
         (``policy`` is then made of its valid fields): refused together with the host-fit problems."""
         with self.lock:
@@ -305,7 +304,6 @@ class Enforcer:
             src = self.transient.source(snap)
             info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
             self.inv.upsert(snap.uuid, snap.name)  # known by name before its define event is handled: cycles close
-            problems = list(problems or [])
             try:
                 checked = check_policy(policy, info, self.pools, self.inv.graph(), self.inv.resolve, self.inv.name_of)
             except PolicyError as exc:
