@@ -67,12 +67,9 @@ class Enforcer:
     def lookup(self, conn: "libvirt.virConnect", key: str) -> "libvirt.virDomain":
         return snapshot.lookup(conn, key, self.inv.resolve(key))
 
-    def _seq(self, uuid: str) -> int:
-        g = self.inv.get(uuid)
-        return g.seq if g else 0
-
     def read(self, dom: "libvirt.virDomain") -> Snapshot:
-        return snapshot.read(self.applier, dom, self._seq(dom.UUIDString()))
+        g = self.inv.get(dom.UUIDString())
+        return snapshot.read(self.applier, dom, g.seq if g else 0)
 
     def observe(self, snap: Snapshot) -> Guest:
         """Refresh the cached guest from a snapshot (no changes to the guest)."""
@@ -283,15 +280,14 @@ class Enforcer:
                 dom = conn.lookupByUUIDString(uuid)
                 snap = self.read(dom)
             except libvirt.libvirtError as exc:
-                if snapshot.gone(exc):
-                    self.forget(uuid)
-                    self.update_gauges()
-                    return
-                raise
-            self.sync(snap, trigger, received, drift=drift)
-            g = self.inv.get(snap.uuid)
-            if g is not None:
-                self.overlaps.keep(g)
+                if not snapshot.gone(exc):
+                    raise
+                self.forget(uuid)
+            else:
+                self.sync(snap, trigger, received, drift=drift)
+                g = self.inv.get(snap.uuid)
+                if g is not None:
+                    self.overlaps.keep(g)
             self.update_gauges()
 
     # --- requests: set and delete ------------------------------------------------
@@ -404,7 +400,7 @@ class Enforcer:
 
     # --- all guests --------------------------------------------------------------
     def scan(self, conn: "libvirt.virConnect") -> list[Snapshot]:
-        return snapshot.scan(conn, self.applier, self._seq)
+        return snapshot.scan(conn, self.read)
 
     def sweep(self, conn: "libvirt.virConnect", trigger: str = "sweep", snaps: list[Snapshot] | None = None,
               confine: bool = False) -> dict:

@@ -57,12 +57,12 @@ def read(applier: Applier, dom: "libvirt.virDomain", seq: int) -> Snapshot:
     return Snapshot(dom, dom.UUIDString(), dom.name(), state, persistent, seq, cfg, live)
 
 
-def scan(conn: "libvirt.virConnect", applier: Applier, seq_of: Callable[[str], int]) -> list[Snapshot]:
-    """Every domain of the connection; those that vanish while being read are skipped."""
+def scan(conn: "libvirt.virConnect", read_one: Callable[["libvirt.virDomain"], Snapshot]) -> list[Snapshot]:
+    """Every domain of the connection, each read by ``read_one``; those that vanish while being read are skipped."""
     snaps = []
     for dom in conn.listAllDomains(0):
         try:
-            snaps.append(read(applier, dom, seq_of(dom.UUIDString())))
+            snaps.append(read_one(dom))
         except libvirt.libvirtError as exc:
             if not gone(exc):
                 raise
