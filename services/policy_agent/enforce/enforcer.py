@@ -377,12 +377,9 @@ class Enforcer:
             self.save()
             info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
             base = desired_for(None, info, self.pools, None, confine=True)
-            resets: dict[str, int] = {}
-            if old is not None and old.weight is not None:
-                resets["cpu_shares"] = DEFAULT_SHARES
-            if old is not None and old.effective_quota() is not None:
-                resets["vcpu_quota"] = -1
-            desired = Desired(base.vcpus, base.emulator, resets)
+            before = old.sched_params() if old is not None else {}
+            defaults = {"cpu_shares": DEFAULT_SHARES, "vcpu_quota": -1}  # libvirt's: the default weight, no cap
+            desired = Desired(base.vcpus, base.emulator, {k: v for k, v in defaults.items() if k in before})
             try:
                 self.applier.verify_and_repair(dom, desired, snap.active, snap.persistent)
             except (ApplyError, libvirt.libvirtError) as exc:
