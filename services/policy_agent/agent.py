@@ -317,8 +317,7 @@ class Agent:
     @_libvirt_errors
     def list_policies(self) -> dict:
         with self.enforcer.lock:
-            guests = sorted(self.inventory.all(), key=lambda g: g.name)
-            views = [self.enforcer.view(g) for g in guests if g.policy is not None]
+            views = [self.enforcer.view(g) for g in self.inventory.all() if g.policy is not None]
             views += self.enforcer.transient.absent_views(self.inventory)
             return {"policies": sorted(views, key=lambda v: v["guest"])}
 

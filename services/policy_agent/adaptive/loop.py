@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import libvirt
 
-from ..enforce.enforcer import Enforcer
+from ..enforce.enforcer import Enforcer, Publish
 from ..errors import ApplyError
 from ..guests.inventory import Guest
 from ..tuners.config import TunerConfig
@@ -33,7 +33,6 @@ from .plugins import TunerPlugins
 log = logging.getLogger("vmsched.agent.tuner")
 STATS = libvirt.VIR_DOMAIN_STATS_STATE | libvirt.VIR_DOMAIN_STATS_CPU_TOTAL | libvirt.VIR_DOMAIN_STATS_VCPU
 NOWAIT = getattr(libvirt, "VIR_CONNECT_GET_ALL_DOMAINS_STATS_NOWAIT", 0)
-Publish = Callable[[str, dict], None]
 
 
 class TunerLoop:

@@ -10,10 +10,9 @@ metadata. Persistent guests never use the store.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-from typing import Iterator
+from typing import Any, Callable
 
 import libvirt
 
@@ -80,12 +79,10 @@ class TransientPolicies:
 
     # --- requests: errors become ApplyError --------------------------------------
     def put(self, uuid: str, name: str, policy: GuestPolicy) -> None:
-        with self._writing():
-            self.store.put(uuid, name, policy)
+        self._write(self.store.put, uuid, name, policy)
 
     def remove(self, uuid: str) -> None:
-        with self._writing():
-            self.store.remove(uuid)
+        self._write(self.store.remove, uuid)
 
     def restore(self, uuid: str, old: Stored | None) -> None:
         """Undo a ``put`` (rollback of a failed set); logs instead of raising."""
@@ -97,10 +94,9 @@ class TransientPolicies:
         except OSError as exc:
             log.error("restoring the transient policy store %s failed: %s", self.store.path, exc)
 
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
+    def _write(self, change: Callable[..., object], *args: Any) -> None:
         try:
-            yield
+            change(*args)
         except OSError as exc:
             metrics.ERRORS.labels("store").inc()
             raise ApplyError(f"cannot write the transient policy store {self.store.path}: {exc}") from exc

@@ -85,7 +85,6 @@ class _Handler(socketserver.StreamRequestHandler):
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
-    allow_reuse_address = True
     request_queue_size = BACKLOG
 
 
