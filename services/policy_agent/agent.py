@@ -30,13 +30,12 @@ from .enforce.jobs import JobQueue
 from .enforce.transient import TransientPolicies
 from .errors import AgentError, ApplyError, PolicyError
 from .facts.reporter import FactsReporter
-from .guests import orchestration
 from .guests.inventory import Inventory
 from .plural import plural
 from .policy import deps
 from .policy.allocation import Pools, plan_pool
 from .policy.model import GuestPolicy, parse_policy_partial
-from .state import checkpoint, recovery, store
+from .state import checkpoint, store
 from .surfaces.bus import AgentBus
 from .surfaces.socket import SocketServer
 from .tuners.config import TunerConfig
@@ -45,7 +44,7 @@ from .virt.apply import Applier, Caps
 from .virt.collector import Collector
 from .virt.connection import DomainEvent, LibvirtConnection
 from .virt.host import host_uuid, read_topology
-from .virt.lifecycle import LibvirtDomains
+from .virt.lifecycle import start_in_order, stop_in_order
 
 log = logging.getLogger("vmsched.agent")
 
@@ -111,7 +110,6 @@ class Agent:
         self._server = SocketServer(self.socket_path)
         self._bus: AgentBus | None = None
         self._transport = transport  # the bus (None: the local socket only); its opener owns it
-        self._domains = LibvirtDomains(lambda: self.conn, self.inventory.name_of)
         self.facts_interval = facts_interval  # seconds between host facts (0: off); published on the bus only
         self._facts: FactsReporter | None = None
         self._snapshots: SnapshotListener | None = None
@@ -140,7 +138,7 @@ class Agent:
         topology = read_topology(conn)
         cpus = topology.online
         log.info("host CPUs %s: %s", cpuset.fmt(cpus), topology.describe())
-        found = recovery.load_or_rebuild(self.checkpoint_path, self.machine, cpus)
+        found = checkpoint.load_or_rebuild(self.checkpoint_path, self.machine, cpus)
         pools = found.pools
         pools.topology = topology
         if found.previous_host_id is not None and found.previous_host_id != self.host_id:
@@ -171,7 +169,7 @@ class Agent:
                 log.info("dedicated pool changes from %r to %r", cpuset.fmt(pools.pool), cpuset.fmt(wanted))
                 self.enforcer.adopt_pools(plan_pool(pools, wanted, self.inventory.all(), self.release_on_stop))
         elif found.rebuild:
-            pools.pool = recovery.pool_from_hints((g.hint for g in self.inventory.all()), self.machine, pools)
+            pools.pool = checkpoint.pool_from_hints((g.hint for g in self.inventory.all()), self.machine, pools)
         summary = self.enforcer.sweep(conn, trigger="start", snaps=snaps, confine=True)
         self._save()
         log.info("agent for host %s on %s: %s, %d managed, pool %r, %d repaired at start", self.host_id,
@@ -319,8 +317,7 @@ class Agent:
     @_libvirt_errors
     def list_policies(self) -> dict:
         with self.enforcer.lock:
-            guests = sorted(self.inventory.all(), key=lambda g: g.name)
-            views = [self.enforcer.view(g) for g in guests if g.policy is not None]
+            views = [self.enforcer.view(g) for g in self.inventory.all() if g.policy is not None]
             views += self.enforcer.transient.absent_views(self.inventory)
             return {"policies": sorted(views, key=lambda v: v["guest"])}
 
@@ -380,13 +377,13 @@ class Agent:
         """Start ``guest`` after its requirements (transitively, in order, each until it runs)."""
         target, order = self._plan(guest, deps.start_order)
         # no lock held from here: the QEMU hook calls back into this agent
-        return orchestration.start_in_order(self.inventory, self._domains, order, target, wait)
+        return start_in_order(self.inventory, lambda: self.conn, order, target, wait)
 
     @_libvirt_errors
     def stop_domain(self, guest: str, wait: float = 60.0, force: bool = False) -> dict:
         """Shut ``guest`` down after every guest that requires it (dependents first)."""
         _, order = self._plan(guest, deps.stop_order)
-        return orchestration.stop_in_order(self.inventory, self._domains, order, wait, force)
+        return stop_in_order(self.inventory, lambda: self.conn, order, wait, force)
 
     def _plan(self, guest: str, plan: Callable[..., list[str]]) -> tuple[str, list[str]]:
         """(the guest's UUID, the guests to start or stop, in order), with the guest verified first."""

@@ -24,10 +24,6 @@ class PolicyError(AgentError, ValueError):
 class GuestNotFound(AgentError, LookupError):
     code = ErrorCode.NOT_FOUND.value
 
-    def __init__(self, guest: str, message: str | None = None):
-        self.guest = guest
-        super().__init__(message or f"no guest named or with UUID {guest!r} on this host")
-
 
 class AgentUnavailable(AgentError):
     """The agent (socket) or libvirt cannot be reached."""
@@ -50,7 +46,7 @@ def from_reply(code: str | None, message: str, details: list[str] | None = None)
     if code == ErrorCode.INVALID:
         return PolicyError(details or message)
     if code == ErrorCode.NOT_FOUND:
-        return GuestNotFound("", message)
+        return GuestNotFound(message)
     if code == ErrorCode.UNAVAILABLE:
         return AgentUnavailable(message)
     error = AgentError(message)

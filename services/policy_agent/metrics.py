@@ -14,9 +14,11 @@ _FAST = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 
 
 #: Known label values, created at 0 on import so that rates hold from the first event.
 APPLICATION_OUTCOMES = ("ok", "error", "refused")
-#: libvirt domain events (virt/connection.py LIFECYCLE_NAMES and the reboot/tunable/metadata callbacks).
-EVENT_NAMES = ("defined", "undefined", "started", "suspended", "resumed", "stopped", "shutdown", "pmsuspended",
-               "crashed", "reboot", "tunable", "metadata")
+#: libvirt's lifecycle events, each the name of its VIR_DOMAIN_EVENT_* constant (virt/connection.py).
+LIFECYCLE_EVENTS = ("defined", "undefined", "started", "suspended", "resumed", "stopped", "shutdown", "pmsuspended",
+                    "crashed")
+#: libvirt domain events: the lifecycle ones and those of the reboot/tunable/metadata callbacks.
+EVENT_NAMES = (*LIFECYCLE_EVENTS, "reboot", "tunable", "metadata")
 #: Repair triggers: an event (enforce/jobs.py Job.trigger) or a sweep (agent.py).
 REPAIR_TRIGGERS = (*EVENT_NAMES, "event", "sweep", "start", "reconnect", "pool")
 ERROR_KINDS = ("apply", "validation", "overlap", "checkpoint", "libvirt", "store", "facts")

@@ -115,7 +115,7 @@ def test_a_definition_that_keeps_changing_is_an_error_not_a_loop(conn, make_agen
         # a writer that redefines the guest (unpinned) before every read of its definition
         racing = Redefining(dom, "XMLDesc", dom.XMLDesc(INACTIVE), before=True, every=True)
         stale = snapshot.read(a.enforcer.applier, racing, 0)
-        assert a.enforcer.sync(stale, "sweep") is None
+        assert a.enforcer.sync(stale, "sweep")[0] is None
         g = a.enforcer.inv.get(dom.UUIDString())
         assert g is not None and g.status == "error"
         assert f"the definition of 't-edit' changed under each of {CHANGED_RETRIES} repairs" in (g.error or "")

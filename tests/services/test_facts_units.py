@@ -193,7 +193,7 @@ def test_a_hung_bulk_stats_call_never_stalls_the_collector(tmp_path: Path) -> No
 def test_reporter_sends_guests_only_when_they_change(tmp_path: Path) -> None:
     conn = libvirt.open("test:///default")
     uuid = conn.lookupByName("test").UUIDString()
-    layout = (frozenset({2, 3}), frozenset({0, 1}), {uuid: frozenset({3})}, {uuid})
+    layout = (frozenset({2, 3}), frozenset({0, 1}), {uuid: frozenset({3})}, {uuid: None})
     reporter = FactsReporter("hv1", Collector(proc=fake_proc(tmp_path), sys_dir=tmp_path / "sys"), lambda: conn,
                              lambda: layout, lambda *_: None, interval=5.0, guests_every=3)
     first = reporter.collect()

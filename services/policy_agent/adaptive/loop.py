@@ -13,13 +13,13 @@ import json
 import logging
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 import libvirt
 
-from ..enforce import tuned_sync
-from ..enforce.enforcer import Enforcer
+from ..enforce.enforcer import Enforcer, Publish
 from ..errors import ApplyError
 from ..guests.inventory import Guest
 from ..tuners.config import TunerConfig
@@ -33,7 +33,6 @@ from .plugins import TunerPlugins
 log = logging.getLogger("vmsched.agent.tuner")
 STATS = libvirt.VIR_DOMAIN_STATS_STATE | libvirt.VIR_DOMAIN_STATS_CPU_TOTAL | libvirt.VIR_DOMAIN_STATS_VCPU
 NOWAIT = getattr(libvirt, "VIR_CONNECT_GET_ALL_DOMAINS_STATS_NOWAIT", 0)
-Publish = Callable[[str, dict], None]
 
 
 class TunerLoop:
@@ -76,16 +75,12 @@ class TunerLoop:
                 log.exception("tuner round failed")
 
     # --- one round -------------------------------------------------------------------
-    def adaptive_guests(self) -> list[Guest]:
-        with self.enforcer.lock:
-            return [g for g in self.enforcer.inv.all()
-                    if g.running and g.policy is not None and g.policy.adaptive is not None and g.desired is not None]
-
     def run_once(self) -> list[Decision]:
         started = time.perf_counter()
-        guests = self.adaptive_guests()
         with self.enforcer.lock:
-            known = {g.uuid for g in self.enforcer.inv.all()}
+            known = {g.uuid: g for g in self.enforcer.inv.all()}
+            guests = [g for g in known.values()
+                      if g.running and g.policy is not None and g.policy.adaptive is not None and g.desired is not None]
         for uuid in [u for u in self.engine.decisions if u not in known]:
             self.engine.forget(uuid)  # the guest is gone: so is what explain kept of it
         now = time.monotonic()
@@ -155,11 +150,11 @@ class TunerLoop:
             g = e.inv.get(d.uuid)
             try:
                 snap: Snapshot = e.read(self._conn().lookupByUUIDString(d.uuid))
-                run = tuned_sync.run_of(snap)
+                run = snap.run
                 if g is None or g.policy is None or g.desired is None or run is None:
                     raise ApplyError("the guest is no longer running with an adaptive policy")
                 self.state.set(d.uuid, run, g.policy, d.field, d.after)
-                tuned_sync.verify(e.applier, snap, g, g.desired, self.state, e.pools.shared)
+                e.verify(snap, g, g.desired)
                 return d
             except (ApplyError, libvirt.libvirtError) as exc:
                 self.state.drop(d.uuid)
@@ -183,5 +178,5 @@ def explain(loop: TunerLoop | None, g: Guest | None, view: dict[str, Any]) -> di
     decisions = loop.engine.decisions.get(g.uuid, ()) if loop is not None and g is not None else ()
     return {"guest": view.get("guest"), "uuid": view.get("uuid"), "policy": view.get("policy"),
             "desired": view.get("desired"), "tuned": overlay.view() if overlay is not None else {},
-            "decisions": [d.view() for d in decisions], "tuner": loop.config.view() if loop else {"interval": 0}}
+            "decisions": [d.view() for d in decisions], "tuner": asdict(loop.config) if loop else {"interval": 0}}
 

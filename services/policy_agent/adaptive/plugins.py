@@ -16,7 +16,7 @@ from pathlib import Path
 
 from vmsched.runtime.contract import TUNE_CLASS, TUNE_METHOD
 from vmsched.runtime.pool.pool import PluginPool
-from vmsched.runtime.types import Call, Confinement, Limits
+from vmsched.runtime.types import Call, Limits
 
 from ..errors import PolicyError
 from ..tuners.config import TunerConfig
@@ -28,11 +28,10 @@ log = logging.getLogger("vmsched.agent.tuner")
 
 
 class TunerPlugins:
-    def __init__(self, folder: Path, timeout: float = 5.0, confinement: Confinement = Confinement()) -> None:
+    def __init__(self, folder: Path, timeout: float = 5.0) -> None:
         self.folder = Path(folder).absolute()
         self.timeout = timeout
-        self.pool = PluginPool(self.folder, size=1, limits=Limits(memory_mb=512, cpu_seconds=60), name="tuners",
-                               confinement=confinement)
+        self.pool = PluginPool(self.folder, size=1, limits=Limits(memory_mb=512, cpu_seconds=60), name="tuners")
         self.errors: dict[str, str] = {}  # plugin -> its last error
 
     def start(self) -> "TunerPlugins":

@@ -35,7 +35,6 @@ from ..virt import metadata, snapshot
 from ..virt.apply import Applier, Result
 from ..virt.domxml import DomainXml
 from ..virt.snapshot import Snapshot
-from . import tuned_sync
 from .overlaps import OverlapReporter, manager_pinned
 from .transient import TransientPolicies
 
@@ -68,21 +67,14 @@ class Enforcer:
     def lookup(self, conn: "libvirt.virConnect", key: str) -> "libvirt.virDomain":
         return snapshot.lookup(conn, key, self.inv.resolve(key))
 
-    def _seq(self, uuid: str) -> int:
-        g = self.inv.get(uuid)
-        return g.seq if g else 0
-
     def read(self, dom: "libvirt.virDomain") -> Snapshot:
-        return snapshot.read(self.applier, dom, self._seq(dom.UUIDString()))
-
-    def source(self, snap: Snapshot) -> DomainXml:
-        """The guest's definition, with the stored policy of a transient guest (transient.py)."""
-        return self.transient.source(snap)
+        g = self.inv.get(dom.UUIDString())
+        return snapshot.read(self.applier, dom, g.seq if g else 0)
 
     def observe(self, snap: Snapshot) -> Guest:
         """Refresh the cached guest from a snapshot (no changes to the guest)."""
         self.transient.track(snap)
-        src = self.source(snap)
+        src = self.transient.source(snap)
         g = self.inv.upsert(snap.uuid, snap.name)
         g.persistent, g.nvcpus = snap.persistent, src.nvcpus
         g.policy, g.hint = src.policy, src.hint
@@ -93,14 +85,11 @@ class Enforcer:
 
     # --- one guest ---------------------------------------------------------------
     def sync(self, snap: Snapshot, trigger: str, received: float | None = None, confine: bool = False,
-             drift: bool = False) -> Result | None:
-        """Refresh the cache from ``snap`` and verify/repair the guest. Errors are recorded, not raised."""
-        return self._sync(snap, trigger, received, confine, drift)[0]
+             drift: bool = False) -> tuple[Result | None, Snapshot]:
+        """Refresh the cache from ``snap`` and verify/repair the guest. Errors are recorded, not raised.
 
-    def _sync(self, snap: Snapshot, trigger: str, received: float | None, confine: bool,
-              drift: bool) -> tuple[Result | None, Snapshot]:
-        """:meth:`sync`, deciding again from a new read while the definition changes under the repair
-        (another writer defined the guest after ``snap`` was read); returns the snapshot last used.
+        Decided again from a new read while the definition changes under the repair (another writer
+        defined the guest after ``snap`` was read); returns the result and the snapshot last used.
         Whatever it changed in the allocations (a release, a new count, CPUs recovered from the guest's
         metadata) is saved before the lock is let go."""
         with self.lock:
@@ -127,7 +116,7 @@ class Enforcer:
 
     def _sync_once(self, snap: Snapshot, trigger: str, received: float | None, confine: bool,
                    drift: bool) -> Result | None:
-        src = self.source(snap)
+        src = self.transient.source(snap)
         g = self.observe(snap)
         info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
         error = src.metadata_error
@@ -139,7 +128,7 @@ class Enforcer:
             except PolicyError as exc:
                 error = f"policy of {snap.name!r} cannot be enforced on this host: {exc}"
         try:
-            result = tuned_sync.verify(self.applier, snap, g, desired, self.tuned, self.pools.shared)
+            result = self.verify(snap, g, desired)
         except DefinitionChanged:
             raise
         except (ApplyError, libvirt.libvirtError) as exc:
@@ -156,6 +145,21 @@ class Enforcer:
             g.status, g.error = ("applied" if g.policy else "unmanaged"), None
         self._count(g, trigger, result, received, drift)
         return result
+
+    def verify(self, snap: Snapshot, g: Guest, desired: Desired) -> Result:
+        """Verify the guest against ``desired`` with the tuners' values in force (tuners/state.py): the
+        persistent config gets the static policy, the live domain the static policy with the tuned overlay.
+        Used by sync (events, sweeps, drift repair) and by the tuner to apply a change."""
+        cfg_d, live_d = self.tuned.split(snap.uuid, desired, snap.run, g.policy, self.pools.shared)
+        if live_d is desired:  # not tuned
+            return self.applier.verify_and_repair(snap.dom, desired, snap.active, snap.persistent, snap.cfg, snap.live)
+        # tuned: the live XML is read again here, under the enforcer's lock; a snapshot a sweep took before the
+        # tuner's change would otherwise count that change as a repair
+        if cfg_d is live_d:
+            return self.applier.verify_and_repair(snap.dom, live_d, snap.active, snap.persistent, None, None)
+        cfg = self.applier.verify_and_repair(snap.dom, cfg_d, False, snap.persistent, snap.cfg, None)
+        live = self.applier.verify_and_repair(snap.dom, live_d, snap.active, False, None, None)
+        return Result(cfg.config, live.live, live.deferred)
 
     def _desired(self, g: Guest, info: GuestInfo, active: bool, confine: bool, src: DomainXml) -> Desired:
         policy = g.policy
@@ -276,29 +280,26 @@ class Enforcer:
                 dom = conn.lookupByUUIDString(uuid)
                 snap = self.read(dom)
             except libvirt.libvirtError as exc:
-                if snapshot.gone(exc):
-                    self.forget(uuid)
-                    self.update_gauges()
-                    return
-                raise
-            self.sync(snap, trigger, received, drift=drift)
-            g = self.inv.get(snap.uuid)
-            if g is not None:
-                self.overlaps.keep(g)
+                if not snapshot.gone(exc):
+                    raise
+                self.forget(uuid)
+            else:
+                self.sync(snap, trigger, received, drift=drift)
+                g = self.inv.get(snap.uuid)
+                if g is not None:
+                    self.overlaps.keep(g)
             self.update_gauges()
 
     # --- requests: set and delete ------------------------------------------------
-    def set_policy(self, conn: "libvirt.virConnect", key: str, policy: GuestPolicy,
-                   problems: list[str] | None = None) -> dict:
+    def set_policy(self, conn: "libvirt.virConnect", key: str, policy: GuestPolicy, problems: list[str]) -> dict:
         """Validate and apply ``policy``. ``problems`` are the request's own errors found while parsing it
         (``policy`` is then made of its valid fields): refused together with the host-fit problems."""
         with self.lock:
             dom = self.lookup(conn, key)
             snap = self.read(dom)
-            src = self.source(snap)
+            src = self.transient.source(snap)
             info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
             self.inv.upsert(snap.uuid, snap.name)  # known by name before its define event is handled: cycles close
-            problems = list(problems or [])
             try:
                 checked = check_policy(policy, info, self.pools, self.inv.graph(), self.inv.resolve, self.inv.name_of)
             except PolicyError as exc:
@@ -313,17 +314,16 @@ class Enforcer:
                 checked.desired = desired_for(stopped, info, self.pools, None)
             self.tuned.drop(snap.uuid)  # a new static policy: the tuners start again from it
             hint = self._hint(checked.allocation)
-            store = self.transient if not snap.persistent else None
-            old_stored = store.store.get(snap.uuid) if store is not None else None
+            old_stored = self.transient.store.get(snap.uuid)
             try:
-                if store is not None:
-                    store.put(snap.uuid, snap.name, policy)  # on disk first: it must outlive the guest
+                if not snap.persistent:
+                    self.transient.put(snap.uuid, snap.name, policy)  # on disk first: it must outlive the guest
                 metadata.write(dom, policy, hint)
                 result = self.applier.verify_and_repair(dom, checked.desired, snap.active, snap.persistent)
             except (ApplyError, libvirt.libvirtError) as exc:
                 self._roll_back(snap, src)
-                if store is not None:
-                    store.restore(snap.uuid, old_stored)
+                if not snap.persistent:
+                    self.transient.restore(snap.uuid, old_stored)
                 metrics.APPLICATIONS.labels("error").inc()
                 raise ApplyError(f"applying the policy of {snap.name!r} failed, previous policy restored: {exc}") from exc
             if checked.allocation:
@@ -367,7 +367,7 @@ class Enforcer:
                 log.info("stored policy of transient guest %r (%s, not running) deleted", stored.name, stored.uuid)
                 return {"guest": stored.name, "uuid": stored.uuid, "deleted": True}
             snap = self.read(dom)
-            src = self.source(snap)
+            src = self.transient.source(snap)
             old = src.policy
             if old is None and self.pools.allocations.get(snap.uuid) is None:
                 return {"guest": snap.name, "uuid": snap.uuid, "deleted": False}
@@ -377,12 +377,9 @@ class Enforcer:
             self.save()
             info = GuestInfo(snap.uuid, snap.name, src.nvcpus)
             base = desired_for(None, info, self.pools, None, confine=True)
-            resets: dict[str, int] = {}
-            if old is not None and old.weight is not None:
-                resets["cpu_shares"] = DEFAULT_SHARES
-            if old is not None and old.effective_quota() is not None:
-                resets["vcpu_quota"] = -1
-            desired = Desired(base.vcpus, base.emulator, resets)
+            before = old.sched_params() if old is not None else {}
+            defaults = {"cpu_shares": DEFAULT_SHARES, "vcpu_quota": -1}  # libvirt's: the default weight, no cap
+            desired = Desired(base.vcpus, base.emulator, {k: v for k, v in defaults.items() if k in before})
             try:
                 self.applier.verify_and_repair(dom, desired, snap.active, snap.persistent)
             except (ApplyError, libvirt.libvirtError) as exc:
@@ -400,7 +397,7 @@ class Enforcer:
 
     # --- all guests --------------------------------------------------------------
     def scan(self, conn: "libvirt.virConnect") -> list[Snapshot]:
-        return snapshot.scan(conn, self.applier, self._seq)
+        return snapshot.scan(conn, self.read)
 
     def sweep(self, conn: "libvirt.virConnect", trigger: str = "sweep", snaps: list[Snapshot] | None = None,
               confine: bool = False) -> dict:
@@ -417,14 +414,14 @@ class Enforcer:
                 self.save()
 
         def order(s: Snapshot) -> int:  # explicit sets, then current holders, then new requests
-            p = self.source(s).policy
+            p = self.transient.source(s).policy
             if p is not None and isinstance(p.dedicated, str):
                 return 0
             return 1 if s.uuid in self.pools.allocations else 2
 
         repaired, errors, used = 0, [], []
         for snap in sorted(snaps, key=order):
-            result, snap = self._sync(snap, trigger, None, confine, False)  # lock per guest: events interleave
+            result, snap = self.sync(snap, trigger, None, confine)  # lock per guest: events interleave
             used.append(snap)
             g = self.inv.get(snap.uuid)
             if result is not None and result.changed:

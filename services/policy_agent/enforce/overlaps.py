@@ -8,7 +8,6 @@ each once per change).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from vmsched import cpuset
@@ -42,14 +41,6 @@ def manager_pinned(xml: DomainXml, host: CpuSet) -> bool:
     return not uniform
 
 
-@dataclass(frozen=True)
-class Overlap:
-    uuid: str  # the guest running where it should not
-    holder: str  # the guest the CPUs are dedicated to
-    cpus: CpuSet
-    where: str  # which of its threads: "vcpu0", "emulator"
-
-
 def placement(desired: Desired | None, xml: DomainXml, host: CpuSet) -> dict[str, CpuSet]:
     """Where each thread group of a guest may run: what the agent enforces, else what its XML says."""
     vcpus = desired.vcpus if desired is not None and desired.vcpus is not None else xml.effective_vcpus(host)
@@ -58,26 +49,20 @@ def placement(desired: Desired | None, xml: DomainXml, host: CpuSet) -> dict[str
     return {**{f"vcpu{i}": c for i, c in sorted(vcpus.items())}, "emulator": emulator}
 
 
-def find_overlaps(pools: Pools, guests: dict[str, dict[str, CpuSet]]) -> list[Overlap]:
-    """Every thread group of a guest allowed on a CPU dedicated to another guest.
+def describe(pools: Pools, guests: dict[str, dict[str, CpuSet]], name_of: dict[str, str]) -> dict[tuple[str, str], str]:
+    """Every thread group of a guest allowed on a CPU dedicated to another guest: (guest, holder) -> one message
+    naming both and every thread group involved.
 
     ``guests``: uuid -> :func:`placement` of the running guests."""
-    return [Overlap(uuid, holder, frozenset(cpus & held), what) for uuid, where in sorted(guests.items())
-            for holder, held in sorted(pools.allocations.items()) if holder != uuid
-            for what, cpus in where.items() if cpus & held]
-
-
-def describe(overlaps: list[Overlap], name_of: dict[str, str]) -> dict[tuple[str, str], str]:
-    """(guest, holder) -> one message naming both and every thread group involved."""
-    grouped: dict[tuple[str, str], list[Overlap]] = {}
-    for o in overlaps:
-        grouped.setdefault((o.uuid, o.holder), []).append(o)
     out = {}
-    for (uuid, holder), items in grouped.items():
-        cpus = frozenset().union(*(o.cpus for o in items))
-        parts = ", ".join(f"{o.where} on {cpuset.fmt(o.cpus)}" for o in items)
-        out[(uuid, holder)] = (f"dedicated CPUs {cpuset.fmt(cpus)} of guest {name_of.get(holder, holder)!r} are"
-                               f" shared with guest {name_of.get(uuid, uuid)!r} ({parts})")
+    for uuid, where in sorted(guests.items()):
+        for holder, held in sorted(pools.allocations.items()):
+            shared = [(what, frozenset(cpus & held)) for what, cpus in where.items() if holder != uuid and cpus & held]
+            if shared:
+                cpus = frozenset().union(*(c for _, c in shared))
+                parts = ", ".join(f"{what} on {cpuset.fmt(c)}" for what, c in shared)
+                out[(uuid, holder)] = (f"dedicated CPUs {cpuset.fmt(cpus)} of guest {name_of.get(holder, holder)!r}"
+                                       f" are shared with guest {name_of.get(uuid, uuid)!r} ({parts})")
     return out
 
 
@@ -117,7 +102,7 @@ class OverlapReporter:
                     foreign_in_pool.append(g.name)
         names = {u: (inv.get(u).name if inv.get(u) else pools.name(u))  # type: ignore[union-attr]
                  for u in set(running) | set(pools.allocations)}
-        found = describe(find_overlaps(pools, running), names)
+        found = describe(pools, running, names)
         per_guest: dict[str, list[str]] = {}
         for (uuid, holder), message in sorted(found.items()):
             per_guest.setdefault(uuid, []).append(message)

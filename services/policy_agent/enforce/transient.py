@@ -10,10 +10,9 @@ metadata. Persistent guests never use the store.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-from typing import Iterator
+from typing import Any, Callable
 
 import libvirt
 
@@ -80,12 +79,10 @@ class TransientPolicies:
 
     # --- requests: errors become ApplyError --------------------------------------
     def put(self, uuid: str, name: str, policy: GuestPolicy) -> None:
-        with self._writing():
-            self.store.put(uuid, name, policy)
+        self._write(self.store.put, uuid, name, policy)
 
     def remove(self, uuid: str) -> None:
-        with self._writing():
-            self.store.remove(uuid)
+        self._write(self.store.remove, uuid)
 
     def restore(self, uuid: str, old: Stored | None) -> None:
         """Undo a ``put`` (rollback of a failed set); logs instead of raising."""
@@ -97,17 +94,15 @@ class TransientPolicies:
         except OSError as exc:
             log.error("restoring the transient policy store %s failed: %s", self.store.path, exc)
 
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
+    def _write(self, change: Callable[..., object], *args: Any) -> None:
         try:
-            yield
+            change(*args)
         except OSError as exc:
             metrics.ERRORS.labels("store").inc()
             raise ApplyError(f"cannot write the transient policy store {self.store.path}: {exc}") from exc
 
     def absent_views(self, inv: Inventory) -> list[dict]:
         """Stored policies of transient guests that do not exist right now (for listing)."""
-        return [{"guest": e.name, "uuid": e.uuid, "state": "absent", "policy": e.policy.to_dict(),
-                 "allocation": None, "desired": None, "status": "pending", "error": None,
-                 "warnings": ["transient guest not running: its stored policy is applied when it starts"]}
-                for e in self.store.all() if inv.get(e.uuid) is None]
+        note = ["transient guest not running: its stored policy is applied when it starts"]
+        return [{**inv.view(Guest(e.uuid, e.name, policy=e.policy, status="pending", warnings=note), None),
+                 "state": "absent"} for e in self.store.all() if inv.get(e.uuid) is None]

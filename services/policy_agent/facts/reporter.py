@@ -93,7 +93,7 @@ class FactsReporter:
         started = time.process_time()
         conn = self.conn()
         host = self.collector.host(conn)
-        pool, shared, allocations, policies = self._layout()
+        pool, shared, allocations, policies = self.layout()
         guests = self._annotate(self.collector.guests(conn), allocations, policies)
         if "interval" in reasons:
             self.history.append(round(host.cpu_pct, 1))
@@ -119,10 +119,6 @@ class FactsReporter:
         metrics.FACTS_COLLECT_CPU.observe(time.process_time() - started)
         metrics.observe_host(message.host)  # this host's gauges: the agent is their one exporter
         return message
-
-    def _layout(self) -> Layout:
-        pool, shared, allocations, policies = self.layout()
-        return pool, shared, allocations, policies if isinstance(policies, dict) else dict.fromkeys(policies)
 
     def _annotate(self, guests: list[GuestFacts], allocations: dict[str, frozenset[int]],
                   policies: dict[str, GuestPolicy | None]) -> list[GuestFacts]:

@@ -91,12 +91,9 @@ class Pools:
                 "offline": cpuset.fmt(t.offline)}
 
     # --- checks --------------------------------------------------------------
-    def missing(self, cpus: CpuSet) -> CpuSet:
-        return frozenset(cpus - self.host_cpus)
-
     def check_pool(self, pool: CpuSet) -> list[str]:
         errors = []
-        gone = self.missing(pool)
+        gone = pool - self.host_cpus
         if gone:
             errors.append(
                 f"dedicated pool {cpuset.fmt(pool)}: {cpuset.named(gone, 'does', 'do')} not exist on this host"
@@ -146,7 +143,7 @@ class Pools:
                 raise PolicyError(errors)
             return assign(self.topo, self.pool, taken, current, Request(wanted, threads, numa), name)
         wanted_set = frozenset(dedicated)
-        gone = self.missing(wanted_set)
+        gone = wanted_set - self.host_cpus
         if gone:
             errors.append(f"dedicated set {cpuset.fmt(wanted_set)}: {cpuset.named(gone, 'does', 'do')} not exist on"
                           " this host")

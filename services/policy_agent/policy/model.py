@@ -78,10 +78,8 @@ class GuestPolicy(PolicyDocument):
     @field_validator("requires")
     @classmethod
     def _requires(cls, value: list[str]) -> list[str]:
-        names = [str(name).strip() for name in value]
-        if "" in names:
-            raise ValueError("empty guest name in requires")
-        return list(dict.fromkeys(names))
+        """Each name stripped, once (an empty one is refused by :data:`~vmsched.agent_contract.GuestName`)."""
+        return list(dict.fromkeys(name.strip() for name in value))
 
     @field_validator("adaptive")
     @classmethod
@@ -117,13 +115,6 @@ class GuestPolicy(PolicyDocument):
     # --- the tuners' starting point -----------------------------------------------
     def base_weight(self) -> int:
         return self.weight if self.weight is not None else DEFAULT_SHARES
-
-    def base_cap(self) -> float | None:
-        """The cap the elastic-cap tuner starts from: the static one, else the top of the cap range."""
-        if self.cap_percent is not None:
-            return self.cap_percent
-        a = self.adaptive
-        return a.cap_percent[1] if a is not None and a.cap_percent is not None else None
 
     # --- derived values ----------------------------------------------------
     def effective_period(self) -> int | None:

@@ -42,9 +42,7 @@ class Desired:
             "vcpus": None if self.vcpus is None else {str(i): cpuset.fmt(c) for i, c in sorted(self.vcpus.items())},
             "emulator": None if self.emulator is None else cpuset.fmt(self.emulator),
             "memory_nodes": None if self.memory_nodes is None else cpuset.fmt(self.memory_nodes),
-            "cpu_shares": self.sched.get("cpu_shares"),
-            "vcpu_quota": self.sched.get("vcpu_quota"),
-            "vcpu_period": self.sched.get("vcpu_period"),
+            **{key: self.sched.get(key) for key in ("cpu_shares", "vcpu_quota", "vcpu_period")},
         }
 
 

@@ -16,13 +16,14 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from pydantic import BaseModel, Field, ValidationError
 
 from vmsched import cpuset
 
 from ..plural import plural
-from ..policy.allocation import Pools
+from ..policy.allocation import AllocationHint, Pools
 from . import durable
 
 log = logging.getLogger(__name__)
@@ -55,26 +56,23 @@ class Checkpoint(BaseModel):
             saved_at=time.time(),
         )
 
-    def to_pools(self, host_cpus: frozenset[int]) -> Pools:
-        pools = Pools(host_cpus=host_cpus, pool=cpuset.parse(self.pool, host=host_cpus) if self.pool else frozenset())
-        for uuid, held in self.allocations.items():
-            pools.assign(uuid, held.name, cpuset.parse(held.cpus, host=host_cpus))
-        return pools
-
 
 @dataclass
-class Loaded:
-    """A usable checkpoint: the pools, and the host ID it was written under (for logging a rename)."""
+class Recovered:
+    """Host state at start: a usable checkpoint's, else an empty one to rebuild from the guests."""
 
     pools: Pools
-    host_id: str
+    rebuild: bool = False  # True: no usable checkpoint, state comes from the guests
+    reason: str | None = None  # why the checkpoint was not used
+    quarantined: Path | None = None  # where an unusable checkpoint was moved
+    previous_host_id: str | None = None  # the host ID the checkpoint was written under (for logging a rename)
 
 
 def save(path: Path, ckpt: Checkpoint) -> None:
     durable.write(path, "checkpoint", ckpt.model_dump(mode="json"))
 
 
-def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Loaded | None, str | None]:
+def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Recovered | None, str | None]:
     """(loaded, None) when usable; (None, reason) when missing or unusable.
 
     Usable means: this machine's, valid and consistent. The host ID does not matter.
@@ -93,13 +91,36 @@ def load(path: Path, machine: str, host_cpus: frozenset[int]) -> tuple[Loaded | 
     if len(ckpt.allocations) > len(host_cpus):  # each holds a CPU of its own: checked before any is parsed
         return None, f"inconsistent: {len(ckpt.allocations)} allocations on a host of {plural(len(host_cpus), 'CPU')}"
     try:
-        pools = ckpt.to_pools(host_cpus)
+        pools = Pools(host_cpus=host_cpus, pool=cpuset.parse(ckpt.pool, host=host_cpus) if ckpt.pool else frozenset())
+        for uuid, held in ckpt.allocations.items():
+            pools.assign(uuid, held.name, cpuset.parse(held.cpus, host=host_cpus))
     except ValueError as exc:
         return None, f"invalid CPU set: {exc}"
     if problems := pools.consistency_errors():
         more = f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
         return None, "inconsistent: " + "; ".join(problems[:SHOWN]) + more
-    return Loaded(pools, ckpt.host_id), None
+    return Recovered(pools, previous_host_id=ckpt.host_id), None
+
+
+def load_or_rebuild(path: Path, machine: str, host_cpus: frozenset[int]) -> Recovered:
+    """The pools from the checkpoint at ``path``; an unusable one is moved aside and an empty state returned."""
+    loaded, reason = load(path, machine, host_cpus)
+    if loaded is not None:
+        return loaded
+    return Recovered(Pools(host_cpus=host_cpus), rebuild=True, reason=reason, quarantined=durable.quarantine(path))
+
+
+def pool_from_hints(hints: Iterable[AllocationHint | None], machine: str, pools: Pools) -> frozenset[int]:
+    """The dedicated pool the guests' allocation records give for this machine (empty if unusable)."""
+    pool = frozenset[int]().union(*(h.pool for h in hints if h is not None and h.host == machine)) & pools.host_cpus
+    if pool and pools.check_pool(pool):
+        log.warning("the guests' allocation records give the unusable pool %s: starting without a pool"
+                    " (pass --dedicated-pool)", cpuset.fmt(pool))
+        return frozenset()
+    if pool:
+        log.warning("dedicated pool %s recovered from the guests' allocation records"
+                    " (pass --dedicated-pool to set it explicitly)", cpuset.fmt(pool))
+    return pool
 
 
 def mismatch(path: Path, machine: str, pools: Pools) -> str | None:

@@ -25,7 +25,7 @@ from vmsched.messages import ErrorCode
 
 from ..errors import AgentError, PolicyError
 from ..policy.model import GuestPolicy, parse_policy, policy_document
-from . import adaptive_cli, tables
+from . import tables
 from .client import SocketClient, call_bus
 
 DEFAULT_SOCKET = "/run/vmsched/agent.sock"
@@ -108,7 +108,21 @@ def _agent_parser(sub: Any, serve: Callable[[argparse.Namespace], int]) -> Any:
                         "VMSCHED_METRICS_TOKENS_FILE; default: /metrics open, /healthz and /readyz always open)")
     p.add_argument("--log-level", metavar="LEVEL", default=os.environ.get("VMSCHED_LOG_LEVEL", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR")
-    adaptive_cli.add_agent_options(p)
+    g = p.add_argument_group("adaptive policy: the tuners (docs/policy-agent.md)")
+    env = os.environ.get
+    g.add_argument("--tune-interval", metavar="S", type=float, default=float(env("VMSCHED_AGENT_TUNE_INTERVAL", "10")),
+                   help="seconds between tuner runs over the guests with an adaptive block; 0: off")
+    g.add_argument("--tune-hysteresis", metavar="K", type=int, default=3,
+                   help="a condition must hold for K intervals in a row before a tuner acts on it")
+    g.add_argument("--tune-max-changes", metavar="N", type=int, default=4,
+                   help="at most N changes per interval on the host")
+    g.add_argument("--tune-max-guest-changes", metavar="N", type=int, default=1,
+                   help="at most N changes per guest per interval")
+    g.add_argument("--tune-dry-run", action="store_true",
+                   help="report what the tuners would change (log, metric, event, explain) and change nothing")
+    g.add_argument("--tuner-plugins", metavar="DIR", default=env("VMSCHED_AGENT_TUNER_PLUGINS"),
+                   help="folder of tuner plugins (NAME.py with class Tuner, do_tune(self, facts)), run in the plugin"
+                        " sandbox like scheduling plugins (env VMSCHED_AGENT_TUNER_PLUGINS; default: none)")
     p.set_defaults(func=lambda args: _serve_with_bus(serve, args))
     return p
 
@@ -215,7 +229,16 @@ def _policy_parser(sub: Any) -> Any:
     s.add_argument("--file", metavar="POLICY.yaml", type=Path,
                    help="read the policy from a YAML or JSON file (options given here override its fields)")
     s.add_argument("--merge", action="store_true", help="start from the guest's stored policy instead of an empty one")
-    adaptive_cli.add_policy_options(s)
+    g = s.add_argument_group("adaptive bounds (the agent's tuners change the guest live within them)")
+    g.add_argument("--adaptive-weight", metavar="MIN:MAX", help="weight range the tuners may set, e.g. 512:4096")
+    g.add_argument("--adaptive-cap", metavar="MIN:MAX", help="cap range in percent the tuners may set, e.g. 20:80")
+    g.add_argument("--may-move", action="store_true", default=None,
+                   help="the tuners may move the guest's vCPUs within the shared CPU set (not with --dedicated)")
+    g.add_argument("--target-wait", metavar="PERCENT", type=float,
+                   help="keep the vCPUs' wait for a CPU below PERCENT of the interval (default 10)")
+    g.add_argument("--keep-tuned", action="store_true", default=None,
+                   help="tuned values also go to the persistent definition (default: live only, reset at restart)")
+    g.add_argument("--no-adaptive", action="store_true", help="remove the adaptive block (with --merge)")
     _client_options(s)
     s.set_defaults(func=functools.partial(_run, op=AgentOp.SET_POLICY, body=_set_body))
 
@@ -354,8 +377,32 @@ def build_policy(args: argparse.Namespace, stored: dict | None = None) -> dict:
         data["quota"] = args.quota
     if args.requires:
         data["requires"] = list(dict.fromkeys([*data.get("requires", []), *args.requires]))
-    adaptive_cli.merge_adaptive(args, data)
+    _merge_adaptive(args, data)
     return policy_document(data)  # an invalid one goes to the agent, which reports every problem at once
+
+
+def _range(text: str, option: str, kind: type) -> list[Any]:
+    lo, sep, hi = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return [kind(lo), kind(hi)]
+    except ValueError:
+        raise PolicyError(f"{option} {text!r}: expected MIN:MAX, e.g. {'512:4096' if kind is int else '20:80'}") \
+            from None
+
+
+def _merge_adaptive(args: argparse.Namespace, data: dict[str, Any]) -> None:
+    """Apply the adaptive options to the policy document ``data`` (in place)."""
+    if args.no_adaptive:
+        data.pop("adaptive", None)
+        return
+    given = {"weight": _range(args.adaptive_weight, "--adaptive-weight", int) if args.adaptive_weight else None,
+             "cap_percent": _range(args.adaptive_cap, "--adaptive-cap", float) if args.adaptive_cap else None,
+             "may_move": args.may_move, "target_wait_percent": args.target_wait, "keep_on_restart": args.keep_tuned}
+    given = {key: value for key, value in given.items() if value is not None}  # flags: True or not given
+    if given:
+        data["adaptive"] = {**(data.get("adaptive") or {}), **given}
 
 
 def load_policy_file(path: str | Path) -> tuple[str | None, GuestPolicy]:

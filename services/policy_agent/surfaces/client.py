@@ -13,7 +13,6 @@ from pydantic import ValidationError
 from vmsched.agent_contract import AgentOp
 from vmsched.bus import BusError, RequestError, reply_error
 from vmsched.bus.options import BusOptions
-from vmsched.bus.interface import Transport
 from vmsched.bus.topology import agent_queue
 from vmsched.bus.transport import open_transport
 from vmsched.messages import CONTRACT_VERSION, ReplyEnvelope
@@ -84,12 +83,11 @@ class SocketClient:
             raise AgentUnavailable(f"agent at {self.path} sent a malformed reply: {exc.errors()[0]['msg']}") from None
 
 
-def call_bus(bus: str | BusOptions | Transport, host: str, op: AgentOp | str, body: dict, timeout: float) -> dict:
-    """One request to the agent of ``host`` over the bus (a broker URL, its options, or the process's transport);
-    raises the agent's error."""
+def call_bus(bus: str | BusOptions, host: str, op: AgentOp | str, body: dict, timeout: float) -> dict:
+    """One request to the agent of ``host`` over the bus (a broker URL, or its options); raises the agent's error."""
     if isinstance(bus, str):
         bus = BusOptions(url=bus, connect_timeout=min(timeout, 2.0))
-    transport = bus if isinstance(bus, Transport) else open_transport(bus)
+    transport = open_transport(bus)
     try:
         return transport.call(agent_queue(host), _name(op), body, timeout=timeout)
     except RequestError as exc:

@@ -85,7 +85,6 @@ class _Handler(socketserver.StreamRequestHandler):
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
-    allow_reuse_address = True
     request_queue_size = BACKLOG
 
 
@@ -97,7 +96,6 @@ class SocketServer:
         self.path = Path(path)
         self.agent: Agent | None = None  # None while the agent starts
         self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,9 +106,7 @@ class SocketServer:
         self._server = _Server(str(self.path), _Handler)
         self._server.owner = self  # type: ignore[attr-defined]
         os.chmod(self.path, 0o660)  # the agent's group (the CLI, the QEMU hook) may connect
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="agent-socket",
-                                        daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._server.serve_forever, args=(0.1,), name="agent-socket", daemon=True).start()
         log.info("listening on %s (answering 'starting' until the agent is ready)", self.path)
 
     def serve(self, agent: Agent) -> None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -32,6 +31,3 @@ class TunerConfig:
         if self.max_changes < 0 or self.max_guest_changes < 0:
             out.append("tuner change limits cannot be negative")
         return out
-
-    def view(self) -> dict[str, Any]:
-        return asdict(self)

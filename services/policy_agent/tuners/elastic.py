@@ -31,7 +31,7 @@ def propose(inp: TuneInput, cfg: TunerConfig) -> list[Proposal]:
             continue
         lo, hi = a.cap_percent
         now = g.cap_percent if g.cap_percent is not None else hi
-        base = g.policy.base_cap() or hi
+        base = g.policy.cap_percent or hi  # the static cap, else the top of the range
         if slack and now < hi and min(s.cpu_pct for s in recent) >= 0.9 * now:
             after = min(hi, now + cfg.cap_step)
             out.append(Proposal(g.uuid, NAME, "vcpu_quota", after,

@@ -238,7 +238,8 @@ class Applier:
         except libvirt.libvirtError as exc:
             what = {"vcpu": f"vCPU {key} pin", "emulator": "emulator pin", "memory": "memory nodes"}.get(kind, key)
             message = exc.get_error_message() or str(exc)
-            raise ApplyError(f"libvirt refused the {scope} {what} ({_show(want)}): {message}") from exc
+            shown = ", ".join(f"{k}={v}" for k, v in sorted(want.items())) if kind == "sched" else cpuset.fmt(want)
+            raise ApplyError(f"libvirt refused the {scope} {what} ({shown}): {message}") from exc
 
 
 def duplicated(xml: str) -> list[str]:
@@ -250,10 +251,3 @@ def duplicated(xml: str) -> list[str]:
     seen.update(f"metadata {c.tag}" for c in root.findall("metadata/*"))
     return sorted(k for k, n in seen.items() if n > 1)
 
-
-def _show(value) -> str:
-    if isinstance(value, frozenset):
-        return cpuset.fmt(value)
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in sorted(value.items()))
-    return str(value)

@@ -55,17 +55,8 @@ def _run_loop() -> None:
             time.sleep(0.1)
 
 
-LIFECYCLE_NAMES = {
-    libvirt.VIR_DOMAIN_EVENT_DEFINED: "defined",
-    libvirt.VIR_DOMAIN_EVENT_UNDEFINED: "undefined",
-    libvirt.VIR_DOMAIN_EVENT_STARTED: "started",
-    libvirt.VIR_DOMAIN_EVENT_SUSPENDED: "suspended",
-    libvirt.VIR_DOMAIN_EVENT_RESUMED: "resumed",
-    libvirt.VIR_DOMAIN_EVENT_STOPPED: "stopped",
-    libvirt.VIR_DOMAIN_EVENT_SHUTDOWN: "shutdown",
-    libvirt.VIR_DOMAIN_EVENT_PMSUSPENDED: "pmsuspended",
-    libvirt.VIR_DOMAIN_EVENT_CRASHED: "crashed",
-}
+#: libvirt's lifecycle event number -> its name (``VIR_DOMAIN_EVENT_STARTED`` -> "started")
+LIFECYCLE_NAMES = {getattr(libvirt, f"VIR_DOMAIN_EVENT_{name.upper()}"): name for name in metrics.LIFECYCLE_EVENTS}
 
 
 @dataclass
@@ -80,11 +71,6 @@ class DomainEvent:
 
 
 KEEPALIVE = (5, 3)  # libvirt keepalive: a probe every 5 s, the connection dead after 3 unanswered
-
-
-def backoff_delay(attempt: int, first: float = 0.25, maximum: float = 15.0) -> float:
-    """0.25, 0.5, 1, 2 ... bounded by ``maximum`` seconds."""
-    return min(maximum, first * (2 ** min(attempt, 16)))
 
 
 class LibvirtConnection:
@@ -176,7 +162,7 @@ class LibvirtConnection:
             return self._open()
         except libvirt.libvirtError as exc:
             self.last_error = exc.get_error_message()
-        delay = backoff_delay(attempt)
+        delay = min(15.0, 0.25 * (2 ** min(attempt, 16)))  # 0.25, 0.5, 1, 2 ... bounded by 15 s
         if deadline is not None and time.monotonic() + delay > deadline:
             raise AgentUnavailable(f"cannot connect to libvirt at {self.uri}: {self.last_error}") from None
         log.warning(retry, self.uri, self.last_error, delay)

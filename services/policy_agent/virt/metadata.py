@@ -85,17 +85,13 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def _tag(elem: ET.Element) -> str:
-    return elem.tag[len(_Q):] if elem.tag.startswith(_Q) else elem.tag
-
-
 def from_element(root: ET.Element) -> tuple[GuestPolicy, AllocationHint | None]:
     """Parse ``<vmsched:policy>``; raises PolicyError when it is malformed."""
     data: dict[str, Any] = {}
     hint = None
     try:
         for child in root:
-            tag, a = _tag(child), child.attrib
+            tag, a = child.tag.removeprefix(_Q), child.attrib
             if tag == "vcpupin":
                 data.setdefault("vcpu_pins", {})[int(a["vcpu"])] = a["cpuset"]
             elif tag == "emulatorpin":

@@ -28,6 +28,16 @@ class Snapshot:
         return self.live is not None
 
     @property
+    def run(self) -> int | None:
+        """The guest's run: its domain ID (cached in the domain object, no call to libvirtd), None when stopped."""
+        if not self.active:
+            return None
+        try:
+            return int(self.dom.ID())
+        except libvirt.libvirtError:
+            return None
+
+    @property
     def xml(self) -> DomainXml:
         """The definition that is the source of truth: persistent, else (transient guest) the live one."""
         return self.cfg if self.cfg is not None else self.live  # type: ignore[return-value]
@@ -47,12 +57,12 @@ def read(applier: Applier, dom: "libvirt.virDomain", seq: int) -> Snapshot:
     return Snapshot(dom, dom.UUIDString(), dom.name(), state, persistent, seq, cfg, live)
 
 
-def scan(conn: "libvirt.virConnect", applier: Applier, seq_of: Callable[[str], int]) -> list[Snapshot]:
-    """Every domain of the connection; those that vanish while being read are skipped."""
+def scan(conn: "libvirt.virConnect", read_one: Callable[["libvirt.virDomain"], Snapshot]) -> list[Snapshot]:
+    """Every domain of the connection, each read by ``read_one``; those that vanish while being read are skipped."""
     snaps = []
     for dom in conn.listAllDomains(0):
         try:
-            snaps.append(read(applier, dom, seq_of(dom.UUIDString())))
+            snaps.append(read_one(dom))
         except libvirt.libvirtError as exc:
             if not gone(exc):
                 raise
@@ -69,4 +79,4 @@ def lookup(conn: "libvirt.virConnect", key: str, uuid: str | None) -> "libvirt.v
         except libvirt.libvirtError as exc:
             if exc.get_error_code() not in (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_INVALID_ARG):
                 raise
-    raise GuestNotFound(key)
+    raise GuestNotFound(f"no guest named or with UUID {key!r} on this host")

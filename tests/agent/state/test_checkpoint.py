@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from vmsched import cpuset
-from vmsched.services.policy_agent.state import checkpoint, durable, recovery
+from vmsched.services.policy_agent.state import checkpoint, durable
 from vmsched.services.policy_agent.policy.allocation import AllocationHint, Pools
 
 S = cpuset.parse
@@ -26,13 +26,13 @@ def test_roundtrip_is_atomic_and_leaves_no_temporary(tmp_path):
     loaded, reason = checkpoint.load(path, M1, S("0-7"))
     assert reason is None and loaded.pools.allocations == {"u1": S("4-5")} and loaded.pools.pool == S("4-7")
     assert loaded.pools.names == {"u1": "db"}
-    assert loaded.host_id == "h1"
+    assert loaded.previous_host_id == "h1"
 
 
 def test_state_belongs_to_the_machine_not_to_the_host_id(tmp_path):
     path = tmp_path / checkpoint.FILENAME
     checkpoint.save(path, checkpoint.Checkpoint.of(M1, "old-name", pools()))
-    found = recovery.load_or_rebuild(path, M1, S("0-7"))  # the agent restarted as "new-name": same machine
+    found = checkpoint.load_or_rebuild(path, M1, S("0-7"))  # the agent restarted as "new-name": same machine
     assert not found.rebuild and found.previous_host_id == "old-name" and found.pools.allocations == {"u1": S("4-5")}
     assert "written for machine" in checkpoint.load(path, M2, S("0-7"))[1]  # a state dir copied to another machine
 
@@ -40,7 +40,7 @@ def test_state_belongs_to_the_machine_not_to_the_host_id(tmp_path):
 def test_only_this_machines_hints_count():
     hints = [AllocationHint("node-a", S("4"), S("4-5")), AllocationHint(M1, S("6"), S("6-7")),
              AllocationHint(M2, S("2"), S("2-3")), None]
-    assert recovery.pool_from_hints(hints, M1, Pools(host_cpus=S("0-7"))) == S("6-7")
+    assert checkpoint.pool_from_hints(hints, M1, Pools(host_cpus=S("0-7"))) == S("6-7")
 
 
 def test_a_checkpoint_without_the_machine_is_unusable(tmp_path):
@@ -48,7 +48,7 @@ def test_a_checkpoint_without_the_machine_is_unusable(tmp_path):
     payload = {"version": 2, "host_id": "node-a", "pool": "4-7", "saved_at": 1.0,
                "allocations": {"u1": {"name": "db", "cpus": "4-5"}}}
     path.write_text(json.dumps({"checksum": durable.digest(payload), "checkpoint": payload}))
-    found = recovery.load_or_rebuild(path, M1, S("0-7"))
+    found = checkpoint.load_or_rebuild(path, M1, S("0-7"))
     assert found.rebuild and "invalid content" in found.reason and found.quarantined is not None
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.agent_driver import conn, domain_xml, make_agent, state_dir  # noqa: F401 - fixtures
 from vmsched import cpuset
-from vmsched.services.policy_agent.state import checkpoint, durable, recovery
+from vmsched.services.policy_agent.state import checkpoint, durable
 from vmsched.services.policy_agent.policy.allocation import Pools
 
 S = cpuset.parse
@@ -121,7 +121,7 @@ def bounded(fn: Callable[[], object]) -> object:
 def test_unusable_checkpoint_is_moved_aside_with_its_reason(tmp_path: Path, kind: str):
     path = tmp_path / checkpoint.FILENAME
     DAMAGE[kind](path)
-    found = bounded(lambda: recovery.load_or_rebuild(path, M1, HOST))
+    found = bounded(lambda: checkpoint.load_or_rebuild(path, M1, HOST))
     assert found.rebuild and found.pools.allocations == {}
     assert found.reason and found.reason != "no checkpoint yet"
     assert found.quarantined is not None and os.path.lexists(found.quarantined), "kept for inspection"
