@@ -39,11 +39,18 @@ class SocketClient:
     def call(self, op: AgentOp | str, body: dict | None = None) -> dict:
         deadline = time.monotonic() + self.timeout
         pause = RETRY_FIRST
+        reply = None
         while True:
-            reply = self._exchange(op, body, deadline, pause)
-            if reply is not None and (reply.ok or reply.body.get("state") != STARTING
-                                      or deadline - time.monotonic() <= pause):
-                break
+            try:
+                asked = self._exchange(op, body, deadline, pause)
+            except AgentUnavailable:
+                if reply is None or time.monotonic() < deadline:
+                    raise
+                break  # time ran out asking a starting agent again: that is why it has no answer
+            if asked is not None:
+                reply = asked
+                if reply.ok or reply.body.get("state") != STARTING or deadline - time.monotonic() <= pause:
+                    break
             time.sleep(pause)  # the agent is busy or starting: ask again
             pause = min(pause * 2, RETRY_MAX)
         error = reply_error(reply, f"the agent at {self.path}")

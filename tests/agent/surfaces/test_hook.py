@@ -2,7 +2,8 @@
 
 The real agent answering the hook inside a real libvirtd is covered by
 tests/e2e/libvirt/test_dependencies.py; this file covers the hook's own
-decisions, including incoming migrations, which cannot be staged here.
+decisions, including incoming migrations, which cannot be staged here; and the
+agent's socket client, where it shares the hook's rules.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pytest
 
 from tests.support.paths import ROOT
 from vmsched.messages import CONTRACT_VERSION
+from vmsched.services.policy_agent.errors import AgentUnavailable
+from vmsched.services.policy_agent.surfaces.client import SocketClient
 from vmsched.services.policy_agent.surfaces.socket import STARTING
 from vmsched.services.policy_agent.virt import metadata
 
@@ -169,6 +172,17 @@ def test_time_running_out_on_a_starting_agent_names_the_start(env: dict[str, str
         out = hook({**env, "VMSCHED_HOOK_TIMEOUT": "0.5"}, "dep", "prepare", "begin", XML_REQUIRES)
         assert out.returncode == 1, out.stderr
         assert "refusing to start dep: it requires 'req'" in out.stderr and "the agent is starting" in out.stderr
+        assert len(agent.requests) >= 2, "asked again after the first answer"
+    finally:
+        agent.close()
+
+
+def test_time_running_out_on_a_starting_agent_names_the_start_in_the_socket_client(tmp_path: Path):
+    """The CLI's client has the hook's rule: time that runs out asking a starting agent again says it is starting."""
+    agent = StandInAgent(tmp_path / "agent.sock", allowed=True, starting=True, mute_after=1)
+    try:
+        with pytest.raises(AgentUnavailable, match="the agent is starting"):
+            SocketClient(tmp_path / "agent.sock", timeout=0.5).call("check_start", {"guest": "dep"})
         assert len(agent.requests) >= 2, "asked again after the first answer"
     finally:
         agent.close()
