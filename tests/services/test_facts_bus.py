@@ -126,6 +126,8 @@ def test_facts_drive_a_plugin_through_xmlrpc(tmp_path: Path, rabbit_vhost: str, 
         r = stack.post(f"/v1/hosts/hv-a/domains/{guest}/start", json={"wait": 10})
         assert r.status_code == 200, r.text
     wait_until(lambda: best(stack, hosts)[0] == "hv-b", 10, 0.1, "hv-b to become the cheaper host")
+    # the gateway's cache hears the same message as the scoring service's, not at the same instant
+    wait_until(lambda: facts_of(stack, "hv-a")["host"]["guests_running"] == 3, 10, 0.1, "the gateway's facts too")
     after = facts_of(stack, "hv-a")["host"]
     assert after["guests_running"] == 3 and after["guest_memory_mib"] == before["guest_memory_mib"] + 1024
 
