@@ -1,6 +1,6 @@
-"""The engine link on the request path: what resolving through it costs a facts payload.
+"""The engine link on the request path: what resolving through it costs a call's facts.
 
-A FactsCache of 100 agents; one request's payload (100 host IDs and a VM) is built CALLS times:
+A FactsCache of 100 agents; one request's facts (100 host IDs and a VM) are prepared CALLS times:
 
 - direct: the engine's host IDs are the agents' --host-id, the VM runs on one of the hosts;
 - link: the engine's host IDs are mapped by the engine link (the fake engine of tests/support/fake_engine.py over
@@ -46,7 +46,7 @@ def fill(cache: FactsCache, prefix: str) -> None:
 def per_call(cache: FactsCache, hosts: list[str], vm: str, calls: int) -> float:
     start = time.perf_counter()
     for _ in range(calls):
-        cache.payload(hosts, vm)
+        cache.prepared(hosts, vm)
     return (time.perf_counter() - start) / calls * 1e6
 
 
@@ -72,7 +72,7 @@ def main() -> None:
         linked.link = link.start(linked.identities)
         engine_ids = [f"E{i}" for i in range(HOSTS)]
         deadline = time.monotonic() + 60
-        while linked.payload(engine_ids, "vm-new")["missing"] or linked.payload(engine_ids, "vm-new")["vm"] is None:
+        while linked.prepared(engine_ids, "vm-new").missing or linked.prepared(engine_ids, "vm-new").vm is None:
             assert time.monotonic() < deadline, "the link did not map the hosts"
             time.sleep(0.05)
         results: dict[str, list[float]] = {"direct": [], "link": [], "cold": []}
@@ -82,13 +82,13 @@ def main() -> None:
             vm = f"vm-cold-{r}"
             engine.add_vm(vm, 1024)
             start = time.perf_counter()
-            linked.payload([], vm)
-            while linked.payload([], vm)["vm"] is None:
+            linked.prepared([], vm)
+            while linked.prepared([], vm).vm is None:
                 time.sleep(0.0005)
             results["cold"].append((time.perf_counter() - start) * 1e3)
         link.stop()
         engine.stop()
-    print(f"payload of {HOSTS} hosts + a VM, microseconds per call, median (min-max) of {args.rounds} rounds:")
+    print(f"facts of {HOSTS} hosts + a VM, microseconds per call, median (min-max) of {args.rounds} rounds:")
     print(f"  direct (--host-id, VM from host facts): {spread(results['direct'])}")
     print(f"  engine link (mapped hosts, VM from the link's cache): {spread(results['link'])}")
     ratio = [b / a for a, b in zip(results["direct"], results["link"])]

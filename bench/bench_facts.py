@@ -5,10 +5,9 @@ Every figure is the median of ROUNDS interleaved rounds, printed with the spread
 - cache ingest: one interval's messages of N hosts (host summaries, the guest list of 20 guests on the
   first round only, as agents send it) into a FactsCache; CPU seconds per interval and % of one core at
   a 5 s interval; memory per host (tracemalloc);
-- the plugin call: 3 filters x 100 hosts through a real PluginPool, without facts, with the facts of those
-  100 hosts as the services send them (each worker holds them; a call carries what changed: about one host
-  per request here) and with the full facts in every call (the former protocol), interleaved; per-request
-  p50 and the service's CPU per request;
+- the plugin call: 3 filters x 100 hosts through a real PluginPool, without facts and with the facts of
+  those 100 hosts as the services send them (each worker holds them; a call carries what changed: about one
+  host per request here), interleaved; per-request p50 and the service's CPU per request;
 - the agent: one collection (host + guests) of 500 guests on libvirt's test driver, CPU time and % of one
   core at a 5 s interval.
 
@@ -105,7 +104,7 @@ def bench_calls(rounds: int, calls: int) -> None:
     pool = PluginPool(folder, size=3, name="bench", confinement=Confinement(allow_root=True))
     pool.start()
     pool.warm([f"fresh{n}" for n in range(3)])
-    modes = ("without", "held", "full")
+    modes = ("without", "held")
     p50: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}
     sent, begun = 100, time.monotonic()
@@ -121,8 +120,7 @@ def bench_calls(rounds: int, calls: int) -> None:
                                                interval=INTERVAL, host=summary(sent % 100))
                         cache.ingest(message.model_dump_json().encode())
                     start = time.perf_counter()
-                    facts = None if mode == "without" else cache.prepared(hosts) if mode == "held" else \
-                        cache.payload(hosts)
+                    facts = None if mode == "without" else cache.prepared(hosts)
                     results = pool.run([Call(f"fresh{n}", f"Fresh{n}", "do_filter", (hosts, "", {}), 10.0, facts)
                                         for n in range(3)])
                     times.append(time.perf_counter() - start)
@@ -134,7 +132,7 @@ def bench_calls(rounds: int, calls: int) -> None:
     print("plugin call: 3 filters x 100 hosts through a PluginPool (per-round p50, median (min-max) of rounds)")
     print(f"  without facts:             {spread([t * 1000 for t in p50['without']])} ms; "
           f"service CPU {spread([t * 1000 for t in cpu['without']])} ms per request")
-    for mode, what in (("held", "facts, held by the workers"), ("full", "facts in full every call")):
+    for mode, what in (("held", "facts, held by the workers"),):
         ratio = [w / o for w, o in zip(p50[mode], p50["without"])]
         print(f"  {what:<26} {spread([t * 1000 for t in p50[mode]])} ms (ratio {spread(ratio, '{:.2f}')}); "
               f"service CPU {spread([t * 1000 for t in cpu[mode]])} ms per request")
