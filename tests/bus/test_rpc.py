@@ -17,7 +17,7 @@ from vmsched import metrics
 from vmsched.bus import BusTimeout, BusUnavailable, RequestError
 from vmsched.bus.rabbitmq.client import AsyncBusClient
 from vmsched.bus.topology import reply_queue
-from vmsched.bus.rabbitmq.connection import open_connection, safe_release
+from vmsched.bus.rabbitmq.connection import ensure_exchanges, open_connection, safe_release
 from vmsched.bus.options import BusOptions
 from vmsched.bus.rabbitmq.events import EventPublisher
 from vmsched.bus.inprocess import InProcessTransport, Request
@@ -221,6 +221,7 @@ def test_events_reach_a_topic_subscriber(rabbit_vhost: str):
     got: list[dict] = []
     done = threading.Event()
     try:
+        ensure_exchanges(conn, (EVENTS_EXCHANGE,))  # as a subscriber does: the first publisher may come later
         q = Queue(exchange=EVENTS_EXCHANGE, routing_key="agent.*.applied", exclusive=True, auto_delete=True)
         with Consumer(conn.default_channel, [q], callbacks=[lambda body, m: (got.append(body), done.set())]):
             pub = EventPublisher(rabbit_vhost, service="agent")
