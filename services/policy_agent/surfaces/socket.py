@@ -103,9 +103,14 @@ class SocketServer:
             if _listening(self.path):
                 raise AgentUnavailable(f"another agent is already listening on {self.path}")
             self.path.unlink()  # stale socket of a previous run
-        self._server = _Server(str(self.path), _Handler)
+        # bound and listening under another name, then moved into place: a caller that finds the path (the QEMU
+        # hook) is never refused by a socket that does not listen yet, nor by its mode
+        bound = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        bound.unlink(missing_ok=True)
+        self._server = _Server(str(bound), _Handler)
         self._server.owner = self  # type: ignore[attr-defined]
-        os.chmod(self.path, 0o660)  # the agent's group (the CLI, the QEMU hook) may connect
+        os.chmod(bound, 0o660)  # the agent's group (the CLI, the QEMU hook) may connect
+        os.replace(bound, self.path)
         threading.Thread(target=self._server.serve_forever, args=(0.1,), name="agent-socket", daemon=True).start()
         log.info("listening on %s (answering 'starting' until the agent is ready)", self.path)
 

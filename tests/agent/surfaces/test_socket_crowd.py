@@ -1,4 +1,5 @@
-"""A crowded agent socket: many CLI callers and QEMU hooks at once, on the real agent (test driver).
+"""A crowded agent socket: many CLI callers and QEMU hooks at once, on the real agent (test driver); and the
+socket's path, which appears only once it listens.
 
 A guest that requires a shut-off guest must be refused by every concurrent
 hook run, and no caller may be turned away because others came first.
@@ -7,16 +8,21 @@ hook run, and no caller may be turned away because others came first.
 from __future__ import annotations
 
 import os
+import socketserver
+import stat
 import subprocess
 import threading
 from pathlib import Path
 
 import libvirt
+import pytest
 
 from tests.support.agent_driver import conn, domain_xml, make_agent, state_dir  # noqa: F401 - fixtures
 from tests.support.paths import ROOT
 from vmsched.agent_contract import AgentOp
+from vmsched.services.policy_agent.errors import AgentUnavailable
 from vmsched.services.policy_agent.surfaces.client import SocketClient
+from vmsched.services.policy_agent.surfaces.socket import SocketServer
 
 CALLERS, CALLS, HOOKS = 8, 25, 16
 HOOK = ROOT / "services" / "policy_agent" / "surfaces" / "hooks" / "qemu"
@@ -59,3 +65,26 @@ def test_concurrent_callers_and_hooks_are_all_answered(conn: libvirt.virConnect,
     allowed = [h.stderr for h in hooks if h.returncode != 1]
     assert allowed == [], f"{len(allowed)} of {HOOKS} starts not refused: {allowed[0]}"
     assert all("'t-req' (shutoff)" in h.stderr for h in hooks)
+
+
+def test_the_socket_appears_only_once_it_listens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A hook that finds the socket's path is answered (starting): never refused by a socket not listening yet."""
+    path = tmp_path / "agent.sock"
+    present_before_listening: list[bool] = []
+    listen = socketserver.UnixStreamServer.server_activate
+
+    def activate(server: socketserver.UnixStreamServer) -> None:
+        present_before_listening.append(path.exists())
+        listen(server)
+
+    monkeypatch.setattr(socketserver.UnixStreamServer, "server_activate", activate)
+    server = SocketServer(path)
+    server.start()
+    try:
+        assert present_before_listening == [False]
+        assert stat.S_IMODE(path.stat().st_mode) == 0o660
+        with pytest.raises(AgentUnavailable, match="the agent is starting"):
+            SocketClient(path, timeout=0.2).call(AgentOp.PING)
+    finally:
+        server.stop()
+    assert not path.exists()
