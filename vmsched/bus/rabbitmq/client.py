@@ -157,8 +157,7 @@ class AsyncBusClient(BusClient):
         if conn is not None and self._loop is not None:
             await self._loop.run_in_executor(None, safe_release, conn)  # its waits are bounded by the socket's timeout
         drop(conn)
-        self._fail_all("gateway shutting down")
-        await super().close()
+        await super().close()  # fails the calls still waiting
 
     # --- requests -------------------------------------------------------------
     def request_id(self) -> str:
