@@ -7,7 +7,9 @@ named by ``--installs``, each on its own vhost:
 - ``floor``: the prototype of ``../shared/perf-floor`` (``$VMSCHED_FLOOR_DIR``) with ``PROTO_QUEUE_TYPE=quorum``,
   the queue type vmsched ships: its design-L gateway and its worker with three plugin processes;
 - ``rabbitmq``: vmsched's gateway, scoring, discovery and balancer, shipped defaults;
-- ``before`` (with ``--before DIR/src``, a ``bench/snapshot.sh`` tree): the same, running that tree's code.
+- ``before`` (with ``--before DIR/src``, a ``bench/snapshot.sh`` tree): the same, running that tree's code;
+- each ``--variant NAME:VAR=VALUE,...``: the same as ``rabbitmq`` with those settings in its environment (e.g.
+  ``nolog:VMSCHED_DECISIONS_SIZE=0``), to see what one setting costs.
 
 In rounds (the order alternates) it drives each: 300 sequential calls (p50), then 8 clients for ``--seconds``:
 runFilters on both, and runCostFunctions on vmsched (the floor answers runFilters only). For the concurrent part
@@ -16,7 +18,7 @@ plugin workers, reaped ones included), of the broker and of the load generator (
 shared by all of them, the total is what bounds the rate. At the end: the medians and the targets.
 
     VMSCHED_ALLOW_ROOT_PLUGINS=true .venv/bin/python bench/floor_cpu.py [--installs floor,rabbitmq]
-        [--rounds 5] [--seconds 5] [--broker URL] [--before DIR/src]
+        [--rounds 5] [--seconds 5] [--broker URL] [--before DIR/src] [--variant NAME:VAR=VALUE,...]...
 """
 
 from __future__ import annotations
@@ -63,12 +65,12 @@ def _tree_cpu(root: int) -> float:
     return sum(map(_cpu, pids))
 
 
-def _start(kind: str, port: int, url: str, tmp: Path, before: Path | None = None
-           ) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+def _start(kind: str, port: int, url: str, tmp: Path, before: Path | None = None,
+           env: dict[str, str] | None = None) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     if kind == "floor":
         return floor.start_floor(port, url, tmp, "quorum"), ["worker", "gateway"]
     tree = before if kind == "before" else None
-    procs = launch("rabbitmq", tmp / "plugins", tmp, port, url, tree=tree, tag="-" + kind)
+    procs = launch("rabbitmq", tmp / "plugins", tmp, port, url, tree=tree, env=env, tag="-" + kind)
     return procs, ["gateway", "scoring", "discovery", "balancer"]
 
 
@@ -105,8 +107,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--broker", help="an existing broker's URL (its CPU is then not measured)")
     ap.add_argument("--before", type=Path, help="a bench/snapshot.sh tree (DIR/src) measured beside this one")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE,...",
+                    help="this tree again with these environment settings (repeatable)")
     opts = ap.parse_args()
-    kinds = opts.installs.split(",") + (["before"] if opts.before else [])
+    variants = {name: dict(pair.split("=", 1) for pair in settings.split(","))
+                for name, _, settings in (v.partition(":") for v in opts.variant)}
+    kinds = opts.installs.split(",") + (["before"] if opts.before else []) + list(variants)
     tmp = Path(tempfile.mkdtemp(prefix="vmsched-floor-cpu-"))
     (tmp / "plugins").mkdir()
     (tmp / "plugins" / "bench.py").write_text(PLUGINS)
@@ -131,7 +137,7 @@ def main() -> None:
         urls = {kind: bus.vhost(f"floor-cpu-{kind}") for kind in kinds}
         stack.callback(stop)  # runs first: the processes stop before the broker
         for kind in kinds:
-            procs[kind] = _start(kind, ports[kind], urls[kind], tmp, opts.before)
+            procs[kind] = _start(kind, ports[kind], urls[kind], tmp, opts.before, variants.get(kind))
         for kind in kinds:
             if kind == "floor":
                 payload = http_request(floor_body, ports[kind])
@@ -172,11 +178,9 @@ def _report(figures: dict[str, list[dict[str, float]]]) -> None:
     floor_rounds = figures.get("floor filter")
     if not floor_rounds:
         return
-    for tree in ("rabbitmq", "before"):
-        if f"{tree} filter" not in figures:
-            continue
-        print(f"\ntargets, {'this tree' if tree == 'rabbitmq' else 'the before tree'} "
-              "(median of each round's own ratio, the rounds in brackets):")
+    for tree in [side.split()[0] for side in figures if side.endswith(" filter") and not side.startswith("floor")]:
+        name = {"rabbitmq": "this tree", "before": "the before tree"}.get(tree, f"variant {tree}")
+        print(f"\ntargets, {name} (median of each round's own ratio, the rounds in brackets):")
         for label, op, part, most in TARGETS:
             ours = figures.get(f"{tree} {op}")
             ratios = [o[part] / f[part] for o, f in zip(ours or [], floor_rounds) if f[part]]
