@@ -17,8 +17,12 @@ it prints the rate and the CPU milliseconds per request of each process tree (fr
 plugin workers, reaped ones included), of the broker and of the load generator (this process). On two cores
 shared by all of them, the total is what bounds the rate. At the end: the medians and the targets.
 
+``--detail`` adds, per install and round, the packets the broker received and sent per request on each of the
+install's connections (``rabbitmqctl list_connections recv_cnt send_cnt``; it waits 6 s before and after for
+the broker's statistics) and the CPU per request of each thread of each process.
+
     VMSCHED_ALLOW_ROOT_PLUGINS=true .venv/bin/python bench/floor_cpu.py [--installs floor,rabbitmq]
-        [--rounds 5] [--seconds 5] [--broker URL] [--before DIR/src] [--variant NAME:VAR=VALUE,...]...
+        [--rounds 5] [--seconds 5] [--broker URL] [--before DIR/src] [--variant NAME:VAR=VALUE,...]... [--detail]
 """
 
 from __future__ import annotations
@@ -65,6 +69,23 @@ def _tree_cpu(root: int) -> float:
     return sum(map(_cpu, pids))
 
 
+def _threads(pid: int) -> dict[str, float]:
+    """Seconds of CPU of each thread of ``pid``, by thread ID."""
+    seconds = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(FileNotFoundError):
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            seconds[task.name] = (int(fields[11]) + int(fields[12])) / _HZ
+    return seconds
+
+
+def _packets(bus: Broker, vhost: str) -> dict[str, tuple[int, int]]:
+    """Per connection on ``vhost``: the packets the broker has received from it and sent to it."""
+    out = bus.ctl("list_connections", "vhost", "name", "recv_cnt", "send_cnt").stdout
+    rows = [line.split("\t") for line in (out.decode() if isinstance(out, bytes) else out).splitlines()]
+    return {r[1]: (int(r[2]), int(r[3])) for r in rows if len(r) == 4 and r[0] == vhost}
+
+
 def _start(kind: str, port: int, url: str, tmp: Path, before: Path | None = None,
            env: dict[str, str] | None = None) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     if kind == "floor":
@@ -109,6 +130,7 @@ def main() -> None:
     ap.add_argument("--before", type=Path, help="a bench/snapshot.sh tree (DIR/src) measured beside this one")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE,...",
                     help="this tree again with these environment settings (repeatable)")
+    ap.add_argument("--detail", action="store_true", help="packets at the broker and CPU of each thread, per request")
     opts = ap.parse_args()
     variants = {name: dict(pair.split("=", 1) for pair in settings.split(","))
                 for name, _, settings in (v.partition(":") for v in opts.variant)}
@@ -153,9 +175,14 @@ def main() -> None:
                 p50 = pct(arun(sequential(ports[kind], body, 300, ok)), 0.5)
                 group, names = procs[kind]
                 pids = [p.pid for p in group]
+                if opts.detail:
+                    time.sleep(6)  # the broker's connection statistics are 5 s old at most
+                    packets, threads = _packets(bus, f"floor-cpu-{kind}"), [_threads(p) for p in pids]
                 before = [_tree_cpu(p) for p in pids] + [_tree_cpu(broker) if broker else 0.0, _cpu(me)]
                 done, elapsed = arun(concurrent(ports[kind], [body], 8, opts.seconds, ok))
                 after = [_tree_cpu(p) for p in pids] + [_tree_cpu(broker) if broker else 0.0, _cpu(me)]
+                if opts.detail:
+                    _print_detail(bus, f"floor-cpu-{kind}", packets, names, pids, threads, done)
                 parts = dict(zip([*names, "broker", "load generator"],
                                  ((b - a) * 1000 / done for a, b in zip(before, after))))
                 parts["own"] = sum(v for k, v in parts.items() if k in names)
@@ -167,6 +194,21 @@ def main() -> None:
                       f"CPU ms/request: own {parts['own']:.2f}, {shown}", flush=True)
                 time.sleep(0.5)
     _report(figures)
+
+
+def _print_detail(bus: Broker, vhost: str, packets: dict[str, tuple[int, int]], names: list[str], pids: list[int],
+                  threads: list[dict[str, float]], done: int) -> None:
+    for name, pid, before in zip(names, pids, threads):
+        ms = [x for x in sorted(((s - before.get(tid, 0.0)) * 1000 / done for tid, s in _threads(pid).items()),
+                                reverse=True) if x >= 0.005]
+        if ms:
+            print(f"    {name} threads, CPU ms/request: {', '.join(f'{x:.3f}' for x in ms)}")
+    time.sleep(6)
+    now = _packets(bus, vhost)
+    moved = sorted(((now[c][0] - p[0]) / done, (now[c][1] - p[1]) / done) for c, p in packets.items() if c in now)
+    moved = [m for m in moved if m[0] + m[1] >= 0.01]
+    print(f"    packets per request at the broker, received/sent on each connection: "
+          f"{', '.join(f'{r:.2f}/{t:.2f}' for r, t in moved)} (total {sum(r + t for r, t in moved):.2f})")
 
 
 def _report(figures: dict[str, list[dict[str, float]]]) -> None:
