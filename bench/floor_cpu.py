@@ -17,17 +17,20 @@ it prints the rate and the CPU milliseconds per request of each process tree (fr
 plugin workers, reaped ones included), of the broker and of the load generator (this process). On two cores
 shared by all of them, the total is what bounds the rate. At the end: the medians and the targets.
 
+``--rate N`` offers N calls a second (at most 8 at once) instead of as many as 8 clients can make: CPU per
+request at the same rate on every install, so that none pays more wake-ups per request for being slower.
 ``--detail`` adds, per install and round, the packets the broker received and sent per request on each of the
 install's connections (``rabbitmqctl list_connections recv_cnt send_cnt``; it waits 6 s before and after for
 the broker's statistics) and the CPU per request of each thread of each process.
 
     VMSCHED_ALLOW_ROOT_PLUGINS=true .venv/bin/python bench/floor_cpu.py [--installs floor,rabbitmq]
-        [--rounds 5] [--seconds 5] [--broker URL] [--before DIR/src] [--variant NAME:VAR=VALUE,...]... [--detail]
+        [--rounds 5] [--seconds 5] [--broker URL] [--before DIR/src] [--variant NAME:VAR=VALUE,...]... [--rate N] [--detail]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import signal
@@ -43,6 +46,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import floor  # noqa: E402
 from bench_gateway import (FILTER_BODY, HOSTS, PLUGINS, SCORE_BODY, VM, arun, call, check, concurrent,  # noqa: E402
                            free_port, http_request, launch, one_call, pct, sequential, wait_ready)
+
+
+async def paced(port: int, body: bytes, rate: float, seconds: float, ok) -> tuple[int, float]:  # type: ignore[no-untyped-def]
+    """Calls started ``rate`` times a second for ``seconds`` (at most 8 at once): (calls done, seconds)."""
+    payload, slots, done = http_request(body, port), asyncio.Semaphore(8), 0
+
+    async def one() -> None:
+        nonlocal done
+        try:
+            ok(await one_call(port, payload))
+            done += 1
+        finally:
+            slots.release()
+
+    started = time.perf_counter()
+    tasks = []
+    for k in range(int(rate * seconds)):
+        await asyncio.sleep(max(0.0, started + k / rate - time.perf_counter()))
+        await slots.acquire()
+        tasks.append(asyncio.ensure_future(one()))
+    await asyncio.gather(*tasks)
+    return done, time.perf_counter() - started
 
 _HZ = os.sysconf("SC_CLK_TCK")
 #: vmsched's processes against the floor's, CPU per request (the issue's targets): (label, vmsched op, part, most).
@@ -130,6 +155,7 @@ def main() -> None:
     ap.add_argument("--before", type=Path, help="a bench/snapshot.sh tree (DIR/src) measured beside this one")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE,...",
                     help="this tree again with these environment settings (repeatable)")
+    ap.add_argument("--rate", type=float, help="offer this many calls a second instead of 8 clients' most")
     ap.add_argument("--detail", action="store_true", help="packets at the broker and CPU of each thread, per request")
     opts = ap.parse_args()
     variants = {name: dict(pair.split("=", 1) for pair in settings.split(","))
@@ -179,7 +205,9 @@ def main() -> None:
                     time.sleep(6)  # the broker's connection statistics are 5 s old at most
                     packets, threads = _packets(bus, f"floor-cpu-{kind}"), [_threads(p) for p in pids]
                 before = [_tree_cpu(p) for p in pids] + [_tree_cpu(broker) if broker else 0.0, _cpu(me)]
-                done, elapsed = arun(concurrent(ports[kind], [body], 8, opts.seconds, ok))
+                load = paced(ports[kind], body, opts.rate, opts.seconds, ok) if opts.rate else \
+                    concurrent(ports[kind], [body], 8, opts.seconds, ok)
+                done, elapsed = arun(load)
                 after = [_tree_cpu(p) for p in pids] + [_tree_cpu(broker) if broker else 0.0, _cpu(me)]
                 if opts.detail:
                     _print_detail(bus, f"floor-cpu-{kind}", packets, names, pids, threads, done)
