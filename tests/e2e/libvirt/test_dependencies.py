@@ -80,8 +80,15 @@ def hook(e2e_env, tmp_path_factory):
         e2e_env.ensure_libvirtd()
 
 
-def _events(env, since: float, event: int) -> list[str]:
-    return [name for _, name, ev, _ in env.events.since(since) if ev == event]
+def _events(env, since: float, event: int, count: int, timeout: float = 10.0) -> list[str]:
+    """The guests of the ``event`` events since ``since``, once ``count`` have come (libvirt's event thread delivers
+    them after the call that caused them returned), or those that came within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        names = [name for _, name, ev, _ in env.events.since(since) if ev == event]
+        if len(names) >= count or time.monotonic() > deadline:
+            return names
+        time.sleep(0.05)
 
 
 def test_dependent_guest_refused_until_its_requirement_runs(env, guests, agent_factory, hook):
@@ -112,7 +119,7 @@ def test_dependent_guest_refused_until_its_requirement_runs(env, guests, agent_f
     r, d = h.OSGuest(req), h.OSGuest(dep)
     assert r.running() and d.running()
     assert r.start_ticks() <= d.start_ticks(), "the requirement's QEMU process must be the older one"
-    assert _events(env, t0, libvirt.VIR_DOMAIN_EVENT_STARTED) == [req, dep]
+    assert _events(env, t0, libvirt.VIR_DOMAIN_EVENT_STARTED, 2) == [req, dep]
 
     # 3. with the requirement running, libvirt lets the dependent start directly
     guests.destroy(dep)
@@ -125,7 +132,7 @@ def test_dependent_guest_refused_until_its_requirement_runs(env, guests, agent_f
     out = agent.cli_json("domain", "stop", req, "--wait", "1", "--force")
     assert out["stopped"] == [dep, req], out
     assert not r.running() and not d.running()
-    assert _events(env, t1, libvirt.VIR_DOMAIN_EVENT_STOPPED) == [dep, req]
+    assert _events(env, t1, libvirt.VIR_DOMAIN_EVENT_STOPPED, 2) == [dep, req]
 
     # 5. and the dependent is refused again
     proc = h.virsh("start", dep)
