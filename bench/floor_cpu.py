@@ -78,13 +78,18 @@ TARGETS = (
 )
 
 
-def _cpu(pid: int) -> float:
-    """Seconds of CPU of ``pid`` and of its children it has reaped (a recycled plugin worker's stay counted)."""
+def _seconds(stat: Path, fields: slice) -> float:
+    """The sum of ``fields`` (clock ticks) of a /proc stat file, in seconds; 0 once it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        values = stat.read_text().rsplit(")", 1)[1].split()
     except FileNotFoundError:
         return 0.0
-    return sum(map(int, fields[11:15])) / _HZ
+    return sum(map(int, values[fields])) / _HZ
+
+
+def _cpu(pid: int) -> float:
+    """Seconds of CPU of ``pid`` and of its children it has reaped (a recycled plugin worker's stay counted)."""
+    return _seconds(Path(f"/proc/{pid}/stat"), slice(11, 15))
 
 
 def _tree_cpu(root: int) -> float:
@@ -96,12 +101,7 @@ def _tree_cpu(root: int) -> float:
 
 def _threads(pid: int) -> dict[str, float]:
     """Seconds of CPU of each thread of ``pid``, by thread ID."""
-    seconds = {}
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(FileNotFoundError):
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            seconds[task.name] = (int(fields[11]) + int(fields[12])) / _HZ
-    return seconds
+    return {task.name: _seconds(task / "stat", slice(11, 13)) for task in Path(f"/proc/{pid}/task").glob("*")}
 
 
 def _packets(bus: Broker, vhost: str) -> dict[str, tuple[int, int]]:

@@ -86,30 +86,22 @@ def replay(*args: object) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-def _last_member(path: Path) -> int:
-    """Where the last gzip member of a file begins."""
-    data, at = path.read_bytes(), 0
-    while True:
+def _member_starts(path: Path) -> list[int]:
+    """Where each whole gzip member of a file begins (a member cut short at the end is none)."""
+    data, at, starts = path.read_bytes(), 0, []
+    while at < len(data):
         d = zlib.decompressobj(31)
         d.decompress(data[at:])
-        if not d.eof or not d.unused_data:
-            return at
+        if not d.eof:
+            break
+        starts.append(at)
         at = len(data) - len(d.unused_data)
+    return starts
 
 
 def _members(folder: Path) -> int:
     """The whole gzip members of a recording folder's files."""
-    count = 0
-    for path in recording_files(folder):
-        data = path.read_bytes()
-        while data:
-            d = zlib.decompressobj(31)
-            d.decompress(data)
-            if not d.eof:
-                break
-            count += 1
-            data = d.unused_data
-    return count
+    return sum(len(_member_starts(path)) for path in recording_files(folder))
 
 
 def test_a_recording_cut_by_sigkill_replays_and_a_torn_record_is_one_line(tmp_path: Path):
@@ -138,7 +130,7 @@ def test_a_recording_cut_by_sigkill_replays_and_a_torn_record_is_one_line(tmp_pa
     assert len(torn) <= len(recording_files(rec))  # one line a file at most
     if not torn:
         newest = recording_files(rec)[-1]
-        start = _last_member(newest)
+        start = _member_starts(newest)[-1]  # no torn record: the file ends with a whole member
         os.truncate(newest, start + (newest.stat().st_size - start) // 2)
         again = replay(rec, "--plugins", plugins, "--json", "--fail-on-change")
         assert again.returncode == 0, again.stderr
