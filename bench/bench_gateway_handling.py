@@ -5,18 +5,23 @@ The bench's runFilters or runCostFunctions body (``bench_gateway.py``) goes thro
 bytes as a scoring service sends them: every host kept, or 3 x 100 scores, aligned when the gateway
 accepts aligned scores), the decision and the XML reply. No HTTP, no broker, no decision log.
 Prints the CPU microseconds per call of 5 runs (sorted). ``--profile`` prints cProfile's top functions.
+``--floor``: the same runFilters body through what the floor prototype's gateway does with it instead (the
+stdlib's ``xmlrpc.client.loads``, the JSON message to its worker and the worker's reply keeping every host,
+``xmlrpc.client.dumps``): its handling of a call alone, for comparison.
 Old/new comparisons: run it with ``PYTHONPATH`` at an exported tree of each version (cwd outside the repo).
 
-    .venv/bin/python bench/bench_gateway_handling.py [filter|score] [--profile]
+    .venv/bin/python bench/bench_gateway_handling.py [filter|score] [--profile] [--floor]
 """
 
 from __future__ import annotations
 
 import asyncio
 import cProfile
+import json
 import pstats
 import sys
 import time
+import xmlrpc.client
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +79,27 @@ class Canned(BusClient):
         return self.reply
 
 
+def floor_call(body: bytes) -> bytes:
+    """What the floor's gateway does with a runFilters body, without HTTP and the bus (its ``process``)."""
+    params, _method = xmlrpc.client.loads(body)
+    json.dumps({"method": "runFilters", "args": params})  # the message to its worker
+    reply = json.loads(json.dumps({"result": params[1]}))  # its worker's reply: every host kept
+    return xmlrpc.client.dumps((reply["result"],), methodresponse=True).encode()
+
+
 def main() -> None:
+    if "--floor" in sys.argv:
+        assert floor_call(FILTER_BODY).count(b"<string>") == len(HOSTS)
+
+        def floor_run(n: int) -> float:
+            started = time.process_time()
+            for _ in range(n):
+                floor_call(FILTER_BODY)
+            return (time.process_time() - started) / n * 1e6
+
+        floor_run(200)
+        print("floor filter CPU us per call:", sorted(round(floor_run(3000), 1) for _ in range(5)))
+        return
     op = "score" if "score" in sys.argv[1:] else "filter"
     body, reply = canned(op)
     scheduler = Scheduler(Canned(reply), 30.0)

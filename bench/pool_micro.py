@@ -5,11 +5,12 @@ Runs a PluginPool with the bench plugins of ``bench_gateway.py`` and drives it l
 CPU milliseconds per request of this process and of the plugin workers (from /proc, exact), and the rate.
 
     .venv/bin/python bench/pool_micro.py [--op filter|score] [--threads 2] [--seconds 3] [--pool-size 4]
-        [--read] [--aligned]
+        [--read] [--aligned] [--units-alone]
 
 ``--read`` also reads each unit's result as the scoring service does (its per-unit outcome, pydantic model
 included); ``--aligned`` sets the pool's ``aligned_scores`` (score results as bare numbers, checked again
-by that read). To compare two trees (old and new), run it with PYTHONPATH pointing at each, interleaved;
+by that read); ``--units-alone`` runs the 3 units in this process instead, without a pool: what the units
+themselves cost. To compare two trees (old and new), run it with PYTHONPATH pointing at each, interleaved;
 to compare aligned scores, run ``--op score --read`` with and without ``--aligned``, interleaved.
 """
 
@@ -58,6 +59,7 @@ def main() -> int:
     parser.add_argument("--bundle-seconds", type=float, help="PluginPool bundle_seconds (0: every unit alone)")
     parser.add_argument("--read", action="store_true", help="read each result as the scoring service does")
     parser.add_argument("--aligned", action="store_true", help="the pool's aligned_scores on (score results as numbers)")
+    parser.add_argument("--units-alone", action="store_true", help="the units' own CPU per request, no pool")
     parser.add_argument("--json", action="store_true")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="pool-micro-"))
@@ -66,6 +68,16 @@ def main() -> int:
         "BenchLoadScore", "BenchSpreadScore", "BenchPreferScore"]
     method = "do_filter" if options.op == "filter" else "do_score"
     args = (list(HOSTS), "vm-1", {"deny": "h-1,h-2"})
+    if options.units_alone:
+        units: dict = {}
+        exec(PLUGINS, units)  # noqa: S102 - the bench's own plugin source
+        started, count = time.process_time(), 0
+        while time.process_time() - started < options.seconds:
+            for name in names:
+                getattr(units[name](), method)(*args)
+            count += 1
+        print(f"the units alone: {(time.process_time() - started) * 1000 / count:.3f} ms CPU per request")
+        return 0
     confinement = Confinement(allow_root=True)
     extra = {} if options.bundle_seconds is None else {"bundle_seconds": options.bundle_seconds}
     pool = PluginPool(folder, size=options.pool_size, name="micro", confinement=confinement, max_calls=10**9,
