@@ -162,3 +162,26 @@ def test_units_with_and_without_facts_share_a_frame(plugins: Path, make_pool: Ca
             assert result.ok, result.error
             assert result.value["seen"] == expected(cache, hosts), seq
         fill(cache, seq, hosts[:1], memory_free_mib=100 + seq)
+
+
+def test_a_run_time_leaves_the_frame_to_the_fast_reader(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A unit's run time travels to the microsecond: written in full, one of 0.1-1 ms (0.000123456789000...) is a
+    run of 19 digits or more, and the worker would mark the whole frame for the pool's slower reader."""
+    import itertools
+    import json
+
+    from vmsched.runtime.protocol import HEADER, LONG_NUMBERS, Progress
+    from vmsched.runtime.worker import main as worker_main
+
+    (tmp_path / "quick_unit.py").write_text("class Quick:\n    def do_filter(self, hosts, vm, args):\n        return hosts\n")
+    ticks = itertools.count()
+    monkeypatch.setattr(worker_main.time, "monotonic", lambda: 100.0 + next(ticks) * 0.000123456789)  # each read
+    monkeypatch.setattr(worker_main.children, "kill_all", lambda: None)  # not this test process's children
+    monkeypatch.setattr(worker_main.Runner, "_arm_cpu_limit", lambda self: None)  # nor its CPU limit
+    runner = worker_main.Runner(str(tmp_path), 30, 1 << 20, Progress(Progress.create()))
+    call = {"plugin": "quick_unit", "cls": "Quick", "method": "do_filter", "args": [["h1", "h2"], "vm", {}]}
+    body = runner.handle({"op": "batch", "calls": [call, call]})[HEADER.size:]
+    assert not body.endswith(LONG_NUMBERS), body
+    replies = json.loads(body)["replies"]
+    assert [r["value"] for r in replies] == [["h1", "h2"]] * 2
+    assert all(0 < r["t"] == round(r["t"], 6) for r in replies), replies
