@@ -38,15 +38,17 @@ def encode_frame_bytes(payload: bytes) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-#: The end of a reply frame that holds a run of 19 digits or more: an integer of 10**18 or more, which the
-#: pool's orjson would read as a float when past 64 bits (no float is written with such a run).
+#: The end of a reply frame that holds a run of 19 digits or more not after a ".": an integer of 10**18 or more,
+#: which the pool's orjson would read as a float when past 64 bits. A float's digits after its point may run that
+#: long (0.000123456789012345678), but the whole part of a float is never written with more than 16 digits.
 LONG_NUMBERS = b',"long_numbers":true}'
-_DIGITS = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))  # digits -> "0", anything else -> " "
+#: digits -> "0", "." stays, anything else -> " "
+_DIGITS = bytes(48 if 48 <= i <= 57 else i if i == 46 else 32 for i in range(256))
 
 
 def reply_frame(body: bytes) -> bytes:
     """The frame of a reply (a JSON object), marked with LONG_NUMBERS if it needs the pool's stdlib reader."""
-    if b"0" * 19 in body.translate(_DIGITS):
+    if b" " + b"0" * 19 in body.translate(_DIGITS):  # the body starts with "{": a run has a character before it
         body = body[:-1] + LONG_NUMBERS
     return encode_frame_bytes(body)
 

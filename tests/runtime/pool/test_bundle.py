@@ -165,8 +165,8 @@ def test_units_with_and_without_facts_share_a_frame(plugins: Path, make_pool: Ca
 
 
 def test_a_run_time_leaves_the_frame_to_the_fast_reader(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A unit's run time travels to the microsecond: written in full, one of 0.1-1 ms (0.000123456789000...) is a
-    run of 19 digits or more, and the worker would mark the whole frame for the pool's slower reader."""
+    """A unit's run time of 0.1-1 ms is written as 0.000123456789000..., a run of 19 digits or more after the
+    point: it is no long integer, and the frame goes to the pool's fast reader."""
     import itertools
     import json
 
@@ -184,4 +184,18 @@ def test_a_run_time_leaves_the_frame_to_the_fast_reader(tmp_path: Path, monkeypa
     assert not body.endswith(LONG_NUMBERS), body
     replies = json.loads(body)["replies"]
     assert [r["value"] for r in replies] == [["h1", "h2"]] * 2
-    assert all(0 < r["t"] == round(r["t"], 6) for r in replies), replies
+    assert all(len(repr(r["t"]).split(".")[1]) >= 19 for r in replies), replies  # the long fractions above
+
+
+def test_only_integers_of_19_digits_or_more_mark_a_frame() -> None:
+    """The stdlib reader is for integers orjson would read as floats; a float's long fraction is not one."""
+    from vmsched.runtime.protocol import HEADER, LONG_NUMBERS, reply_frame
+
+    def marked(body: bytes) -> bool:
+        return reply_frame(body)[HEADER.size:].endswith(LONG_NUMBERS)
+
+    for big in (b"1000000000000000000", b"-9223372036854775809", b"18446744073709551615", b"10" * 20):
+        assert marked(b'{"value":' + big + b"}") and marked(b'{"value":[1,' + big + b"]}"), big
+    for plain in (b"0.00012345678901234567", b"[0.000123456789012345678,2.5e-07]", b"999999999999999999",
+                  b"9999999999999998.0", b"1e+19", b'"abc.1234567890123456789"'):
+        assert not marked(b'{"value":' + plain + b"}"), plain

@@ -13,8 +13,8 @@ Requests (one at a time, each answered by exactly one reply) are batches:
 - ``{"op": "batch", "calls": [{"plugin", "cls", "method", "args", "held"?, "facts"?}, ...], "facts"?}`` ->
   ``{"replies": [{"ok": true, "value", "stderr", "t"} or {"ok": false, "error", "stderr", "t"}, ...]}``:
   the units of one request that the pool gave this worker, run one after the other, each with its own
-  stdout capture, CPU limit and clean-up; ``t`` is the unit's run time in seconds, to the microsecond. A score
-  call marked ``"aligned": true`` whose result is one finite number per requested host, in order, is answered
+  stdout capture, CPU limit and clean-up; ``t`` is the unit's run time in seconds. A score call marked
+  ``"aligned": true`` whose result is one finite number per requested host, in order, is answered
   ``{"ok": true, "scores": [numbers], "stderr", "t"}`` instead (:func:`vmsched.runtime.contract.aligned_scores`).
   Before each unit the worker writes its index and start time to the progress page
   (:class:`vmsched.runtime.protocol.Progress`), so that the pool can tell which unit overran its budget or crashed
@@ -105,9 +105,7 @@ class Runner:
                 self._restore_cwd()
                 children.kill_all()  # nothing a plugin started outlives its call
             reply["stderr"] = stderr.getvalue()
-            # to the microsecond: a run time of 0.1-1 ms written in full (0.000123456789012345...) is a run of 19
-            # digits, which would send the whole frame to the pool's slower reader (protocol.reply_frame)
-            reply["t"] = round(time.monotonic() - began, 6)
+            reply["t"] = time.monotonic() - began
             parts.append((hosts is not None and self._encode_aligned(hosts, reply)) or self._encode(reply, stderr))
         return reply_frame(b'{"replies":[' + b",".join(parts) + b"]}")
 
